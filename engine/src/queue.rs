@@ -1,0 +1,552 @@
+//! The queue's transitions. Every transition is one transaction; results and failures are
+//! fenced by the attempt's lease token, so a stale worker's late write changes nothing.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use crate::error::{EngineError, Result};
+use crate::hooks::{TerminalHooks, TerminalJob};
+use crate::retry::{Decision, ErrorClass, Failure, FailureKind, RetryPolicy};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    Retrying,
+    Done,
+    Failed,
+}
+
+impl JobState {
+    pub fn parse(s: &str) -> Option<JobState> {
+        Some(match s {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running,
+            "retrying" => JobState::Retrying,
+            "done" => JobState::Done,
+            "failed" => JobState::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Done | JobState::Failed)
+    }
+}
+
+/// A job to enqueue.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub owner_id: i64,
+    pub kind: String,
+    pub payload: Value,
+    pub idempotency_key: Option<String>,
+    pub cost: i32,
+    pub max_attempts: i32,
+}
+
+impl NewJob {
+    pub fn new(owner_id: i64, payload: Value) -> NewJob {
+        NewJob { owner_id, kind: "document".into(), payload, idempotency_key: None, cost: 0, max_attempts: 3 }
+    }
+}
+
+/// Insert a job inside the caller's transaction (admission debits credits in the same one).
+/// Workers are woken by a trigger when the transaction commits.
+pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+    )
+    .bind(job.owner_id)
+    .bind(&job.kind)
+    .bind(&job.payload)
+    .bind(&job.idempotency_key)
+    .bind(job.cost)
+    .bind(job.max_attempts)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// A job a worker holds under a lease.
+#[derive(Clone, Debug)]
+pub struct ClaimedJob {
+    pub id: Uuid,
+    pub owner_id: i64,
+    pub kind: String,
+    pub payload: Value,
+    /// This attempt's number, 1-based.
+    pub attempt: i32,
+    pub max_attempts: i32,
+    /// The fencing token: also this attempt's id.
+    pub lease_token: Uuid,
+}
+
+/// Claim up to `max` due jobs for `worker`, fairly across owners, within the global gate and
+/// only while processing is enabled.
+///
+/// Claims lock the settings row, so they are serialised across every process and the gate's
+/// count of running jobs cannot be raced past. Fairness: each owner's waiting jobs are ranked
+/// by due time; a job's score is its owner's running jobs plus its rank, so the oldest job of
+/// the least-served owner goes first.
+pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Result<Vec<ClaimedJob>> {
+    if max <= 0 {
+        return Ok(Vec::new());
+    }
+    let mut tx = pool.begin().await?;
+    let (enabled, gate): (bool, i32) =
+        sqlx::query_as("SELECT processing_enabled, gate_size FROM queue_settings WHERE id = 1 FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await?;
+    if !enabled {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    let running: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'")
+        .fetch_one(&mut *tx)
+        .await?;
+    let free = (gate as i64 - running).min(max);
+    if free <= 0 {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(CLAIM_SQL)
+        .bind(free)
+        .bind(worker)
+        .bind(lease.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(rows.iter().map(claimed_from_row).collect())
+}
+
+const CLAIM_SQL: &str = r#"
+WITH RECURSIVE owners(owner_id) AS (
+    (SELECT owner_id FROM jobs WHERE state IN ('queued', 'retrying') ORDER BY owner_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.owner_id FROM jobs j
+            WHERE j.state IN ('queued', 'retrying') AND j.owner_id > o.owner_id
+            ORDER BY j.owner_id LIMIT 1)
+    FROM owners o WHERE o.owner_id IS NOT NULL
+),
+served AS (
+    SELECT owner_id, count(*) AS running FROM jobs WHERE state = 'running' GROUP BY owner_id
+),
+candidates AS (
+    SELECT c.id, c.run_at,
+           coalesce(s.running, 0) + row_number() OVER (PARTITION BY o.owner_id ORDER BY c.run_at, c.id) AS score
+    FROM owners o
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.run_at FROM jobs j
+        WHERE j.owner_id = o.owner_id AND j.state IN ('queued', 'retrying') AND j.run_at <= now()
+        ORDER BY j.run_at, j.id
+        LIMIT $1
+    ) c
+    LEFT JOIN served s ON s.owner_id = o.owner_id
+    WHERE o.owner_id IS NOT NULL
+),
+picked AS (
+    SELECT j.id FROM jobs j
+    WHERE j.id IN (SELECT id FROM candidates ORDER BY score, run_at, id LIMIT $1)
+      AND j.state IN ('queued', 'retrying')
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE jobs j
+    SET state = 'running', attempts = j.attempts + 1, lease_owner = $2,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => $3),
+        started_at = coalesce(j.started_at, now()), updated_at = now()
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.id, j.owner_id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease_token
+),
+attempt_rows AS (
+    INSERT INTO job_attempts (id, job_id, attempt, worker)
+    SELECT lease_token, id, attempts, $2 FROM claimed
+)
+SELECT * FROM claimed
+"#;
+
+fn claimed_from_row(row: &PgRow) -> ClaimedJob {
+    ClaimedJob {
+        id: row.get("id"),
+        owner_id: row.get("owner_id"),
+        kind: row.get("kind"),
+        payload: row.get("payload"),
+        attempt: row.get("attempts"),
+        max_attempts: row.get("max_attempts"),
+        lease_token: row.get("lease_token"),
+    }
+}
+
+/// Extend the leases of the given attempts (one statement for all of a worker's jobs).
+/// Returns how many leases are still held.
+pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Result<u64> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = now() + make_interval(secs => $2)
+         WHERE lease_token = ANY($1) AND state = 'running'",
+    )
+    .bind(tokens)
+    .bind(lease.as_secs_f64())
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// What a processor produced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobOutput {
+    pub result: Value,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+/// Why an attempt failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobError {
+    pub class: ErrorClass,
+    /// Human-readable; shown to the user and in the DLQ. Never secrets, never document bytes.
+    pub message: String,
+    pub provider_status: Option<u16>,
+    pub retry_after: Option<Duration>,
+}
+
+impl JobError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> JobError {
+        JobError { class, message: message.into(), provider_status: None, retry_after: None }
+    }
+
+    pub fn with_retry_after(mut self, retry_after: Duration) -> JobError {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    pub fn with_status(mut self, status: u16) -> JobError {
+        self.provider_status = Some(status);
+        self
+    }
+}
+
+/// What recording an attempt's outcome did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    Done,
+    Retrying { at: DateTime<Utc> },
+    Requeued,
+    Failed(FailureKind),
+    /// The lease token no longer matches: another attempt owns the job. Nothing was written.
+    Stale,
+}
+
+/// Store the result; `done` and the done hook commit together.
+pub async fn complete(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    job: &ClaimedJob,
+    output: &JobOutput,
+) -> Result<Recorded> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(
+        "UPDATE jobs SET state = 'done', result = $3, input_tokens = $4, output_tokens = $5,
+             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
+             finished_at = now(), updated_at = now()
+         WHERE id = $1 AND lease_token = $2 AND state = 'running'
+         RETURNING owner_id, cost, attempts",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .bind(&output.result)
+    .bind(output.input_tokens)
+    .bind(output.output_tokens)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(Recorded::Stale);
+    };
+    finish_attempt(&mut tx, job.lease_token, "succeeded", None, output.input_tokens, output.output_tokens).await?;
+    let terminal = TerminalJob {
+        id: job.id,
+        owner_id: row.get(0),
+        cost: row.get(1),
+        attempts: row.get(2),
+        failure: None,
+    };
+    hooks.on_done(&mut tx, &terminal).await?;
+    tx.commit().await?;
+    Ok(Recorded::Done)
+}
+
+/// Record a failed attempt and apply the retry policy: retry later (re-enqueue with `run_at`,
+/// freeing the gate slot), requeue without using the attempt (paused), or fail for good
+/// (with the failed hook in the same transaction).
+pub async fn fail(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    policy: &RetryPolicy,
+    job: &ClaimedJob,
+    error: &JobError,
+) -> Result<Recorded> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(
+        "SELECT j.attempts, s.processing_enabled, now() FROM jobs j, queue_settings s
+         WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'running' FOR UPDATE OF j",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(Recorded::Stale);
+    };
+    let failure = Failure {
+        attempt: row.get::<i32, _>(0) as u32,
+        class: error.class,
+        retry_after: error.retry_after,
+        processing_enabled: row.get(1),
+    };
+    let now: DateTime<Utc> = row.get(2);
+    let decision = policy.decide(&failure, now, rand::random::<f64>());
+    let recorded = apply_failure(&mut tx, hooks, job.id, job.lease_token, error, decision).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// Apply a policy decision to a running job the caller has locked. Shared by workers'
+/// failures and the rescue of expired leases.
+pub(crate) async fn apply_failure(
+    tx: &mut PgConnection,
+    hooks: &dyn TerminalHooks,
+    job_id: Uuid,
+    lease_token: Uuid,
+    error: &JobError,
+    decision: Decision,
+) -> Result<Recorded> {
+    let release = "lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()";
+    let (outcome, recorded) = match decision {
+        Decision::Retry { at, .. } => {
+            sqlx::query(&format!(
+                "UPDATE jobs SET state = 'retrying', run_at = $2, last_error = $3, {release} WHERE id = $1"
+            ))
+            .bind(job_id)
+            .bind(at)
+            .bind(&error.message)
+            .execute(&mut *tx)
+            .await?;
+            ("retry_scheduled", Recorded::Retrying { at })
+        }
+        Decision::Requeue => {
+            sqlx::query(&format!(
+                "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = now(), last_error = $2,
+                 {release} WHERE id = $1"
+            ))
+            .bind(job_id)
+            .bind(&error.message)
+            .execute(&mut *tx)
+            .await?;
+            ("paused_requeue", Recorded::Requeued)
+        }
+        Decision::Fail(kind) => {
+            let row = sqlx::query(&format!(
+                "UPDATE jobs SET state = 'failed', failure_kind = $2, failure_reason = $3, last_error = $3,
+                 finished_at = now(), {release} WHERE id = $1 RETURNING owner_id, cost, attempts"
+            ))
+            .bind(job_id)
+            .bind(kind.as_str())
+            .bind(&error.message)
+            .fetch_one(&mut *tx)
+            .await?;
+            let terminal = TerminalJob {
+                id: job_id,
+                owner_id: row.get(0),
+                cost: row.get(1),
+                attempts: row.get(2),
+                failure: Some((kind, error.message.clone())),
+            };
+            hooks.on_failed(&mut *tx, &terminal).await?;
+            ("failed", Recorded::Failed(kind))
+        }
+    };
+    sqlx::query(
+        "UPDATE job_attempts SET finished_at = now(), outcome = $2, error_class = $3, error = $4,
+         provider_status = $5, retry_after_ms = $6 WHERE id = $1",
+    )
+    .bind(lease_token)
+    .bind(outcome)
+    .bind(error.class.as_str())
+    .bind(&error.message)
+    .bind(error.provider_status.map(i32::from))
+    .bind(error.retry_after.map(|d| d.as_millis() as i64))
+    .execute(&mut *tx)
+    .await?;
+    Ok(recorded)
+}
+
+async fn finish_attempt(
+    tx: &mut PgConnection,
+    token: Uuid,
+    outcome: &str,
+    error: Option<&str>,
+    input_tokens: Option<i64>,
+    output_tokens: Option<i64>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE job_attempts SET finished_at = now(), outcome = $2, error = $3, input_tokens = $4,
+         output_tokens = $5 WHERE id = $1",
+    )
+    .bind(token)
+    .bind(outcome)
+    .bind(error)
+    .bind(input_tokens)
+    .bind(output_tokens)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Give running jobs back to `queued` without using their attempt (graceful shutdown).
+pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = now(), lease_token = NULL,
+             lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+         WHERE lease_token = ANY($1) AND state = 'running'",
+    )
+    .bind(tokens)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL")
+        .bind(tokens)
+        .execute(&mut *tx)
+        .await?;
+    crate::settings::notify(&mut tx).await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
+/// When the next waiting job falls due (for the worker's sleep), if any is waiting.
+pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar("SELECT min(run_at) FROM jobs WHERE state IN ('queued', 'retrying')")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// A job as users and operators see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: Uuid,
+    pub owner_id: i64,
+    pub kind: String,
+    pub payload: Value,
+    pub state: JobState,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub run_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub failure_kind: Option<FailureKind>,
+    pub failure_reason: Option<String>,
+    pub result: Option<Value>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub cost: i32,
+    pub accepted_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub replays: i32,
+}
+
+pub(crate) const JOB_COLUMNS: &str = "id, owner_id, kind, payload, state, attempts, max_attempts, run_at, \
+    last_error, failure_kind, failure_reason, result, input_tokens, output_tokens, cost, accepted_at, \
+    started_at, finished_at, replays";
+
+pub(crate) fn job_from_row(row: &PgRow) -> JobView {
+    let state: String = row.get("state");
+    let failure_kind: Option<String> = row.get("failure_kind");
+    JobView {
+        id: row.get("id"),
+        owner_id: row.get("owner_id"),
+        kind: row.get("kind"),
+        payload: row.get("payload"),
+        state: JobState::parse(&state).expect("state is checked by the schema"),
+        attempts: row.get("attempts"),
+        max_attempts: row.get("max_attempts"),
+        run_at: row.get("run_at"),
+        last_error: row.get("last_error"),
+        failure_kind: failure_kind.as_deref().and_then(FailureKind::parse),
+        failure_reason: row.get("failure_reason"),
+        result: row.get("result"),
+        input_tokens: row.get("input_tokens"),
+        output_tokens: row.get("output_tokens"),
+        cost: row.get("cost"),
+        accepted_at: row.get("accepted_at"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+        replays: row.get("replays"),
+    }
+}
+
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<JobView> {
+    let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(EngineError::NotFound)?;
+    Ok(job_from_row(&row))
+}
+
+/// One attempt of a job, for the timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub id: Uuid,
+    pub attempt: i32,
+    pub worker: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub outcome: Option<String>,
+    pub error_class: Option<String>,
+    pub error: Option<String>,
+    pub provider_status: Option<i32>,
+    pub retry_after_ms: Option<i64>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+pub async fn attempts(pool: &PgPool, job_id: Uuid) -> Result<Vec<AttemptView>> {
+    let rows = sqlx::query(
+        "SELECT id, attempt, worker, started_at, finished_at, outcome, error_class, error, provider_status,
+                retry_after_ms, input_tokens, output_tokens
+         FROM job_attempts WHERE job_id = $1 ORDER BY started_at, attempt",
+    )
+    .bind(job_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| AttemptView {
+            id: r.get(0),
+            attempt: r.get(1),
+            worker: r.get(2),
+            started_at: r.get(3),
+            finished_at: r.get(4),
+            outcome: r.get(5),
+            error_class: r.get(6),
+            error: r.get(7),
+            provider_status: r.get(8),
+            retry_after_ms: r.get(9),
+            input_tokens: r.get(10),
+            output_tokens: r.get(11),
+        })
+        .collect())
+}

@@ -1,0 +1,351 @@
+//! A private Postgres cluster started from the machine's server binaries.
+//!
+//! The cluster listens on a Unix socket inside its data folder only (no TCP port). When the
+//! current process is root, `initdb` and `postgres` refuse to run, so they run as an
+//! unprivileged system user (`postgres` by default) who owns the data folder.
+//!
+//! This crate has no dependencies beyond `libc`, so both the server and `xtask` can use it.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The superuser created by `initdb` and used in the connection URL.
+pub const SUPERUSER: &str = "postgres";
+const PORT: u16 = 5432;
+
+#[derive(Debug)]
+pub enum ClusterError {
+    BinariesNotFound,
+    NoUnprivilegedUser(String),
+    FolderNotReachable(PathBuf, String),
+    Command { what: String, detail: String },
+    Io(io::Error),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::BinariesNotFound => write!(
+                f,
+                "no Postgres server binaries found (initdb, pg_ctl, postgres) on PATH or under \
+                 /usr/lib/postgresql/*/bin. Install them (Debian: `apt-get install -y postgresql`) \
+                 or set DATABASE_URL to an existing server"
+            ),
+            ClusterError::NoUnprivilegedUser(user) => write!(
+                f,
+                "running as root, and Postgres refuses to run as root; the system user `{user}` \
+                 to run it as does not exist (create it, e.g. `useradd --system {user}`, or set \
+                 DATABASE_URL)"
+            ),
+            ClusterError::FolderNotReachable(path, user) => write!(
+                f,
+                "the data folder {} cannot be reached by the user `{user}` that runs Postgres \
+                 (a parent folder is not searchable); choose another data folder",
+                path.display()
+            ),
+            ClusterError::Command { what, detail } => write!(f, "{what} failed: {detail}"),
+            ClusterError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+impl From<io::Error> for ClusterError {
+    fn from(e: io::Error) -> Self {
+        ClusterError::Io(e)
+    }
+}
+
+/// Who runs the Postgres processes.
+#[derive(Clone, Copy, Debug)]
+struct RunAs {
+    uid: u32,
+    gid: u32,
+}
+
+/// A running cluster this process started (or adopted). Call [`Cluster::stop`] to stop it;
+/// dropping it also stops it, so a panic or an early return does not leave Postgres behind.
+#[derive(Debug)]
+pub struct Cluster {
+    bin_dir: PathBuf,
+    data_dir: PathBuf,
+    run_as: Option<RunAs>,
+    stopped: bool,
+}
+
+impl Cluster {
+    /// Initialise the cluster in `data_dir` if it is new, then start it. A cluster left running
+    /// by a killed earlier run is stopped and started again, so this process owns it; a stale
+    /// `postmaster.pid` without a live server is handled by Postgres itself.
+    pub fn start(data_dir: &Path) -> Result<Cluster, ClusterError> {
+        let bin_dir = find_bin_dir().ok_or(ClusterError::BinariesNotFound)?;
+        let run_as = unprivileged_user()?;
+        fs::create_dir_all(data_dir)?;
+        let data_dir = data_dir.canonicalize()?;
+        if let Some(user) = run_as {
+            check_reachable(&data_dir, user)?;
+            chown(&data_dir, Some(user.uid), Some(user.gid))?;
+        }
+        fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))?;
+        let cluster = Cluster { bin_dir, data_dir, run_as, stopped: false };
+
+        if !cluster.data_dir.join("PG_VERSION").exists() {
+            cluster.initdb()?;
+        }
+        if cluster.is_running() {
+            // Left behind by a run that was killed: take it over cleanly.
+            let _ = cluster.pg_ctl(&["stop", "-m", "fast", "-w"]);
+        }
+        cluster.pg_start()?;
+        Ok(cluster)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The folder holding the Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// A libpq-style URL for database `db` over the Unix socket.
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "postgres://{SUPERUSER}@localhost:{PORT}/{db}?host={}",
+            self.socket_dir().display()
+        )
+    }
+
+    /// Create a database if it does not exist yet.
+    pub fn create_database(&self, name: &str) -> Result<(), ClusterError> {
+        let out = self.run(
+            Command::new(self.bin_dir.join("createdb"))
+                .args(["-h"])
+                .arg(self.socket_dir())
+                .args(["-p", &PORT.to_string(), "-U", SUPERUSER, name]),
+        )?;
+        if out.status.success() || String::from_utf8_lossy(&out.stderr).contains("already exists") {
+            Ok(())
+        } else {
+            Err(command_error("createdb", &out))
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.pg_ctl(&["status"]).map(|o| o.status.success()).unwrap_or(false)
+    }
+
+    /// Stop the server (fast shutdown: open sessions are ended, data is safe).
+    pub fn stop(&mut self) -> Result<(), ClusterError> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        let out = self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", "60"])?;
+        if out.status.success() || !self.is_running() {
+            Ok(())
+        } else {
+            Err(command_error("pg_ctl stop", &out))
+        }
+    }
+
+    /// Stop the server the hard way (SIGKILL to the postmaster), as a crash would.
+    /// Used by crash-recovery tests; the next start runs Postgres' recovery.
+    pub fn kill(&mut self) -> Result<(), ClusterError> {
+        let pid_file = fs::read_to_string(self.data_dir.join("postmaster.pid"))?;
+        let pid: i32 = pid_file.lines().next().unwrap_or("").trim().parse().map_err(|_| {
+            ClusterError::Command { what: "read postmaster.pid".into(), detail: pid_file.clone() }
+        })?;
+        // SAFETY: plain kill(2) on a pid we read from our own cluster's pid file.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.is_running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stopped = true;
+        Ok(())
+    }
+
+    /// Start again after [`Cluster::stop`] or [`Cluster::kill`].
+    pub fn restart(&mut self) -> Result<(), ClusterError> {
+        if self.is_running() {
+            let _ = self.pg_ctl(&["stop", "-m", "fast", "-w"]);
+        }
+        self.pg_start()?;
+        self.stopped = false;
+        Ok(())
+    }
+
+    fn initdb(&self) -> Result<(), ClusterError> {
+        let out = self.run(
+            Command::new(self.bin_dir.join("initdb"))
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]),
+        )?;
+        if !out.status.success() {
+            return Err(command_error("initdb", &out));
+        }
+        Ok(())
+    }
+
+    fn pg_start(&self) -> Result<(), ClusterError> {
+        let opts = format!(
+            "-c listen_addresses='' -c unix_socket_directories='{}' -p {PORT} -c max_connections=300 \
+             -c shared_buffers=128MB -c fsync=on",
+            self.socket_dir().display()
+        );
+        let log = self.data_dir.join("server.log");
+        let out = self.pg_ctl(&["start", "-w", "-t", "60", "-o", &opts, "-l", &log.to_string_lossy()])?;
+        if !out.status.success() {
+            let tail = fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+            let mut err = command_error("pg_ctl start", &out);
+            if let ClusterError::Command { detail, .. } = &mut err {
+                detail.push_str("\nserver.log (last lines, newest first):\n");
+                detail.push_str(&tail.join("\n"));
+            }
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<Output, ClusterError> {
+        let mut cmd = Command::new(self.bin_dir.join("pg_ctl"));
+        cmd.arg("-D").arg(&self.data_dir).args(args);
+        self.run(&mut cmd)
+    }
+
+    /// Run a Postgres tool as the unprivileged user when needed, in its own process group so a
+    /// Ctrl-C in the terminal reaches our process (which then stops the cluster in order) and
+    /// not the postmaster directly.
+    fn run(&self, cmd: &mut Command) -> Result<Output, ClusterError> {
+        if let Some(user) = self.run_as {
+            cmd.uid(user.uid).gid(user.gid);
+            // A root HOME or cwd may be unreadable for that user.
+            cmd.current_dir(&self.data_dir).env("HOME", &self.data_dir);
+        }
+        cmd.process_group(0).stdin(Stdio::null());
+        Ok(cmd.output()?)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+fn command_error(what: &str, out: &Output) -> ClusterError {
+    ClusterError::Command {
+        what: what.to_string(),
+        detail: format!(
+            "{}{}{}",
+            out.status,
+            if out.stderr.is_empty() { "" } else { ": " },
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    }
+}
+
+/// The folder with `initdb`, `pg_ctl` and `postgres`: PATH first, then the newest
+/// `/usr/lib/postgresql/*/bin`.
+pub fn find_bin_dir() -> Option<PathBuf> {
+    let has_all = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file());
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if has_all(&dir) {
+                // Debian's wrappers on PATH are symlinks; resolve so createdb sits beside them.
+                let real = dir.join("initdb").canonicalize().ok()?;
+                let real_dir = real.parent()?.to_path_buf();
+                return Some(if has_all(&real_dir) { real_dir } else { dir });
+            }
+        }
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            has_all(&bin).then_some((version, bin))
+        })
+        .collect();
+    candidates.sort();
+    candidates.pop().map(|(_, bin)| bin)
+}
+
+fn unprivileged_user() -> Result<Option<RunAs>, ClusterError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    let name = std::env::var("SLUICE_PG_USER").unwrap_or_else(|_| "postgres".to_string());
+    let passwd = fs::read_to_string("/etc/passwd")?;
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 4 && f[0] == name)
+        .and_then(|f| Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? }))
+        .map(Some)
+        .ok_or(ClusterError::NoUnprivilegedUser(name))
+}
+
+/// Every ancestor of `dir` must be searchable by `user` (others' x bit, or owned by them).
+fn check_reachable(dir: &Path, user: RunAs) -> Result<(), ClusterError> {
+    use std::os::unix::fs::MetadataExt;
+    for ancestor in dir.ancestors().skip(1) {
+        let meta = fs::metadata(ancestor)?;
+        let mode = meta.mode();
+        let ok = mode & 0o001 != 0
+            || (meta.uid() == user.uid && mode & 0o100 != 0)
+            || (meta.gid() == user.gid && mode & 0o010 != 0);
+        if !ok {
+            return Err(ClusterError::FolderNotReachable(dir.to_path_buf(), format!("uid {}", user.uid)));
+        }
+    }
+    Ok(())
+}
+
+/// A cluster in a fresh temporary folder, removed again when dropped (tests, `cargo xtask test`).
+pub struct TempCluster {
+    pub cluster: Cluster,
+    root: PathBuf,
+}
+
+impl TempCluster {
+    pub fn start(prefix: &str) -> Result<TempCluster, ClusterError> {
+        let root = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        fs::create_dir_all(&root)?;
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755))?;
+        match Cluster::start(&root.join("pg")) {
+            Ok(cluster) => Ok(TempCluster { cluster, root }),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&root);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for TempCluster {
+    fn drop(&mut self) {
+        let _ = self.cluster.stop();
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}

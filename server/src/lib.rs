@@ -1,0 +1,185 @@
+//! The Sluice server: configuration, the embedded Postgres default, the axum router and the
+//! worker runtime's start-up. `main.rs` only parses the command line.
+
+pub mod config;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use leptos::prelude::*;
+use leptos_axum::{generate_route_list, LeptosRoutes};
+use sqlx::PgPool;
+
+use app::{shell, App};
+use config::Config;
+use engine::hooks::NoHooks;
+use engine::queue::{ClaimedJob, JobError, JobOutput};
+use engine::worker::{WorkerConfig, WorkerPool};
+
+pub fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+/// Everything a request handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub leptos_options: LeptosOptions,
+    pub pool: PgPool,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
+
+pub fn leptos_options(site_root: &str, addr: SocketAddr) -> LeptosOptions {
+    LeptosOptions::builder()
+        .output_name("sluice")
+        .site_root(site_root)
+        .site_pkg_dir("pkg")
+        .site_addr(addr)
+        .build()
+}
+
+/// The whole HTTP surface: Leptos pages and server functions, `/healthz`, static files.
+pub fn router(state: AppState) -> Router {
+    let routes = generate_route_list(App);
+    let pool = state.pool.clone();
+    Router::new()
+        .route("/healthz", get(healthz))
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || provide_context(pool.clone()),
+            {
+                let options = state.leptos_options.clone();
+                move || shell(options.clone())
+            },
+        )
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .with_state(state)
+}
+
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    match engine::db::server_version(&state.pool).await {
+        Ok(version) => (
+            StatusCode::OK,
+            Json(serde_json::json!({ "status": "ok", "database": "ok", "postgres": version })),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() })),
+        ),
+    }
+}
+
+/// Where the database comes from: a URL, or the private cluster this process runs.
+pub struct Database {
+    pub url: String,
+    cluster: Option<pgcluster::Cluster>,
+}
+
+impl Database {
+    pub async fn open(config: &Config) -> anyhow::Result<Database> {
+        if let Some(url) = &config.database_url {
+            return Ok(Database { url: url.clone(), cluster: None });
+        }
+        let folder = config.data_dir.join("postgres");
+        tracing::info!(folder = %folder.display(), "starting the embedded Postgres cluster");
+        let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<pgcluster::Cluster> {
+            let cluster = pgcluster::Cluster::start(&folder)?;
+            cluster.create_database("sluice")?;
+            Ok(cluster)
+        })
+        .await??;
+        Ok(Database { url: cluster.url("sluice"), cluster: Some(cluster) })
+    }
+
+    pub async fn close(mut self) {
+        if let Some(mut cluster) = self.cluster.take() {
+            tracing::info!("stopping the embedded Postgres cluster");
+            let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
+        }
+    }
+}
+
+/// The processor until documents and providers land: it echoes the job's payload.
+pub async fn echo_processor(job: ClaimedJob) -> Result<JobOutput, JobError> {
+    Ok(JobOutput { result: serde_json::json!({ "echo": job.payload }), input_tokens: None, output_tokens: None })
+}
+
+pub fn worker_config(config: &Config) -> WorkerConfig {
+    WorkerConfig {
+        name: format!("{}-{}", hostname(), std::process::id()),
+        concurrency: config.workers,
+        lease: Duration::from_secs_f64(config.lease_secs),
+        heartbeat: Duration::from_secs_f64(config.heartbeat_secs),
+        policy: config.retry_policy(),
+        ..WorkerConfig::default()
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+}
+
+/// Run the web server and the workers until Ctrl-C or SIGTERM, then stop in order:
+/// stop accepting, let workers finish or hand back their jobs, close the pool, stop Postgres.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let database = Database::open(&config).await?;
+    let result = serve_with(&config, &database.url).await;
+    database.close().await;
+    result
+}
+
+async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
+    let pool = engine::db::connect(url, (config.workers as u32 + 16).max(20))
+        .await
+        .context("connecting to Postgres and running migrations")?;
+    let hooks: Arc<NoHooks> = Arc::new(NoHooks);
+    let workers = (config.workers > 0).then(|| {
+        WorkerPool::start(pool.clone(), worker_config(config), Arc::new(echo_processor), hooks.clone())
+    });
+    let maintenance = tokio::spawn(engine::maintenance::run(
+        pool.clone(),
+        hooks.clone(),
+        config.retry_policy(),
+        config.retention(),
+        Duration::from_secs(5),
+        Duration::from_secs(3600),
+        Arc::new(|_| {}),
+    ));
+
+    let listener = tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
+    let addr = listener.local_addr()?;
+    let state = AppState { leptos_options: leptos_options(&config.site_root, addr), pool: pool.clone() };
+    tracing::info!("Sluice is listening on http://{addr}");
+    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await;
+
+    tracing::info!("shutting down");
+    maintenance.abort();
+    if let Some(workers) = workers {
+        let report = workers.shutdown().await;
+        tracing::info!(?report, "workers stopped");
+    }
+    pool.close().await;
+    served.context("serving HTTP")
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,268 @@
+//! `cargo xtask <command>`: the README's commands.
+//!
+//! - `run`   install what is missing, build the site, serve it with workers on the embedded default
+//! - `test`  every test: Rust unit + integration against a private Postgres, then Playwright
+//! - `bench` the queue benchmarks (release build) against a private Postgres
+//! - `pg`    start a private Postgres for hacking, print its DATABASE_URL, stop on Enter
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+const CARGO_LEPTOS_VERSION: &str = "0.3.10";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    std::env::set_current_dir(&root).expect("enter the workspace root");
+    let result = match args.first().map(String::as_str) {
+        Some("run") => run(&args[1..]),
+        Some("test") => test(&args[1..]),
+        Some("bench") => bench(&args[1..]),
+        Some("pg") => pg(),
+        Some("setup") => ensure_tools(),
+        _ => {
+            eprintln!("usage: cargo xtask <run|test|bench|pg|setup>");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Result<T = ()> = std::result::Result<T, String>;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn status(cmd: &mut Command, what: &str) -> Result {
+    let status = cmd.status().map_err(|e| format!("{what}: cannot start: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
+    }
+}
+
+fn output_of(cmd: &mut Command) -> Option<String> {
+    let out = cmd.stderr(Stdio::null()).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `wasm-bindgen` version pinned in Cargo.lock (the CLI must match it exactly).
+fn locked_wasm_bindgen() -> Result<String> {
+    let lock = std::fs::read_to_string("Cargo.lock").map_err(|e| format!("reading Cargo.lock: {e}"))?;
+    let mut lines = lock.lines();
+    while let Some(line) = lines.next() {
+        if line == "name = \"wasm-bindgen\"" {
+            if let Some(v) = lines.next().and_then(|l| l.strip_prefix("version = \"")) {
+                return Ok(v.trim_end_matches('"').to_string());
+            }
+        }
+    }
+    Err("wasm-bindgen is not in Cargo.lock".into())
+}
+
+/// Install the wasm target, cargo-leptos and wasm-bindgen-cli when they are missing or at the
+/// wrong version. Each takes long to build, so the installed versions are checked first.
+fn ensure_tools() -> Result {
+    let targets = output_of(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
+    if !targets.lines().any(|t| t.trim() == "wasm32-unknown-unknown") {
+        status(Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]), "rustup target add")?;
+    }
+    let leptos = output_of(Command::new("cargo-leptos").arg("--version")).unwrap_or_default();
+    if !leptos.contains(CARGO_LEPTOS_VERSION) {
+        eprintln!("xtask: installing cargo-leptos {CARGO_LEPTOS_VERSION} (takes about 25 minutes, once)");
+        status(
+            cargo().args(["install", "cargo-leptos", "--version", CARGO_LEPTOS_VERSION, "--locked", "--features", "no_downloads"]),
+            "cargo install cargo-leptos",
+        )?;
+    }
+    let wanted = locked_wasm_bindgen()?;
+    let have = output_of(Command::new("wasm-bindgen").arg("--version")).unwrap_or_default();
+    if !have.split_whitespace().any(|w| w == wanted) {
+        eprintln!("xtask: installing wasm-bindgen-cli {wanted} (the version in Cargo.lock)");
+        // No --locked: one of its locked dependencies is missing from the registry.
+        status(cargo().args(["install", "wasm-bindgen-cli", "--version", &wanted]), "cargo install wasm-bindgen-cli")?;
+    }
+    Ok(())
+}
+
+fn build_site(release: bool) -> Result {
+    let mut cmd = Command::new("cargo-leptos");
+    cmd.arg("build");
+    if release {
+        cmd.arg("--release");
+    }
+    status(&mut cmd, "cargo leptos build")
+}
+
+fn run(args: &[String]) -> Result {
+    ensure_tools()?;
+    let release = args.iter().any(|a| a == "--release");
+    build_site(release)?;
+    let binary = Path::new("target").join(if release { "release" } else { "debug" }).join("server");
+    let passthrough: Vec<&String> = args.iter().filter(|a| *a != "--release").collect();
+    // Become the server, so Ctrl-C reaches it directly and it stops Postgres on the way out.
+    let err = Command::new(binary).args(passthrough).env("LEPTOS_SITE_ROOT", "target/site").exec();
+    Err(format!("cannot start the server: {err}"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+struct Step {
+    name: &'static str,
+    ok: bool,
+    took: Duration,
+}
+
+fn test(args: &[String]) -> Result {
+    let skip_e2e = args.iter().any(|a| a == "--no-e2e");
+    let mut steps: Vec<Step> = Vec::new();
+    let started = Instant::now();
+    if !skip_e2e {
+        ensure_tools()?;
+    }
+    let temp = pgcluster::TempCluster::start("sluice-test").map_err(|e| e.to_string())?;
+    let url = temp.cluster.url("postgres");
+    eprintln!("xtask: private Postgres for this run at {}", temp.cluster.socket_dir().display());
+
+    let t = Instant::now();
+    let rust = status(
+        cargo().args(["test", "--workspace", "--exclude", "xtask"]).env("DATABASE_URL", &url),
+        "cargo test",
+    );
+    steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
+
+    if !skip_e2e {
+        let t = Instant::now();
+        let e2e = end_to_end(&temp.cluster);
+        if let Err(e) = &e2e {
+            eprintln!("xtask: end-to-end: {e}");
+        }
+        steps.push(Step { name: "end-to-end (Playwright, Chromium)", ok: e2e.is_ok(), took: t.elapsed() });
+    }
+    drop(temp);
+
+    eprintln!("\n== summary ({:.0?} in all)", started.elapsed());
+    for step in &steps {
+        eprintln!("  {} {:<40} {:>8.1?}", if step.ok { "PASS" } else { "FAIL" }, step.name, step.took);
+    }
+    if steps.iter().all(|s| s.ok) {
+        Ok(())
+    } else {
+        Err("some tests failed".into())
+    }
+}
+
+/// Kills the server when dropped, so a failing step never leaves it running.
+struct ServerGuard(Child);
+
+impl Drop for ServerGuard {
+    fn drop(&mut self) {
+        // SIGTERM first: the server stops its workers cleanly.
+        send_sigterm(self.0.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn send_sigterm(pid: u32) {
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+}
+
+fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
+    build_site(false)?;
+    cluster.create_database("sluice_e2e").map_err(|e| e.to_string())?;
+    let e2e = Path::new("end2end");
+    if !e2e.join("node_modules/@playwright/test").exists() {
+        status(
+            Command::new("npm").arg("ci").current_dir(e2e).env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
+            "npm ci (end2end)",
+        )?;
+    }
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let data_dir = std::env::temp_dir().join(format!("sluice-e2e-data-{}", std::process::id()));
+    let child = Command::new("target/debug/server")
+        .env("DATABASE_URL", cluster.url("sluice_e2e"))
+        .env("SLUICE_BIND", format!("127.0.0.1:{port}"))
+        .env("SLUICE_DATA_DIR", &data_dir)
+        .env("LEPTOS_SITE_ROOT", "target/site")
+        .env("SLUICE_RETRY_DELAYS", "1,2")
+        .env("SLUICE_LOG", "warn,server=info")
+        .spawn()
+        .map_err(|e| format!("starting the server: {e}"))?;
+    let _server = ServerGuard(child);
+    wait_healthy(port)?;
+    let result = status(
+        Command::new("npx")
+            .args(["playwright", "test"])
+            .current_dir(e2e)
+            .env("BASE_URL", &base)
+            .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
+        "playwright test",
+    );
+    let _ = std::fs::remove_dir_all(&data_dir);
+    result
+}
+
+fn wait_healthy(port: u16) -> Result {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n");
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer);
+            if answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200") {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Err(format!("the server on port {port} did not become healthy within 60 s"))
+}
+
+fn bench(args: &[String]) -> Result {
+    let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
+    let url = temp.cluster.url("postgres");
+    status(
+        cargo()
+            .args(["run", "--release", "--package", "engine", "--example", "queue_bench", "--"])
+            .args(args)
+            .env("DATABASE_URL", &url),
+        "queue benchmark",
+    )
+}
+
+fn pg() -> Result {
+    let folder = Path::new(".data/dev-postgres");
+    let mut cluster = pgcluster::Cluster::start(folder).map_err(|e| e.to_string())?;
+    println!("DATABASE_URL={}", cluster.url("postgres"));
+    eprintln!("xtask: Postgres is running; press Enter to stop it");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    cluster.stop().map_err(|e| e.to_string())
+}
