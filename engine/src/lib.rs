@@ -19,6 +19,7 @@ pub mod maintenance;
 pub mod queue;
 pub mod retry;
 pub mod settings;
+pub mod testing;
 pub mod vitals;
 pub mod worker;
 
