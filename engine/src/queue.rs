@@ -90,89 +90,21 @@ pub struct ClaimedJob {
 }
 
 /// Claim up to `max` due jobs for `worker`, fairly across owners, within the global gate and
-/// only while processing is enabled.
-///
-/// Claims lock the settings row, so they are serialised across every process and the gate's
-/// count of running jobs cannot be raced past. Fairness: each owner's waiting jobs are ranked
-/// by due time; a job's score is its owner's running jobs plus its rank, so the oldest job of
-/// the least-served owner goes first.
+/// only while processing is enabled. One round trip: the `sluice_claim` function (see its
+/// migration) locks the settings row, so claims are serialised across every process and the
+/// gate's count of running jobs cannot be raced past.
 pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Result<Vec<ClaimedJob>> {
     if max <= 0 {
         return Ok(Vec::new());
     }
-    let mut tx = pool.begin().await?;
-    let (enabled, gate): (bool, i32) =
-        sqlx::query_as("SELECT processing_enabled, gate_size FROM queue_settings WHERE id = 1 FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await?;
-    if !enabled {
-        tx.commit().await?;
-        return Ok(Vec::new());
-    }
-    let running: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'")
-        .fetch_one(&mut *tx)
-        .await?;
-    let free = (gate as i64 - running).min(max);
-    if free <= 0 {
-        tx.commit().await?;
-        return Ok(Vec::new());
-    }
-    let rows = sqlx::query(CLAIM_SQL)
-        .bind(free)
+    let rows = sqlx::query("SELECT * FROM sluice_claim($1, $2, $3)")
+        .bind(max)
         .bind(worker)
         .bind(lease.as_secs_f64())
-        .fetch_all(&mut *tx)
+        .fetch_all(pool)
         .await?;
-    tx.commit().await?;
     Ok(rows.iter().map(claimed_from_row).collect())
 }
-
-const CLAIM_SQL: &str = r#"
-WITH RECURSIVE owners(owner_id) AS (
-    (SELECT owner_id FROM jobs WHERE state IN ('queued', 'retrying') ORDER BY owner_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.owner_id FROM jobs j
-            WHERE j.state IN ('queued', 'retrying') AND j.owner_id > o.owner_id
-            ORDER BY j.owner_id LIMIT 1)
-    FROM owners o WHERE o.owner_id IS NOT NULL
-),
-served AS (
-    SELECT owner_id, count(*) AS running FROM jobs WHERE state = 'running' GROUP BY owner_id
-),
-candidates AS (
-    SELECT c.id, c.run_at,
-           coalesce(s.running, 0) + row_number() OVER (PARTITION BY o.owner_id ORDER BY c.run_at, c.id) AS score
-    FROM owners o
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.run_at FROM jobs j
-        WHERE j.owner_id = o.owner_id AND j.state IN ('queued', 'retrying') AND j.run_at <= now()
-        ORDER BY j.run_at, j.id
-        LIMIT $1
-    ) c
-    LEFT JOIN served s ON s.owner_id = o.owner_id
-    WHERE o.owner_id IS NOT NULL
-),
-picked AS (
-    SELECT j.id FROM jobs j
-    WHERE j.id IN (SELECT id FROM candidates ORDER BY score, run_at, id LIMIT $1)
-      AND j.state IN ('queued', 'retrying')
-    FOR UPDATE SKIP LOCKED
-),
-claimed AS (
-    UPDATE jobs j
-    SET state = 'running', attempts = j.attempts + 1, lease_owner = $2,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $3),
-        started_at = coalesce(j.started_at, now()), updated_at = now()
-    FROM picked WHERE j.id = picked.id
-    RETURNING j.id, j.owner_id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease_token
-),
-attempt_rows AS (
-    INSERT INTO job_attempts (id, job_id, attempt, worker)
-    SELECT lease_token, id, attempts, $2 FROM claimed
-)
-SELECT * FROM claimed
-"#;
 
 fn claimed_from_row(row: &PgRow) -> ClaimedJob {
     ClaimedJob {
@@ -255,35 +187,62 @@ pub async fn complete(
     job: &ClaimedJob,
     output: &JobOutput,
 ) -> Result<Recorded> {
+    let recorded = complete_many(pool, hooks, &[(job, output)]).await?;
+    Ok(recorded[0])
+}
+
+/// Store several results in one transaction (one commit for many jobs is what makes a
+/// busy queue fast). Each job is fenced by its own lease token; the done hook runs for each
+/// job that was written. Returns one `Done` or `Stale` per input, in order.
+pub async fn complete_many(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    items: &[(&ClaimedJob, &JobOutput)],
+) -> Result<Vec<Recorded>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = items.iter().map(|(j, _)| j.id).collect();
+    let tokens: Vec<Uuid> = items.iter().map(|(j, _)| j.lease_token).collect();
+    let results: Vec<Value> = items.iter().map(|(_, o)| o.result.clone()).collect();
+    let input_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.input_tokens).collect();
+    let output_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.output_tokens).collect();
     let mut tx = pool.begin().await?;
-    let row = sqlx::query(
-        "UPDATE jobs SET state = 'done', result = $3, input_tokens = $4, output_tokens = $5,
-             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
-             finished_at = now(), updated_at = now()
-         WHERE id = $1 AND lease_token = $2 AND state = 'running'
-         RETURNING owner_id, cost, attempts",
+    let rows = sqlx::query(
+        "WITH input AS (
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[])
+                 AS t(id, token, result, input_tokens, output_tokens)
+         ),
+         done AS (
+             UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
+                 output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
+                 lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
+             FROM input i
+             WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
+             RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens
+         ),
+         attempt_rows AS (
+             UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
+                 input_tokens = d.input_tokens, output_tokens = d.output_tokens
+             FROM done d WHERE a.id = d.token
+         )
+         SELECT id, owner_id, cost, attempts FROM done",
     )
-    .bind(job.id)
-    .bind(job.lease_token)
-    .bind(&output.result)
-    .bind(output.input_tokens)
-    .bind(output.output_tokens)
-    .fetch_optional(&mut *tx)
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&results)
+    .bind(&input_tokens)
+    .bind(&output_tokens)
+    .fetch_all(&mut *tx)
     .await?;
-    let Some(row) = row else {
-        return Ok(Recorded::Stale);
-    };
-    finish_attempt(&mut tx, job.lease_token, "succeeded", None, output.input_tokens, output.output_tokens).await?;
-    let terminal = TerminalJob {
-        id: job.id,
-        owner_id: row.get(0),
-        cost: row.get(1),
-        attempts: row.get(2),
-        failure: None,
-    };
-    hooks.on_done(&mut tx, &terminal).await?;
+    let mut written = std::collections::HashSet::with_capacity(rows.len());
+    for row in &rows {
+        let terminal = TerminalJob { id: row.get(0), owner_id: row.get(1), cost: row.get(2), attempts: row.get(3), failure: None };
+        hooks.on_done(&mut tx, &terminal).await?;
+        written.insert(terminal.id);
+    }
     tx.commit().await?;
-    Ok(Recorded::Done)
+    Ok(ids.iter().map(|id| if written.contains(id) { Recorded::Done } else { Recorded::Stale }).collect())
 }
 
 /// Record a failed attempt and apply the retry policy: retry later (re-enqueue with `run_at`,
@@ -389,28 +348,6 @@ pub(crate) async fn apply_failure(
     .execute(&mut *tx)
     .await?;
     Ok(recorded)
-}
-
-async fn finish_attempt(
-    tx: &mut PgConnection,
-    token: Uuid,
-    outcome: &str,
-    error: Option<&str>,
-    input_tokens: Option<i64>,
-    output_tokens: Option<i64>,
-) -> Result<()> {
-    sqlx::query(
-        "UPDATE job_attempts SET finished_at = now(), outcome = $2, error = $3, input_tokens = $4,
-         output_tokens = $5 WHERE id = $1",
-    )
-    .bind(token)
-    .bind(outcome)
-    .bind(error)
-    .bind(input_tokens)
-    .bind(output_tokens)
-    .execute(tx)
-    .await?;
-    Ok(())
 }
 
 /// Give running jobs back to `queued` without using their attempt (graceful shutdown).

@@ -3,7 +3,9 @@
 //! whatever did not finish in time.
 //!
 //! No database transaction is open while a processor runs: a claim commits before the task
-//! starts, and the outcome is written in a new transaction afterwards.
+//! starts, and the outcome is written in a new transaction afterwards. Successful results go
+//! through one completer task that writes whatever has accumulated in one transaction, so a
+//! busy pool commits many jobs at once; failures are rarer and written one by one.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -15,7 +17,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -92,6 +94,7 @@ pub struct WorkerPool {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     dispatcher: Option<tokio::task::JoinHandle<JoinSet<()>>>,
+    completer: Option<tokio::task::JoinHandle<()>>,
     background: JoinSet<()>,
 }
 
@@ -120,8 +123,10 @@ impl WorkerPool {
         let mut background = JoinSet::new();
         background.spawn(listen(shared.clone()));
         background.spawn(heartbeat(shared.clone()));
-        let dispatcher = Some(tokio::spawn(dispatch(shared.clone(), stop_rx)));
-        WorkerPool { shared, stop, dispatcher, background }
+        let (completions, completions_rx) = mpsc::unbounded_channel();
+        let completer = Some(tokio::spawn(complete_batches(shared.clone(), completions_rx)));
+        let dispatcher = Some(tokio::spawn(dispatch(shared.clone(), stop_rx, completions)));
+        WorkerPool { shared, stop, dispatcher, completer, background }
     }
 
     /// How many jobs this pool is running now.
@@ -151,6 +156,10 @@ impl WorkerPool {
         }
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+        // Every sender is gone now: the completer writes what it holds and ends.
+        if let Some(completer) = self.completer.take() {
+            let _ = completer.await;
+        }
         let leftover: Vec<Uuid> = self.shared.running.lock().unwrap().drain().collect();
         let handed_back = match queue::hand_back(&self.shared.pool, &leftover).await {
             Ok(n) => n,
@@ -169,12 +178,26 @@ impl Drop for WorkerPool {
         if let Some(handle) = self.dispatcher.take() {
             handle.abort();
         }
+        if let Some(handle) = self.completer.take() {
+            handle.abort();
+        }
         self.background.abort_all();
     }
 }
 
+/// A successful attempt on its way to the completer, holding its slot until written.
+struct Completion {
+    job: ClaimedJob,
+    output: JobOutput,
+    _slot: OwnedSemaphorePermit,
+}
+
 /// The claim loop. Returns the set of still-running job tasks when told to stop.
-async fn dispatch(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) -> JoinSet<()> {
+async fn dispatch(
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    completions: mpsc::UnboundedSender<Completion>,
+) -> JoinSet<()> {
     let slots = Arc::new(Semaphore::new(shared.config.concurrency));
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut failures = 0u32;
@@ -191,13 +214,21 @@ async fn dispatch(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) -> JoinS
                     failures = 0;
                     let got_all = jobs.len() == free;
                     for job in jobs {
-                        let permit = slots.clone().try_acquire_owned().expect("a slot per claimed job");
+                        let slot = slots.clone().try_acquire_owned().expect("a slot per claimed job");
                         shared.running.lock().unwrap().insert(job.lease_token);
-                        let shared = shared.clone();
+                        let (shared, completions) = (shared.clone(), completions.clone());
                         tasks.spawn(async move {
-                            run_attempt(&shared, job).await;
-                            drop(permit);
-                            shared.wake.notify_one();
+                            match run_processor(&shared, &job).await {
+                                Ok(output) => {
+                                    let _ = completions.send(Completion { job, output, _slot: slot });
+                                }
+                                Err(error) => {
+                                    record_failure(&shared, &job, &error).await;
+                                    shared.running.lock().unwrap().remove(&job.lease_token);
+                                    drop(slot);
+                                    shared.wake.notify_one();
+                                }
+                            }
                         });
                     }
                     if got_all {
@@ -224,35 +255,62 @@ async fn dispatch(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) -> JoinS
     }
 }
 
-/// Run one attempt and record its outcome. A panicking processor counts as a transient error.
-async fn run_attempt(shared: &Shared, job: ClaimedJob) -> Option<AttemptReport> {
-    let outcome = AssertUnwindSafe(shared.processor.process(job.clone()))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")));
-    let report = record(shared, &job, &outcome).await;
-    shared.running.lock().unwrap().remove(&job.lease_token);
-    report
+/// Write successful results in batches: whatever arrived while the last batch was being
+/// written goes in the next transaction.
+async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedReceiver<Completion>) {
+    const MAX_BATCH: usize = 256;
+    let mut batch: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+    while completions.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let items: Vec<(&ClaimedJob, &JobOutput)> = batch.iter().map(|c| (&c.job, &c.output)).collect();
+        let written = with_db_retries("results", || queue::complete_many(&shared.pool, shared.hooks.as_ref(), &items)).await;
+        if written.is_none() && items.len() > 1 {
+            // One bad job (say, a hook that refuses it) must not hold back the others.
+            for (job, output) in &items {
+                with_db_retries("a result", || queue::complete(&shared.pool, shared.hooks.as_ref(), job, output)).await;
+            }
+        }
+        let mut running = shared.running.lock().unwrap();
+        for c in &batch {
+            running.remove(&c.job.lease_token);
+        }
+        drop(running);
+        batch.clear();
+        shared.wake.notify_one();
+    }
 }
 
-/// Write the outcome, retrying briefly if the database is unreachable (e.g. restarting).
-/// If it never gets through, the lease expires and the rescue task takes the job.
-async fn record(shared: &Shared, job: &ClaimedJob, outcome: &Result<JobOutput, JobError>) -> Option<AttemptReport> {
+/// Run the processor. A panicking processor counts as a transient error.
+async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
+    AssertUnwindSafe(shared.processor.process(job.clone()))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")))
+}
+
+async fn record_failure(shared: &Shared, job: &ClaimedJob, error: &JobError) -> Option<Recorded> {
+    let recorded = with_db_retries("a failure", || {
+        queue::fail(&shared.pool, shared.hooks.as_ref(), &shared.config.policy, job, error)
+    })
+    .await;
+    if recorded == Some(Recorded::Stale) {
+        tracing::warn!(job = %job.id, "stale attempt: the lease moved on, outcome discarded");
+    }
+    recorded
+}
+
+/// Retry a write briefly while the database is unreachable (e.g. restarting). If it never
+/// gets through, the lease expires and the rescue task takes the job.
+async fn with_db_retries<T, F, Fut>(what: &str, mut write: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::error::Result<T>>,
+{
     let mut delay = Duration::from_millis(50);
     for _ in 0..12 {
-        let written = match outcome {
-            Ok(output) => queue::complete(&shared.pool, shared.hooks.as_ref(), job, output).await,
-            Err(error) => queue::fail(&shared.pool, shared.hooks.as_ref(), &shared.config.policy, job, error).await,
-        };
-        match written {
-            Ok(recorded) => {
-                if recorded == Recorded::Stale {
-                    tracing::warn!(job = %job.id, "stale attempt: the lease moved on, outcome discarded");
-                }
-                return Some(AttemptReport { job_id: job.id, attempt: job.attempt, recorded });
-            }
+        match write().await {
+            Ok(value) => return Some(value),
             Err(e) => {
-                tracing::warn!(job = %job.id, error = %e, "could not record the outcome; retrying");
+                tracing::warn!(error = %e, "could not record {what}; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
@@ -321,6 +379,14 @@ pub async fn work_once(
         running: Mutex::new(HashSet::new()),
         wake: Notify::new(),
     };
-    let reports = futures::future::join_all(jobs.into_iter().map(|job| run_attempt(&shared, job))).await;
-    Ok(reports.into_iter().flatten().collect())
+    let outcomes = futures::future::join_all(jobs.iter().map(|job| run_processor(&shared, job))).await;
+    let mut reports = Vec::with_capacity(jobs.len());
+    for (job, outcome) in jobs.iter().zip(outcomes) {
+        let recorded = match outcome {
+            Ok(output) => queue::complete(pool, shared.hooks.as_ref(), job, &output).await?,
+            Err(error) => queue::fail(pool, shared.hooks.as_ref(), &config.policy, job, &error).await?,
+        };
+        reports.push(AttemptReport { job_id: job.id, attempt: job.attempt, recorded });
+    }
+    Ok(reports)
 }

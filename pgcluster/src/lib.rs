@@ -13,7 +13,6 @@ use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 /// The superuser created by `initdb` and used in the connection URL.
 pub const SUPERUSER: &str = "postgres";
@@ -157,24 +156,19 @@ impl Cluster {
         }
     }
 
-    /// Stop the server the hard way (SIGKILL to the postmaster), as a crash would.
-    /// Used by crash-recovery tests; the next start runs Postgres' recovery.
-    pub fn kill(&mut self) -> Result<(), ClusterError> {
-        let pid_file = fs::read_to_string(self.data_dir.join("postmaster.pid"))?;
-        let pid: i32 = pid_file.lines().next().unwrap_or("").trim().parse().map_err(|_| {
-            ClusterError::Command { what: "read postmaster.pid".into(), detail: pid_file.clone() }
-        })?;
-        // SAFETY: plain kill(2) on a pid we read from our own cluster's pid file.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.is_running() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    /// Stop the server the way a crash would: `immediate` mode ends every process at once
+    /// without a checkpoint, so the next start runs crash recovery. For crash tests.
+    pub fn crash(&mut self) -> Result<(), ClusterError> {
+        let out = self.pg_ctl(&["stop", "-m", "immediate", "-w"])?;
         self.stopped = true;
-        Ok(())
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(command_error("pg_ctl stop -m immediate", &out))
+        }
     }
 
-    /// Start again after [`Cluster::stop`] or [`Cluster::kill`].
+    /// Start again after [`Cluster::stop`] or [`Cluster::crash`].
     pub fn restart(&mut self) -> Result<(), ClusterError> {
         if self.is_running() {
             let _ = self.pg_ctl(&["stop", "-m", "fast", "-w"]);

@@ -1,0 +1,112 @@
+//! Queue benchmark: `cargo xtask bench` (release build, private Postgres).
+//!
+//! 1. Drain: 20,000 pre-inserted no-op jobs through the real engine with 24 worker tasks.
+//! 2. Pickup: one job enqueued to an idle pool until its processor starts, 200 times.
+//!
+//! Prints each run and the medians. Options: --runs N (default 3), --jobs N (default 20000).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::hooks::NoHooks;
+use engine::queue::{ClaimedJob, JobError, JobOutput};
+use engine::worker::{WorkerConfig, WorkerPool};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn config() -> WorkerConfig {
+    WorkerConfig { name: "bench".into(), concurrency: 24, ..WorkerConfig::default() }
+}
+
+async fn noop(_job: ClaimedJob) -> Result<JobOutput, JobError> {
+    Ok(JobOutput::default())
+}
+
+async fn reset(pool: &PgPool) {
+    sqlx::query("TRUNCATE jobs, job_attempts").execute(pool).await.unwrap();
+    sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
+}
+
+async fn drain_run(pool: &PgPool, jobs: usize) -> f64 {
+    reset(pool).await;
+    // 100 owners, so the fair claim has real work to do.
+    sqlx::query(
+        "INSERT INTO jobs (owner_id, payload) SELECT g % 100, jsonb_build_object('n', g) FROM generate_series(1, $1) g",
+    )
+    .bind(jobs as i32)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE jobs").execute(pool).await.unwrap();
+    let started = Instant::now();
+    let workers = WorkerPool::start(pool.clone(), config(), Arc::new(noop), Arc::new(NoHooks));
+    loop {
+        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'done'").fetch_one(pool).await.unwrap();
+        if done as usize == jobs {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    workers.shutdown().await;
+    jobs as f64 / elapsed.as_secs_f64()
+}
+
+async fn pickup_run(pool: &PgPool, samples: usize) -> (f64, f64) {
+    reset(pool).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Instant>();
+    let processor = move |_job: ClaimedJob| {
+        let _ = tx.send(Instant::now());
+        async { Ok::<_, JobError>(JobOutput::default()) }
+    };
+    let workers = WorkerPool::start(pool.clone(), config(), Arc::new(processor), Arc::new(NoHooks));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut latencies = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let enqueued = Instant::now();
+        sqlx::query("INSERT INTO jobs (owner_id) VALUES (1)").execute(pool).await.unwrap();
+        let started = rx.recv().await.unwrap();
+        latencies.push((started - enqueued).as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    workers.shutdown().await;
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (percentile(&latencies, 0.5), percentile(&latencies, 0.95))
+}
+
+#[tokio::main]
+async fn main() {
+    let runs = arg("--runs", 3);
+    let jobs = arg("--jobs", 20_000);
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (cargo xtask bench sets it)");
+    let pool = engine::db::connect(&url, 40).await.unwrap();
+    let (mut rates, mut p50s, mut p95s) = (vec![], vec![], vec![]);
+    for run in 1..=runs {
+        let rate = drain_run(&pool, jobs).await;
+        let (p50, p95) = pickup_run(&pool, 200).await;
+        println!("run {run}: drain {rate:>8.0} jobs/s   pickup p50 {p50:>6.2} ms  p95 {p95:>6.2} ms");
+        rates.push(rate);
+        p50s.push(p50);
+        p95s.push(p95);
+    }
+    println!(
+        "median of {runs}: drain {:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {:.2} ms, p95 {:.2} ms",
+        median(&mut rates),
+        median(&mut p50s),
+        median(&mut p95s)
+    );
+}
