@@ -20,7 +20,12 @@ BEGIN
     END IF;
     -- Fairness: each owner's waiting jobs are ranked by due time; a job's score is its owner's
     -- running jobs plus its rank, so the oldest job of the least-served owner goes first.
-    -- Owners are found with a loose index scan over jobs_waiting_by_owner.
+    -- Owners are found with a loose index scan over jobs_waiting_by_owner. Only the v_free
+    -- owners whose first due job scores best can place a job in the batch (any other owner's
+    -- jobs score no better than those first jobs), so only they are expanded.
+    -- Losing this transaction's commit in a crash is harmless (the job stays waiting, and the
+    -- worker's later write is fenced off), so it need not wait for the WAL flush.
+    PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
     WITH RECURSIVE owners(owner_id) AS (
         (SELECT j.owner_id FROM jobs j WHERE j.state IN ('queued', 'retrying') ORDER BY j.owner_id LIMIT 1)
@@ -33,18 +38,29 @@ BEGIN
     served AS (
         SELECT j.owner_id, count(*) AS running FROM jobs j WHERE j.state = 'running' GROUP BY j.owner_id
     ),
-    candidates AS (
-        SELECT c.id, c.run_at,
-               coalesce(s.running, 0) + row_number() OVER (PARTITION BY o.owner_id ORDER BY c.run_at, c.id) AS score
+    best_owners AS (
+        SELECT o.owner_id, coalesce(s.running, 0) AS running
         FROM owners o
         CROSS JOIN LATERAL (
-            SELECT j.id, j.run_at FROM jobs j
+            SELECT j.run_at, j.id FROM jobs j
             WHERE j.owner_id = o.owner_id AND j.state IN ('queued', 'retrying') AND j.run_at <= now()
+            ORDER BY j.run_at, j.id LIMIT 1
+        ) first_due
+        LEFT JOIN served s ON s.owner_id = o.owner_id
+        WHERE o.owner_id IS NOT NULL
+        ORDER BY coalesce(s.running, 0), first_due.run_at, first_due.id
+        LIMIT v_free
+    ),
+    candidates AS (
+        SELECT c.id, c.run_at,
+               b.running + row_number() OVER (PARTITION BY b.owner_id ORDER BY c.run_at, c.id) AS score
+        FROM best_owners b
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.run_at FROM jobs j
+            WHERE j.owner_id = b.owner_id AND j.state IN ('queued', 'retrying') AND j.run_at <= now()
             ORDER BY j.run_at, j.id
             LIMIT v_free
         ) c
-        LEFT JOIN served s ON s.owner_id = o.owner_id
-        WHERE o.owner_id IS NOT NULL
     ),
     picked AS (
         SELECT j.id FROM jobs j

@@ -1,0 +1,31 @@
+import { expect, test } from '@playwright/test';
+
+test('the first page hydrates and a click reaches Postgres through a server function', async ({ page, request }) => {
+  const consoleErrors: string[] = [];
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') consoleErrors.push(msg.text());
+  });
+
+  await page.goto('/');
+  await expect(page.getByRole('heading', { name: 'Sluice', level: 1 })).toBeVisible();
+  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+
+  const result = page.locator('#ping-result');
+  await expect(result).toHaveText('Not asked yet.');
+  await page.getByRole('button', { name: 'Count a click in Postgres' }).click();
+  await expect(result).toHaveText(/^Postgres has counted \d+ clicks\.$/);
+  const first = Number((await result.textContent())!.match(/\d+/)![0]);
+
+  // A second click is counted by the database, not by the page.
+  await page.getByRole('button', { name: 'Count a click in Postgres' }).click();
+  await expect(result).not.toHaveText(`Postgres has counted ${first} clicks.`);
+  const second = Number((await result.textContent())!.match(/\d+/)![0]);
+  expect(second).toBeGreaterThan(first);
+
+  // The database health the server reports is real.
+  const health = await request.get('/healthz');
+  expect(health.status()).toBe(200);
+  expect((await health.json()).database).toBe('ok');
+
+  expect(consoleErrors).toEqual([]);
+});
