@@ -16,6 +16,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta name="viewport" content="width=device-width, initial-scale=1"/>
                 <AutoReload options=options.clone()/>
                 <HydrationScripts options/>
+                <link rel="icon" type="image/svg+xml" href="/favicon.svg"/>
                 <MetaTags/>
             </head>
             <body>
