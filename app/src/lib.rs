@@ -54,7 +54,7 @@ pub fn App() -> impl IntoView {
 }
 
 /// Count a click in Postgres and return the stored total.
-#[server]
+#[server(endpoint = "record_click")]
 pub async fn record_click() -> Result<i64, ServerFnError> {
     let pool = expect_context::<sqlx::PgPool>();
     engine::demo::record_click(&pool).await.map_err(|e| ServerFnError::new(e.to_string()))

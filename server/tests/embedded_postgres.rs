@@ -1,0 +1,131 @@
+//! The server binary on its embedded default: it starts its own Postgres, stops it on Ctrl-C,
+//! reuses the data on the next start, and takes over a cluster left behind by a killed run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(data_dir: &Path) -> Server {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_server"))
+            .env_remove("DATABASE_URL")
+            .env("SLUICE_DATA_DIR", data_dir)
+            .env("SLUICE_BIND", format!("127.0.0.1:{port}"))
+            .env("SLUICE_WORKERS", "2")
+            .spawn()
+            .expect("start the server");
+        Server { child, port }
+    }
+
+    fn get(&self, path: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    }
+
+    fn post(&self, path: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        write!(
+            stream,
+            "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 0\r\n\r\n"
+        )
+        .ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.get("/healthz").is_some_and(|a| a.starts_with("HTTP/1.0 200") && a.contains("\"database\":\"ok\"")) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the server did not become healthy");
+    }
+
+    fn interrupt_and_wait(mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+/// Postgres processes whose command line names this data folder.
+fn postgres_processes(data_dir: &Path) -> usize {
+    let needle = data_dir.join("postgres").canonicalize().unwrap_or(data_dir.join("postgres"));
+    let needle = needle.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter(|cmd| cmd.contains("postgres") && cmd.contains(&needle))
+        .count()
+}
+
+fn temp_data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn clicks(server: &Server) -> i64 {
+    let answer = server.post("/api/record_click").expect("server function answers");
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    answer.rsplit("\r\n\r\n").next().unwrap().trim().parse().expect("a number")
+}
+
+#[test]
+fn ctrl_c_stops_postgres_and_a_second_run_reuses_the_data() {
+    let data = temp_data_dir("embedded");
+    let first = Server::start(&data);
+    first.wait_healthy();
+    assert!(postgres_processes(&data) > 0, "the server runs its own Postgres");
+    assert_eq!(clicks(&first), 1);
+    assert_eq!(clicks(&first), 2);
+    assert!(first.interrupt_and_wait().success());
+    assert_eq!(postgres_processes(&data), 0, "no Postgres of ours is left after Ctrl-C");
+
+    let second = Server::start(&data);
+    second.wait_healthy();
+    assert_eq!(clicks(&second), 3, "the second run reuses the data");
+    assert!(second.interrupt_and_wait().success());
+    assert_eq!(postgres_processes(&data), 0);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn a_cluster_left_by_a_killed_server_is_taken_over() {
+    let data = temp_data_dir("killed");
+    let mut first = Server::start(&data);
+    first.wait_healthy();
+    assert_eq!(clicks(&first), 1);
+    first.child.kill().unwrap(); // SIGKILL: no chance to stop Postgres
+    first.child.wait().unwrap();
+    assert!(postgres_processes(&data) > 0, "the orphaned cluster is still running");
+
+    let second = Server::start(&data);
+    second.wait_healthy();
+    assert_eq!(clicks(&second), 2);
+    assert!(second.interrupt_and_wait().success());
+    assert_eq!(postgres_processes(&data), 0);
+    let _ = std::fs::remove_dir_all(&data);
+}
