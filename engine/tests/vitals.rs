@@ -1,0 +1,112 @@
+//! Vital signs and retention on scripted data.
+
+use std::time::Duration;
+
+use engine::drain::DrainEstimate;
+use engine::maintenance::{prune, Retention};
+use engine::vitals;
+use sqlx::PgPool;
+
+/// Insert a job with explicit timestamps (seconds ago; None = unset).
+async fn scripted(pool: &PgPool, state: &str, accepted_ago: f64, finished_ago: Option<f64>, run_at_ago: f64) {
+    let failure = (state == "failed").then_some("retries_exhausted");
+    let lease = (state == "running").then(|| uuid::Uuid::from_u128(rand_id()));
+    sqlx::query(
+        "INSERT INTO jobs (owner_id, state, accepted_at, finished_at, run_at, failure_kind, failure_reason, lease_token)
+         VALUES (1, $1, now() - make_interval(secs => $2), now() - make_interval(secs => $3),
+                 now() - make_interval(secs => $4), $5, $6, $7)",
+    )
+    .bind(state)
+    .bind(accepted_ago)
+    .bind(finished_ago)
+    .bind(run_at_ago)
+    .bind(failure)
+    .bind(failure.map(|_| "provider overloaded"))
+    .bind(lease)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn vital_signs_on_scripted_data(pool: PgPool) {
+    // Waiting: 3 queued (the oldest due 100 s ago), 1 retry already due, 1 retry due later.
+    scripted(&pool, "queued", 100.0, None, 100.0).await;
+    scripted(&pool, "queued", 30.0, None, 30.0).await;
+    scripted(&pool, "queued", 10.0, None, 10.0).await;
+    scripted(&pool, "retrying", 400.0, None, 5.0).await;
+    scripted(&pool, "retrying", 400.0, None, -60.0).await;
+    scripted(&pool, "running", 20.0, None, 20.0).await;
+    // Done in the last minute: acceptance-to-done 10 s, 20 s, 30 s, 40 s.
+    for (i, secs) in [10.0, 20.0, 30.0, 40.0].into_iter().enumerate() {
+        let finished = 5.0 + i as f64;
+        scripted(&pool, "done", finished + secs, Some(finished), finished + secs).await;
+    }
+    // Two failed: one in the DLQ, one discarded.
+    scripted(&pool, "failed", 600.0, Some(590.0), 600.0).await;
+    scripted(&pool, "failed", 600.0, Some(590.0), 600.0).await;
+    sqlx::query("UPDATE jobs SET discarded_at = now() WHERE id = (SELECT id FROM jobs WHERE state = 'failed' LIMIT 1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let v = vitals::read(&pool).await.unwrap();
+    assert_eq!(v.backlog, 4);
+    assert_eq!(v.scheduled_retries, 1);
+    assert_eq!(v.running, 1);
+    let oldest = v.oldest_waiting_secs.unwrap();
+    assert!((99.0..102.0).contains(&oldest), "oldest waiting {oldest}");
+    assert_eq!(v.dlq_depth, 1);
+    // Intake in the last minute: 3 queued (10 s, 30 s ago), running (20 s), done (accepted 15..49 s ago).
+    // accepted within 60 s: queued 30, queued 10, running 20, done 15, 26, 37, 48 = 7 jobs.
+    assert!((v.intake.m1 - 7.0 / 60.0).abs() < 1e-9, "intake {:?}", v.intake);
+    // Completions: 4 done in the last minute; the failed ones finished ~10 minutes ago.
+    assert!((v.completions.m1 - 4.0 / 60.0).abs() < 1e-9);
+    assert!((v.completions.m15 - 6.0 / 900.0).abs() < 1e-9);
+    assert!((v.time_to_done_p50_secs.unwrap() - 25.0).abs() < 0.5, "{:?}", v.time_to_done_p50_secs);
+    assert!((v.time_to_done_p95_secs.unwrap() - 38.5).abs() < 0.5, "{:?}", v.time_to_done_p95_secs);
+    // 5-minute rates: intake 7 + the two retrying accepted 400 s ago are outside = 7/300;
+    // completions 4/300; intake >= completions, so not draining.
+    assert_eq!(v.drain, DrainEstimate::NotDraining);
+
+    let chart = vitals::history(&pool, 60).await.unwrap();
+    assert_eq!(chart.len(), 60);
+    assert_eq!(chart.iter().map(|m| m.completions).sum::<i64>(), 6);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn draining_queue_reports_an_estimate(pool: PgPool) {
+    // 10 waiting (accepted long ago), 30 completed in the last 5 minutes, 0 new intake.
+    for _ in 0..10 {
+        scripted(&pool, "queued", 3600.0, None, 3600.0).await;
+    }
+    for _ in 0..30 {
+        scripted(&pool, "done", 3600.0, Some(60.0), 3600.0).await;
+    }
+    let v = vitals::read(&pool).await.unwrap();
+    // 10 / (30/300 - 0) = 100 s.
+    assert_eq!(v.drain, DrainEstimate::DrainsIn(Duration::from_secs(100)));
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn retention_prunes_old_done_and_failed_jobs_only(pool: PgPool) {
+    let day = 86_400.0;
+    scripted(&pool, "done", 31.0 * day, Some(31.0 * day), 31.0 * day).await; // pruned
+    scripted(&pool, "done", 29.0 * day, Some(29.0 * day), 29.0 * day).await; // kept
+    scripted(&pool, "failed", 91.0 * day, Some(91.0 * day), 91.0 * day).await; // pruned
+    scripted(&pool, "failed", 89.0 * day, Some(89.0 * day), 89.0 * day).await; // kept
+    scripted(&pool, "queued", 200.0 * day, None, 200.0 * day).await; // never pruned while waiting
+    let pruned = prune(&pool, Retention::default()).await.unwrap();
+    assert_eq!(pruned.len(), 2);
+    let left: Vec<String> = sqlx::query_scalar("SELECT state FROM jobs ORDER BY state").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, vec!["done", "failed", "queued"]);
+    // Shorter retention is configuration.
+    let short = Retention { done: Duration::from_secs(day as u64), failed: Duration::from_secs(day as u64) };
+    assert_eq!(prune(&pool, short).await.unwrap().len(), 2);
+}
+
+fn rand_id() -> u128 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) as u128
+}
