@@ -57,7 +57,9 @@ pub fn App() -> impl IntoView {
 #[server(endpoint = "record_click")]
 pub async fn record_click() -> Result<i64, ServerFnError> {
     let pool = expect_context::<sqlx::PgPool>();
-    engine::demo::record_click(&pool).await.map_err(|e| ServerFnError::new(e.to_string()))
+    engine::demo::record_click(&pool)
+        .await
+        .map_err(|e| ServerFnError::new(e.to_string()))
 }
 
 #[component]

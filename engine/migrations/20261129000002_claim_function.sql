@@ -3,7 +3,10 @@
 -- serialised across every process and the gate cannot be raced past.
 CREATE FUNCTION sluice_claim(p_max bigint, p_worker text, p_lease_secs float8)
 RETURNS TABLE (id uuid, owner_id bigint, kind text, payload jsonb, attempts integer, max_attempts integer, lease_token uuid)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- The plan does not depend on the arguments' values; re-planning each call cost more than the claim.
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_enabled boolean;
     v_gate integer;

@@ -15,7 +15,11 @@ use crate::retry::{ErrorClass, Failure, RetryPolicy};
 
 /// Return `running` jobs whose lease expired to `retrying` (using the attempt), or to `failed`
 /// / `timed_out` when none are left. Each job in its own transaction, with the hooks.
-pub async fn rescue_expired(pool: &PgPool, hooks: &dyn TerminalHooks, policy: &RetryPolicy) -> Result<Vec<(Uuid, Recorded)>> {
+pub async fn rescue_expired(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    policy: &RetryPolicy,
+) -> Result<Vec<(Uuid, Recorded)>> {
     let mut rescued = Vec::new();
     loop {
         let mut tx = pool.begin().await?;
@@ -28,7 +32,10 @@ pub async fn rescue_expired(pool: &PgPool, hooks: &dyn TerminalHooks, policy: &R
         .await?;
         let Some(row) = row else { break };
         let (id, token): (Uuid, Uuid) = (row.get(0), row.get(1));
-        let error = JobError::new(ErrorClass::LeaseExpired, "the worker stopped answering (lease expired)");
+        let error = JobError::new(
+            ErrorClass::LeaseExpired,
+            "the worker stopped answering (lease expired)",
+        );
         let failure = Failure {
             attempt: row.get::<i32, _>(2) as u32,
             class: ErrorClass::LeaseExpired,
@@ -38,7 +45,10 @@ pub async fn rescue_expired(pool: &PgPool, hooks: &dyn TerminalHooks, policy: &R
         let now: DateTime<Utc> = row.get(4);
         let decision = policy.decide(&failure, now, rand::random::<f64>());
         let recorded = apply_failure(&mut tx, hooks, id, token, &error, decision).await?;
-        sqlx::query("UPDATE job_attempts SET outcome = 'lease_expired' WHERE id = $1").bind(token).execute(&mut *tx).await?;
+        sqlx::query("UPDATE job_attempts SET outcome = 'lease_expired' WHERE id = $1")
+            .bind(token)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         tracing::warn!(job = %id, ?recorded, "rescued a job whose lease expired");
         rescued.push((id, recorded));
@@ -54,7 +64,10 @@ pub struct Retention {
 
 impl Default for Retention {
     fn default() -> Self {
-        Retention { done: Duration::from_secs(30 * 86_400), failed: Duration::from_secs(90 * 86_400) }
+        Retention {
+            done: Duration::from_secs(30 * 86_400),
+            failed: Duration::from_secs(90 * 86_400),
+        }
     }
 }
 
@@ -83,7 +96,10 @@ pub async fn prune(pool: &PgPool, retention: Retention) -> Result<Vec<PrunedJob>
         .fetch_all(pool)
         .await?;
         let n = rows.len();
-        pruned.extend(rows.iter().map(|r| PrunedJob { id: r.get(0), payload: r.get(1) }));
+        pruned.extend(rows.iter().map(|r| PrunedJob {
+            id: r.get(0),
+            payload: r.get(1),
+        }));
         if n < 1000 {
             break;
         }

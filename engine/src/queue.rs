@@ -54,7 +54,14 @@ pub struct NewJob {
 
 impl NewJob {
     pub fn new(owner_id: i64, payload: Value) -> NewJob {
-        NewJob { owner_id, kind: "document".into(), payload, idempotency_key: None, cost: 0, max_attempts: 3 }
+        NewJob {
+            owner_id,
+            kind: "document".into(),
+            payload,
+            idempotency_key: None,
+            cost: 0,
+            max_attempts: 3,
+        }
     }
 }
 
@@ -93,7 +100,12 @@ pub struct ClaimedJob {
 /// only while processing is enabled. One round trip: the `sluice_claim` function (see its
 /// migration) locks the settings row, so claims are serialised across every process and the
 /// gate's count of running jobs cannot be raced past.
-pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Result<Vec<ClaimedJob>> {
+pub async fn claim(
+    pool: &PgPool,
+    worker: &str,
+    max: i64,
+    lease: Duration,
+) -> Result<Vec<ClaimedJob>> {
     if max <= 0 {
         return Ok(Vec::new());
     }
@@ -126,7 +138,9 @@ pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Resul
     }
     // A lost heartbeat only shortens a lease, so it need not wait for the WAL flush.
     let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
     let done = sqlx::query(
         "UPDATE jobs SET lease_expires_at = now() + make_interval(secs => $2)
          WHERE lease_token = ANY($1) AND state = 'running'",
@@ -159,7 +173,12 @@ pub struct JobError {
 
 impl JobError {
     pub fn new(class: ErrorClass, message: impl Into<String>) -> JobError {
-        JobError { class, message: message.into(), provider_status: None, retry_after: None }
+        JobError {
+            class,
+            message: message.into(),
+            provider_status: None,
+            retry_after: None,
+        }
     }
 
     pub fn with_retry_after(mut self, retry_after: Duration) -> JobError {
@@ -177,7 +196,9 @@ impl JobError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recorded {
     Done,
-    Retrying { at: DateTime<Utc> },
+    Retrying {
+        at: DateTime<Utc>,
+    },
     Requeued,
     Failed(FailureKind),
     /// The lease token no longer matches: another attempt owns the job. Nothing was written.
@@ -241,12 +262,27 @@ pub async fn complete_many(
     .await?;
     let mut written = std::collections::HashSet::with_capacity(rows.len());
     for row in &rows {
-        let terminal = TerminalJob { id: row.get(0), owner_id: row.get(1), cost: row.get(2), attempts: row.get(3), failure: None };
+        let terminal = TerminalJob {
+            id: row.get(0),
+            owner_id: row.get(1),
+            cost: row.get(2),
+            attempts: row.get(3),
+            failure: None,
+        };
         hooks.on_done(&mut tx, &terminal).await?;
         written.insert(terminal.id);
     }
     tx.commit().await?;
-    Ok(ids.iter().map(|id| if written.contains(id) { Recorded::Done } else { Recorded::Stale }).collect())
+    Ok(ids
+        .iter()
+        .map(|id| {
+            if written.contains(id) {
+                Recorded::Done
+            } else {
+                Recorded::Stale
+            }
+        })
+        .collect())
 }
 
 /// Record a failed attempt and apply the retry policy: retry later (re-enqueue with `run_at`,
@@ -294,7 +330,8 @@ pub(crate) async fn apply_failure(
     error: &JobError,
     decision: Decision,
 ) -> Result<Recorded> {
-    let release = "lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()";
+    let release =
+        "lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()";
     let (outcome, recorded) = match decision {
         Decision::Retry { at, .. } => {
             sqlx::query(&format!(
@@ -379,9 +416,11 @@ pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
 
 /// When the next waiting job falls due (for the worker's sleep), if any is waiting.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>> {
-    Ok(sqlx::query_scalar("SELECT min(run_at) FROM jobs WHERE state IN ('queued', 'retrying')")
-        .fetch_one(pool)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT min(run_at) FROM jobs WHERE state IN ('queued', 'retrying')")
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 /// A job as users and operators see it.

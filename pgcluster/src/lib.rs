@@ -93,7 +93,12 @@ impl Cluster {
             chown(&data_dir, Some(user.uid), Some(user.gid))?;
         }
         fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))?;
-        let cluster = Cluster { bin_dir, data_dir, run_as, stopped: false };
+        let cluster = Cluster {
+            bin_dir,
+            data_dir,
+            run_as,
+            stopped: false,
+        };
 
         if !cluster.data_dir.join("PG_VERSION").exists() {
             cluster.initdb()?;
@@ -139,7 +144,9 @@ impl Cluster {
     }
 
     pub fn is_running(&self) -> bool {
-        self.pg_ctl(&["status"]).map(|o| o.status.success()).unwrap_or(false)
+        self.pg_ctl(&["status"])
+            .map(|o| o.status.success())
+            .unwrap_or(false)
     }
 
     /// Stop the server (fast shutdown: open sessions are ended, data is safe).
@@ -183,7 +190,15 @@ impl Cluster {
             Command::new(self.bin_dir.join("initdb"))
                 .arg("-D")
                 .arg(&self.data_dir)
-                .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]),
+                .args([
+                    "-U",
+                    SUPERUSER,
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ]),
         )?;
         if !out.status.success() {
             return Err(command_error("initdb", &out));
@@ -198,7 +213,16 @@ impl Cluster {
             self.socket_dir().display()
         );
         let log = self.data_dir.join("server.log");
-        let out = self.pg_ctl(&["start", "-w", "-t", "60", "-o", &opts, "-l", &log.to_string_lossy()])?;
+        let out = self.pg_ctl(&[
+            "start",
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            &opts,
+            "-l",
+            &log.to_string_lossy(),
+        ])?;
         if !out.status.success() {
             let tail = fs::read_to_string(&log).unwrap_or_default();
             let tail: Vec<&str> = tail.lines().rev().take(10).collect();
@@ -253,7 +277,11 @@ fn command_error(what: &str, out: &Output) -> ClusterError {
 /// The folder with `initdb`, `pg_ctl` and `postgres`: PATH first, then the newest
 /// `/usr/lib/postgresql/*/bin`.
 pub fn find_bin_dir() -> Option<PathBuf> {
-    let has_all = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file());
+    let has_all = |dir: &Path| {
+        ["initdb", "pg_ctl", "postgres"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if has_all(&dir) {
@@ -288,7 +316,12 @@ fn unprivileged_user() -> Result<Option<RunAs>, ClusterError> {
         .lines()
         .map(|l| l.split(':').collect::<Vec<_>>())
         .find(|f| f.len() >= 4 && f[0] == name)
-        .and_then(|f| Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? }))
+        .and_then(|f| {
+            Some(RunAs {
+                uid: f[2].parse().ok()?,
+                gid: f[3].parse().ok()?,
+            })
+        })
         .map(Some)
         .ok_or(ClusterError::NoUnprivilegedUser(name))
 }
@@ -303,7 +336,10 @@ fn check_reachable(dir: &Path, user: RunAs) -> Result<(), ClusterError> {
             || (meta.uid() == user.uid && mode & 0o100 != 0)
             || (meta.gid() == user.gid && mode & 0o010 != 0);
         if !ok {
-            return Err(ClusterError::FolderNotReachable(dir.to_path_buf(), format!("uid {}", user.uid)));
+            return Err(ClusterError::FolderNotReachable(
+                dir.to_path_buf(),
+                format!("uid {}", user.uid),
+            ));
         }
     }
     Ok(())

@@ -56,15 +56,10 @@ pub fn router(state: AppState) -> Router {
     let pool = state.pool.clone();
     Router::new()
         .route("/healthz", get(healthz))
-        .leptos_routes_with_context(
-            &state,
-            routes,
-            move || provide_context(pool.clone()),
-            {
-                let options = state.leptos_options.clone();
-                move || shell(options.clone())
-            },
-        )
+        .leptos_routes_with_context(&state, routes, move || provide_context(pool.clone()), {
+            let options = state.leptos_options.clone();
+            move || shell(options.clone())
+        })
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .with_state(state)
 }
@@ -77,7 +72,9 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
         ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() })),
+            Json(
+                serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() }),
+            ),
         ),
     }
 }
@@ -91,7 +88,10 @@ pub struct Database {
 impl Database {
     pub async fn open(config: &Config) -> anyhow::Result<Database> {
         if let Some(url) = &config.database_url {
-            return Ok(Database { url: url.clone(), cluster: None });
+            return Ok(Database {
+                url: url.clone(),
+                cluster: None,
+            });
         }
         let folder = config.data_dir.join("postgres");
         tracing::info!(folder = %folder.display(), "starting the embedded Postgres cluster");
@@ -101,7 +101,10 @@ impl Database {
             Ok(cluster)
         })
         .await??;
-        Ok(Database { url: cluster.url("sluice"), cluster: Some(cluster) })
+        Ok(Database {
+            url: cluster.url("sluice"),
+            cluster: Some(cluster),
+        })
     }
 
     pub async fn close(mut self) {
@@ -114,7 +117,11 @@ impl Database {
 
 /// The processor until documents and providers land: it echoes the job's payload.
 pub async fn echo_processor(job: ClaimedJob) -> Result<JobOutput, JobError> {
-    Ok(JobOutput { result: serde_json::json!({ "echo": job.payload }), input_tokens: None, output_tokens: None })
+    Ok(JobOutput {
+        result: serde_json::json!({ "echo": job.payload }),
+        input_tokens: None,
+        output_tokens: None,
+    })
 }
 
 pub fn worker_config(config: &Config) -> WorkerConfig {
@@ -129,7 +136,9 @@ pub fn worker_config(config: &Config) -> WorkerConfig {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "host".into())
 }
 
 /// Run the web server and the workers until Ctrl-C or SIGTERM, then stop in order:
@@ -147,7 +156,12 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
         .context("connecting to Postgres and running migrations")?;
     let hooks: Arc<NoHooks> = Arc::new(NoHooks);
     let workers = (config.workers > 0).then(|| {
-        WorkerPool::start(pool.clone(), worker_config(config), Arc::new(echo_processor), hooks.clone())
+        WorkerPool::start(
+            pool.clone(),
+            worker_config(config),
+            Arc::new(echo_processor),
+            hooks.clone(),
+        )
     });
     let maintenance = tokio::spawn(engine::maintenance::run(
         pool.clone(),
@@ -159,11 +173,18 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
         Arc::new(|_| {}),
     ));
 
-    let listener = tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
+    let listener = tokio::net::TcpListener::bind(config.bind)
+        .await
+        .with_context(|| format!("binding {}", config.bind))?;
     let addr = listener.local_addr()?;
-    let state = AppState { leptos_options: leptos_options(&config.site_root, addr), pool: pool.clone() };
+    let state = AppState {
+        leptos_options: leptos_options(&config.site_root, addr),
+        pool: pool.clone(),
+    };
     tracing::info!("Sluice is listening on http://{addr}");
-    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await;
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
 
     tracing::info!("shutting down");
     maintenance.abort();
@@ -177,7 +198,8 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}
