@@ -11,6 +11,18 @@ pub enum EngineError {
     NotFound,
     #[error("invalid setting: {0}")]
     InvalidSetting(String),
+    /// Input a user can fix (a malformed e-mail, a short password, ...).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("an account with this e-mail address already exists")]
+    EmailTaken,
+    #[error("wrong e-mail address or password")]
+    BadCredentials,
+    #[error("too many failed attempts; try again in {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
+    /// An `Idempotency-Key` reused with a different request.
+    #[error("{0}")]
+    IdempotencyConflict(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -8,18 +8,25 @@
 //! - [`worker`]: the worker runtime (claim loop, heartbeat, graceful shutdown).
 //! - [`maintenance`]: lease rescue and retention.
 //! - [`hooks`]: the seam where accounts plug into terminal transitions.
+//! - [`accounts`], [`ledger`], [`admission`], [`tokens`], [`notices`]: users, credits, the
+//!   one-write admission check, API tokens and notices.
 
+pub mod accounts;
+pub mod admission;
 pub mod db;
 pub mod demo;
 pub mod dlq;
 pub mod drain;
 pub mod error;
 pub mod hooks;
+pub mod ledger;
 pub mod maintenance;
+pub mod notices;
 pub mod queue;
 pub mod retry;
 pub mod settings;
 pub mod testing;
+pub mod tokens;
 pub mod vitals;
 pub mod worker;
 

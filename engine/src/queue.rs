@@ -50,6 +50,9 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     pub cost: i32,
     pub max_attempts: i32,
+    /// A REST client's `Idempotency-Key`, and the fingerprint of the request it came with.
+    pub client_key: Option<String>,
+    pub request_fingerprint: Option<String>,
 }
 
 impl NewJob {
@@ -61,6 +64,8 @@ impl NewJob {
             idempotency_key: None,
             cost: 0,
             max_attempts: 3,
+            client_key: None,
+            request_fingerprint: None,
         }
     }
 }
@@ -69,8 +74,8 @@ impl NewJob {
 /// Workers are woken by a trigger when the transaction commits.
 pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     Ok(sqlx::query_scalar(
-        "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
     )
     .bind(job.owner_id)
     .bind(&job.kind)
@@ -78,6 +83,8 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     .bind(&job.idempotency_key)
     .bind(job.cost)
     .bind(job.max_attempts)
+    .bind(&job.client_key)
+    .bind(&job.request_fingerprint)
     .fetch_one(conn)
     .await?)
 }
