@@ -1,6 +1,12 @@
 //! Sluice's web UI. Server functions stay thin: they fetch what they need from context,
 //! call the engine and map its errors; the logic lives in `engine`.
 
+pub mod api;
+pub mod errors;
+#[cfg(feature = "ssr")]
+pub mod handlers;
+pub mod model;
+
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, MetaTags, Stylesheet, Title};
 use leptos_router::components::{Route, Router, Routes};
@@ -57,9 +63,7 @@ pub fn App() -> impl IntoView {
 #[server(endpoint = "record_click")]
 pub async fn record_click() -> Result<i64, ServerFnError> {
     let pool = expect_context::<sqlx::PgPool>();
-    engine::demo::record_click(&pool)
-        .await
-        .map_err(|e| ServerFnError::new(e.to_string()))
+    engine::demo::record_click(&pool).await.map_err(|e| ServerFnError::new(e.to_string()))
 }
 
 #[component]

@@ -16,11 +16,7 @@ use tokio::sync::mpsc;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -33,11 +29,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn config() -> WorkerConfig {
-    WorkerConfig {
-        name: "bench".into(),
-        concurrency: 24,
-        ..WorkerConfig::default()
-    }
+    WorkerConfig { name: "bench".into(), concurrency: 24, ..WorkerConfig::default() }
 }
 
 async fn noop(_job: ClaimedJob) -> Result<JobOutput, JobError> {
@@ -45,14 +37,8 @@ async fn noop(_job: ClaimedJob) -> Result<JobOutput, JobError> {
 }
 
 async fn reset(pool: &PgPool) {
-    sqlx::query("TRUNCATE jobs, job_attempts")
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("VACUUM ANALYZE jobs")
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query("TRUNCATE jobs, job_attempts").execute(pool).await.unwrap();
+    sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
 }
 
 async fn drain_run(pool: &PgPool, jobs: usize) -> f64 {
@@ -70,12 +56,11 @@ async fn drain_run(pool: &PgPool, jobs: usize) -> f64 {
     let workers = WorkerPool::start(pool.clone(), config(), Arc::new(noop), Arc::new(NoHooks));
     // Cheap to ask (partial indexes), so polling does not steal the machine's two cores.
     loop {
-        let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN ('queued', 'retrying', 'running'))",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
+        let busy: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN ('queued', 'retrying', 'running'))")
+                .fetch_one(pool)
+                .await
+                .unwrap();
         if !busy {
             break;
         }
@@ -95,21 +80,13 @@ async fn pickup_run(pool: &PgPool, samples: usize) -> (f64, f64, f64) {
         let _ = tx.send(Instant::now());
         async { Ok::<_, JobError>(JobOutput::default()) }
     };
-    let workers = WorkerPool::start(
-        pool.clone(),
-        config(),
-        Arc::new(processor),
-        Arc::new(NoHooks),
-    );
+    let workers = WorkerPool::start(pool.clone(), config(), Arc::new(processor), Arc::new(NoHooks));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut latencies = Vec::with_capacity(samples);
     let mut after_commit = Vec::with_capacity(samples);
     for _ in 0..samples {
         let enqueued = Instant::now();
-        sqlx::query("INSERT INTO jobs (owner_id) VALUES (1)")
-            .execute(pool)
-            .await
-            .unwrap();
+        sqlx::query("INSERT INTO jobs (owner_id) VALUES (1)").execute(pool).await.unwrap();
         let committed = Instant::now();
         let started = rx.recv().await.unwrap();
         latencies.push((started - enqueued).as_secs_f64() * 1000.0);
@@ -118,11 +95,7 @@ async fn pickup_run(pool: &PgPool, samples: usize) -> (f64, f64, f64) {
     }
     workers.shutdown().await;
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.95),
-        median(&mut after_commit),
-    )
+    (percentile(&latencies, 0.5), percentile(&latencies, 0.95), median(&mut after_commit))
 }
 
 #[tokio::main]

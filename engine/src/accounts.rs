@@ -116,7 +116,15 @@ pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role,
     .ok_or(EngineError::EmailTaken)?;
     let user = user_from_row(&row);
     if grant > 0 {
-        crate::ledger::add_credits(&mut tx, user.id, crate::ledger::CreditKind::Grant, grant, "system", Some("sign-up grant")).await?;
+        crate::ledger::add_credits(
+            &mut tx,
+            user.id,
+            crate::ledger::CreditKind::Grant,
+            grant,
+            "system",
+            Some("sign-up grant"),
+        )
+        .await?;
     }
     tx.commit().await?;
     get(pool, user.id).await
@@ -200,7 +208,8 @@ pub async fn log_in(pool: &PgPool, email: &str, password: &str, client: &str, li
         .fetch_optional(pool)
         .await?;
     // A fixed dummy hash keeps the timing of unknown accounts like that of known ones.
-    const DUMMY: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2x1aWNlLWR1bW15LXNhbHQ$0K4y4T8pQy7tK8m2cW1fQm7C3tV4nX5v6B7d8E9f0gA";
+    const DUMMY: &str =
+        "$argon2id$v=19$m=19456,t=2,p=1$c2x1aWNlLWR1bW15LXNhbHQ$0K4y4T8pQy7tK8m2cW1fQm7C3tV4nX5v6B7d8E9f0gA";
     let hash = row.as_ref().map(|r| r.get::<String, _>("password_hash")).unwrap_or_else(|| DUMMY.to_string());
     let password = password.to_string();
     let ok = tokio::task::spawn_blocking(move || verify_password(&password, &hash)).await.expect("verify task");

@@ -64,9 +64,13 @@ pub enum Refusal {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
-    Accepted { job_id: Uuid },
+    Accepted {
+        job_id: Uuid,
+    },
     /// An earlier job with the same key: no second job, no second debit.
-    Existing { job_id: Uuid },
+    Existing {
+        job_id: Uuid,
+    },
     Refused(Refusal),
 }
 
@@ -159,7 +163,13 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(EngineError::NotFound)?;
-        return Ok(Admission::Refused(refusal_reason(row.get(0), row.get(1), row.get(2), config.cost, config.retry_after_busy)));
+        return Ok(Admission::Refused(refusal_reason(
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            config.cost,
+            config.retry_after_busy,
+        )));
     }
     let job = NewJob {
         owner_id: s.user_id,
@@ -172,12 +182,14 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         request_fingerprint: Some(s.fingerprint.clone()),
     };
     let job_id = queue::enqueue(&mut tx, &job).await?;
-    sqlx::query("INSERT INTO ledger (user_id, kind, amount, job_id, note) VALUES ($1, 'debit', $2, $3, 'document accepted')")
-        .bind(s.user_id)
-        .bind(-config.cost)
-        .bind(job_id)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO ledger (user_id, kind, amount, job_id, note) VALUES ($1, 'debit', $2, $3, 'document accepted')",
+    )
+    .bind(s.user_id)
+    .bind(-config.cost)
+    .bind(job_id)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(Admission::Accepted { job_id })
 }

@@ -22,7 +22,5 @@ pub async fn connect(url: &str, connections: u32) -> Result<PgPool> {
 
 /// The server's version string, for `/healthz`.
 pub async fn server_version(pool: &PgPool) -> Result<String> {
-    Ok(sqlx::query_scalar("SHOW server_version")
-        .fetch_one(pool)
-        .await?)
+    Ok(sqlx::query_scalar("SHOW server_version").fetch_one(pool).await?)
 }

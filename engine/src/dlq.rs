@@ -38,12 +38,7 @@ pub async fn groups(pool: &PgPool) -> Result<Vec<DlqGroup>> {
 }
 
 /// The jobs of one group, newest first.
-pub async fn group_jobs(
-    pool: &PgPool,
-    kind: FailureKind,
-    reason: &str,
-    limit: i64,
-) -> Result<Vec<JobView>> {
+pub async fn group_jobs(pool: &PgPool, kind: FailureKind, reason: &str, limit: i64) -> Result<Vec<JobView>> {
     let rows = sqlx::query(&format!(
         "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'failed' AND discarded_at IS NULL
          AND failure_kind = $1 AND coalesce(failure_reason, '') = $2 ORDER BY finished_at DESC LIMIT $3"
@@ -57,11 +52,9 @@ pub async fn group_jobs(
 }
 
 pub async fn depth(pool: &PgPool) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM jobs WHERE state = 'failed' AND discarded_at IS NULL",
-    )
-    .fetch_one(pool)
-    .await?)
+    Ok(sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'failed' AND discarded_at IS NULL")
+        .fetch_one(pool)
+        .await?)
 }
 
 /// Which failed jobs a replay or discard applies to.
@@ -93,12 +86,7 @@ fn bind_selection(selection: &Selection) -> (Option<Uuid>, Option<&'static str>,
 /// Replay: attempts reset, back to `queued`, the replayed hook in the same transaction.
 /// Only jobs still failed are touched, so two identical requests at once requeue once.
 /// Returns the ids replayed.
-pub async fn replay(
-    pool: &PgPool,
-    hooks: &dyn TerminalHooks,
-    selection: &Selection,
-    actor: &str,
-) -> Result<Vec<Uuid>> {
+pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Selection, actor: &str) -> Result<Vec<Uuid>> {
     let (id, kind, reason) = bind_selection(selection);
     let mut tx = pool.begin().await?;
     let rows = sqlx::query(&format!(
@@ -113,26 +101,14 @@ pub async fn replay(
     .await?;
     let mut ids = Vec::with_capacity(rows.len());
     for row in &rows {
-        let job = TerminalJob {
-            id: row.get(0),
-            owner_id: row.get(1),
-            cost: row.get(2),
-            attempts: row.get(3),
-            failure: None,
-        };
+        let job =
+            TerminalJob { id: row.get(0), owner_id: row.get(1), cost: row.get(2), attempts: row.get(3), failure: None };
         hooks.on_replayed(&mut tx, &job).await?;
         ids.push(job.id);
     }
     if !ids.is_empty() {
-        audit(
-            &mut tx,
-            actor,
-            "dlq_replay",
-            Some(&selection.describe()),
-            "failed",
-            &format!("{} queued", ids.len()),
-        )
-        .await?;
+        audit(&mut tx, actor, "dlq_replay", Some(&selection.describe()), "failed", &format!("{} queued", ids.len()))
+            .await?;
         notify(&mut tx).await?;
     }
     tx.commit().await?;
@@ -143,14 +119,12 @@ pub async fn replay(
 pub async fn discard(pool: &PgPool, selection: &Selection, actor: &str) -> Result<u64> {
     let (id, kind, reason) = bind_selection(selection);
     let mut tx = pool.begin().await?;
-    let done = sqlx::query(&format!(
-        "UPDATE jobs SET discarded_at = now(), updated_at = now() WHERE {SELECTED}"
-    ))
-    .bind(id)
-    .bind(kind)
-    .bind(reason)
-    .execute(&mut *tx)
-    .await?;
+    let done = sqlx::query(&format!("UPDATE jobs SET discarded_at = now(), updated_at = now() WHERE {SELECTED}"))
+        .bind(id)
+        .bind(kind)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
     if done.rows_affected() > 0 {
         audit(
             &mut tx,

@@ -15,11 +15,7 @@ pub enum DrainEstimate {
 }
 
 /// backlog / (completions - intake), or "not draining" when intake >= completions.
-pub fn drain_estimate(
-    backlog: u64,
-    intake_per_sec: f64,
-    completions_per_sec: f64,
-) -> DrainEstimate {
+pub fn drain_estimate(backlog: u64, intake_per_sec: f64, completions_per_sec: f64) -> DrainEstimate {
     if backlog == 0 {
         return DrainEstimate::Empty;
     }
@@ -31,12 +27,7 @@ pub fn drain_estimate(
 }
 
 /// The backlog after `seconds` at steady rates (never below zero).
-pub fn backlog_after(
-    backlog: f64,
-    intake_per_sec: f64,
-    completions_per_sec: f64,
-    seconds: f64,
-) -> f64 {
+pub fn backlog_after(backlog: f64, intake_per_sec: f64, completions_per_sec: f64, seconds: f64) -> f64 {
     (backlog + (intake_per_sec - completions_per_sec) * seconds).max(0.0)
 }
 
@@ -51,16 +42,10 @@ mod tests {
     fn seed_001_burst_then_recovery() {
         let after_burst = backlog_after(0.0, 120.0, 100.0, 60.0);
         assert_eq!(after_burst, 1200.0);
-        assert_eq!(
-            drain_estimate(1200, 80.0, 100.0),
-            DrainEstimate::DrainsIn(Duration::from_secs(60))
-        );
+        assert_eq!(drain_estimate(1200, 80.0, 100.0), DrainEstimate::DrainsIn(Duration::from_secs(60)));
         assert_eq!(backlog_after(after_burst, 80.0, 100.0, 60.0), 0.0);
         // During the burst itself the queue is not draining.
-        assert_eq!(
-            drain_estimate(600, 120.0, 100.0),
-            DrainEstimate::NotDraining
-        );
+        assert_eq!(drain_estimate(600, 120.0, 100.0), DrainEstimate::NotDraining);
     }
 
     #[test]

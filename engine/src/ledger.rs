@@ -39,12 +39,13 @@ pub async fn add_credits(
     actor: &str,
     note: Option<&str>,
 ) -> Result<i64> {
-    let balance: Option<i64> =
-        sqlx::query_scalar("UPDATE users SET balance = balance + $2 WHERE id = $1 AND balance + $2 >= 0 RETURNING balance")
-            .bind(user_id)
-            .bind(amount)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let balance: Option<i64> = sqlx::query_scalar(
+        "UPDATE users SET balance = balance + $2 WHERE id = $1 AND balance + $2 >= 0 RETURNING balance",
+    )
+    .bind(user_id)
+    .bind(amount)
+    .fetch_optional(&mut *conn)
+    .await?;
     let balance = balance.ok_or_else(|| EngineError::Invalid("the balance cannot go below zero".into()))?;
     sqlx::query("INSERT INTO ledger (user_id, kind, amount, actor, note) VALUES ($1, $2, $3, $4, $5)")
         .bind(user_id)
@@ -62,8 +63,15 @@ pub async fn admin_adjust(pool: &PgPool, user_id: i64, amount: i64, actor: &str,
     let mut tx = pool.begin().await?;
     let kind = if amount >= 0 { CreditKind::Grant } else { CreditKind::Adjustment };
     let balance = add_credits(&mut tx, user_id, kind, amount, actor, Some(note)).await?;
-    crate::settings::audit(&mut tx, actor, "credits", Some(&format!("user {user_id}")), &amount.to_string(), &balance.to_string())
-        .await?;
+    crate::settings::audit(
+        &mut tx,
+        actor,
+        "credits",
+        Some(&format!("user {user_id}")),
+        &amount.to_string(),
+        &balance.to_string(),
+    )
+    .await?;
     tx.commit().await?;
     Ok(balance)
 }
@@ -88,7 +96,14 @@ pub async fn history(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<Ledg
     .await?;
     Ok(rows
         .iter()
-        .map(|r| LedgerEntry { id: r.get(0), kind: r.get(1), amount: r.get(2), job_id: r.get(3), note: r.get(4), at: r.get(5) })
+        .map(|r| LedgerEntry {
+            id: r.get(0),
+            kind: r.get(1),
+            amount: r.get(2),
+            job_id: r.get(3),
+            note: r.get(4),
+            at: r.get(5),
+        })
         .collect())
 }
 

@@ -32,10 +32,7 @@ pub async fn rescue_expired(
         .await?;
         let Some(row) = row else { break };
         let (id, token): (Uuid, Uuid) = (row.get(0), row.get(1));
-        let error = JobError::new(
-            ErrorClass::LeaseExpired,
-            "the worker stopped answering (lease expired)",
-        );
+        let error = JobError::new(ErrorClass::LeaseExpired, "the worker stopped answering (lease expired)");
         let failure = Failure {
             attempt: row.get::<i32, _>(2) as u32,
             class: ErrorClass::LeaseExpired,
@@ -64,10 +61,7 @@ pub struct Retention {
 
 impl Default for Retention {
     fn default() -> Self {
-        Retention {
-            done: Duration::from_secs(30 * 86_400),
-            failed: Duration::from_secs(90 * 86_400),
-        }
+        Retention { done: Duration::from_secs(30 * 86_400), failed: Duration::from_secs(90 * 86_400) }
     }
 }
 
@@ -96,10 +90,7 @@ pub async fn prune(pool: &PgPool, retention: Retention) -> Result<Vec<PrunedJob>
         .fetch_all(pool)
         .await?;
         let n = rows.len();
-        pruned.extend(rows.iter().map(|r| PrunedJob {
-            id: r.get(0),
-            payload: r.get(1),
-        }));
+        pruned.extend(rows.iter().map(|r| PrunedJob { id: r.get(0), payload: r.get(1) }));
         if n < 1000 {
             break;
         }

@@ -28,7 +28,14 @@ pub async fn list(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<Notice>
     .await?;
     Ok(rows
         .iter()
-        .map(|r| Notice { id: r.get(0), job_id: r.get(1), kind: r.get(2), message: r.get(3), created_at: r.get(4), read: r.get(5) })
+        .map(|r| Notice {
+            id: r.get(0),
+            job_id: r.get(1),
+            kind: r.get(2),
+            message: r.get(3),
+            created_at: r.get(4),
+            read: r.get(5),
+        })
         .collect())
 }
 
@@ -41,10 +48,12 @@ pub async fn unread_count(pool: &PgPool, user_id: i64) -> Result<i64> {
 
 /// Mark one notice (or all, with `None`) as read; only the user's own.
 pub async fn mark_read(pool: &PgPool, user_id: i64, id: Option<i64>) -> Result<u64> {
-    Ok(sqlx::query("UPDATE notices SET read_at = now() WHERE user_id = $1 AND read_at IS NULL AND ($2::int8 IS NULL OR id = $2)")
-        .bind(user_id)
-        .bind(id)
-        .execute(pool)
-        .await?
-        .rows_affected())
+    Ok(sqlx::query(
+        "UPDATE notices SET read_at = now() WHERE user_id = $1 AND read_at IS NULL AND ($2::int8 IS NULL OR id = $2)",
+    )
+    .bind(user_id)
+    .bind(id)
+    .execute(pool)
+    .await?
+    .rows_affected())
 }

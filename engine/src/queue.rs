@@ -107,12 +107,7 @@ pub struct ClaimedJob {
 /// only while processing is enabled. One round trip: the `sluice_claim` function (see its
 /// migration) locks the settings row, so claims are serialised across every process and the
 /// gate's count of running jobs cannot be raced past.
-pub async fn claim(
-    pool: &PgPool,
-    worker: &str,
-    max: i64,
-    lease: Duration,
-) -> Result<Vec<ClaimedJob>> {
+pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Result<Vec<ClaimedJob>> {
     if max <= 0 {
         return Ok(Vec::new());
     }
@@ -145,9 +140,7 @@ pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Resul
     }
     // A lost heartbeat only shortens a lease, so it need not wait for the WAL flush.
     let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
     let done = sqlx::query(
         "UPDATE jobs SET lease_expires_at = now() + make_interval(secs => $2)
          WHERE lease_token = ANY($1) AND state = 'running'",
@@ -180,12 +173,7 @@ pub struct JobError {
 
 impl JobError {
     pub fn new(class: ErrorClass, message: impl Into<String>) -> JobError {
-        JobError {
-            class,
-            message: message.into(),
-            provider_status: None,
-            retry_after: None,
-        }
+        JobError { class, message: message.into(), provider_status: None, retry_after: None }
     }
 
     pub fn with_retry_after(mut self, retry_after: Duration) -> JobError {
@@ -269,27 +257,13 @@ pub async fn complete_many(
     .await?;
     let mut written = std::collections::HashSet::with_capacity(rows.len());
     for row in &rows {
-        let terminal = TerminalJob {
-            id: row.get(0),
-            owner_id: row.get(1),
-            cost: row.get(2),
-            attempts: row.get(3),
-            failure: None,
-        };
+        let terminal =
+            TerminalJob { id: row.get(0), owner_id: row.get(1), cost: row.get(2), attempts: row.get(3), failure: None };
         hooks.on_done(&mut tx, &terminal).await?;
         written.insert(terminal.id);
     }
     tx.commit().await?;
-    Ok(ids
-        .iter()
-        .map(|id| {
-            if written.contains(id) {
-                Recorded::Done
-            } else {
-                Recorded::Stale
-            }
-        })
-        .collect())
+    Ok(ids.iter().map(|id| if written.contains(id) { Recorded::Done } else { Recorded::Stale }).collect())
 }
 
 /// Record a failed attempt and apply the retry policy: retry later (re-enqueue with `run_at`,
@@ -337,8 +311,7 @@ pub(crate) async fn apply_failure(
     error: &JobError,
     decision: Decision,
 ) -> Result<Recorded> {
-    let release =
-        "lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()";
+    let release = "lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()";
     let (outcome, recorded) = match decision {
         Decision::Retry { at, .. } => {
             sqlx::query(&format!(
@@ -412,10 +385,12 @@ pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
     .bind(tokens)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL")
-        .bind(tokens)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL",
+    )
+    .bind(tokens)
+    .execute(&mut *tx)
+    .await?;
     crate::settings::notify(&mut tx).await?;
     tx.commit().await?;
     Ok(done.rows_affected())
@@ -423,11 +398,7 @@ pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
 
 /// When the next waiting job falls due (for the worker's sleep), if any is waiting.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>> {
-    Ok(
-        sqlx::query_scalar("SELECT min(run_at) FROM jobs WHERE state IN ('queued', 'retrying')")
-            .fetch_one(pool)
-            .await?,
-    )
+    Ok(sqlx::query_scalar("SELECT min(run_at) FROM jobs WHERE state IN ('queued', 'retrying')").fetch_one(pool).await?)
 }
 
 /// A job as users and operators see it.
@@ -536,4 +507,16 @@ pub async fn attempts(pool: &PgPool, job_id: Uuid) -> Result<Vec<AttemptView>> {
             output_tokens: r.get(11),
         })
         .collect())
+}
+
+/// A user's jobs, newest first.
+pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<Vec<JobView>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS} FROM jobs WHERE owner_id = $1 ORDER BY accepted_at DESC, id LIMIT $2"
+    ))
+    .bind(owner_id)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.iter().map(job_from_row).collect())
 }

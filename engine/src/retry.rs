@@ -105,11 +105,7 @@ impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
             max_attempts: 3,
-            delays: vec![
-                Duration::from_secs(30),
-                Duration::from_secs(60),
-                Duration::from_secs(120),
-            ],
+            delays: vec![Duration::from_secs(30), Duration::from_secs(60), Duration::from_secs(120)],
             max_delay: Duration::from_secs(120),
             max_jitter: Duration::from_secs(2),
         }
@@ -142,12 +138,7 @@ impl RetryPolicy {
     /// The scheduled wait before attempt `attempt + 1`, before floors and jitter.
     pub fn scheduled_delay(&self, attempt: u32) -> Duration {
         let index = (attempt.max(1) - 1) as usize;
-        let delay = self
-            .delays
-            .get(index)
-            .or(self.delays.last())
-            .copied()
-            .unwrap_or_default();
+        let delay = self.delays.get(index).or(self.delays.last()).copied().unwrap_or_default();
         delay.min(self.max_delay)
     }
 
@@ -193,19 +184,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn failure(attempt: u32, class: ErrorClass) -> Failure {
-        Failure {
-            attempt,
-            class,
-            retry_after: None,
-            processing_enabled: true,
-        }
+        Failure { attempt, class, retry_after: None, processing_enabled: true }
     }
 
     fn no_jitter() -> RetryPolicy {
-        RetryPolicy {
-            max_jitter: Duration::ZERO,
-            ..RetryPolicy::default()
-        }
+        RetryPolicy { max_jitter: Duration::ZERO, ..RetryPolicy::default() }
     }
 
     fn delay_of(d: Decision) -> Duration {
@@ -219,14 +202,8 @@ mod tests {
     fn default_schedule_is_30_then_60_and_three_attempts() {
         let p = no_jitter();
         let now = Utc::now();
-        assert_eq!(
-            delay_of(p.decide(&failure(1, ErrorClass::RateLimited), now, 0.0)),
-            Duration::from_secs(30)
-        );
-        assert_eq!(
-            delay_of(p.decide(&failure(2, ErrorClass::Overloaded), now, 0.0)),
-            Duration::from_secs(60)
-        );
+        assert_eq!(delay_of(p.decide(&failure(1, ErrorClass::RateLimited), now, 0.0)), Duration::from_secs(30));
+        assert_eq!(delay_of(p.decide(&failure(2, ErrorClass::Overloaded), now, 0.0)), Duration::from_secs(60));
         assert_eq!(
             p.decide(&failure(3, ErrorClass::ServerError), now, 0.0),
             Decision::Fail(FailureKind::RetriesExhausted)
@@ -286,10 +263,7 @@ mod tests {
         assert_eq!(no_jitter().decide(&f, Utc::now(), 0.0), Decision::Requeue);
         // A permanent error is permanent whether or not processing is paused.
         f.class = ErrorClass::InvalidInput;
-        assert_eq!(
-            no_jitter().decide(&f, Utc::now(), 0.0),
-            Decision::Fail(FailureKind::InvalidInput)
-        );
+        assert_eq!(no_jitter().decide(&f, Utc::now(), 0.0), Decision::Fail(FailureKind::InvalidInput));
     }
 
     #[test]
@@ -306,10 +280,7 @@ mod tests {
         assert_eq!(parse_retry_after("17", now), Some(Duration::from_secs(17)));
         assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
         let later = httpdate::fmt_http_date(now + Duration::from_secs(45));
-        assert_eq!(
-            parse_retry_after(&later, now),
-            Some(Duration::from_secs(45))
-        );
+        assert_eq!(parse_retry_after(&later, now), Some(Duration::from_secs(45)));
         let earlier = httpdate::fmt_http_date(now - Duration::from_secs(45));
         assert_eq!(parse_retry_after(&earlier, now), Some(Duration::ZERO));
         for garbage in ["", "soon", "-5", "1.5", "Tue, 99 Foo 2020"] {

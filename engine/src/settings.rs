@@ -37,10 +37,9 @@ pub async fn read(pool: &PgPool) -> Result<QueueSettings> {
 /// in their transaction); resuming wakes idle workers through NOTIFY. Audited.
 pub async fn set_processing(pool: &PgPool, enabled: bool, actor: &str) -> Result<QueueSettings> {
     let mut tx = pool.begin().await?;
-    let old: bool =
-        sqlx::query_scalar("SELECT processing_enabled FROM queue_settings WHERE id = 1 FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await?;
+    let old: bool = sqlx::query_scalar("SELECT processing_enabled FROM queue_settings WHERE id = 1 FOR UPDATE")
+        .fetch_one(&mut *tx)
+        .await?;
     if old != enabled {
         sqlx::query(
             "UPDATE queue_settings SET processing_enabled = $1, processing_changed_at = now(),
@@ -51,15 +50,7 @@ pub async fn set_processing(pool: &PgPool, enabled: bool, actor: &str) -> Result
         .execute(&mut *tx)
         .await?;
     }
-    audit(
-        &mut tx,
-        actor,
-        "processing",
-        None,
-        &on_off(old),
-        &on_off(enabled),
-    )
-    .await?;
+    audit(&mut tx, actor, "processing", None, &on_off(old), &on_off(enabled)).await?;
     notify(&mut tx).await?;
     tx.commit().await?;
     read(pool).await
@@ -74,22 +65,9 @@ pub async fn set_gate_size(pool: &PgPool, size: i32, actor: &str) -> Result<Queu
     }
     let mut tx = pool.begin().await?;
     let old: i32 =
-        sqlx::query_scalar("SELECT gate_size FROM queue_settings WHERE id = 1 FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await?;
-    sqlx::query("UPDATE queue_settings SET gate_size = $1 WHERE id = 1")
-        .bind(size)
-        .execute(&mut *tx)
-        .await?;
-    audit(
-        &mut tx,
-        actor,
-        "gate_size",
-        None,
-        &old.to_string(),
-        &size.to_string(),
-    )
-    .await?;
+        sqlx::query_scalar("SELECT gate_size FROM queue_settings WHERE id = 1 FOR UPDATE").fetch_one(&mut *tx).await?;
+    sqlx::query("UPDATE queue_settings SET gate_size = $1 WHERE id = 1").bind(size).execute(&mut *tx).await?;
+    audit(&mut tx, actor, "gate_size", None, &old.to_string(), &size.to_string()).await?;
     notify(&mut tx).await?;
     tx.commit().await?;
     read(pool).await
@@ -100,10 +78,7 @@ fn on_off(enabled: bool) -> String {
 }
 
 pub(crate) async fn notify(conn: &mut sqlx::PgConnection) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, 'work')")
-        .bind(JOBS_CHANNEL)
-        .execute(conn)
-        .await?;
+    sqlx::query("SELECT pg_notify($1, 'work')").bind(JOBS_CHANNEL).execute(conn).await?;
     Ok(())
 }
 

@@ -35,11 +35,7 @@ pub async fn enqueue_many(pool: &PgPool, owner: i64, n: usize) -> Vec<Uuid> {
 }
 
 pub async fn count_in_state(pool: &PgPool, state: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = $1")
-        .bind(state)
-        .fetch_one(pool)
-        .await
-        .expect("count")
+    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = $1").bind(state).fetch_one(pool).await.expect("count")
 }
 
 /// Poll `check` every 20 ms until it is true or `timeout` passes; returns whether it held.

@@ -50,7 +50,14 @@ pub async fn create(pool: &PgPool, user_id: i64, name: &str) -> Result<(ApiToken
 }
 
 fn token_from_row(r: &sqlx::postgres::PgRow) -> ApiToken {
-    ApiToken { id: r.get(0), name: r.get(1), prefix: r.get(2), created_at: r.get(3), last_used_at: r.get(4), revoked: r.get(5) }
+    ApiToken {
+        id: r.get(0),
+        name: r.get(1),
+        prefix: r.get(2),
+        created_at: r.get(3),
+        last_used_at: r.get(4),
+        revoked: r.get(5),
+    }
 }
 
 pub async fn list(pool: &PgPool, user_id: i64) -> Result<Vec<ApiToken>> {
@@ -66,11 +73,12 @@ pub async fn list(pool: &PgPool, user_id: i64) -> Result<Vec<ApiToken>> {
 
 /// Revoke one of the user's tokens (another user's token id is "not found").
 pub async fn revoke(pool: &PgPool, user_id: i64, id: i64) -> Result<()> {
-    let done = sqlx::query("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND user_id = $2")
-        .bind(id)
-        .bind(user_id)
-        .execute(pool)
-        .await?;
+    let done =
+        sqlx::query("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND user_id = $2")
+            .bind(id)
+            .bind(user_id)
+            .execute(pool)
+            .await?;
     if done.rows_affected() == 0 {
         return Err(EngineError::NotFound);
     }

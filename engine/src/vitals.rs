@@ -46,9 +46,7 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
     .await?;
     let (backlog, scheduled_retries, oldest_waiting_secs): (i64, i64, Option<f64>) =
         (row.get(0), row.get(1), row.get(2));
-    let running: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'")
-        .fetch_one(pool)
-        .await?;
+    let running: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'").fetch_one(pool).await?;
 
     let rates = sqlx::query(
         "SELECT
@@ -61,16 +59,8 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
     )
     .fetch_one(pool)
     .await?;
-    let intake = Rates {
-        m1: rates.get(0),
-        m5: rates.get(1),
-        m15: rates.get(2),
-    };
-    let completions = Rates {
-        m1: rates.get(3),
-        m5: rates.get(4),
-        m15: rates.get(5),
-    };
+    let intake = Rates { m1: rates.get(0), m5: rates.get(1), m15: rates.get(2) };
+    let completions = Rates { m1: rates.get(3), m5: rates.get(4), m15: rates.get(5) };
 
     let latency = sqlx::query(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - accepted_at)),
@@ -116,12 +106,5 @@ pub async fn history(pool: &PgPool, minutes: i32) -> Result<Vec<MinuteCounts>> {
     .bind(minutes)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .iter()
-        .map(|r| MinuteCounts {
-            minute: r.get(0),
-            intake: r.get(1),
-            completions: r.get(2),
-        })
-        .collect())
+    Ok(rows.iter().map(|r| MinuteCounts { minute: r.get(0), intake: r.get(1), completions: r.get(2) }).collect())
 }

@@ -124,18 +124,9 @@ impl WorkerPool {
         background.spawn(listen(shared.clone()));
         background.spawn(heartbeat(shared.clone()));
         let (completions, completions_rx) = mpsc::unbounded_channel();
-        let completer = Some(tokio::spawn(complete_batches(
-            shared.clone(),
-            completions_rx,
-        )));
+        let completer = Some(tokio::spawn(complete_batches(shared.clone(), completions_rx)));
         let dispatcher = Some(tokio::spawn(dispatch(shared.clone(), stop_rx, completions)));
-        WorkerPool {
-            shared,
-            stop,
-            dispatcher,
-            completer,
-            background,
-        }
+        WorkerPool { shared, stop, dispatcher, completer, background }
     }
 
     /// How many jobs this pool is running now.
@@ -178,10 +169,7 @@ impl WorkerPool {
             }
         };
         self.background.abort_all();
-        ShutdownReport {
-            finished,
-            handed_back,
-        }
+        ShutdownReport { finished, handed_back }
     }
 }
 
@@ -221,32 +209,18 @@ async fn dispatch(
         let free = slots.available_permits();
         let mut wait = shared.config.poll_interval;
         if free > 0 {
-            match queue::claim(
-                &shared.pool,
-                &shared.config.name,
-                free as i64,
-                shared.config.lease,
-            )
-            .await
-            {
+            match queue::claim(&shared.pool, &shared.config.name, free as i64, shared.config.lease).await {
                 Ok(jobs) => {
                     failures = 0;
                     let got_all = jobs.len() == free;
                     for job in jobs {
-                        let slot = slots
-                            .clone()
-                            .try_acquire_owned()
-                            .expect("a slot per claimed job");
+                        let slot = slots.clone().try_acquire_owned().expect("a slot per claimed job");
                         shared.running.lock().unwrap().insert(job.lease_token);
                         let (shared, completions) = (shared.clone(), completions.clone());
                         tasks.spawn(async move {
                             match run_processor(&shared, &job).await {
                                 Ok(output) => {
-                                    let _ = completions.send(Completion {
-                                        job,
-                                        output,
-                                        _slot: slot,
-                                    });
+                                    let _ = completions.send(Completion { job, output, _slot: slot });
                                 }
                                 Err(error) => {
                                     record_failure(&shared, &job, &error).await;
@@ -262,9 +236,7 @@ async fn dispatch(
                     }
                     // Sleep no longer than until the next retry falls due.
                     if let Ok(Some(due)) = queue::next_due(&shared.pool).await {
-                        let until = (due - chrono::Utc::now())
-                            .to_std()
-                            .unwrap_or(Duration::ZERO);
+                        let until = (due - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
                         wait = wait.min(until.max(Duration::from_millis(5)));
                     }
                 }
@@ -285,26 +257,17 @@ async fn dispatch(
 
 /// Write successful results in batches: whatever arrived while the last batch was being
 /// written goes in the next transaction.
-async fn complete_batches(
-    shared: Arc<Shared>,
-    mut completions: mpsc::UnboundedReceiver<Completion>,
-) {
+async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedReceiver<Completion>) {
     const MAX_BATCH: usize = 256;
     let mut batch: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
     while completions.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let items: Vec<(&ClaimedJob, &JobOutput)> =
-            batch.iter().map(|c| (&c.job, &c.output)).collect();
-        let written = with_db_retries("results", || {
-            queue::complete_many(&shared.pool, shared.hooks.as_ref(), &items)
-        })
-        .await;
+        let items: Vec<(&ClaimedJob, &JobOutput)> = batch.iter().map(|c| (&c.job, &c.output)).collect();
+        let written =
+            with_db_retries("results", || queue::complete_many(&shared.pool, shared.hooks.as_ref(), &items)).await;
         if written.is_none() && items.len() > 1 {
             // One bad job (say, a hook that refuses it) must not hold back the others.
             for (job, output) in &items {
-                with_db_retries("a result", || {
-                    queue::complete(&shared.pool, shared.hooks.as_ref(), job, output)
-                })
-                .await;
+                with_db_retries("a result", || queue::complete(&shared.pool, shared.hooks.as_ref(), job, output)).await;
             }
         }
         let mut running = shared.running.lock().unwrap();
@@ -322,23 +285,12 @@ async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, J
     AssertUnwindSafe(shared.processor.process(job.clone()))
         .catch_unwind()
         .await
-        .unwrap_or_else(|_| {
-            Err(JobError::new(
-                ErrorClass::ServerError,
-                "the processor panicked",
-            ))
-        })
+        .unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")))
 }
 
 async fn record_failure(shared: &Shared, job: &ClaimedJob, error: &JobError) -> Option<Recorded> {
     let recorded = with_db_retries("a failure", || {
-        queue::fail(
-            &shared.pool,
-            shared.hooks.as_ref(),
-            &shared.config.policy,
-            job,
-            error,
-        )
+        queue::fail(&shared.pool, shared.hooks.as_ref(), &shared.config.policy, job, error)
     })
     .await;
     if recorded == Some(Recorded::Stale) {
@@ -428,21 +380,14 @@ pub async fn work_once(
         running: Mutex::new(HashSet::new()),
         wake: Notify::new(),
     };
-    let outcomes =
-        futures::future::join_all(jobs.iter().map(|job| run_processor(&shared, job))).await;
+    let outcomes = futures::future::join_all(jobs.iter().map(|job| run_processor(&shared, job))).await;
     let mut reports = Vec::with_capacity(jobs.len());
     for (job, outcome) in jobs.iter().zip(outcomes) {
         let recorded = match outcome {
             Ok(output) => queue::complete(pool, shared.hooks.as_ref(), job, &output).await?,
-            Err(error) => {
-                queue::fail(pool, shared.hooks.as_ref(), &config.policy, job, &error).await?
-            }
+            Err(error) => queue::fail(pool, shared.hooks.as_ref(), &config.policy, job, &error).await?,
         };
-        reports.push(AttemptReport {
-            job_id: job.id,
-            attempt: job.attempt,
-            recorded,
-        });
+        reports.push(AttemptReport { job_id: job.id, attempt: job.attempt, recorded });
     }
     Ok(reports)
 }

@@ -11,11 +11,10 @@ use engine::worker::WorkerPool;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
-    let mut temp =
-        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-crash-test"))
-            .await
-            .unwrap()
-            .expect("a private cluster");
+    let mut temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-crash-test"))
+        .await
+        .unwrap()
+        .expect("a private cluster");
     let url = temp.cluster.url("postgres");
     let pool = engine::db::connect(&url, 30).await.unwrap();
     enqueue_many(&pool, 1, 60).await;
@@ -23,19 +22,11 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
 
     let processor = |_job: ClaimedJob| async {
         tokio::time::sleep(Duration::from_millis(30)).await;
-        Ok::<_, JobError>(JobOutput {
-            result: serde_json::json!("ok"),
-            ..Default::default()
-        })
+        Ok::<_, JobError>(JobOutput { result: serde_json::json!("ok"), ..Default::default() })
     };
     let mut config = fast_worker("crashy", 8);
     config.lease = Duration::from_secs(3);
-    let workers = WorkerPool::start(
-        pool.clone(),
-        config.clone(),
-        Arc::new(processor),
-        Arc::new(NoHooks),
-    );
+    let workers = WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(NoHooks));
     let rescue = tokio::spawn(engine::maintenance::run(
         pool.clone(),
         Arc::new(NoHooks),
@@ -45,12 +36,7 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
         Duration::from_secs(3600),
         Arc::new(|_| {}),
     ));
-    assert!(
-        wait_for(Duration::from_secs(20), || async {
-            count_in_state(&pool, "done").await >= 20
-        })
-        .await
-    );
+    assert!(wait_for(Duration::from_secs(20), || async { count_in_state(&pool, "done").await >= 20 }).await);
 
     let _temp = tokio::task::spawn_blocking(move || {
         temp.cluster.crash().expect("crash Postgres");
@@ -79,10 +65,8 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
     .await
     .unwrap();
     assert_eq!(double, 0, "no job has two successful attempts");
-    let results: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE result IS NOT NULL")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let results: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE result IS NOT NULL").fetch_one(&pool).await.unwrap();
     assert_eq!(results, 120);
     pool.close().await;
 }

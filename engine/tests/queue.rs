@@ -16,11 +16,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 fn ok_output() -> JobOutput {
-    JobOutput {
-        result: serde_json::json!({"ok": true}),
-        input_tokens: Some(3),
-        output_tokens: Some(4),
-    }
+    JobOutput { result: serde_json::json!({"ok": true}), input_tokens: Some(3), output_tokens: Some(4) }
 }
 
 /// Hooks that record each call in a table, inside the engine's transaction.
@@ -28,10 +24,7 @@ struct RecordingHooks;
 
 impl RecordingHooks {
     async fn install(pool: &PgPool) {
-        sqlx::query("CREATE TABLE hook_calls (job_id uuid NOT NULL, event text NOT NULL)")
-            .execute(pool)
-            .await
-            .unwrap();
+        sqlx::query("CREATE TABLE hook_calls (job_id uuid NOT NULL, event text NOT NULL)").execute(pool).await.unwrap();
     }
     async fn calls(pool: &PgPool, job: Uuid, event: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM hook_calls WHERE job_id = $1 AND event = $2")
@@ -43,17 +36,9 @@ impl RecordingHooks {
     }
 }
 
-fn record<'a>(
-    tx: &'a mut PgConnection,
-    job: &'a TerminalJob,
-    event: &'static str,
-) -> HookResult<'a> {
+fn record<'a>(tx: &'a mut PgConnection, job: &'a TerminalJob, event: &'static str) -> HookResult<'a> {
     Box::pin(async move {
-        sqlx::query("INSERT INTO hook_calls VALUES ($1, $2)")
-            .bind(job.id)
-            .bind(event)
-            .execute(tx)
-            .await?;
+        sqlx::query("INSERT INTO hook_calls VALUES ($1, $2)").bind(job.id).bind(event).execute(tx).await?;
         Ok(())
     })
 }
@@ -96,12 +81,7 @@ async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
     let processor: Arc<dyn engine::worker::Processor> = Arc::new(processor);
     let pools: Vec<WorkerPool> = (0..4)
         .map(|i| {
-            WorkerPool::start(
-                pool.clone(),
-                fast_worker(&format!("pool-{i}"), 16),
-                processor.clone(),
-                Arc::new(NoHooks),
-            )
+            WorkerPool::start(pool.clone(), fast_worker(&format!("pool-{i}"), 16), processor.clone(), Arc::new(NoHooks))
         })
         .collect();
 
@@ -120,10 +100,7 @@ async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
             }
         })
     };
-    let max_running = tokio::time::timeout(Duration::from_secs(60), sampler)
-        .await
-        .expect("all done in time")
-        .unwrap();
+    let max_running = tokio::time::timeout(Duration::from_secs(60), sampler).await.expect("all done in time").unwrap();
     for p in pools {
         p.shutdown().await;
     }
@@ -133,14 +110,8 @@ async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
     assert!(peak >= 3, "the gate should be used, peak was {peak}");
     let runs = runs.lock().unwrap();
     assert_eq!(runs.len(), 150);
-    assert!(
-        ids.iter().all(|id| runs.get(id) == Some(&1)),
-        "every job ran exactly once"
-    );
-    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    assert!(ids.iter().all(|id| runs.get(id) == Some(&1)), "every job ran exactly once");
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 150);
 }
 
@@ -149,12 +120,8 @@ async fn claims_are_fair_across_owners(pool: PgPool) {
     let a = enqueue_many(&pool, 10, 5).await;
     let b = enqueue_many(&pool, 20, 1).await;
     // A's jobs are all older than B's; B's one job still goes out second, not sixth.
-    let first = queue::claim(&pool, "w", 1, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let second = queue::claim(&pool, "w", 1, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let first = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    let second = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
     assert_eq!(first[0].id, a[0]);
     assert_eq!(second[0].id, b[0]);
     // In one batch of two from a fresh start, both owners are served.
@@ -163,9 +130,7 @@ async fn claims_are_fair_across_owners(pool: PgPool) {
         .execute(&pool2)
         .await
         .unwrap();
-    let batch = queue::claim(&pool, "w", 2, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let batch = queue::claim(&pool, "w", 2, Duration::from_secs(60)).await.unwrap();
     let owners: Vec<i64> = batch.iter().map(|j| j.owner_id).collect();
     assert!(owners.contains(&10) && owners.contains(&20), "{owners:?}");
 }
@@ -187,34 +152,16 @@ async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected
             futures::future::pending::<Result<JobOutput, JobError>>()
         }
     };
-    let doomed = WorkerPool::start(
-        pool.clone(),
-        config.clone(),
-        Arc::new(processor),
-        Arc::new(RecordingHooks),
-    );
-    assert!(
-        wait_for(Duration::from_secs(5), || async {
-            claimed.lock().unwrap().is_some()
-        })
-        .await
-    );
+    let doomed = WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(RecordingHooks));
+    assert!(wait_for(Duration::from_secs(5), || async { claimed.lock().unwrap().is_some() }).await);
     // Heartbeats keep the lease alive well past its length while the worker lives.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert!(
-        engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap().is_empty());
     drop(doomed);
 
     assert!(
         wait_for(Duration::from_secs(5), || async {
-            !engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy)
-                .await
-                .unwrap()
-                .is_empty()
+            !engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap().is_empty()
         })
         .await
     );
@@ -224,35 +171,18 @@ async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected
 
     // A healthy worker finishes it.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let reports = work_once(
-        &pool,
-        &config,
-        Arc::new(|_| async { Ok(ok_output()) }),
-        Arc::new(RecordingHooks),
-        5,
-    )
-    .await
-    .unwrap();
+    let reports =
+        work_once(&pool, &config, Arc::new(|_| async { Ok(ok_output()) }), Arc::new(RecordingHooks), 5).await.unwrap();
     assert_eq!(reports.len(), 1);
     assert_eq!(reports[0].recorded, Recorded::Done);
 
     // The dead worker's late write is fenced off by its old lease token.
     let stale = claimed.lock().unwrap().clone().unwrap();
-    let late = JobOutput {
-        result: serde_json::json!({"stale": true}),
-        ..ok_output()
-    };
-    assert_eq!(
-        queue::complete(&pool, &RecordingHooks, &stale, &late)
-            .await
-            .unwrap(),
-        Recorded::Stale
-    );
+    let late = JobOutput { result: serde_json::json!({"stale": true}), ..ok_output() };
+    assert_eq!(queue::complete(&pool, &RecordingHooks, &stale, &late).await.unwrap(), Recorded::Stale);
     let failed_late = JobError::new(ErrorClass::Rejected, "late");
     assert_eq!(
-        queue::fail(&pool, &RecordingHooks, &config.policy, &stale, &failed_late)
-            .await
-            .unwrap(),
+        queue::fail(&pool, &RecordingHooks, &config.policy, &stale, &failed_late).await.unwrap(),
         Recorded::Stale
     );
 
@@ -261,34 +191,20 @@ async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected
     assert_eq!(job.result, Some(serde_json::json!({"ok": true})));
     assert_eq!(RecordingHooks::calls(&pool, id, "done").await, 1);
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 0);
-    let outcomes: Vec<Option<String>> = queue::attempts(&pool, id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.outcome)
-        .collect();
-    assert_eq!(
-        outcomes,
-        vec![Some("lease_expired".into()), Some("succeeded".into())]
-    );
+    let outcomes: Vec<Option<String>> =
+        queue::attempts(&pool, id).await.unwrap().into_iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, vec![Some("lease_expired".into()), Some("succeeded".into())]);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn expired_lease_on_the_last_attempt_fails_as_timed_out(pool: PgPool) {
     RecordingHooks::install(&pool).await;
     let id = enqueue_many(&pool, 1, 1).await[0];
-    sqlx::query("UPDATE jobs SET attempts = 2")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query("UPDATE jobs SET attempts = 2").execute(&pool).await.unwrap();
     let config = fast_worker("w", 1);
-    queue::claim(&pool, "w", 1, Duration::from_millis(10))
-        .await
-        .unwrap();
+    queue::claim(&pool, "w", 1, Duration::from_millis(10)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let rescued = engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy)
-        .await
-        .unwrap();
+    let rescued = engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap();
     assert_eq!(rescued, vec![(id, Recorded::Failed(FailureKind::TimedOut))]);
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 1);
 }
@@ -305,25 +221,17 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
             async move {
                 if job.payload["slow"] == true {
                     release.notified().await;
-                    return Err(JobError::new(ErrorClass::Overloaded, "provider overloaded")
-                        .with_status(529));
+                    return Err(JobError::new(ErrorClass::Overloaded, "provider overloaded").with_status(529));
                 }
                 Ok(ok_output())
             }
         }
     };
-    let slow: Uuid = queue::enqueue(
-        &mut *pool.acquire().await.unwrap(),
-        &queue::NewJob::new(1, serde_json::json!({"slow": true})),
-    )
-    .await
-    .unwrap();
-    let workers = WorkerPool::start(
-        pool.clone(),
-        fast_worker("w", 8),
-        Arc::new(processor),
-        Arc::new(NoHooks),
-    );
+    let slow: Uuid =
+        queue::enqueue(&mut *pool.acquire().await.unwrap(), &queue::NewJob::new(1, serde_json::json!({"slow": true})))
+            .await
+            .unwrap();
+    let workers = WorkerPool::start(pool.clone(), fast_worker("w", 8), Arc::new(processor), Arc::new(NoHooks));
     assert!(
         wait_for(Duration::from_secs(5), || async {
             queue::get(&pool, slow).await.unwrap().state == JobState::Running
@@ -331,13 +239,8 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
         .await
     );
 
-    settings::set_processing(&pool, false, "operator@example.com")
-        .await
-        .unwrap();
-    let paused_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    settings::set_processing(&pool, false, "operator@example.com").await.unwrap();
+    let paused_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await.unwrap();
     // Jobs keep arriving while paused.
     for owner in 0..15 {
         enqueue_many(&pool, 100 + owner, 2).await;
@@ -345,44 +248,28 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
     }
     release.notify_one();
     assert!(
-        wait_for(Duration::from_secs(5), || async {
-            queue::get(&pool, slow).await.unwrap().state == JobState::Queued
-        })
-        .await
-    );
-    let claimed_after_pause: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM job_attempts WHERE started_at > $1")
-            .bind(paused_at)
-            .fetch_one(&pool)
+        wait_for(Duration::from_secs(5), || async { queue::get(&pool, slow).await.unwrap().state == JobState::Queued })
             .await
-            .unwrap();
+    );
+    let claimed_after_pause: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts WHERE started_at > $1")
+        .bind(paused_at)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(claimed_after_pause, 0, "no claims after the pause");
     assert_eq!(count_in_state(&pool, "queued").await, 31);
     let slow_job = queue::get(&pool, slow).await.unwrap();
-    assert_eq!(
-        slow_job.attempts, 0,
-        "a failure while paused does not use an attempt"
-    );
+    assert_eq!(slow_job.attempts, 0, "a failure while paused does not use an attempt");
 
     let audit = settings::audit_log(&pool, 10).await.unwrap();
     assert_eq!(audit[0].action, "processing");
     assert_eq!(audit[0].actor, "operator@example.com");
-    assert_eq!(
-        (audit[0].old_value.as_deref(), audit[0].new_value.as_deref()),
-        (Some("on"), Some("off"))
-    );
+    assert_eq!((audit[0].old_value.as_deref(), audit[0].new_value.as_deref()), (Some("on"), Some("off")));
 
     // Resume: the slow job now fails transiently once more is fine; everything else drains.
-    settings::set_processing(&pool, true, "operator@example.com")
-        .await
-        .unwrap();
+    settings::set_processing(&pool, true, "operator@example.com").await.unwrap();
     release.notify_waiters();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            count_in_state(&pool, "done").await == 30
-        })
-        .await
-    );
+    assert!(wait_for(Duration::from_secs(10), || async { count_in_state(&pool, "done").await == 30 }).await);
     workers.shutdown().await;
 }
 
@@ -396,51 +283,29 @@ async fn retries_follow_the_schedule_and_retry_after_floor_then_exhaust(pool: Pg
         move |_job: queue::ClaimedJob| {
             let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
-                let err = JobError::new(ErrorClass::RateLimited, "rate limited by the provider")
-                    .with_status(429);
+                let err = JobError::new(ErrorClass::RateLimited, "rate limited by the provider").with_status(429);
                 // The second failure carries a Retry-After longer than the schedule's delay.
-                Err(if n == 2 {
-                    err.with_retry_after(Duration::from_millis(900))
-                } else {
-                    err
-                })
+                Err(if n == 2 { err.with_retry_after(Duration::from_millis(900)) } else { err })
             }
         }
     };
     let config = fast_worker("w", 2); // delays 200 ms, 400 ms
-    let workers = WorkerPool::start(
-        pool.clone(),
-        config,
-        Arc::new(processor),
-        Arc::new(RecordingHooks),
-    );
+    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(RecordingHooks));
     assert!(
-        wait_for(Duration::from_secs(10), || async {
-            queue::get(&pool, id).await.unwrap().state == JobState::Failed
-        })
-        .await
+        wait_for(Duration::from_secs(10), || async { queue::get(&pool, id).await.unwrap().state == JobState::Failed })
+            .await
     );
     workers.shutdown().await;
 
     let job = queue::get(&pool, id).await.unwrap();
     assert_eq!(job.failure_kind, Some(FailureKind::RetriesExhausted));
     assert_eq!(job.attempts, 3);
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        3,
-        "at most three provider calls"
-    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "at most three provider calls");
     let attempts = queue::attempts(&pool, id).await.unwrap();
     assert_eq!(attempts.len(), 3);
-    let gap = |i: usize| {
-        (attempts[i].started_at - attempts[i - 1].finished_at.unwrap()).num_milliseconds()
-    };
+    let gap = |i: usize| (attempts[i].started_at - attempts[i - 1].finished_at.unwrap()).num_milliseconds();
     assert!(gap(1) >= 200, "first retry waited {} ms", gap(1));
-    assert!(
-        gap(2) >= 900,
-        "Retry-After is a floor: waited {} ms",
-        gap(2)
-    );
+    assert!(gap(2) >= 900, "Retry-After is a floor: waited {} ms", gap(2));
     assert_eq!(attempts[1].retry_after_ms, Some(900));
     assert_eq!(attempts[2].outcome.as_deref(), Some("failed"));
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 1);
@@ -454,21 +319,13 @@ async fn permanent_errors_fail_at_once(pool: PgPool) {
     let reports = work_once(
         &pool,
         &config,
-        Arc::new(|_| async {
-            Err(JobError::new(
-                ErrorClass::InvalidInput,
-                "the PDF is encrypted",
-            ))
-        }),
+        Arc::new(|_| async { Err(JobError::new(ErrorClass::InvalidInput, "the PDF is encrypted")) }),
         Arc::new(RecordingHooks),
         1,
     )
     .await
     .unwrap();
-    assert_eq!(
-        reports[0].recorded,
-        Recorded::Failed(FailureKind::InvalidInput)
-    );
+    assert_eq!(reports[0].recorded, Recorded::Failed(FailureKind::InvalidInput));
     let job = queue::get(&pool, id).await.unwrap();
     assert_eq!(job.failure_reason.as_deref(), Some("the PDF is encrypted"));
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 1);
@@ -491,13 +348,8 @@ impl TerminalHooks for FailingHooks {
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_failing_hook_rolls_the_transition_back(pool: PgPool) {
     let id = enqueue_many(&pool, 1, 1).await[0];
-    let job = queue::claim(&pool, "w", 1, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(queue::complete(&pool, &FailingHooks, &job, &ok_output())
-        .await
-        .is_err());
+    let job = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+    assert!(queue::complete(&pool, &FailingHooks, &job, &ok_output()).await.is_err());
     let view = queue::get(&pool, id).await.unwrap();
     assert_eq!(view.state, JobState::Running);
     assert_eq!(view.result, None);
@@ -520,10 +372,7 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
     .unwrap();
     let groups = dlq::groups(&pool).await.unwrap();
     assert_eq!(groups.len(), 1);
-    assert_eq!(
-        (groups[0].failure_kind, groups[0].jobs),
-        (FailureKind::ProviderRejected, 3)
-    );
+    assert_eq!((groups[0].failure_kind, groups[0].jobs), (FailureKind::ProviderRejected, 3));
 
     let one = Selection::Job(ids[0]);
     let (a, b) = tokio::join!(
@@ -532,17 +381,11 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
     );
     assert_eq!(a.unwrap().len() + b.unwrap().len(), 1);
     let job = queue::get(&pool, ids[0]).await.unwrap();
-    assert_eq!(
-        (job.state, job.attempts, job.replays),
-        (JobState::Queued, 0, 1)
-    );
+    assert_eq!((job.state, job.attempts, job.replays), (JobState::Queued, 0, 1));
     assert_eq!(RecordingHooks::calls(&pool, ids[0], "replayed").await, 1);
 
     // A whole group, twice at once: the other two jobs come back once each.
-    let group = Selection::Group {
-        kind: FailureKind::ProviderRejected,
-        reason: "400 bad request".into(),
-    };
+    let group = Selection::Group { kind: FailureKind::ProviderRejected, reason: "400 bad request".into() };
     let (a, b) = tokio::join!(
         dlq::replay(&pool, &RecordingHooks, &group, "admin"),
         dlq::replay(&pool, &RecordingHooks, &group, "admin")
@@ -551,15 +394,7 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
     assert_eq!(dlq::depth(&pool).await.unwrap(), 0);
 
     // They run to done; discard takes a failed job out of the DLQ without deleting it.
-    work_once(
-        &pool,
-        &config,
-        Arc::new(|_| async { Ok(ok_output()) }),
-        Arc::new(RecordingHooks),
-        3,
-    )
-    .await
-    .unwrap();
+    work_once(&pool, &config, Arc::new(|_| async { Ok(ok_output()) }), Arc::new(RecordingHooks), 3).await.unwrap();
     assert_eq!(count_in_state(&pool, "done").await, 3);
     let extra = enqueue_many(&pool, 2, 1).await[0];
     work_once(
@@ -571,17 +406,9 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
     )
     .await
     .unwrap();
-    assert_eq!(
-        dlq::discard(&pool, &Selection::Job(extra), "admin")
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(dlq::discard(&pool, &Selection::Job(extra), "admin").await.unwrap(), 1);
     assert_eq!(dlq::depth(&pool).await.unwrap(), 0);
-    assert_eq!(
-        queue::get(&pool, extra).await.unwrap().state,
-        JobState::Failed
-    );
+    assert_eq!(queue::get(&pool, extra).await.unwrap().state, JobState::Failed);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -589,15 +416,9 @@ async fn graceful_shutdown_hands_unfinished_jobs_back_without_using_an_attempt(p
     let ids = enqueue_many(&pool, 1, 2).await;
     let mut config = fast_worker("w", 2);
     config.shutdown_timeout = Duration::from_millis(300);
-    let processor =
-        |_job: queue::ClaimedJob| futures::future::pending::<Result<JobOutput, JobError>>();
+    let processor = |_job: queue::ClaimedJob| futures::future::pending::<Result<JobOutput, JobError>>();
     let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
-    assert!(
-        wait_for(Duration::from_secs(5), || async {
-            count_in_state(&pool, "running").await == 2
-        })
-        .await
-    );
+    assert!(wait_for(Duration::from_secs(5), || async { count_in_state(&pool, "running").await == 2 }).await);
     let report = workers.shutdown().await;
     assert_eq!(report.handed_back, 2);
     for id in ids {
@@ -614,27 +435,12 @@ async fn gate_size_is_validated_and_audited(pool: PgPool) {
     assert_eq!(s.gate_size, 70);
     let audit = settings::audit_log(&pool, 5).await.unwrap();
     assert_eq!(audit.len(), 1);
-    assert_eq!(
-        (audit[0].old_value.as_deref(), audit[0].new_value.as_deref()),
-        (Some("24"), Some("70"))
-    );
+    assert_eq!((audit[0].old_value.as_deref(), audit[0].new_value.as_deref()), (Some("24"), Some("70")));
     // A gate of 1 lets exactly one job run.
     settings::set_gate_size(&pool, 1, "a").await.unwrap();
     enqueue_many(&pool, 1, 3).await;
-    assert_eq!(
-        queue::claim(&pool, "w", 3, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(
-        queue::claim(&pool, "w", 3, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .len(),
-        0
-    );
+    assert_eq!(queue::claim(&pool, "w", 3, Duration::from_secs(60)).await.unwrap().len(), 1);
+    assert_eq!(queue::claim(&pool, "w", 3, Duration::from_secs(60)).await.unwrap().len(), 0);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -654,10 +460,7 @@ async fn pickup_is_woken_by_notify_not_the_poll(pool: PgPool) {
     let enqueued = std::time::Instant::now();
     enqueue_many(&pool, 1, 1).await;
     assert!(
-        wait_for(Duration::from_secs(5), || async {
-            started.lock().unwrap().is_some()
-        })
-        .await,
+        wait_for(Duration::from_secs(5), || async { started.lock().unwrap().is_some() }).await,
         "picked up without the 30 s poll"
     );
     let latency = started.lock().unwrap().unwrap() - enqueued;

@@ -8,13 +8,7 @@ use engine::vitals;
 use sqlx::PgPool;
 
 /// Insert a job with explicit timestamps (seconds ago; None = unset).
-async fn scripted(
-    pool: &PgPool,
-    state: &str,
-    accepted_ago: f64,
-    finished_ago: Option<f64>,
-    run_at_ago: f64,
-) {
+async fn scripted(pool: &PgPool, state: &str, accepted_ago: f64, finished_ago: Option<f64>, run_at_ago: f64) {
     let failure = (state == "failed").then_some("retries_exhausted");
     let lease = (state == "running").then(|| uuid::Uuid::from_u128(rand_id()));
     sqlx::query(
@@ -46,14 +40,7 @@ async fn vital_signs_on_scripted_data(pool: PgPool) {
     // Done in the last minute: acceptance-to-done 10 s, 20 s, 30 s, 40 s.
     for (i, secs) in [10.0, 20.0, 30.0, 40.0].into_iter().enumerate() {
         let finished = 5.0 + i as f64;
-        scripted(
-            &pool,
-            "done",
-            finished + secs,
-            Some(finished),
-            finished + secs,
-        )
-        .await;
+        scripted(&pool, "done", finished + secs, Some(finished), finished + secs).await;
     }
     // Two failed: one in the DLQ, one discarded.
     scripted(&pool, "failed", 600.0, Some(590.0), 600.0).await;
@@ -72,24 +59,12 @@ async fn vital_signs_on_scripted_data(pool: PgPool) {
     assert_eq!(v.dlq_depth, 1);
     // Intake in the last minute: 3 queued (10 s, 30 s ago), running (20 s), done (accepted 15..49 s ago).
     // accepted within 60 s: queued 30, queued 10, running 20, done 15, 26, 37, 48 = 7 jobs.
-    assert!(
-        (v.intake.m1 - 7.0 / 60.0).abs() < 1e-9,
-        "intake {:?}",
-        v.intake
-    );
+    assert!((v.intake.m1 - 7.0 / 60.0).abs() < 1e-9, "intake {:?}", v.intake);
     // Completions: 4 done in the last minute; the failed ones finished ~10 minutes ago.
     assert!((v.completions.m1 - 4.0 / 60.0).abs() < 1e-9);
     assert!((v.completions.m15 - 6.0 / 900.0).abs() < 1e-9);
-    assert!(
-        (v.time_to_done_p50_secs.unwrap() - 25.0).abs() < 0.5,
-        "{:?}",
-        v.time_to_done_p50_secs
-    );
-    assert!(
-        (v.time_to_done_p95_secs.unwrap() - 38.5).abs() < 0.5,
-        "{:?}",
-        v.time_to_done_p95_secs
-    );
+    assert!((v.time_to_done_p50_secs.unwrap() - 25.0).abs() < 0.5, "{:?}", v.time_to_done_p50_secs);
+    assert!((v.time_to_done_p95_secs.unwrap() - 38.5).abs() < 0.5, "{:?}", v.time_to_done_p95_secs);
     // 5-minute rates: intake 7 + the two retrying accepted 400 s ago are outside = 7/300;
     // completions 4/300; intake >= completions, so not draining.
     assert_eq!(v.drain, DrainEstimate::NotDraining);
@@ -123,16 +98,10 @@ async fn retention_prunes_old_done_and_failed_jobs_only(pool: PgPool) {
     scripted(&pool, "queued", 200.0 * day, None, 200.0 * day).await; // never pruned while waiting
     let pruned = prune(&pool, Retention::default()).await.unwrap();
     assert_eq!(pruned.len(), 2);
-    let left: Vec<String> = sqlx::query_scalar("SELECT state FROM jobs ORDER BY state")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let left: Vec<String> = sqlx::query_scalar("SELECT state FROM jobs ORDER BY state").fetch_all(&pool).await.unwrap();
     assert_eq!(left, vec!["done", "failed", "queued"]);
     // Shorter retention is configuration.
-    let short = Retention {
-        done: Duration::from_secs(day as u64),
-        failed: Duration::from_secs(day as u64),
-    };
+    let short = Retention { done: Duration::from_secs(day as u64), failed: Duration::from_secs(day as u64) };
     assert_eq!(prune(&pool, short).await.unwrap().len(), 2);
 }
 

@@ -76,14 +76,27 @@ pub struct Cluster {
     bin_dir: PathBuf,
     data_dir: PathBuf,
     run_as: Option<RunAs>,
+    /// Whether this process stops the server when done (false when it attached to a server
+    /// another live process runs).
+    owned: bool,
     stopped: bool,
 }
 
 impl Cluster {
     /// Initialise the cluster in `data_dir` if it is new, then start it. A cluster left running
-    /// by a killed earlier run is stopped and started again, so this process owns it; a stale
+    /// by a killed earlier run is adopted: this process uses it and stops it when done. A stale
     /// `postmaster.pid` without a live server is handled by Postgres itself.
     pub fn start(data_dir: &Path) -> Result<Cluster, ClusterError> {
+        Self::open(data_dir, true)
+    }
+
+    /// Like [`Cluster::start`], but a server that is already running is only used, never
+    /// stopped (operator commands next to a live server).
+    pub fn attach_or_start(data_dir: &Path) -> Result<Cluster, ClusterError> {
+        Self::open(data_dir, false)
+    }
+
+    fn open(data_dir: &Path, adopt_running: bool) -> Result<Cluster, ClusterError> {
         let bin_dir = find_bin_dir().ok_or(ClusterError::BinariesNotFound)?;
         let run_as = unprivileged_user()?;
         fs::create_dir_all(data_dir)?;
@@ -93,19 +106,15 @@ impl Cluster {
             chown(&data_dir, Some(user.uid), Some(user.gid))?;
         }
         fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))?;
-        let cluster = Cluster {
-            bin_dir,
-            data_dir,
-            run_as,
-            stopped: false,
-        };
+        let mut cluster = Cluster { bin_dir, data_dir, run_as, owned: true, stopped: false };
 
         if !cluster.data_dir.join("PG_VERSION").exists() {
             cluster.initdb()?;
         }
         if cluster.is_running() {
-            // Left behind by a run that was killed: take it over cleanly.
-            let _ = cluster.pg_ctl(&["stop", "-m", "fast", "-w"]);
+            // Left by a killed run (adopt it), or run by a live server (only use it).
+            cluster.owned = adopt_running;
+            return Ok(cluster);
         }
         cluster.pg_start()?;
         Ok(cluster)
@@ -122,20 +131,18 @@ impl Cluster {
 
     /// A libpq-style URL for database `db` over the Unix socket.
     pub fn url(&self, db: &str) -> String {
-        format!(
-            "postgres://{SUPERUSER}@localhost:{PORT}/{db}?host={}",
-            self.socket_dir().display()
-        )
+        format!("postgres://{SUPERUSER}@localhost:{PORT}/{db}?host={}", self.socket_dir().display())
     }
 
     /// Create a database if it does not exist yet.
     pub fn create_database(&self, name: &str) -> Result<(), ClusterError> {
-        let out = self.run(
-            Command::new(self.bin_dir.join("createdb"))
-                .args(["-h"])
-                .arg(self.socket_dir())
-                .args(["-p", &PORT.to_string(), "-U", SUPERUSER, name]),
-        )?;
+        let out = self.run(Command::new(self.bin_dir.join("createdb")).args(["-h"]).arg(self.socket_dir()).args([
+            "-p",
+            &PORT.to_string(),
+            "-U",
+            SUPERUSER,
+            name,
+        ]))?;
         if out.status.success() || String::from_utf8_lossy(&out.stderr).contains("already exists") {
             Ok(())
         } else {
@@ -144,14 +151,12 @@ impl Cluster {
     }
 
     pub fn is_running(&self) -> bool {
-        self.pg_ctl(&["status"])
-            .map(|o| o.status.success())
-            .unwrap_or(false)
+        self.pg_ctl(&["status"]).map(|o| o.status.success()).unwrap_or(false)
     }
 
     /// Stop the server (fast shutdown: open sessions are ended, data is safe).
     pub fn stop(&mut self) -> Result<(), ClusterError> {
-        if self.stopped {
+        if self.stopped || !self.owned {
             return Ok(());
         }
         self.stopped = true;
@@ -182,24 +187,20 @@ impl Cluster {
         }
         self.pg_start()?;
         self.stopped = false;
+        self.owned = true;
         Ok(())
     }
 
     fn initdb(&self) -> Result<(), ClusterError> {
-        let out = self.run(
-            Command::new(self.bin_dir.join("initdb"))
-                .arg("-D")
-                .arg(&self.data_dir)
-                .args([
-                    "-U",
-                    SUPERUSER,
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ]),
-        )?;
+        let out = self.run(Command::new(self.bin_dir.join("initdb")).arg("-D").arg(&self.data_dir).args([
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]))?;
         if !out.status.success() {
             return Err(command_error("initdb", &out));
         }
@@ -213,16 +214,7 @@ impl Cluster {
             self.socket_dir().display()
         );
         let log = self.data_dir.join("server.log");
-        let out = self.pg_ctl(&[
-            "start",
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            &opts,
-            "-l",
-            &log.to_string_lossy(),
-        ])?;
+        let out = self.pg_ctl(&["start", "-w", "-t", "60", "-o", &opts, "-l", &log.to_string_lossy()])?;
         if !out.status.success() {
             let tail = fs::read_to_string(&log).unwrap_or_default();
             let tail: Vec<&str> = tail.lines().rev().take(10).collect();
@@ -277,11 +269,7 @@ fn command_error(what: &str, out: &Output) -> ClusterError {
 /// The folder with `initdb`, `pg_ctl` and `postgres`: PATH first, then the newest
 /// `/usr/lib/postgresql/*/bin`.
 pub fn find_bin_dir() -> Option<PathBuf> {
-    let has_all = |dir: &Path| {
-        ["initdb", "pg_ctl", "postgres"]
-            .iter()
-            .all(|b| dir.join(b).is_file())
-    };
+    let has_all = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file());
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if has_all(&dir) {
@@ -316,12 +304,7 @@ fn unprivileged_user() -> Result<Option<RunAs>, ClusterError> {
         .lines()
         .map(|l| l.split(':').collect::<Vec<_>>())
         .find(|f| f.len() >= 4 && f[0] == name)
-        .and_then(|f| {
-            Some(RunAs {
-                uid: f[2].parse().ok()?,
-                gid: f[3].parse().ok()?,
-            })
-        })
+        .and_then(|f| Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? }))
         .map(Some)
         .ok_or(ClusterError::NoUnprivilegedUser(name))
 }
@@ -336,10 +319,7 @@ fn check_reachable(dir: &Path, user: RunAs) -> Result<(), ClusterError> {
             || (meta.uid() == user.uid && mode & 0o100 != 0)
             || (meta.gid() == user.gid && mode & 0o010 != 0);
         if !ok {
-            return Err(ClusterError::FolderNotReachable(
-                dir.to_path_buf(),
-                format!("uid {}", user.uid),
-            ));
+            return Err(ClusterError::FolderNotReachable(dir.to_path_buf(), format!("uid {}", user.uid)));
         }
     }
     Ok(())
@@ -356,10 +336,7 @@ impl TempCluster {
         let root = std::env::temp_dir().join(format!(
             "{prefix}-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
         ));
         fs::create_dir_all(&root)?;
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755))?;

@@ -18,17 +18,26 @@ pub struct Cli {
 pub enum Command {
     /// Serve the web app and run the workers (the default).
     Serve,
+    /// Create an administrator (password from SLUICE_ADMIN_PASSWORD, else prompted).
+    CreateAdmin {
+        #[arg(long)]
+        email: String,
+    },
+    /// Grant credits to a user (a negative amount takes them back).
+    GrantCredits {
+        #[arg(long)]
+        email: String,
+        #[arg(long, allow_hyphen_values = true)]
+        amount: i64,
+    },
+    /// List users with their balance and jobs in flight.
+    ListUsers,
 }
 
 #[derive(Clone, Debug, Args)]
 pub struct Config {
     /// Address to listen on.
-    #[arg(
-        long,
-        env = "SLUICE_BIND",
-        default_value = "127.0.0.1:3000",
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_BIND", default_value = "127.0.0.1:3000", global = true)]
     pub bind: SocketAddr,
     /// Postgres to use. When unset, a private cluster is started in <data-dir>/postgres.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
@@ -37,20 +46,10 @@ pub struct Config {
     #[arg(long, env = "SLUICE_DATA_DIR", default_value = ".data", global = true)]
     pub data_dir: PathBuf,
     /// Log filter (tracing's EnvFilter syntax).
-    #[arg(
-        long,
-        env = "SLUICE_LOG",
-        default_value = "info,sqlx=warn",
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_LOG", default_value = "info,sqlx=warn", global = true)]
     pub log: String,
     /// Where cargo-leptos put the site (JS, WASM, CSS, assets).
-    #[arg(
-        long,
-        env = "LEPTOS_SITE_ROOT",
-        default_value = "target/site",
-        global = true
-    )]
+    #[arg(long, env = "LEPTOS_SITE_ROOT", default_value = "target/site", global = true)]
     pub site_root: String,
     /// Worker tasks in this process (0 = web only).
     #[arg(long, env = "SLUICE_WORKERS", default_value_t = 24, global = true)]
@@ -59,48 +58,46 @@ pub struct Config {
     #[arg(long, env = "SLUICE_LEASE_SECS", default_value_t = 60.0, global = true)]
     pub lease_secs: f64,
     /// Seconds between heartbeats.
-    #[arg(
-        long,
-        env = "SLUICE_HEARTBEAT_SECS",
-        default_value_t = 15.0,
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_HEARTBEAT_SECS", default_value_t = 15.0, global = true)]
     pub heartbeat_secs: f64,
     /// Seconds to wait before attempts 2, 3, ... (comma-separated; the last repeats).
-    #[arg(
-        long,
-        env = "SLUICE_RETRY_DELAYS",
-        default_value = "30,60",
-        value_delimiter = ',',
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_RETRY_DELAYS", default_value = "30,60", value_delimiter = ',', global = true)]
     pub retry_delays: Vec<f64>,
     /// Upper bound of any scheduled retry delay, in seconds.
-    #[arg(
-        long,
-        env = "SLUICE_RETRY_MAX_DELAY",
-        default_value_t = 120.0,
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_RETRY_MAX_DELAY", default_value_t = 120.0, global = true)]
     pub retry_max_delay: f64,
     /// Attempts in all, the first included.
     #[arg(long, env = "SLUICE_MAX_ATTEMPTS", default_value_t = 3, global = true)]
     pub max_attempts: u32,
     /// Days to keep done jobs.
-    #[arg(
-        long,
-        env = "SLUICE_KEEP_DONE_DAYS",
-        default_value_t = 30,
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_KEEP_DONE_DAYS", default_value_t = 30, global = true)]
     pub keep_done_days: u64,
+    /// Credits a new account starts with.
+    #[arg(long, env = "SLUICE_SIGNUP_GRANT", default_value_t = 20, global = true)]
+    pub signup_grant: i64,
+    /// Credits per document.
+    #[arg(long, env = "SLUICE_COST", default_value_t = 1, global = true)]
+    pub cost: i64,
+    /// Largest upload accepted, in bytes.
+    #[arg(long, env = "SLUICE_MAX_UPLOAD_BYTES", default_value_t = 50 * 1024 * 1024, global = true)]
+    pub max_upload_bytes: u64,
+    /// Intake bound: refuse uploads (503) past this many waiting jobs.
+    #[arg(long, env = "SLUICE_MAX_BACKLOG", default_value_t = 10_000, global = true)]
+    pub max_backlog: i64,
+    /// Intake bound: refuse uploads (503) while the oldest waiting job has waited this long.
+    #[arg(long, env = "SLUICE_MAX_OLDEST_WAIT_SECS", default_value_t = 1800, global = true)]
+    pub max_oldest_wait_secs: u64,
+    /// Failed logins per account within 15 minutes before 429.
+    #[arg(long, env = "SLUICE_LOGIN_FAILURES_PER_ACCOUNT", default_value_t = 5, global = true)]
+    pub login_failures_per_account: i64,
+    /// Failed logins per client address within 15 minutes before 429.
+    #[arg(long, env = "SLUICE_LOGIN_FAILURES_PER_ADDRESS", default_value_t = 20, global = true)]
+    pub login_failures_per_address: i64,
+    /// Mark the session cookie `Secure` (serve over HTTPS when you set this).
+    #[arg(long, env = "SLUICE_SECURE_COOKIES", default_value_t = false, global = true)]
+    pub secure_cookies: bool,
     /// Days to keep failed jobs.
-    #[arg(
-        long,
-        env = "SLUICE_KEEP_FAILED_DAYS",
-        default_value_t = 90,
-        global = true
-    )]
+    #[arg(long, env = "SLUICE_KEEP_FAILED_DAYS", default_value_t = 90, global = true)]
     pub keep_failed_days: u64,
 }
 
@@ -108,13 +105,28 @@ impl Config {
     pub fn retry_policy(&self) -> engine::retry::RetryPolicy {
         engine::retry::RetryPolicy {
             max_attempts: self.max_attempts.max(1),
-            delays: self
-                .retry_delays
-                .iter()
-                .map(|s| Duration::from_secs_f64(s.max(0.0)))
-                .collect(),
+            delays: self.retry_delays.iter().map(|s| Duration::from_secs_f64(s.max(0.0))).collect(),
             max_delay: Duration::from_secs_f64(self.retry_max_delay.max(0.0)),
             ..engine::retry::RetryPolicy::default()
+        }
+    }
+
+    pub fn web_settings(&self) -> app::handlers::WebSettings {
+        app::handlers::WebSettings {
+            admission: engine::admission::AdmissionConfig {
+                cost: self.cost.max(0),
+                max_backlog: self.max_backlog,
+                max_oldest_wait: Duration::from_secs(self.max_oldest_wait_secs),
+                max_attempts: self.max_attempts.max(1) as i32,
+                ..Default::default()
+            },
+            signup_grant: self.signup_grant.max(0),
+            login_limits: engine::accounts::LoginLimits {
+                per_account: self.login_failures_per_account,
+                per_address: self.login_failures_per_address,
+                ..Default::default()
+            },
+            max_upload_bytes: self.max_upload_bytes,
         }
     }
 

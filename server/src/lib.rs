@@ -1,25 +1,35 @@
 //! The Sluice server: configuration, the embedded Postgres default, the axum router and the
 //! worker runtime's start-up. `main.rs` only parses the command line.
 
+pub mod cli;
 pub mod config;
+pub mod csrf;
+pub mod rest;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use leptos::prelude::*;
 use leptos_axum::{generate_route_list, LeptosRoutes};
 use sqlx::PgPool;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::session_store::ExpiredDeletion;
+use tower_sessions::{Expiry, SessionManagerLayer};
+use tower_sessions_sqlx_store::PostgresStore;
 
+use app::handlers::ServerContext;
 use app::{shell, App};
 use config::Config;
-use engine::hooks::NoHooks;
+use engine::ledger::AccountHooks;
 use engine::queue::{ClaimedJob, JobError, JobOutput};
 use engine::worker::{WorkerConfig, WorkerPool};
 
@@ -32,7 +42,7 @@ pub fn init_tracing(filter: &str) {
 #[derive(Clone)]
 pub struct AppState {
     pub leptos_options: LeptosOptions,
-    pub pool: PgPool,
+    pub ctx: ServerContext,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -42,39 +52,57 @@ impl FromRef<AppState> for LeptosOptions {
 }
 
 pub fn leptos_options(site_root: &str, addr: SocketAddr) -> LeptosOptions {
-    LeptosOptions::builder()
-        .output_name("sluice")
-        .site_root(site_root)
-        .site_pkg_dir("pkg")
-        .site_addr(addr)
-        .build()
+    LeptosOptions::builder().output_name("sluice").site_root(site_root).site_pkg_dir("pkg").site_addr(addr).build()
 }
 
-/// The whole HTTP surface: Leptos pages and server functions, `/healthz`, static files.
-pub fn router(state: AppState) -> Router {
+/// The whole HTTP surface: Leptos pages and server functions, the REST API, `/healthz`,
+/// static files; sessions in Postgres; cross-site writes refused.
+pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Router> {
+    let store = PostgresStore::new(state.ctx.pool.clone());
+    store.migrate().await.context("session store migration")?;
+    let sessions = SessionManagerLayer::new(store)
+        .with_name("sluice_session")
+        .with_http_only(true)
+        .with_same_site(SameSite::Lax)
+        .with_secure(secure_cookies)
+        .with_expiry(Expiry::OnInactivity(time::Duration::days(7)));
     let routes = generate_route_list(App);
-    let pool = state.pool.clone();
-    Router::new()
+    let ctx = state.ctx.clone();
+    let api = Router::new()
+        .route("/api/v1/jobs", post(rest::create_job))
+        .route("/api/v1/jobs/{id}", get(rest::get_job))
+        .route("/api/v1/jobs/{id}/result", get(rest::get_result))
+        // The upload handler enforces its own cap while streaming (413).
+        .layer(DefaultBodyLimit::disable());
+    Ok(Router::new()
         .route("/healthz", get(healthz))
-        .leptos_routes_with_context(&state, routes, move || provide_context(pool.clone()), {
+        .merge(api)
+        .leptos_routes_with_context(&state, routes, move || provide_context(ctx.clone()), {
             let options = state.leptos_options.clone();
             move || shell(options.clone())
         })
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
-        .with_state(state)
+        .layer(middleware::from_fn(csrf::refuse_cross_site))
+        .layer(sessions)
+        .with_state(state))
+}
+
+/// Delete expired sessions now and then.
+pub fn spawn_session_cleanup(pool: PgPool) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let store = PostgresStore::new(pool);
+        let _ = store.continuously_delete_expired(tokio::time::Duration::from_secs(3600)).await;
+    })
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    match engine::db::server_version(&state.pool).await {
-        Ok(version) => (
-            StatusCode::OK,
-            Json(serde_json::json!({ "status": "ok", "database": "ok", "postgres": version })),
-        ),
+    match engine::db::server_version(&state.ctx.pool).await {
+        Ok(version) => {
+            (StatusCode::OK, Json(serde_json::json!({ "status": "ok", "database": "ok", "postgres": version })))
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(
-                serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() }),
-            ),
+            Json(serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() })),
         ),
     }
 }
@@ -88,10 +116,7 @@ pub struct Database {
 impl Database {
     pub async fn open(config: &Config) -> anyhow::Result<Database> {
         if let Some(url) = &config.database_url {
-            return Ok(Database {
-                url: url.clone(),
-                cluster: None,
-            });
+            return Ok(Database { url: url.clone(), cluster: None });
         }
         let folder = config.data_dir.join("postgres");
         tracing::info!(folder = %folder.display(), "starting the embedded Postgres cluster");
@@ -101,10 +126,23 @@ impl Database {
             Ok(cluster)
         })
         .await??;
-        Ok(Database {
-            url: cluster.url("sluice"),
-            cluster: Some(cluster),
+        Ok(Database { url: cluster.url("sluice"), cluster: Some(cluster) })
+    }
+
+    /// For operator commands: use the embedded cluster a running server has up, without
+    /// stopping it afterwards; start it (and stop it again) if none runs.
+    pub async fn open_for_operator(config: &Config) -> anyhow::Result<Database> {
+        if let Some(url) = &config.database_url {
+            return Ok(Database { url: url.clone(), cluster: None });
+        }
+        let folder = config.data_dir.join("postgres");
+        let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<pgcluster::Cluster> {
+            let cluster = pgcluster::Cluster::attach_or_start(&folder)?;
+            cluster.create_database("sluice")?;
+            Ok(cluster)
         })
+        .await??;
+        Ok(Database { url: cluster.url("sluice"), cluster: Some(cluster) })
     }
 
     pub async fn close(mut self) {
@@ -117,11 +155,7 @@ impl Database {
 
 /// The processor until documents and providers land: it echoes the job's payload.
 pub async fn echo_processor(job: ClaimedJob) -> Result<JobOutput, JobError> {
-    Ok(JobOutput {
-        result: serde_json::json!({ "echo": job.payload }),
-        input_tokens: None,
-        output_tokens: None,
-    })
+    Ok(JobOutput { result: serde_json::json!({ "echo": job.payload }), input_tokens: None, output_tokens: None })
 }
 
 pub fn worker_config(config: &Config) -> WorkerConfig {
@@ -136,9 +170,19 @@ pub fn worker_config(config: &Config) -> WorkerConfig {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "host".into())
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+}
+
+/// Serve the app on a random loopback port (tests and benchmarks): no workers.
+pub async fn spawn_web(pool: PgPool, settings: app::handlers::WebSettings) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let ctx = ServerContext { pool, settings: Arc::new(settings) };
+    let app = router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
+    });
+    Ok(addr)
 }
 
 /// Run the web server and the workers until Ctrl-C or SIGTERM, then stop in order:
@@ -154,15 +198,9 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
     let pool = engine::db::connect(url, (config.workers as u32 + 16).max(20))
         .await
         .context("connecting to Postgres and running migrations")?;
-    let hooks: Arc<NoHooks> = Arc::new(NoHooks);
-    let workers = (config.workers > 0).then(|| {
-        WorkerPool::start(
-            pool.clone(),
-            worker_config(config),
-            Arc::new(echo_processor),
-            hooks.clone(),
-        )
-    });
+    let hooks: Arc<AccountHooks> = Arc::new(AccountHooks);
+    let workers = (config.workers > 0)
+        .then(|| WorkerPool::start(pool.clone(), worker_config(config), Arc::new(echo_processor), hooks.clone()));
     let maintenance = tokio::spawn(engine::maintenance::run(
         pool.clone(),
         hooks.clone(),
@@ -173,21 +211,21 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
         Arc::new(|_| {}),
     ));
 
-    let listener = tokio::net::TcpListener::bind(config.bind)
-        .await
-        .with_context(|| format!("binding {}", config.bind))?;
+    let listener =
+        tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
     let addr = listener.local_addr()?;
-    let state = AppState {
-        leptos_options: leptos_options(&config.site_root, addr),
-        pool: pool.clone(),
-    };
+    let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()) };
+    let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
+    let app = router(state, config.secure_cookies).await?;
+    let session_cleanup = spawn_session_cleanup(pool.clone());
     tracing::info!("Sluice is listening on http://{addr}");
-    let served = axum::serve(listener, router(state))
+    let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown_signal())
         .await;
 
     tracing::info!("shutting down");
     maintenance.abort();
+    session_cleanup.abort();
     if let Some(workers) = workers {
         let report = workers.shutdown().await;
         tracing::info!(?report, "workers stopped");
@@ -198,8 +236,7 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}

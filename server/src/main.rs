@@ -7,5 +7,6 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => runtime.block_on(server::serve(cli.config)),
+        operator => runtime.block_on(server::cli::run(cli.config, operator)),
     }
 }

@@ -6,11 +6,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 struct Server {
@@ -56,9 +52,7 @@ impl Server {
     fn wait_healthy(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            if self
-                .get("/healthz")
-                .is_some_and(|a| a.starts_with("HTTP/1.0 200") && a.contains("\"database\":\"ok\""))
+            if self.get("/healthz").is_some_and(|a| a.starts_with("HTTP/1.0 200") && a.contains("\"database\":\"ok\""))
             {
                 return;
             }
@@ -68,30 +62,19 @@ impl Server {
     }
 
     fn interrupt_and_wait(mut self) -> std::process::ExitStatus {
-        Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .unwrap();
+        Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
         self.child.wait().unwrap()
     }
 }
 
 /// Postgres processes whose command line names this data folder.
 fn postgres_processes(data_dir: &Path) -> usize {
-    let needle = data_dir
-        .join("postgres")
-        .canonicalize()
-        .unwrap_or(data_dir.join("postgres"));
+    let needle = data_dir.join("postgres").canonicalize().unwrap_or(data_dir.join("postgres"));
     let needle = needle.to_string_lossy().into_owned();
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .chars()
-                .all(|c| c.is_ascii_digit())
-        })
+        .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
         .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
         .filter(|cmd| cmd.contains("postgres") && cmd.contains(&needle))
@@ -106,17 +89,9 @@ fn temp_data_dir(name: &str) -> PathBuf {
 }
 
 fn clicks(server: &Server) -> i64 {
-    let answer = server
-        .post("/api/record_click")
-        .expect("server function answers");
+    let answer = server.post("/api/record_click").expect("server function answers");
     assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
-    answer
-        .rsplit("\r\n\r\n")
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("a number")
+    answer.rsplit("\r\n\r\n").next().unwrap().trim().parse().expect("a number")
 }
 
 #[test]
@@ -124,18 +99,11 @@ fn ctrl_c_stops_postgres_and_a_second_run_reuses_the_data() {
     let data = temp_data_dir("embedded");
     let first = Server::start(&data);
     first.wait_healthy();
-    assert!(
-        postgres_processes(&data) > 0,
-        "the server runs its own Postgres"
-    );
+    assert!(postgres_processes(&data) > 0, "the server runs its own Postgres");
     assert_eq!(clicks(&first), 1);
     assert_eq!(clicks(&first), 2);
     assert!(first.interrupt_and_wait().success());
-    assert_eq!(
-        postgres_processes(&data),
-        0,
-        "no Postgres of ours is left after Ctrl-C"
-    );
+    assert_eq!(postgres_processes(&data), 0, "no Postgres of ours is left after Ctrl-C");
 
     let second = Server::start(&data);
     second.wait_healthy();
@@ -153,10 +121,7 @@ fn a_cluster_left_by_a_killed_server_is_taken_over() {
     assert_eq!(clicks(&first), 1);
     first.child.kill().unwrap(); // SIGKILL: no chance to stop Postgres
     first.child.wait().unwrap();
-    assert!(
-        postgres_processes(&data) > 0,
-        "the orphaned cluster is still running"
-    );
+    assert!(postgres_processes(&data) > 0, "the orphaned cluster is still running");
 
     let second = Server::start(&data);
     second.wait_healthy();

@@ -40,10 +40,7 @@ fn main() -> ExitCode {
 type Result<T = ()> = std::result::Result<T, String>;
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 fn cargo() -> Command {
@@ -51,9 +48,7 @@ fn cargo() -> Command {
 }
 
 fn status(cmd: &mut Command, what: &str) -> Result {
-    let status = cmd
-        .status()
-        .map_err(|e| format!("{what}: cannot start: {e}"))?;
+    let status = cmd.status().map_err(|e| format!("{what}: cannot start: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -63,15 +58,12 @@ fn status(cmd: &mut Command, what: &str) -> Result {
 
 fn output_of(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The `wasm-bindgen` version pinned in Cargo.lock (the CLI must match it exactly).
 fn locked_wasm_bindgen() -> Result<String> {
-    let lock =
-        std::fs::read_to_string("Cargo.lock").map_err(|e| format!("reading Cargo.lock: {e}"))?;
+    let lock = std::fs::read_to_string("Cargo.lock").map_err(|e| format!("reading Cargo.lock: {e}"))?;
     let mut lines = lock.lines();
     while let Some(line) = lines.next() {
         if line == "name = \"wasm-bindgen\"" {
@@ -86,22 +78,13 @@ fn locked_wasm_bindgen() -> Result<String> {
 /// Install the wasm target, cargo-leptos and wasm-bindgen-cli when they are missing or at the
 /// wrong version. Each takes long to build, so the installed versions are checked first.
 fn ensure_tools() -> Result {
-    let targets = output_of(Command::new("rustup").args(["target", "list", "--installed"]))
-        .unwrap_or_default();
-    if !targets
-        .lines()
-        .any(|t| t.trim() == "wasm32-unknown-unknown")
-    {
-        status(
-            Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]),
-            "rustup target add",
-        )?;
+    let targets = output_of(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
+    if !targets.lines().any(|t| t.trim() == "wasm32-unknown-unknown") {
+        status(Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]), "rustup target add")?;
     }
     let leptos = output_of(Command::new("cargo-leptos").arg("--version")).unwrap_or_default();
     if !leptos.contains(CARGO_LEPTOS_VERSION) {
-        eprintln!(
-            "xtask: installing cargo-leptos {CARGO_LEPTOS_VERSION} (takes about 25 minutes, once)"
-        );
+        eprintln!("xtask: installing cargo-leptos {CARGO_LEPTOS_VERSION} (takes about 25 minutes, once)");
         status(
             cargo().args([
                 "install",
@@ -120,10 +103,7 @@ fn ensure_tools() -> Result {
     if !have.split_whitespace().any(|w| w == wanted) {
         eprintln!("xtask: installing wasm-bindgen-cli {wanted} (the version in Cargo.lock)");
         // No --locked: one of its locked dependencies is missing from the registry.
-        status(
-            cargo().args(["install", "wasm-bindgen-cli", "--version", &wanted]),
-            "cargo install wasm-bindgen-cli",
-        )?;
+        status(cargo().args(["install", "wasm-bindgen-cli", "--version", &wanted]), "cargo install wasm-bindgen-cli")?;
     }
     Ok(())
 }
@@ -141,23 +121,15 @@ fn run(args: &[String]) -> Result {
     ensure_tools()?;
     let release = args.iter().any(|a| a == "--release");
     build_site(release)?;
-    let binary = Path::new("target")
-        .join(if release { "release" } else { "debug" })
-        .join("server");
+    let binary = Path::new("target").join(if release { "release" } else { "debug" }).join("server");
     let passthrough: Vec<&String> = args.iter().filter(|a| *a != "--release").collect();
     // Become the server, so Ctrl-C reaches it directly and it stops Postgres on the way out.
-    let err = Command::new(binary)
-        .args(passthrough)
-        .env("LEPTOS_SITE_ROOT", "target/site")
-        .exec();
+    let err = Command::new(binary).args(passthrough).env("LEPTOS_SITE_ROOT", "target/site").exec();
     Err(format!("cannot start the server: {err}"))
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 struct Step {
@@ -175,23 +147,12 @@ fn test(args: &[String]) -> Result {
     }
     let temp = pgcluster::TempCluster::start("sluice-test").map_err(|e| e.to_string())?;
     let url = temp.cluster.url("postgres");
-    eprintln!(
-        "xtask: private Postgres for this run at {}",
-        temp.cluster.socket_dir().display()
-    );
+    eprintln!("xtask: private Postgres for this run at {}", temp.cluster.socket_dir().display());
 
     let t = Instant::now();
-    let rust = status(
-        cargo()
-            .args(["test", "--workspace", "--exclude", "xtask"])
-            .env("DATABASE_URL", &url),
-        "cargo test",
-    );
-    steps.push(Step {
-        name: "rust tests (unit + integration)",
-        ok: rust.is_ok(),
-        took: t.elapsed(),
-    });
+    let rust =
+        status(cargo().args(["test", "--workspace", "--exclude", "xtask"]).env("DATABASE_URL", &url), "cargo test");
+    steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
 
     if !skip_e2e {
         let t = Instant::now();
@@ -199,22 +160,13 @@ fn test(args: &[String]) -> Result {
         if let Err(e) = &e2e {
             eprintln!("xtask: end-to-end: {e}");
         }
-        steps.push(Step {
-            name: "end-to-end (Playwright, Chromium)",
-            ok: e2e.is_ok(),
-            took: t.elapsed(),
-        });
+        steps.push(Step { name: "end-to-end (Playwright, Chromium)", ok: e2e.is_ok(), took: t.elapsed() });
     }
     drop(temp);
 
     eprintln!("\n== summary ({:.0?} in all)", started.elapsed());
     for step in &steps {
-        eprintln!(
-            "  {} {:<40} {:>8.1?}",
-            if step.ok { "PASS" } else { "FAIL" },
-            step.name,
-            step.took
-        );
+        eprintln!("  {} {:<40} {:>8.1?}", if step.ok { "PASS" } else { "FAIL" }, step.name, step.took);
     }
     if steps.iter().all(|s| s.ok) {
         Ok(())
@@ -243,24 +195,16 @@ impl Drop for ServerGuard {
 }
 
 fn send_sigterm(pid: u32) {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status();
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
 }
 
 fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
     build_site(false)?;
-    cluster
-        .create_database("sluice_e2e")
-        .map_err(|e| e.to_string())?;
+    cluster.create_database("sluice_e2e").map_err(|e| e.to_string())?;
     let e2e = Path::new("end2end");
     if !e2e.join("node_modules/@playwright/test").exists() {
         status(
-            Command::new("npm")
-                .arg("ci")
-                .current_dir(e2e)
-                .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
+            Command::new("npm").arg("ci").current_dir(e2e).env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
             "npm ci (end2end)",
         )?;
     }
@@ -304,9 +248,7 @@ fn wait_healthy(port: u16) -> Result {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    Err(format!(
-        "the server on port {port} did not become healthy within 60 s"
-    ))
+    Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
 fn bench(args: &[String]) -> Result {
@@ -314,15 +256,7 @@ fn bench(args: &[String]) -> Result {
     let url = temp.cluster.url("postgres");
     status(
         cargo()
-            .args([
-                "run",
-                "--release",
-                "--package",
-                "engine",
-                "--example",
-                "queue_bench",
-                "--",
-            ])
+            .args(["run", "--release", "--package", "engine", "--example", "queue_bench", "--"])
             .args(args)
             .env("DATABASE_URL", &url),
         "queue benchmark",

@@ -1,0 +1,70 @@
+//! Server functions: thin wrappers that call [`crate::handlers`] on the server and put the
+//! error's HTTP status on the response. Each has a fixed endpoint under `/api/`.
+
+use leptos::prelude::*;
+
+use crate::errors::AppError;
+use crate::model::*;
+
+#[cfg(feature = "ssr")]
+use crate::{errors::respond, handlers as h};
+
+#[server(endpoint = "sign_up")]
+pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppError> {
+    h::sign_up(email, password).await.map_err(respond)
+}
+
+#[server(endpoint = "log_in")]
+pub async fn log_in(email: String, password: String) -> Result<UserInfo, AppError> {
+    h::log_in(email, password).await.map_err(respond)
+}
+
+#[server(endpoint = "log_out")]
+pub async fn log_out() -> Result<(), AppError> {
+    h::log_out().await.map_err(respond)
+}
+
+#[server(endpoint = "me")]
+pub async fn me() -> Result<Option<UserInfo>, AppError> {
+    h::me().await.map_err(respond)
+}
+
+#[server(endpoint = "list_jobs")]
+pub async fn list_jobs() -> Result<Vec<JobStatus>, AppError> {
+    h::list_jobs().await.map_err(respond)
+}
+
+#[server(endpoint = "job_detail")]
+pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
+    h::job_detail(id).await.map_err(respond)
+}
+
+#[server(endpoint = "notices")]
+pub async fn notices() -> Result<Vec<NoticeInfo>, AppError> {
+    h::notices().await.map_err(respond)
+}
+
+#[server(endpoint = "mark_notices_read")]
+pub async fn mark_notices_read(id: Option<i64>) -> Result<u64, AppError> {
+    h::mark_notices_read(id).await.map_err(respond)
+}
+
+#[server(endpoint = "credits")]
+pub async fn credits() -> Result<CreditSummary, AppError> {
+    h::credits().await.map_err(respond)
+}
+
+#[server(endpoint = "create_token")]
+pub async fn create_token(name: String) -> Result<NewToken, AppError> {
+    h::create_token(name).await.map_err(respond)
+}
+
+#[server(endpoint = "list_tokens")]
+pub async fn list_tokens() -> Result<Vec<TokenInfo>, AppError> {
+    h::list_tokens().await.map_err(respond)
+}
+
+#[server(endpoint = "revoke_token")]
+pub async fn revoke_token(id: i64) -> Result<(), AppError> {
+    h::revoke_token(id).await.map_err(respond)
+}

@@ -1,0 +1,139 @@
+//! The web layer's one error type, shared by server functions and the REST API, with its
+//! mapping to HTTP status in one place ([`AppError::status`]).
+
+use leptos::server_fn::codec::JsonEncoding;
+use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "error", rename_all = "snake_case")]
+pub enum AppError {
+    #[error("please log in first")]
+    Unauthenticated,
+    #[error("not found")]
+    NotFound,
+    #[error("this request came from another site and was refused")]
+    CrossSite,
+    #[error("{message}")]
+    Invalid { message: String },
+    #[error("an account with this e-mail address already exists")]
+    EmailTaken,
+    #[error("wrong e-mail address or password")]
+    BadCredentials,
+    #[error("too many failed attempts; try again in {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
+    #[error("out of credits: this document costs {cost}, your balance is {balance}")]
+    OutOfCredits { balance: i64, cost: i64 },
+    #[error("you have {in_flight} of {limit} documents in progress; try again in {retry_after_secs} s")]
+    TooManyInFlight { in_flight: i32, limit: i32, retry_after_secs: u64 },
+    #[error("Sluice is not accepting new documents right now (nothing was stored); try again in {retry_after_secs} s")]
+    Overloaded { retry_after_secs: u64 },
+    #[error("the file is larger than the limit of {limit_bytes} bytes")]
+    TooLarge { limit_bytes: u64 },
+    #[error("{message}")]
+    UnsupportedType { message: String },
+    #[error("{message}")]
+    IdempotencyConflict { message: String },
+    #[error("the job is not done yet (it is {state})")]
+    NotReady { state: String },
+    #[error("something went wrong on our side")]
+    Internal,
+    #[error("{0}")]
+    ServerFn(ServerFnErrorErr),
+}
+
+impl AppError {
+    pub fn invalid(message: impl Into<String>) -> AppError {
+        AppError::Invalid { message: message.into() }
+    }
+
+    /// The HTTP status for this error: the one mapping for the UI and the API.
+    pub fn status(&self) -> u16 {
+        match self {
+            AppError::Unauthenticated | AppError::BadCredentials => 401,
+            AppError::OutOfCredits { .. } => 402,
+            AppError::CrossSite => 403,
+            AppError::NotFound => 404,
+            AppError::NotReady { .. } => 409,
+            AppError::EmailTaken => 409,
+            AppError::TooLarge { .. } => 413,
+            AppError::UnsupportedType { .. } => 415,
+            AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,
+            AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } => 429,
+            AppError::Internal => 500,
+            AppError::Overloaded { .. } => 503,
+            AppError::ServerFn(ServerFnErrorErr::Args(_) | ServerFnErrorErr::Deserialization(_)) => 400,
+            AppError::ServerFn(_) => 500,
+        }
+    }
+
+    /// Seconds for a `Retry-After` header, where waiting helps.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            AppError::RateLimited { retry_after_secs }
+            | AppError::TooManyInFlight { retry_after_secs, .. }
+            | AppError::Overloaded { retry_after_secs } => Some(*retry_after_secs),
+            _ => None,
+        }
+    }
+}
+
+impl FromServerFnError for AppError {
+    type Encoder = JsonEncoding;
+
+    fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
+        AppError::ServerFn(value)
+    }
+}
+
+#[cfg(feature = "ssr")]
+mod ssr {
+    use super::AppError;
+    use engine::admission::Refusal;
+    use engine::EngineError;
+
+    impl From<EngineError> for AppError {
+        fn from(e: EngineError) -> Self {
+            match e {
+                EngineError::NotFound => AppError::NotFound,
+                EngineError::Invalid(message) | EngineError::InvalidSetting(message) => AppError::Invalid { message },
+                EngineError::EmailTaken => AppError::EmailTaken,
+                EngineError::BadCredentials => AppError::BadCredentials,
+                EngineError::RateLimited { retry_after_secs } => AppError::RateLimited { retry_after_secs },
+                EngineError::IdempotencyConflict(message) => AppError::IdempotencyConflict { message },
+                EngineError::Database(_) | EngineError::Migrate(_) => {
+                    tracing::error!(error = %e, "engine failure");
+                    AppError::Internal
+                }
+            }
+        }
+    }
+
+    impl From<Refusal> for AppError {
+        fn from(r: Refusal) -> Self {
+            match r {
+                Refusal::OutOfCredits { balance, cost } => AppError::OutOfCredits { balance, cost },
+                Refusal::TooManyInFlight { in_flight, limit, retry_after_secs } => {
+                    AppError::TooManyInFlight { in_flight, limit, retry_after_secs }
+                }
+                Refusal::Overloaded { retry_after_secs } => AppError::Overloaded { retry_after_secs },
+            }
+        }
+    }
+
+    /// Put the error's status (and `Retry-After`) on a server function's response.
+    pub fn respond(err: AppError) -> AppError {
+        if let Some(options) = leptos::prelude::use_context::<leptos_axum::ResponseOptions>() {
+            options.set_status(
+                http::StatusCode::from_u16(err.status()).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR),
+            );
+            if let Some(secs) = err.retry_after() {
+                options.insert_header(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+            }
+        }
+        err
+    }
+}
+
+#[cfg(feature = "ssr")]
+pub use ssr::respond;

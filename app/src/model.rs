@@ -1,0 +1,194 @@
+//! What the browser and API clients see: plain serialisable types (no server-only crates).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UserInfo {
+    pub id: i64,
+    pub email: String,
+    pub is_admin: bool,
+    pub balance: i64,
+    pub in_flight: i32,
+    pub max_in_flight: i32,
+}
+
+/// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub id: String,
+    /// queued, running, retrying, done or failed.
+    pub state: String,
+    pub file_name: Option<String>,
+    pub preset: Option<String>,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    /// RFC 3339 times.
+    pub accepted_at: String,
+    pub run_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub last_error: Option<String>,
+    pub failure_kind: Option<String>,
+    pub failure_reason: Option<String>,
+    pub cost: i32,
+    pub has_result: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptInfo {
+    pub attempt: i32,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+    pub provider_status: Option<i32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobDetails {
+    pub job: JobStatus,
+    pub result: Option<serde_json::Value>,
+    pub attempts: Vec<AttemptInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LedgerLine {
+    pub kind: String,
+    pub amount: i64,
+    pub job_id: Option<String>,
+    pub note: Option<String>,
+    pub at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CreditSummary {
+    pub balance: i64,
+    pub history: Vec<LedgerLine>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoticeInfo {
+    pub id: i64,
+    pub job_id: Option<String>,
+    pub kind: String,
+    pub message: String,
+    pub created_at: String,
+    pub read: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: i64,
+    pub name: String,
+    pub prefix: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub revoked: bool,
+}
+
+/// A token just created: the secret is shown this once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewToken {
+    pub token: TokenInfo,
+    pub secret: String,
+}
+
+#[cfg(feature = "ssr")]
+mod convert {
+    use super::*;
+    use chrono::{DateTime, SecondsFormat, Utc};
+
+    pub fn time(t: DateTime<Utc>) -> String {
+        t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    }
+
+    impl From<engine::accounts::User> for UserInfo {
+        fn from(u: engine::accounts::User) -> Self {
+            UserInfo {
+                id: u.id,
+                is_admin: u.is_admin(),
+                email: u.email,
+                balance: u.balance,
+                in_flight: u.in_flight,
+                max_in_flight: u.max_in_flight,
+            }
+        }
+    }
+
+    impl From<&engine::queue::JobView> for JobStatus {
+        fn from(j: &engine::queue::JobView) -> Self {
+            let text = |key: &str| j.payload.pointer(key).and_then(|v| v.as_str()).map(str::to_string);
+            JobStatus {
+                id: j.id.to_string(),
+                state: serde_json::to_value(j.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                file_name: text("/document/name"),
+                preset: text("/preset"),
+                attempts: j.attempts,
+                max_attempts: j.max_attempts,
+                accepted_at: time(j.accepted_at),
+                run_at: time(j.run_at),
+                started_at: j.started_at.map(time),
+                finished_at: j.finished_at.map(time),
+                last_error: j.last_error.clone(),
+                failure_kind: j.failure_kind.map(|k| k.as_str().to_string()),
+                failure_reason: j.failure_reason.clone(),
+                cost: j.cost,
+                has_result: j.result.is_some(),
+            }
+        }
+    }
+
+    impl From<engine::queue::AttemptView> for AttemptInfo {
+        fn from(a: engine::queue::AttemptView) -> Self {
+            AttemptInfo {
+                attempt: a.attempt,
+                started_at: time(a.started_at),
+                finished_at: a.finished_at.map(time),
+                outcome: a.outcome,
+                error: a.error,
+                provider_status: a.provider_status,
+            }
+        }
+    }
+
+    impl From<engine::ledger::LedgerEntry> for LedgerLine {
+        fn from(e: engine::ledger::LedgerEntry) -> Self {
+            LedgerLine {
+                kind: e.kind,
+                amount: e.amount,
+                job_id: e.job_id.map(|id| id.to_string()),
+                note: e.note,
+                at: time(e.at),
+            }
+        }
+    }
+
+    impl From<engine::notices::Notice> for NoticeInfo {
+        fn from(n: engine::notices::Notice) -> Self {
+            NoticeInfo {
+                id: n.id,
+                job_id: n.job_id.map(|id| id.to_string()),
+                kind: n.kind,
+                message: n.message,
+                created_at: time(n.created_at),
+                read: n.read,
+            }
+        }
+    }
+
+    impl From<engine::tokens::ApiToken> for TokenInfo {
+        fn from(t: engine::tokens::ApiToken) -> Self {
+            TokenInfo {
+                id: t.id,
+                name: t.name,
+                prefix: t.prefix,
+                created_at: time(t.created_at),
+                last_used_at: t.last_used_at.map(time),
+                revoked: t.revoked,
+            }
+        }
+    }
+}
