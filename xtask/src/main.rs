@@ -251,16 +251,28 @@ fn wait_healthy(port: u16) -> Result {
     Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
+/// `cargo xtask bench [queue|upload] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
+    let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
+    let rest: Vec<&String> = args.iter().skip(which.is_some() as usize).collect();
     let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
-    let url = temp.cluster.url("postgres");
-    status(
-        cargo()
-            .args(["run", "--release", "--package", "engine", "--example", "queue_bench", "--"])
-            .args(args)
-            .env("DATABASE_URL", &url),
-        "queue benchmark",
-    )
+    let benches = [("queue", "engine", "queue_bench"), ("upload", "server", "upload_bench")];
+    for (name, package, example) in benches {
+        if which.is_some_and(|w| w != name) {
+            continue;
+        }
+        let db = format!("bench_{name}");
+        temp.cluster.create_database(&db).map_err(|e| e.to_string())?;
+        eprintln!("== {name} benchmark");
+        status(
+            cargo()
+                .args(["run", "--release", "--package", package, "--example", example, "--"])
+                .args(&rest)
+                .env("DATABASE_URL", temp.cluster.url(&db)),
+            &format!("{name} benchmark"),
+        )?;
+    }
+    Ok(())
 }
 
 fn pg() -> Result {
