@@ -20,6 +20,8 @@ pub enum EngineError {
     BadCredentials,
     #[error("too many failed attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
+    #[error("blob storage: {0}")]
+    Storage(String),
     /// An `Idempotency-Key` reused with a different request.
     #[error("{0}")]
     IdempotencyConflict(String),

@@ -13,15 +13,19 @@
 
 pub mod accounts;
 pub mod admission;
+pub mod blobs;
 pub mod db;
 pub mod demo;
 pub mod dlq;
+pub mod documents;
 pub mod drain;
 pub mod error;
 pub mod hooks;
 pub mod ledger;
 pub mod maintenance;
 pub mod notices;
+pub mod processing;
+pub mod providers;
 pub mod queue;
 pub mod retry;
 pub mod settings;

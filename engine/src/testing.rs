@@ -73,3 +73,53 @@ pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
         },
     }
 }
+
+/// A real one-page PDF whose text layer holds `lines` (Helvetica), made with lopdf.
+pub fn pdf_with_text(lines: &[&str]) -> Vec<u8> {
+    let mut ops = vec!["BT".to_string(), "/F1 12 Tf".into(), "72 720 Td".into(), "14 TL".into()];
+    for line in lines {
+        let escaped = line.replace('\\', "\\\\").replace('(', "\\(").replace(')', "\\)");
+        ops.push(format!("({escaped}) Tj T*"));
+    }
+    ops.push("ET".into());
+    build_pdf(ops.join("\n").into_bytes(), false)
+}
+
+/// A PDF with a page that has no text (a filled rectangle, as a scan would be an image).
+pub fn pdf_without_text() -> Vec<u8> {
+    build_pdf(b"0.5 g 72 72 300 300 re f".to_vec(), false)
+}
+
+/// A PDF whose trailer names an encryption dictionary (as password-protected files do).
+pub fn encrypted_pdf() -> Vec<u8> {
+    build_pdf(b"BT /F1 12 Tf 72 720 Td (secret) Tj ET".to_vec(), true)
+}
+
+fn build_pdf(content: Vec<u8>, encrypted: bool) -> Vec<u8> {
+    use lopdf::{dictionary, Document, Object, Stream};
+    let mut doc = Document::with_version("1.5");
+    let pages_id = doc.new_object_id();
+    let font_id = doc.add_object(dictionary! { "Type" => "Font", "Subtype" => "Type1", "BaseFont" => "Helvetica" });
+    let resources_id = doc.add_object(dictionary! { "Font" => dictionary! { "F1" => font_id } });
+    let content_id = doc.add_object(Stream::new(dictionary! {}, content));
+    let page_id = doc.add_object(dictionary! {
+        "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources_id,
+        "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],
+    });
+    doc.objects.insert(
+        pages_id,
+        Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => vec![page_id.into()], "Count" => 1 }),
+    );
+    let catalog_id = doc.add_object(dictionary! { "Type" => "Catalog", "Pages" => pages_id });
+    doc.trailer.set("Root", catalog_id);
+    if encrypted {
+        let encrypt_id = doc.add_object(dictionary! {
+            "Filter" => "Standard", "V" => 1, "R" => 2, "P" => -44,
+            "O" => Object::string_literal(vec![0u8; 32]), "U" => Object::string_literal(vec![0u8; 32]),
+        });
+        doc.trailer.set("Encrypt", encrypt_id);
+    }
+    let mut out = Vec::new();
+    doc.save_to(&mut out).expect("write the PDF");
+    out
+}

@@ -38,15 +38,27 @@ async fn main() {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (cargo xtask bench sets it)");
     let pool = engine::db::connect(&url, 64).await.unwrap();
     let settings = WebSettings {
-        admission: AdmissionConfig { max_backlog: i64::MAX, max_oldest_wait: Duration::from_secs(86_400), ..Default::default() },
+        admission: AdmissionConfig {
+            max_backlog: i64::MAX,
+            max_oldest_wait: Duration::from_secs(86_400),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let addr = server::spawn_web(pool.clone(), settings).await.unwrap();
     let (mut p50s, mut p95s, mut p99s, mut rates) = (vec![], vec![], vec![], vec![]);
     for run in 1..=runs {
-        sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE").execute(&pool).await.unwrap();
-        let user = accounts::create_user(&pool, "bench@example.com", "bench password", Role::User, 1_000_000).await.unwrap();
-        sqlx::query("UPDATE users SET max_in_flight = 1000000 WHERE id = $1").bind(user.id).execute(&pool).await.unwrap();
+        sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let user =
+            accounts::create_user(&pool, "bench@example.com", "bench password", Role::User, 1_000_000).await.unwrap();
+        sqlx::query("UPDATE users SET max_in_flight = 1000000 WHERE id = $1")
+            .bind(user.id)
+            .execute(&pool)
+            .await
+            .unwrap();
         let (_, token) = engine::tokens::create(&pool, user.id, "bench").await.unwrap();
         let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..uploads).map(|n| pdf(run * uploads + n)).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -87,11 +87,20 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .with_state(state))
 }
 
-/// Delete expired sessions now and then.
-pub fn spawn_session_cleanup(pool: PgPool) -> tokio::task::JoinHandle<()> {
+/// Hourly upkeep for accounts: delete expired sessions and forget old failed logins.
+pub fn spawn_account_upkeep(pool: PgPool, login_window: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let store = PostgresStore::new(pool);
-        let _ = store.continuously_delete_expired(tokio::time::Duration::from_secs(3600)).await;
+        let sessions = PostgresStore::new(pool.clone());
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tick.tick().await;
+            if let Err(e) = sessions.delete_expired().await {
+                tracing::warn!(error = %e, "deleting expired sessions failed");
+            }
+            if let Err(e) = engine::accounts::prune_login_failures(&pool, login_window).await {
+                tracing::warn!(error = %e, "pruning failed logins failed");
+            }
+        }
     })
 }
 
@@ -217,7 +226,7 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
     let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()) };
     let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
     let app = router(state, config.secure_cookies).await?;
-    let session_cleanup = spawn_session_cleanup(pool.clone());
+    let account_upkeep = spawn_account_upkeep(pool.clone(), config.web_settings().login_limits.window);
     tracing::info!("Sluice is listening on http://{addr}");
     let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown_signal())
@@ -225,7 +234,7 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
 
     tracing::info!("shutting down");
     maintenance.abort();
-    session_cleanup.abort();
+    account_upkeep.abort();
     if let Some(workers) = workers {
         let report = workers.shutdown().await;
         tracing::info!(?report, "workers stopped");

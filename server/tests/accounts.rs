@@ -435,20 +435,28 @@ async fn terminal_hooks_settle_in_flight_refunds_and_notices_exactly_once(pool: 
     let config = engine::testing::fast_worker("hooks", 1);
     let hooks: Arc<dyn TerminalHooks> = Arc::new(AccountHooks);
     // One job succeeds: still paid for, no longer in flight.
-    let ok = engine::worker::work_once(&app.pool, &config, Arc::new(|_| async { Ok(JobOutput::default()) }), hooks.clone(), 1)
-        .await
-        .unwrap();
+    let ok = engine::worker::work_once(
+        &app.pool,
+        &config,
+        Arc::new(|_| async { Ok(JobOutput::default()) }),
+        hooks.clone(),
+        1,
+    )
+    .await
+    .unwrap();
     assert_eq!(ok[0].recorded, queue::Recorded::Done);
     assert_eq!(app.user_state(user).await, (3, 1, 3, 1));
     // The other is rejected for good: refunded once, with one notice.
-    let rejected = |_| async { Err(JobError::new(ErrorClass::Rejected, "the provider refused the document").with_status(400)) };
+    let rejected =
+        |_| async { Err(JobError::new(ErrorClass::Rejected, "the provider refused the document").with_status(400)) };
     engine::worker::work_once(&app.pool, &config, Arc::new(rejected), hooks.clone(), 1).await.unwrap();
     assert_eq!(app.user_state(user).await, (4, 0, 4, 0));
     let notices = engine::notices::list(&app.pool, user, 10).await.unwrap();
     assert_eq!(notices.len(), 1);
     assert!(notices[0].message.contains("1 credit refunded"), "{}", notices[0].message);
     // Replaying it from the DLQ is free (the refund stands) and counts it in flight again.
-    let failed_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'failed'").fetch_one(&app.pool).await.unwrap();
+    let failed_id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'failed'").fetch_one(&app.pool).await.unwrap();
     dlq::replay(&app.pool, hooks.as_ref(), &Selection::Job(failed_id), "admin").await.unwrap();
     assert_eq!(app.user_state(user).await, (4, 1, 4, 1));
     engine::worker::work_once(&app.pool, &config, Arc::new(rejected), hooks.clone(), 1).await.unwrap();

@@ -32,7 +32,9 @@ async fn operators_create_admins_grant_credits_and_list_users(pool: PgPool) {
     let admin = engine::accounts::find_by_email(&pool, "root@example.com").await.unwrap();
     assert!(admin.is_admin());
     assert_eq!(admin.balance, 0);
-    assert!(engine::accounts::log_in(&pool, "root@example.com", "admin password", "cli-test", Default::default()).await.is_ok());
+    assert!(engine::accounts::log_in(&pool, "root@example.com", "admin password", "cli-test", Default::default())
+        .await
+        .is_ok());
 
     let (ok, out) = server(&url, &["grant-credits", "--email", "root@example.com", "--amount", "15"]);
     assert!(ok && out.contains("balance 15"), "{out}");

@@ -1,0 +1,270 @@
+//! Documents and providers: PDF text extraction, the HTTP providers against the scripted fake
+//! provider (a real HTTP server), and whole jobs through the engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::accounts::{self, Role};
+use engine::admission::{self, Admission, AdmissionConfig, Submission};
+use engine::blobs::Blobs;
+use engine::documents::{extract_text, DocType};
+use engine::ledger::AccountHooks;
+use engine::processing::DocumentProcessor;
+use engine::providers::{self, Preset, Provider, ProviderConfig, ProviderKind, Task};
+use engine::queue::{self, JobState};
+use engine::retry::{ErrorClass, FailureKind};
+use engine::testing::{encrypted_pdf, fast_worker, pdf_with_text, pdf_without_text, wait_for};
+use engine::worker::WorkerPool;
+use fakeprovider::{FakeProvider, Reply};
+use sqlx::PgPool;
+
+#[test]
+fn text_comes_out_of_a_real_pdf() {
+    let pdf = pdf_with_text(&["Quarterly report", "Revenue grew by 12 percent."]);
+    let extracted = extract_text(DocType::Pdf, &pdf).unwrap();
+    assert!(extracted.text.contains("Quarterly report"), "{:?}", extracted.text);
+    assert!(extracted.text.contains("Revenue grew"));
+    assert_eq!(extracted.pages, Some(1));
+}
+
+#[test]
+fn encrypted_scanned_and_damaged_pdfs_are_invalid_input() {
+    for (pdf, words) in [
+        (encrypted_pdf(), "encrypted"),
+        (pdf_without_text(), "no text layer"),
+        (b"%PDF-1.4\nnot really a pdf".to_vec(), "damaged"),
+    ] {
+        let error = extract_text(DocType::Pdf, &pdf).unwrap_err();
+        assert_eq!(error.class, ErrorClass::InvalidInput);
+        assert!(error.message.contains(words), "{}", error.message);
+    }
+}
+
+fn task() -> Task {
+    Task { preset: Preset::Summarize, language: None, text: "Some text to summarize.".into(), pages: None }
+}
+
+fn provider(kind: ProviderKind, fake: &FakeProvider, timeout: Duration) -> Arc<dyn Provider> {
+    let base_url = match kind {
+        ProviderKind::Openai => format!("{}/v1", fake.base_url()),
+        _ => fake.base_url(),
+    };
+    providers::build(&ProviderConfig {
+        kind,
+        base_url,
+        api_key: Some("test-key".into()),
+        model: "test-model".into(),
+        max_tokens: 256,
+        timeout,
+    })
+}
+
+#[tokio::test]
+async fn http_providers_classify_every_scripted_answer() {
+    for kind in [ProviderKind::Anthropic, ProviderKind::Openai] {
+        let fake = FakeProvider::start().await;
+        let p = provider(kind, &fake, Duration::from_millis(500));
+        fake.push([Reply::Success { text: "# Done".into(), input_tokens: 321, output_tokens: 45 }]);
+        let ok = p.run(&task()).await.unwrap();
+        assert_eq!((ok.text.as_str(), ok.input_tokens, ok.output_tokens), ("# Done", Some(321), Some(45)), "{kind:?}");
+        let sent = fake.last_request().unwrap();
+        assert_eq!(sent["model"], "test-model");
+        assert!(sent["messages"][0]["content"].as_str().unwrap().contains("Some text to summarize."));
+        if kind == ProviderKind::Anthropic {
+            assert_eq!(ok.data["rate_limits"]["anthropic-ratelimit-requests-remaining"], "49");
+        }
+
+        let cases: Vec<(Reply, ErrorClass, Option<u16>)> = vec![
+            (Reply::RateLimitedSeconds { seconds: 7 }, ErrorClass::RateLimited, Some(429)),
+            (Reply::RateLimitedDate { seconds_ahead: 30 }, ErrorClass::RateLimited, Some(429)),
+            (Reply::Overloaded, ErrorClass::Overloaded, Some(529)),
+            (Reply::ServerError, ErrorClass::ServerError, Some(500)),
+            (Reply::Hang { millis: 2000 }, ErrorClass::Timeout, None),
+            (Reply::BadRequest, ErrorClass::Rejected, Some(400)),
+            (Reply::SpendLimit, ErrorClass::Rejected, Some(429)),
+        ];
+        for (reply, class, status) in cases {
+            fake.push([reply.clone()]);
+            let error = p.run(&task()).await.unwrap_err();
+            assert_eq!((error.class, error.provider_status), (class, status), "{kind:?} {reply:?}: {}", error.message);
+            match reply {
+                Reply::RateLimitedSeconds { .. } => assert_eq!(error.retry_after, Some(Duration::from_secs(7))),
+                Reply::RateLimitedDate { .. } => {
+                    let wait = error.retry_after.expect("an HTTP-date Retry-After");
+                    assert!(wait > Duration::from_secs(25) && wait <= Duration::from_secs(30), "{wait:?}");
+                }
+                _ => {}
+            }
+        }
+        // Nothing is retried inside the client: one call per run.
+        assert_eq!(fake.calls(), 8, "{kind:?}");
+    }
+    // A provider nobody listens on is a connection error.
+    let closed = providers::build(&ProviderConfig {
+        kind: ProviderKind::Anthropic,
+        base_url: "http://127.0.0.1:9".into(),
+        ..Default::default()
+    });
+    assert_eq!(closed.run(&task()).await.unwrap_err().class, ErrorClass::Connection);
+}
+
+struct Setup {
+    pool: PgPool,
+    blobs: Blobs,
+    fake: FakeProvider,
+    user: i64,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn setup(pool: PgPool, name: &str) -> Setup {
+    let dir = std::env::temp_dir().join(format!("sluice-blobs-{name}-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let fake = FakeProvider::start().await;
+    let user =
+        accounts::create_user(&pool, &format!("{name}@example.com"), "password123", Role::User, 5).await.unwrap();
+    Setup { pool, blobs, fake, user: user.id, _dir: TempDir(dir) }
+}
+
+async fn submit_pdf(s: &Setup) -> uuid::Uuid {
+    let pdf = pdf_with_text(&["Invoice 42", "Total due: $300.00 by 2026-01-31."]);
+    let key = Blobs::new_key();
+    s.blobs.put(&key, pdf.clone().into()).await.unwrap();
+    let payload = serde_json::json!({
+        "document": { "key": key, "type": "pdf", "sha256": "abc", "size": pdf.len(), "name": "invoice.pdf" },
+        "preset": "summarize",
+    });
+    let submission =
+        Submission { user_id: s.user, payload, content_key: key.clone(), client_key: None, fingerprint: key };
+    match admission::submit(&s.pool, &AdmissionConfig::default(), &submission).await.unwrap() {
+        Admission::Accepted { job_id } => job_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn workers(s: &Setup) -> WorkerPool {
+    let processor = DocumentProcessor {
+        blobs: s.blobs.clone(),
+        provider: provider(ProviderKind::Anthropic, &s.fake, Duration::from_secs(5)),
+    };
+    WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
+}
+
+async fn wait_terminal(pool: &PgPool, id: uuid::Uuid) -> queue::JobView {
+    assert!(
+        wait_for(Duration::from_secs(20), || async { queue::get(pool, id).await.unwrap().state.is_terminal() }).await
+    );
+    queue::get(pool, id).await.unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn two_rate_limits_then_success_is_done_on_attempt_three(pool: PgPool) {
+    let s = setup(pool, "retry-ok").await;
+    s.fake.push([
+        Reply::RateLimitedSeconds { seconds: 0 },
+        Reply::RateLimitedSeconds { seconds: 0 },
+        Reply::Success { text: "# Invoice 42\nDue soon.".into(), input_tokens: 900, output_tokens: 60 },
+    ]);
+    let id = submit_pdf(&s).await;
+    let pool_handle = workers(&s);
+    let job = wait_terminal(&s.pool, id).await;
+    pool_handle.shutdown().await;
+    assert_eq!((job.state, job.attempts), (JobState::Done, 3));
+    assert_eq!((job.input_tokens, job.output_tokens), (Some(900), Some(60)));
+    let result = job.result.unwrap();
+    assert_eq!(result["markdown"], "# Invoice 42\nDue soon.");
+    assert_eq!(result["provider"], "anthropic");
+    let attempts = queue::attempts(&s.pool, id).await.unwrap();
+    let outcomes: Vec<_> = attempts.iter().map(|a| (a.outcome.clone().unwrap(), a.provider_status)).collect();
+    assert_eq!(
+        outcomes,
+        vec![("retry_scheduled".into(), Some(429)), ("retry_scheduled".into(), Some(429)), ("succeeded".into(), None)]
+    );
+    assert_eq!(attempts[2].input_tokens, Some(900));
+    assert_eq!(s.fake.calls(), 3);
+    let user = accounts::get(&s.pool, s.user).await.unwrap();
+    assert_eq!((user.balance, user.in_flight), (4, 0), "charged once, no refund");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn three_rate_limits_exhaust_the_retries_and_refund_once(pool: PgPool) {
+    let s = setup(pool, "retry-fail").await;
+    s.fake.push([
+        Reply::RateLimitedSeconds { seconds: 0 },
+        Reply::Overloaded,
+        Reply::RateLimitedSeconds { seconds: 0 },
+    ]);
+    let id = submit_pdf(&s).await;
+    let pool_handle = workers(&s);
+    let job = wait_terminal(&s.pool, id).await;
+    pool_handle.shutdown().await;
+    assert_eq!((job.state, job.failure_kind), (JobState::Failed, Some(FailureKind::RetriesExhausted)));
+    assert_eq!(s.fake.calls(), 3, "at most three provider calls");
+    assert_eq!(queue::attempts(&s.pool, id).await.unwrap().len(), 3);
+    let user = accounts::get(&s.pool, s.user).await.unwrap();
+    assert_eq!((user.balance, user.in_flight), (5, 0), "refunded");
+    let refunds: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE job_id = $1 AND kind = 'refund'")
+        .bind(id)
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+    assert_eq!(refunds, 1);
+    assert_eq!(engine::notices::list(&s.pool, s.user, 10).await.unwrap().len(), 1);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_encrypted_pdf_fails_at_once_as_invalid_input_without_calling_the_provider(pool: PgPool) {
+    let s = setup(pool, "encrypted").await;
+    let key = Blobs::new_key();
+    s.blobs.put(&key, encrypted_pdf().into()).await.unwrap();
+    let payload = serde_json::json!({
+        "document": { "key": key, "type": "pdf", "sha256": "e", "size": 1, "name": null }, "preset": "summarize",
+    });
+    let submission =
+        Submission { user_id: s.user, payload, content_key: "e".into(), client_key: None, fingerprint: "e".into() };
+    let Admission::Accepted { job_id } =
+        admission::submit(&s.pool, &AdmissionConfig::default(), &submission).await.unwrap()
+    else {
+        panic!()
+    };
+    let pool_handle = workers(&s);
+    let job = wait_terminal(&s.pool, job_id).await;
+    pool_handle.shutdown().await;
+    assert_eq!((job.failure_kind, job.attempts), (Some(FailureKind::InvalidInput), 1));
+    assert!(job.failure_reason.unwrap().contains("encrypted"));
+    assert_eq!(s.fake.calls(), 0);
+}
+
+#[tokio::test]
+async fn the_local_provider_summarises_a_pdf_without_network() {
+    let dir = std::env::temp_dir().join(format!("sluice-local-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let key = Blobs::new_key();
+    let pdf =
+        pdf_with_text(&["Lease agreement", "The tenant pays 1,200 EUR monthly.", "Contact: landlord@example.org"]);
+    blobs.put(&key, pdf.into()).await.unwrap();
+    let processor = DocumentProcessor { blobs, provider: providers::build(&ProviderConfig::default()) };
+    let job = queue::ClaimedJob {
+        id: uuid::Uuid::nil(),
+        owner_id: 1,
+        kind: "document".into(),
+        payload: serde_json::json!({
+            "document": { "key": key, "type": "pdf", "sha256": "x", "size": 1, "name": "lease.pdf" }, "preset": "key_facts",
+        }),
+        attempt: 1,
+        max_attempts: 3,
+        lease_token: uuid::Uuid::nil(),
+    };
+    let out = engine::worker::Processor::process(&processor, job).await.unwrap();
+    let markdown = out.result["markdown"].as_str().unwrap();
+    assert!(markdown.contains("1,200 EUR") && markdown.contains("landlord@example.org"), "{markdown}");
+    assert_eq!(out.result["provider"], "local");
+    assert!(out.input_tokens.unwrap() > 0);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,197 @@
+//! A scripted fake AI provider: a real HTTP server on loopback.
+//!
+//! It answers `POST /v1/messages` (Anthropic shape) and `POST /v1/chat/completions` (OpenAI
+//! shape). Each request takes the next scripted [`Reply`] (a queue); with the queue empty it
+//! succeeds. Tests script it in-process ([`FakeProvider::push`]); a separate process (the
+//! end-to-end run) is scripted over HTTP: `POST /_script` with a JSON list of replies,
+//! `GET /_calls` for the number of provider calls so far.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+/// One scripted answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// 200 with this text and usage.
+    Success { text: String, input_tokens: u64, output_tokens: u64 },
+    /// 429 with `Retry-After` in seconds.
+    RateLimitedSeconds { seconds: u64 },
+    /// 429 with `Retry-After` as an HTTP-date this many seconds ahead.
+    RateLimitedDate { seconds_ahead: u64 },
+    /// 429 saying the account's spend limit is reached (permanent).
+    SpendLimit,
+    /// 529 (Anthropic's "overloaded").
+    Overloaded,
+    /// 500.
+    ServerError,
+    /// 400 invalid request (permanent).
+    BadRequest,
+    /// Wait this long before answering 200 (to exceed a client's timeout).
+    Hang { millis: u64 },
+}
+
+#[derive(Default)]
+struct Script {
+    replies: VecDeque<Reply>,
+    calls: u64,
+    last_request: Option<serde_json::Value>,
+}
+
+/// A running fake provider.
+#[derive(Clone)]
+pub struct FakeProvider {
+    pub addr: SocketAddr,
+    script: Arc<Mutex<Script>>,
+}
+
+impl FakeProvider {
+    /// Start on a random loopback port.
+    pub async fn start() -> FakeProvider {
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> FakeProvider {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind the fake provider");
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new()
+            .route("/v1/messages", post(anthropic))
+            .route("/v1/chat/completions", post(openai))
+            .route("/_script", post(set_script))
+            .route("/_calls", get(calls))
+            .with_state(script.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeProvider { addr, script }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.script.lock().unwrap().replies.extend(replies);
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.script.lock().unwrap().calls
+    }
+
+    pub fn last_request(&self) -> Option<serde_json::Value> {
+        self.script.lock().unwrap().last_request.clone()
+    }
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+fn next_reply(script: &Shared, body: serde_json::Value) -> Reply {
+    let mut s = script.lock().unwrap();
+    s.calls += 1;
+    s.last_request = Some(body);
+    s.replies.pop_front().unwrap_or(Reply::Success {
+        text: "## Summary\nA scripted answer from the fake provider.".into(),
+        input_tokens: 120,
+        output_tokens: 30,
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    Anthropic,
+    OpenAi,
+}
+
+fn error(shape: Shape, status: u16, kind: &str, message: &str) -> Response {
+    let body = match shape {
+        Shape::Anthropic => serde_json::json!({ "type": "error", "error": { "type": kind, "message": message } }),
+        Shape::OpenAi => serde_json::json!({ "error": { "type": kind, "code": kind, "message": message } }),
+    };
+    (StatusCode::from_u16(status).unwrap(), Json(body)).into_response()
+}
+
+async fn answer(shape: Shape, reply: Reply) -> Response {
+    match reply {
+        Reply::Success { text, input_tokens, output_tokens } => success(shape, &text, input_tokens, output_tokens),
+        Reply::Hang { millis } => {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            success(shape, "late", 1, 1)
+        }
+        Reply::RateLimitedSeconds { seconds } => {
+            with_retry_after(error(shape, 429, "rate_limit_error", "rate limited"), seconds.to_string())
+        }
+        Reply::RateLimitedDate { seconds_ahead } => {
+            let date = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(seconds_ahead));
+            with_retry_after(error(shape, 429, "rate_limit_error", "rate limited"), date)
+        }
+        Reply::SpendLimit => match shape {
+            Shape::Anthropic => {
+                error(shape, 429, "rate_limit_error", "You have reached your specified API usage limits (spend limit).")
+            }
+            Shape::OpenAi => error(shape, 429, "insufficient_quota", "You exceeded your current quota."),
+        },
+        Reply::Overloaded => error(shape, 529, "overloaded_error", "Overloaded"),
+        Reply::ServerError => error(shape, 500, "api_error", "internal error"),
+        Reply::BadRequest => {
+            error(shape, 400, "invalid_request_error", "messages: text content blocks must be non-empty")
+        }
+    }
+}
+
+fn with_retry_after(mut response: Response, value: String) -> Response {
+    response.headers_mut().insert("retry-after", HeaderValue::from_str(&value).unwrap());
+    response
+}
+
+fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64) -> Response {
+    match shape {
+        Shape::Anthropic => {
+            let mut headers = HeaderMap::new();
+            headers.insert("anthropic-ratelimit-requests-remaining", HeaderValue::from_static("49"));
+            headers.insert("anthropic-ratelimit-tokens-remaining", HeaderValue::from_static("39000"));
+            let body = serde_json::json!({
+                "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake",
+                "content": [{ "type": "text", "text": text }],
+                "stop_reason": "end_turn",
+                "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
+            });
+            (headers, Json(body)).into_response()
+        }
+        Shape::OpenAi => Json(serde_json::json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake",
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
+            "usage": { "prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens },
+        }))
+        .into_response(),
+    }
+}
+
+async fn anthropic(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
+    let reply = next_reply(&script, body);
+    answer(Shape::Anthropic, reply).await
+}
+
+async fn openai(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
+    let reply = next_reply(&script, body);
+    answer(Shape::OpenAi, reply).await
+}
+
+async fn set_script(State(script): State<Shared>, Json(replies): Json<Vec<Reply>>) -> StatusCode {
+    script.lock().unwrap().replies.extend(replies);
+    StatusCode::NO_CONTENT
+}
+
+async fn calls(State(script): State<Shared>) -> Json<serde_json::Value> {
+    let s = script.lock().unwrap();
+    Json(serde_json::json!({ "calls": s.calls, "queued": s.replies.len() }))
+}
