@@ -101,7 +101,7 @@ mod ssr {
                 EngineError::BadCredentials => AppError::BadCredentials,
                 EngineError::RateLimited { retry_after_secs } => AppError::RateLimited { retry_after_secs },
                 EngineError::IdempotencyConflict(message) => AppError::IdempotencyConflict { message },
-                EngineError::Database(_) | EngineError::Migrate(_) => {
+                EngineError::Database(_) | EngineError::Migrate(_) | EngineError::Storage(_) => {
                     tracing::error!(error = %e, "engine failure");
                     AppError::Internal
                 }

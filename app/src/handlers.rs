@@ -17,6 +17,7 @@ use crate::model::*;
 pub struct ServerContext {
     pub pool: PgPool,
     pub settings: Arc<WebSettings>,
+    pub blobs: engine::blobs::Blobs,
 }
 
 #[derive(Clone, Debug)]
@@ -25,6 +26,8 @@ pub struct WebSettings {
     pub signup_grant: i64,
     pub login_limits: LoginLimits,
     pub max_upload_bytes: u64,
+    /// The presets the configured provider can do (language-model presets need one).
+    pub presets: Vec<engine::providers::Preset>,
 }
 
 impl Default for WebSettings {
@@ -34,6 +37,7 @@ impl Default for WebSettings {
             signup_grant: 20,
             login_limits: LoginLimits::default(),
             max_upload_bytes: 50 * 1024 * 1024,
+            presets: vec![engine::providers::Preset::Summarize, engine::providers::Preset::KeyFacts],
         }
     }
 }

@@ -62,8 +62,8 @@ pub fn App() -> impl IntoView {
 /// Count a click in Postgres and return the stored total.
 #[server(endpoint = "record_click")]
 pub async fn record_click() -> Result<i64, ServerFnError> {
-    let pool = expect_context::<sqlx::PgPool>();
-    engine::demo::record_click(&pool).await.map_err(|e| ServerFnError::new(e.to_string()))
+    let ctx = handlers::context().map_err(|e| ServerFnError::new(e.to_string()))?;
+    engine::demo::record_click(&ctx.pool).await.map_err(|e| ServerFnError::new(e.to_string()))
 }
 
 #[component]

@@ -57,6 +57,12 @@ impl Blobs {
         Ok(())
     }
 
+    /// Store a streamed upload's chunks without copying them into one buffer.
+    pub async fn put_chunks(&self, key: &str, chunks: Vec<Bytes>) -> Result<()> {
+        self.store.put(&ObjectPath::from(key), chunks.into_iter().collect::<PutPayload>()).await.map_err(storage)?;
+        Ok(())
+    }
+
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let got = self.store.get(&ObjectPath::from(key)).await.map_err(storage)?;
         got.bytes().await.map_err(storage)

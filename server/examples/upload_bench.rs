@@ -45,7 +45,9 @@ async fn main() {
         },
         ..Default::default()
     };
-    let addr = server::spawn_web(pool.clone(), settings).await.unwrap();
+    let blob_dir = std::env::temp_dir().join(format!("sluice-bench-blobs-{}", std::process::id()));
+    let blobs = engine::blobs::Blobs::local(&blob_dir).unwrap();
+    let addr = server::spawn_web(pool.clone(), settings, blobs).await.unwrap();
     let (mut p50s, mut p95s, mut p99s, mut rates) = (vec![], vec![], vec![], vec![]);
     for run in 1..=runs {
         sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE")
@@ -103,6 +105,7 @@ async fn main() {
         p99s.push(p99);
         rates.push(rate);
     }
+    let _ = std::fs::remove_dir_all(&blob_dir);
     println!(
         "median of {runs}: {:.0} uploads/s ({uploads} x 1 MiB, {clients} clients); p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms",
         median(&mut rates),

@@ -34,6 +34,13 @@ pub enum Command {
     ListUsers,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderChoice {
+    Local,
+    Anthropic,
+    Openai,
+}
+
 #[derive(Clone, Debug, Args)]
 pub struct Config {
     /// Address to listen on.
@@ -96,6 +103,29 @@ pub struct Config {
     /// Mark the session cookie `Secure` (serve over HTTPS when you set this).
     #[arg(long, env = "SLUICE_SECURE_COOKIES", default_value_t = false, global = true)]
     pub secure_cookies: bool,
+    /// The AI provider: local (built in, no network), anthropic, or openai (any
+    /// OpenAI-compatible server: Ollama, vLLM, llama.cpp).
+    #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "local", global = true)]
+    pub provider: ProviderChoice,
+    /// The provider's base URL (anthropic: https://api.anthropic.com; openai: ending in /v1).
+    #[arg(long, env = "SLUICE_PROVIDER_URL", default_value = "", global = true)]
+    pub provider_url: String,
+    /// The provider's API key (never logged).
+    #[arg(long, env = "SLUICE_PROVIDER_API_KEY", hide_env_values = true, global = true)]
+    pub provider_api_key: Option<String>,
+    /// The model to ask.
+    #[arg(long, env = "SLUICE_PROVIDER_MODEL", default_value = "", global = true)]
+    pub provider_model: String,
+    /// The most output tokens to ask for.
+    #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", default_value_t = 1024, global = true)]
+    pub provider_max_tokens: u32,
+    /// Seconds before a provider call counts as timed out.
+    #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
+    pub provider_timeout_secs: f64,
+    /// Blob storage: unset = a folder under the data folder; or a URL like s3://bucket/prefix
+    /// (credentials and endpoint from AWS_* variables).
+    #[arg(long, env = "SLUICE_BLOB_STORE", global = true)]
+    pub blob_store: Option<String>,
     /// Days to keep failed jobs.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DAYS", default_value_t = 90, global = true)]
     pub keep_failed_days: u64,
@@ -127,7 +157,34 @@ impl Config {
                 ..Default::default()
             },
             max_upload_bytes: self.max_upload_bytes,
+            presets: {
+                let provider = engine::providers::build(&self.provider_config());
+                engine::providers::Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
+            },
         }
+    }
+
+    pub fn provider_config(&self) -> engine::providers::ProviderConfig {
+        use engine::providers::ProviderKind;
+        engine::providers::ProviderConfig {
+            kind: match self.provider {
+                ProviderChoice::Local => ProviderKind::Local,
+                ProviderChoice::Anthropic => ProviderKind::Anthropic,
+                ProviderChoice::Openai => ProviderKind::Openai,
+            },
+            base_url: self.provider_url.clone(),
+            api_key: self.provider_api_key.clone(),
+            model: self.provider_model.clone(),
+            max_tokens: self.provider_max_tokens,
+            timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
+        }
+    }
+
+    pub fn blobs(&self) -> anyhow::Result<engine::blobs::Blobs> {
+        Ok(match &self.blob_store {
+            Some(url) => engine::blobs::Blobs::from_url(url)?,
+            None => engine::blobs::Blobs::local(&self.data_dir.join("blobs"))?,
+        })
     }
 
     pub fn retention(&self) -> engine::maintenance::Retention {

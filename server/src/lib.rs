@@ -30,7 +30,7 @@ use app::handlers::ServerContext;
 use app::{shell, App};
 use config::Config;
 use engine::ledger::AccountHooks;
-use engine::queue::{ClaimedJob, JobError, JobOutput};
+use engine::processing::DocumentProcessor;
 use engine::worker::{WorkerConfig, WorkerPool};
 
 pub fn init_tracing(filter: &str) {
@@ -72,6 +72,8 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .route("/api/v1/jobs", post(rest::create_job))
         .route("/api/v1/jobs/{id}", get(rest::get_job))
         .route("/api/v1/jobs/{id}/result", get(rest::get_result))
+        .route("/api/v1/jobs/{id}/result.md", get(rest::get_result_markdown))
+        .route("/api/v1/jobs/{id}/original", get(rest::get_original))
         // The upload handler enforces its own cap while streaming (413).
         .layer(DefaultBodyLimit::disable());
     Ok(Router::new()
@@ -162,11 +164,6 @@ impl Database {
     }
 }
 
-/// The processor until documents and providers land: it echoes the job's payload.
-pub async fn echo_processor(job: ClaimedJob) -> Result<JobOutput, JobError> {
-    Ok(JobOutput { result: serde_json::json!({ "echo": job.payload }), input_tokens: None, output_tokens: None })
-}
-
 pub fn worker_config(config: &Config) -> WorkerConfig {
     WorkerConfig {
         name: format!("{}-{}", hostname(), std::process::id()),
@@ -182,11 +179,31 @@ fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
 }
 
+/// Retention removes jobs; this removes their documents from blob storage.
+fn delete_blobs_of(blobs: engine::blobs::Blobs) -> Arc<dyn Fn(Vec<engine::maintenance::PrunedJob>) + Send + Sync> {
+    Arc::new(move |jobs| {
+        let blobs = blobs.clone();
+        tokio::spawn(async move {
+            for job in jobs {
+                if let Some(key) = engine::processing::blob_key(&job.payload) {
+                    if let Err(e) = blobs.delete(key).await {
+                        tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's document");
+                    }
+                }
+            }
+        });
+    })
+}
+
 /// Serve the app on a random loopback port (tests and benchmarks): no workers.
-pub async fn spawn_web(pool: PgPool, settings: app::handlers::WebSettings) -> anyhow::Result<SocketAddr> {
+pub async fn spawn_web(
+    pool: PgPool,
+    settings: app::handlers::WebSettings,
+    blobs: engine::blobs::Blobs,
+) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let ctx = ServerContext { pool, settings: Arc::new(settings) };
+    let ctx = ServerContext { pool, settings: Arc::new(settings), blobs };
     let app = router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?;
     tokio::spawn(async move {
         let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
@@ -208,8 +225,12 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
         .await
         .context("connecting to Postgres and running migrations")?;
     let hooks: Arc<AccountHooks> = Arc::new(AccountHooks);
-    let workers = (config.workers > 0)
-        .then(|| WorkerPool::start(pool.clone(), worker_config(config), Arc::new(echo_processor), hooks.clone()));
+    let blobs = config.blobs()?;
+    let provider = engine::providers::build(&config.provider_config());
+    tracing::info!(provider = provider.name(), "documents go to this provider");
+    let processor = Arc::new(DocumentProcessor { blobs: blobs.clone(), provider });
+    let workers =
+        (config.workers > 0).then(|| WorkerPool::start(pool.clone(), worker_config(config), processor, hooks.clone()));
     let maintenance = tokio::spawn(engine::maintenance::run(
         pool.clone(),
         hooks.clone(),
@@ -217,13 +238,13 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
         config.retention(),
         Duration::from_secs(5),
         Duration::from_secs(3600),
-        Arc::new(|_| {}),
+        delete_blobs_of(blobs.clone()),
     ));
 
     let listener =
         tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
     let addr = listener.local_addr()?;
-    let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()) };
+    let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()), blobs };
     let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
     let app = router(state, config.secure_cookies).await?;
     let account_upkeep = spawn_account_upkeep(pool.clone(), config.web_settings().login_limits.window);

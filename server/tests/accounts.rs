@@ -21,13 +21,35 @@ use sqlx::PgPool;
 struct TestApp {
     addr: SocketAddr,
     pool: PgPool,
+    blob_dir: std::path::PathBuf,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.blob_dir);
+    }
 }
 
 impl TestApp {
     async fn spawn(pool: PgPool, settings: WebSettings) -> TestApp {
         let pool = wider_pool(&pool, 60).await;
-        let addr = server::spawn_web(pool.clone(), settings).await.expect("the app starts");
-        TestApp { addr, pool }
+        let db = pool.connect_options().get_database().unwrap_or("db").to_string();
+        let blob_dir = std::env::temp_dir().join(format!("sluice-test-blobs-{db}"));
+        let blobs = engine::blobs::Blobs::local(&blob_dir).unwrap();
+        let addr = server::spawn_web(pool.clone(), settings, blobs).await.expect("the app starts");
+        TestApp { addr, pool, blob_dir }
+    }
+
+    /// Files in blob storage (refusals must leave none behind).
+    fn stored_blobs(&self) -> usize {
+        fn count(dir: &std::path::Path) -> usize {
+            std::fs::read_dir(dir)
+                .map(|entries| {
+                    entries.filter_map(|e| e.ok()).map(|e| if e.path().is_dir() { count(&e.path()) } else { 1 }).sum()
+                })
+                .unwrap_or(0)
+        }
+        count(&self.blob_dir)
     }
 
     fn url(&self, path: &str) -> String {
@@ -175,6 +197,7 @@ async fn refusals_store_nothing(pool: PgPool) {
     assert_eq!(overloaded.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(overloaded.headers().get("retry-after").is_some());
     assert_eq!(app.user_state(user).await, (8, 2, 8, 2), "only the two accepted uploads left a trace");
+    assert_eq!(app.stored_blobs(), 2, "the refused uploads' bytes are gone");
     let no_token = reqwest::Client::new()
         .post(app.url("/api/v1/jobs"))
         .multipart(reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(doc(5))))
@@ -462,4 +485,125 @@ async fn terminal_hooks_settle_in_flight_refunds_and_notices_exactly_once(pool: 
     engine::worker::work_once(&app.pool, &config, Arc::new(rejected), hooks.clone(), 1).await.unwrap();
     assert_eq!(app.user_state(user).await, (4, 0, 4, 0), "no second refund after the replay fails again");
     assert_eq!(engine::notices::list(&app.pool, user, 10).await.unwrap().len(), 1);
+}
+
+async fn upload_file(app: &TestApp, token: &str, name: &str, bytes: Vec<u8>, preset: &str) -> reqwest::Response {
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()).mime_str("application/pdf").unwrap(),
+        )
+        .text("preset", preset.to_string());
+    reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool: PgPool) {
+    let settings = WebSettings { max_upload_bytes: 64 * 1024, ..Default::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let (user, token) = app.user_with_token("uploads@example.com", 20, 20).await;
+    let pdf = engine::testing::pdf_with_text(&["A real PDF", "made by the test"]);
+    let mut zip = b"PK\x03\x04\x14\x00\x00\x00\x08\x00".to_vec();
+    zip.resize(200, 0);
+    let refused: Vec<(&str, Vec<u8>, &str, u16)> = vec![
+        ("page.pdf", b"<!DOCTYPE html><html><body>%PDF-1.7 not really</body></html>".to_vec(), "summarize", 415),
+        (
+            "logo.pdf",
+            b"<svg xmlns=\"http://www.w3.org/2000/svg\"><script>x()</script></svg>".to_vec(),
+            "summarize",
+            415,
+        ),
+        ("archive.pdf", zip, "summarize", 415),
+        ("tool.pdf", b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00".to_vec(), "summarize", 415),
+        ("latin1.txt", b"caf\xe9 au lait".to_vec(), "summarize", 415),
+        ("huge.txt", vec![b'a'; 200 * 1024], "summarize", 413),
+        ("empty.txt", Vec::new(), "summarize", 422),
+        ("doc.txt", b"fine text".to_vec(), "translate", 422),
+        ("doc.txt", b"fine text".to_vec(), "poetry", 422),
+    ];
+    for (name, bytes, preset, status) in refused {
+        let r = upload_file(&app, &token, name, bytes, preset).await;
+        assert_eq!(r.status().as_u16(), status, "{name}: {}", r.text().await.unwrap());
+    }
+    assert_eq!(app.user_state(user).await, (20, 0, 20, 0), "refusals debit nothing and store no job");
+    assert_eq!(app.stored_blobs(), 0, "refusals store no bytes");
+
+    let accepted: Vec<(&str, Vec<u8>)> = vec![
+        ("report.pdf", pdf.clone()),
+        ("notes.txt", "Plain notes.\nSecond line with ünïcödé.".as_bytes().to_vec()),
+        ("readme.md", b"# Heading\n\nSome **bold** text.\n- one\n- two\n".to_vec()),
+        ("looks-like-html.txt", b"This text mentions <b> tags but is plain text.".to_vec()),
+    ];
+    let mut ids = Vec::new();
+    for (name, bytes) in accepted {
+        let r = upload_file(&app, &token, name, bytes, "summarize").await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{name}");
+        ids.push(r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(app.stored_blobs(), 4);
+    let types: Vec<String> = sqlx::query_scalar("SELECT payload->'document'->>'type' FROM jobs ORDER BY accepted_at")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(types, vec!["pdf", "plain_text", "markdown", "plain_text"]);
+    // A duplicate keeps the first upload's bytes only.
+    assert_eq!(upload_file(&app, &token, "again.pdf", pdf, "summarize").await.status(), StatusCode::OK);
+    assert_eq!(app.stored_blobs(), 4);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("owner@example.com", 5, 5).await;
+    let (_, other) = app.user_with_token("other@example.com", 5, 5).await;
+    let pdf = engine::testing::pdf_with_text(&["Rental contract", "Rent is 900 EUR, due on 2026-02-01."]);
+    let job: serde_json::Value =
+        upload_file(&app, &token, "../../contract \"final\".pdf", pdf.clone(), "key_facts").await.json().await.unwrap();
+    let id = job["id"].as_str().unwrap();
+    let client = reqwest::Client::new();
+    let original =
+        client.get(app.url(&format!("/api/v1/jobs/{id}/original"))).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(original.status(), StatusCode::OK);
+    assert_eq!(original.headers()["content-type"], "application/pdf");
+    assert_eq!(original.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(original.headers()["content-disposition"], "attachment; filename=\"contract _final_.pdf\"");
+    assert_eq!(original.bytes().await.unwrap().to_vec(), pdf);
+    for path in [format!("/api/v1/jobs/{id}/original"), format!("/api/v1/jobs/{id}/result.md")] {
+        assert_eq!(
+            client.get(app.url(&path)).bearer_auth(&other).send().await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    // Process it with the built-in local provider, then fetch the result.
+    let blobs = engine::blobs::Blobs::local(&app.blob_dir).unwrap();
+    let processor = engine::processing::DocumentProcessor {
+        blobs,
+        provider: engine::providers::build(&engine::providers::ProviderConfig::default()),
+    };
+    let reports = engine::worker::work_once(
+        &app.pool,
+        &engine::testing::fast_worker("dl", 1),
+        Arc::new(processor),
+        Arc::new(AccountHooks),
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(reports[0].recorded, queue::Recorded::Done);
+    let md = client.get(app.url(&format!("/api/v1/jobs/{id}/result.md"))).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(md.status(), StatusCode::OK);
+    assert_eq!(md.headers()["content-disposition"], "attachment; filename=\"contract _final_-result.md\"");
+    let text = md.text().await.unwrap();
+    assert!(text.contains("900 EUR") && text.contains("2026-02-01"), "{text}");
+    let json: serde_json::Value = client
+        .get(app.url(&format!("/api/v1/jobs/{id}/result")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(json["result"]["provider"], "local");
 }

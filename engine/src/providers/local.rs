@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(a.summary.len(), 3);
         assert!(a.summary.iter().any(|s| s.contains("widgets")));
         assert!(!a.summary.iter().any(|s| s.contains("weather")), "{:?}", a.summary);
-        assert_eq!(a.top_terms[0].0, "widgets");
+        assert!(a.top_terms.iter().take(2).any(|(t, n)| t == "widgets" && *n == 3), "{:?}", a.top_terms);
         assert_eq!(a.dates, vec!["2024-03-31", "12 March 2026"]);
         assert_eq!(a.amounts, vec!["$12,500.00", "4,000 EUR"]);
         assert_eq!(a.emails, vec!["billing@globex.example"]);
