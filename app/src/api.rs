@@ -68,3 +68,15 @@ pub async fn list_tokens() -> Result<Vec<TokenInfo>, AppError> {
 pub async fn revoke_token(id: i64) -> Result<(), AppError> {
     h::revoke_token(id).await.map_err(respond)
 }
+
+/// The processing presets this server can do (language-model presets need a provider).
+#[server(endpoint = "presets")]
+pub async fn presets() -> Result<Vec<PresetInfo>, AppError> {
+    let ctx = h::context().map_err(respond)?;
+    Ok(ctx
+        .settings
+        .presets
+        .iter()
+        .map(|p| PresetInfo { id: p.as_str().to_string(), label: p.label().to_string() })
+        .collect())
+}

@@ -192,3 +192,10 @@ mod convert {
         }
     }
 }
+
+/// A processing preset the upload form can offer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PresetInfo {
+    pub id: String,
+    pub label: String,
+}

@@ -2,7 +2,8 @@
 //! codes as the UI. Auth: `Authorization: Bearer <token>`, or the session cookie.
 
 use axum::body::Bytes;
-use axum::extract::{Multipart, Path, State};
+use axum::extract::{FromRequestParts, Multipart, Path, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -61,6 +62,34 @@ async fn caller(state: &AppState, headers: &HeaderMap, session: &Session) -> Res
             .ok_or(ApiError(AppError::Unauthenticated));
     }
     session_user(&state.ctx.pool, session).await?.ok_or(ApiError(AppError::Unauthenticated))
+}
+
+/// The job named in the path, when the caller may see it (their own; admins any). Anyone
+/// else's job, or a malformed id, is 404.
+pub struct VisibleJob(pub engine::queue::JobView);
+
+impl FromRequestParts<AppState> for VisibleJob {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let Path(id) =
+            Path::<String>::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::NotFound))?;
+        let session = Session::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::Internal))?;
+        let user = caller(state, &parts.headers, &session).await?;
+        Ok(VisibleJob(visible_job(&state.ctx.pool, &user, &id).await?))
+    }
+}
+
+/// A done job's result, or 409 saying what state the job is in.
+fn done_result(job: &engine::queue::JobView) -> Result<&serde_json::Value, ApiError> {
+    match (&job.state, &job.result) {
+        (engine::queue::JobState::Done, Some(result)) => Ok(result),
+        (state, _) => {
+            let state =
+                serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+            Err(AppError::NotReady { state }.into())
+        }
+    }
 }
 
 /// An upload read from the multipart body: checked while it streams (size cap, type by
@@ -246,38 +275,15 @@ pub async fn create_job(
 }
 
 /// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
-pub async fn get_job(
-    State(state): State<AppState>,
-    session: Session,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<JobStatus>, ApiError> {
-    let user = caller(&state, &headers, &session).await?;
-    let job = visible_job(&state.ctx.pool, &user, &id).await?;
-    Ok(Json(JobStatus::from(&job)))
+pub async fn get_job(VisibleJob(job): VisibleJob) -> Json<JobStatus> {
+    Json(JobStatus::from(&job))
 }
 
 /// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.
-pub async fn get_result(
-    State(state): State<AppState>,
-    session: Session,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let user = caller(&state, &headers, &session).await?;
-    let job = visible_job(&state.ctx.pool, &user, &id).await?;
-    match (job.state, job.result) {
-        (engine::queue::JobState::Done, Some(result)) => Ok((
-            [(header::X_CONTENT_TYPE_OPTIONS, "nosniff")],
-            Json(serde_json::json!({ "id": job.id.to_string(), "result": result })),
-        )
-            .into_response()),
-        (state, _) => {
-            let state =
-                serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-            Err(AppError::NotReady { state }.into())
-        }
-    }
+pub async fn get_result(VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+    let result = done_result(&job)?;
+    let body = Json(serde_json::json!({ "id": job.id.to_string(), "result": result }));
+    Ok(([(header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body).into_response())
 }
 
 /// An ASCII-safe file name for `Content-Disposition`.
@@ -309,14 +315,7 @@ fn document_of(job: &engine::queue::JobView) -> Result<DocumentRef, ApiError> {
 }
 
 /// `GET /api/v1/jobs/{id}/original`: the uploaded document, as an attachment.
-pub async fn get_original(
-    State(state): State<AppState>,
-    session: Session,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let user = caller(&state, &headers, &session).await?;
-    let job = visible_job(&state.ctx.pool, &user, &id).await?;
+pub async fn get_original(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
     let document = document_of(&job)?;
     let bytes = state.ctx.blobs.get(&document.key).await?;
     let stem = document.name.clone().unwrap_or_else(|| format!("document.{}", document.doc_type.extension()));
@@ -324,22 +323,8 @@ pub async fn get_original(
 }
 
 /// `GET /api/v1/jobs/{id}/result.md`: a done job's result as a Markdown attachment.
-pub async fn get_result_markdown(
-    State(state): State<AppState>,
-    session: Session,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let user = caller(&state, &headers, &session).await?;
-    let job = visible_job(&state.ctx.pool, &user, &id).await?;
-    let markdown = match (&job.state, &job.result) {
-        (engine::queue::JobState::Done, Some(result)) => result["markdown"].as_str().unwrap_or_default().to_string(),
-        (state, _) => {
-            let state =
-                serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-            return Err(AppError::NotReady { state }.into());
-        }
-    };
+pub async fn get_result_markdown(VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+    let markdown = done_result(&job)?["markdown"].as_str().unwrap_or_default().to_string();
     let stem = document_of(&job).ok().and_then(|d| d.name).unwrap_or_else(|| "document".into());
     let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-result.md"), markdown.into_bytes()))

@@ -297,6 +297,12 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
     let forged = evil.post(app.url("/api/v1/jobs")).header("Sec-Fetch-Site", "cross-site").send().await.unwrap();
     assert_eq!(forged.status(), StatusCode::FORBIDDEN);
 
+    let presets: serde_json::Value = call(&browser, &app, "presets", &[]).await.json().await.unwrap();
+    assert_eq!(
+        presets,
+        serde_json::json!([{"id": "summarize", "label": "Summarize"}, {"id": "key_facts", "label": "Extract key facts"}])
+    );
+
     let taken = call(&browser, &app, "sign_up", &[("email", "carol@example.com"), ("password", "another one")]).await;
     assert_eq!(taken.status(), StatusCode::CONFLICT);
     let weak = call(&browser, &app, "sign_up", &[("email", "dan@example.com"), ("password", "short")]).await;

@@ -72,6 +72,19 @@ async fn post(request: reqwest::RequestBuilder) -> Result<(HeaderMap, Value), Jo
     Ok((headers, json))
 }
 
+/// The request body both APIs share: one user message with the task's prompt.
+fn chat_body(model: &str, max_tokens: u32, task: &Task) -> Value {
+    serde_json::json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{ "role": "user", "content": prompt(task) }],
+    })
+}
+
+fn or_default(value: &str, default: &str) -> String {
+    if value.is_empty() { default } else { value.trim_end_matches('/') }.to_string()
+}
+
 pub struct AnthropicProvider {
     client: reqwest::Client,
     url: String,
@@ -82,16 +95,11 @@ pub struct AnthropicProvider {
 
 impl AnthropicProvider {
     pub fn new(config: &ProviderConfig) -> Self {
-        let base = if config.base_url.is_empty() {
-            "https://api.anthropic.com"
-        } else {
-            config.base_url.trim_end_matches('/')
-        };
         AnthropicProvider {
             client: client(config.timeout),
-            url: format!("{base}/v1/messages"),
+            url: format!("{}/v1/messages", or_default(&config.base_url, "https://api.anthropic.com")),
             api_key: config.api_key.clone().unwrap_or_default(),
-            model: if config.model.is_empty() { "claude-sonnet-4-5".into() } else { config.model.clone() },
+            model: or_default(&config.model, "claude-sonnet-4-5"),
             max_tokens: config.max_tokens,
         }
     }
@@ -108,11 +116,7 @@ impl Provider for AnthropicProvider {
 
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
-            let body = serde_json::json!({
-                "model": self.model,
-                "max_tokens": self.max_tokens,
-                "messages": [{ "role": "user", "content": prompt(task) }],
-            });
+            let body = chat_body(&self.model, self.max_tokens, task);
             let request = self
                 .client
                 .post(&self.url)
@@ -149,16 +153,11 @@ pub struct OpenAiProvider {
 
 impl OpenAiProvider {
     pub fn new(config: &ProviderConfig) -> Self {
-        let base = if config.base_url.is_empty() {
-            "https://api.openai.com/v1"
-        } else {
-            config.base_url.trim_end_matches('/')
-        };
         OpenAiProvider {
             client: client(config.timeout),
-            url: format!("{base}/chat/completions"),
+            url: format!("{}/chat/completions", or_default(&config.base_url, "https://api.openai.com/v1")),
             api_key: config.api_key.clone(),
-            model: if config.model.is_empty() { "gpt-4o-mini".into() } else { config.model.clone() },
+            model: or_default(&config.model, "gpt-4o-mini"),
             max_tokens: config.max_tokens,
         }
     }
@@ -175,11 +174,7 @@ impl Provider for OpenAiProvider {
 
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
-            let body = serde_json::json!({
-                "model": self.model,
-                "max_tokens": self.max_tokens,
-                "messages": [{ "role": "user", "content": prompt(task) }],
-            });
+            let body = chat_body(&self.model, self.max_tokens, task);
             let mut request = self.client.post(&self.url).json(&body);
             if let Some(key) = &self.api_key {
                 request = request.bearer_auth(key);
