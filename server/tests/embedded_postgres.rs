@@ -67,6 +67,16 @@ impl Server {
     }
 }
 
+/// A failing assertion must not leave the server (and its Postgres) running.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Postgres processes whose command line names this data folder.
 fn postgres_processes(data_dir: &Path) -> usize {
     let needle = data_dir.join("postgres").canonicalize().unwrap_or(data_dir.join("postgres"));

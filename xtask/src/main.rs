@@ -138,7 +138,20 @@ struct Step {
     took: Duration,
 }
 
+/// Ctrl-C reaches the children (cargo, the server, Playwright) and ends them; xtask itself
+/// only notes it, so it still stops the private Postgres and removes its folder.
+fn survive_interrupts() {
+    extern "C" fn note(_: libc::c_int) {}
+    // SAFETY: installs a handler that does nothing; handlers reset to default across exec, so
+    // children still stop on Ctrl-C.
+    unsafe {
+        libc::signal(libc::SIGINT, note as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, note as *const () as libc::sighandler_t);
+    }
+}
+
 fn test(args: &[String]) -> Result {
+    survive_interrupts();
     let skip_e2e = args.iter().any(|a| a == "--no-e2e");
     let mut steps: Vec<Step> = Vec::new();
     let started = Instant::now();
@@ -253,6 +266,7 @@ fn wait_healthy(port: u16) -> Result {
 
 /// `cargo xtask bench [queue|upload] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
+    survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
     let rest: Vec<&String> = args.iter().skip(which.is_some() as usize).collect();
     let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
