@@ -1,3 +1,4 @@
+#![recursion_limit = "512"]
 //! Sluice's web UI. Server functions stay thin: they fetch what they need from context,
 //! call the engine and map its errors; the logic lives in `engine`.
 
@@ -6,6 +7,7 @@ pub mod errors;
 #[cfg(feature = "ssr")]
 pub mod handlers;
 pub mod model;
+pub mod pages;
 
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, MetaTags, Stylesheet, Title};
@@ -46,16 +48,58 @@ pub fn App() -> impl IntoView {
         <Stylesheet id="leptos" href="/pkg/sluice.css"/>
         <Title text="Sluice"/>
         <Router>
-            <header class="topbar">
-                <a class="brand" href="/">"Sluice"</a>
-                <span class="tagline">"Documents through slow AI providers, without the wait"</span>
-            </header>
+            <Header/>
             <main class="page">
                 <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
                     <Route path=path!("") view=HomePage/>
+                    <Route path=path!("/login") view=pages::auth::LoginPage/>
+                    <Route path=path!("/signup") view=pages::auth::SignupPage/>
+                    <Route path=path!("/upload") view=pages::upload::UploadPage/>
+                    <Route path=path!("/jobs") view=pages::jobs::JobsPage/>
+                    <Route path=path!("/jobs/:id") view=pages::jobs::JobPage/>
                 </Routes>
             </main>
         </Router>
+    }
+}
+
+/// The top bar: the product, the pages, and who is logged in.
+#[component]
+fn Header() -> impl IntoView {
+    let log_out = ServerAction::<api::LogOut>::new();
+    let location = leptos_router::hooks::use_location();
+    // Asked again after each navigation and after logging out.
+    let me = LocalResource::new(move || {
+        location.pathname.track();
+        log_out.version().track();
+        api::me()
+    });
+    let navigate = leptos_router::hooks::use_navigate();
+    Effect::new(move |_| {
+        if let Some(Ok(())) = log_out.value().get() {
+            navigate("/login", Default::default());
+        }
+    });
+    view! {
+        <header class="topbar">
+            <a class="brand" href="/">"Sluice"</a>
+            <nav class="nav">
+                {move || match me.get().and_then(|r| r.ok()).flatten() {
+                    Some(user) => view! {
+                        <a href="/upload">"Upload"</a>
+                        <a href="/jobs">"Jobs"</a>
+                        <span class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</span>
+                        <button class="button link" on:click=move |_| { log_out.dispatch(api::LogOut {}); }>"Log out"</button>
+                    }
+                        .into_any(),
+                    None => view! {
+                        <a href="/login">"Log in"</a>
+                        <a class="button primary small" href="/signup">"Sign up"</a>
+                    }
+                        .into_any(),
+                }}
+            </nav>
+        </header>
     }
 }
 

@@ -41,6 +41,9 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     if trimmed.starts_with(b"%PDF-") {
         return Ok(DocType::Pdf);
     }
+    if looks_like_markup(&String::from_utf8_lossy(head)) {
+        return Err(MARKUP_REFUSAL.into());
+    }
     if let Some(kind) = infer::get(head) {
         return Err(format!(
             "this is a {} file ({}), not a PDF, text or Markdown document",
@@ -57,12 +60,16 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     if text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t' | '\u{c}')) {
         return Err("this file is neither a PDF nor UTF-8 text (it has binary content)".into());
     }
+    Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText })
+}
+
+const MARKUP_REFUSAL: &str = "HTML, SVG and XML files are not accepted; upload a PDF, text or Markdown document";
+
+/// HTML, SVG or XML (which browsers would render, scripts and all).
+fn looks_like_markup(text: &str) -> bool {
     let lower = text.trim_start_matches('\u{feff}').trim_start().to_lowercase();
     const MARKUP: [&str; 9] = ["<!doctype", "<html", "<?xml", "<svg", "<head", "<body", "<script", "<iframe", "<!--"];
-    if MARKUP.iter().any(|m| lower.starts_with(m)) || lower.contains("<script") || lower.contains("<html") {
-        return Err("HTML, SVG and XML files are not accepted; upload a PDF, text or Markdown document".into());
-    }
-    Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText })
+    MARKUP.iter().any(|m| lower.starts_with(m)) || lower.contains("<script") || lower.contains("<html")
 }
 
 fn trim_start(bytes: &[u8]) -> &[u8] {
@@ -183,6 +190,7 @@ mod tests {
         assert!(sniff(b"<!DOCTYPE html><html><body>%PDF-1.7</body></html>").is_err());
         assert!(sniff(b"  <html><script>alert(1)</script></html>").is_err());
         assert!(sniff(b"<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>").is_err());
+        assert!(sniff(b"<!DOCTYPE html><html></html>").unwrap_err().starts_with("HTML, SVG and XML"));
         assert!(sniff(b"PK\x03\x04\x14\x00\x00\x00\x08\x00").is_err(), "zip");
         assert!(sniff(b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00").is_err(), "executable");
         assert!(sniff(b"MZ\x90\x00\x03\x00\x00\x00\x04\x00").is_err(), "windows executable");

@@ -1,0 +1,83 @@
+//! Sign-up and log-in pages.
+
+use leptos::prelude::*;
+use leptos_router::hooks::use_navigate;
+
+use crate::api::{LogIn, SignUp};
+use crate::errors::AppError;
+use crate::model::UserInfo;
+
+fn error_text(e: &AppError) -> String {
+    match e {
+        AppError::BadCredentials => "That e-mail address and password do not match an account.".into(),
+        AppError::RateLimited { retry_after_secs } => {
+            format!("Too many failed attempts. Try again in {} minutes.", retry_after_secs.div_ceil(60))
+        }
+        other => {
+            let text = other.to_string();
+            let mut chars = text.chars();
+            chars.next().map(|c| c.to_uppercase().collect::<String>() + chars.as_str() + ".").unwrap_or_default()
+        }
+    }
+}
+
+/// E-mail and password inputs, the error line, and a redirect to the jobs page on success.
+#[component]
+fn Fields(#[prop(into)] value: Signal<Option<Result<UserInfo, AppError>>>, new_password: bool) -> impl IntoView {
+    let navigate = use_navigate();
+    Effect::new(move |_| {
+        if let Some(Ok(_)) = value.get() {
+            navigate("/jobs", Default::default());
+        }
+    });
+    view! {
+        <label for="email">"E-mail address"</label>
+        <input id="email" type="email" name="email" autocomplete="email" required/>
+        <label for="password">"Password"</label>
+        <input
+            id="password"
+            type="password"
+            name="password"
+            minlength="8"
+            autocomplete=if new_password { "new-password" } else { "current-password" }
+            required
+        />
+        <p class="form-error" role="alert">
+            {move || match value.get() {
+                Some(Err(e)) => error_text(&e),
+                _ => String::new(),
+            }}
+        </p>
+    }
+}
+
+#[component]
+pub fn LoginPage() -> impl IntoView {
+    let action = ServerAction::<LogIn>::new();
+    view! {
+        <section class="auth card">
+            <h1>"Log in"</h1>
+            <ActionForm action=action>
+                <Fields value=action.value() new_password=false/>
+                <button class="button primary" type="submit" disabled=move || action.pending().get()>"Log in"</button>
+            </ActionForm>
+            <p class="switch">"New here? " <a href="/signup">"Create an account"</a></p>
+        </section>
+    }
+}
+
+#[component]
+pub fn SignupPage() -> impl IntoView {
+    let action = ServerAction::<SignUp>::new();
+    view! {
+        <section class="auth card">
+            <h1>"Create your account"</h1>
+            <ActionForm action=action>
+                <Fields value=action.value() new_password=true/>
+                <p class="hint">"At least 8 characters. You start with 20 free credits."</p>
+                <button class="button primary" type="submit" disabled=move || action.pending().get()>"Sign up"</button>
+            </ActionForm>
+            <p class="switch">"Have an account? " <a href="/login">"Log in"</a></p>
+        </section>
+    }
+}

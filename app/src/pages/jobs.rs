@@ -1,0 +1,222 @@
+//! The jobs list and a job's page, polled every 2 s while anything on screen can still change
+//! (and not while the tab is hidden).
+
+use leptos::prelude::*;
+use leptos_router::hooks::use_params_map;
+
+use crate::api::{job_detail, list_jobs};
+use crate::model::JobStatus;
+
+/// Milliseconds since the epoch, in the browser (0 while rendering on the server).
+fn now_ms() -> f64 {
+    #[cfg(feature = "hydrate")]
+    return js_sys::Date::now();
+    #[cfg(not(feature = "hydrate"))]
+    0.0
+}
+
+fn parse_ms(rfc3339: &str) -> f64 {
+    #[cfg(feature = "hydrate")]
+    return js_sys::Date::parse(rfc3339);
+    #[cfg(not(feature = "hydrate"))]
+    {
+        let _ = rfc3339;
+        0.0
+    }
+}
+
+/// Ticks `now` every second and calls `refresh` every other tick while the tab is visible.
+fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
+    #[cfg(feature = "hydrate")]
+    {
+        let mut tick = 0u32;
+        let interval = gloo_timers::callback::Interval::new(1000, move || {
+            now.set(now_ms());
+            tick += 1;
+            let visible = document().visibility_state() == web_sys::VisibilityState::Visible;
+            if tick % 2 == 0 && visible {
+                refresh();
+            }
+        });
+        let interval = send_wrapper::SendWrapper::new(interval);
+        on_cleanup(move || drop(interval));
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = (now, refresh);
+}
+
+fn seconds_between(from_ms: f64, to_ms: f64) -> i64 {
+    ((to_ms - from_ms) / 1000.0).round().max(0.0) as i64
+}
+
+/// The state badge and the line under it.
+#[component]
+pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
+    let state = job.state.clone();
+    let label = match state.as_str() {
+        "queued" => "Queued",
+        "running" => "Running",
+        "retrying" => "Retrying",
+        "done" => "Done",
+        "failed" => "Failed",
+        _ => "Unknown",
+    };
+    let detail = move || match job.state.as_str() {
+        "queued" => "Waiting for a free worker.".to_string(),
+        "running" => {
+            let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
+            format!("Running for {} s.", seconds_between(since, now.get()))
+        }
+        "retrying" => format!(
+            "Attempt {} of {} failed: {}. Next attempt in {} s.",
+            job.attempts,
+            job.max_attempts,
+            job.last_error.clone().unwrap_or_else(|| "a temporary problem".into()),
+            seconds_between(now.get(), parse_ms(&job.run_at))
+        ),
+        "failed" => format!(
+            "{}. {} refunded.",
+            capitalise(job.failure_reason.as_deref().unwrap_or("It could not be processed")),
+            credits(job.cost)
+        ),
+        "done" => "Finished.".to_string(),
+        _ => String::new(),
+    };
+    view! {
+        <span class=format!("badge {state}") data-state=state.clone()>{label}</span>
+        <span class="state-detail">{detail}</span>
+    }
+}
+
+fn credits(n: i32) -> String {
+    if n == 1 {
+        "1 credit".into()
+    } else {
+        format!("{n} credits")
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut chars = s.chars();
+    chars.next().map(|c| c.to_uppercase().collect::<String>() + chars.as_str()).unwrap_or_default()
+}
+
+fn is_live(job: &JobStatus) -> bool {
+    !matches!(job.state.as_str(), "done" | "failed")
+}
+
+#[component]
+pub fn JobsPage() -> impl IntoView {
+    let jobs = LocalResource::new(list_jobs);
+    let now = RwSignal::new(now_ms());
+    poll(now, move || {
+        let live = jobs.get_untracked().and_then(|r| r.ok()).is_some_and(|js| js.iter().any(is_live));
+        if live {
+            jobs.refetch();
+        }
+    });
+    view! {
+        <section class="card">
+            <div class="card-head">
+                <h1>"Your jobs"</h1>
+                <a class="button primary" href="/upload">"Upload documents"</a>
+            </div>
+            <Suspense fallback=|| view! { <p class="empty">"Loading your jobs…"</p> }>
+                {move || {
+                    jobs.get()
+                        .map(|result| match result {
+                            Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                            Ok(list) if list.is_empty() => {
+                                view! { <p class="empty">"No jobs yet. Upload a document to start."</p> }.into_any()
+                            }
+                            Ok(list) => {
+                                view! {
+                                    <ul class="jobs">
+                                        {list
+                                            .into_iter()
+                                            .map(|job| {
+                                                let href = format!("/jobs/{}", job.id);
+                                                let name = job.file_name.clone().unwrap_or_else(|| "document".into());
+                                                let id = job.id.clone();
+                                                view! {
+                                                    <li class="job" data-job-id=id>
+                                                        <a class="file-name" href=href>{name}</a>
+                                                        <JobState job=job now=now/>
+                                                    </li>
+                                                }
+                                            })
+                                            .collect_view()}
+                                    </ul>
+                                }
+                                    .into_any()
+                            }
+                        })
+                }}
+            </Suspense>
+        </section>
+    }
+}
+
+#[component]
+pub fn JobPage() -> impl IntoView {
+    let params = use_params_map();
+    let id = move || params.read().get("id").unwrap_or_default();
+    let detail = LocalResource::new(move || job_detail(id()));
+    let now = RwSignal::new(now_ms());
+    poll(now, move || {
+        let live = detail.get_untracked().and_then(|r| r.ok()).is_some_and(|d| is_live(&d.job));
+        if live {
+            detail.refetch();
+        }
+    });
+    view! {
+        <section class="card">
+            <p><a href="/jobs">"← All jobs"</a></p>
+            <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
+                {move || {
+                    detail
+                        .get()
+                        .map(|result| match result {
+                            Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                            Ok(d) => {
+                                let job = d.job.clone();
+                                let name = job.file_name.clone().unwrap_or_else(|| "document".into());
+                                let markdown = d
+                                    .result
+                                    .as_ref()
+                                    .and_then(|r| r["markdown"].as_str().map(str::to_string));
+                                view! {
+                                    <h1 class="file-name">{name}</h1>
+                                    <p class="job-state"><JobState job=job.clone() now=now/></p>
+                                    {markdown.map(|m| view! {
+                                        <h2>"Result"</h2>
+                                        <pre class="result-text">{m}</pre>
+                                        <p class="downloads">
+                                            <a class="button" href=format!("/api/v1/jobs/{}/result.md", job.id) download>"Download the result"</a>
+                                            " "
+                                            <a class="button" href=format!("/api/v1/jobs/{}/original", job.id) download>"Download the original"</a>
+                                        </p>
+                                    })}
+                                    <h2>"Attempts"</h2>
+                                    <ol class="timeline">
+                                        {d.attempts
+                                            .into_iter()
+                                            .map(|a| view! {
+                                                <li>
+                                                    <strong>{format!("Attempt {}", a.attempt)}</strong>
+                                                    " "
+                                                    <span>{a.outcome.unwrap_or_else(|| "running".into()).replace('_', " ")}</span>
+                                                    {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
+                                                </li>
+                                            })
+                                            .collect_view()}
+                                    </ol>
+                                }
+                                    .into_any()
+                            }
+                        })
+                }}
+            </Suspense>
+        </section>
+    }
+}

@@ -1,0 +1,5 @@
+//! The app's pages.
+
+pub mod auth;
+pub mod jobs;
+pub mod upload;

@@ -1,0 +1,230 @@
+//! Upload: drag and drop or pick several files, choose a preset, watch each file's progress,
+//! and read a distinct message for each outcome.
+
+use leptos::prelude::*;
+use serde_json::Value;
+
+use crate::api::presets;
+
+/// How an upload ended, for the message under its progress bar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// `ok`, `duplicate` or `refused` (CSS class and test hook).
+    pub kind: &'static str,
+    pub message: String,
+    pub job_id: Option<String>,
+}
+
+/// Pure: the message for an upload's HTTP status and JSON body.
+pub fn outcome_for(status: u16, body: &Value) -> Outcome {
+    let num = |k: &str| body[k].as_i64().unwrap_or(0);
+    let job_id = body["id"].as_str().map(str::to_string);
+    let refused = |message: String| Outcome { kind: "refused", message, job_id: None };
+    match status {
+        202 => Outcome { kind: "ok", message: "Accepted and queued.".into(), job_id },
+        200 => Outcome {
+            kind: "duplicate",
+            message: "You uploaded this already; here is the existing job.".into(),
+            job_id,
+        },
+        402 => refused(format!(
+            "Out of credits: this document costs {} and your balance is {}. Nothing was charged.",
+            num("cost"),
+            num("balance")
+        )),
+        429 => refused(format!(
+            "You have {} of {} documents in progress. Try again in {} s, when one has finished.",
+            num("in_flight"),
+            num("limit"),
+            num("retry_after_secs")
+        )),
+        413 => refused(format!("Too large: the limit is {} MB.", num("limit_bytes") / (1024 * 1024))),
+        415 => refused(format!(
+            "Not a supported document: {}.",
+            body["message"].as_str().unwrap_or("upload a PDF, text or Markdown file")
+        )),
+        503 => refused(format!(
+            "Sluice is not accepting new documents right now, and nothing was stored. Try again in {} s.",
+            num("retry_after_secs")
+        )),
+        401 => refused("Your session has ended. Log in again.".into()),
+        0 => refused("The upload did not reach the server. Check your connection and try again.".into()),
+        _ => refused(
+            body["message"].as_str().map(str::to_string).unwrap_or_else(|| format!("The upload failed ({status}).")),
+        ),
+    }
+}
+
+#[derive(Clone)]
+struct UploadRow {
+    name: String,
+    progress: RwSignal<f64>,
+    outcome: RwSignal<Option<Outcome>>,
+}
+
+#[component]
+pub fn UploadPage() -> impl IntoView {
+    let presets = LocalResource::new(presets);
+    let preset = RwSignal::new("summarize".to_string());
+    let rows = RwSignal::new(Vec::<UploadRow>::new());
+    let dragging = RwSignal::new(false);
+
+    #[cfg(feature = "hydrate")]
+    let start = move |files: web_sys::FileList| {
+        for i in 0..files.length() {
+            if let Some(file) = files.get(i) {
+                let row = UploadRow { name: file.name(), progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
+                rows.update(|r| r.push(row.clone()));
+                send(file, preset.get_untracked(), row.progress, row.outcome);
+            }
+        }
+    };
+
+    view! {
+        <section class="card">
+            <h1>"Upload documents"</h1>
+            <label for="preset">"What should Sluice do?"</label>
+            <select id="preset" on:change=move |ev| preset.set(event_target_value(&ev))>
+                {move || {
+                    presets
+                        .get()
+                        .and_then(|r| r.ok())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|p| view! { <option value=p.id.clone()>{p.label}</option> })
+                        .collect_view()
+                }}
+            </select>
+            <div
+                class="dropzone"
+                class:dragging=move || dragging.get()
+                on:dragover=move |ev| {
+                    ev.prevent_default();
+                    dragging.set(true);
+                }
+                on:dragleave=move |_| dragging.set(false)
+                on:drop=move |ev| {
+                    ev.prevent_default();
+                    dragging.set(false);
+                    #[cfg(feature = "hydrate")]
+                    if let Some(files) = ev.data_transfer().and_then(|d| d.files()) {
+                        start(files);
+                    }
+                    #[cfg(not(feature = "hydrate"))]
+                    let _ = ev;
+                }
+            >
+                <p>"Drop PDF, text or Markdown files here, or"</p>
+                <label class="button" for="files">"Choose files"</label>
+                <input
+                    id="files"
+                    class="visually-hidden"
+                    type="file"
+                    multiple
+                    accept=".pdf,.txt,.md,application/pdf,text/plain,text/markdown"
+                    on:change=move |ev| {
+                        #[cfg(feature = "hydrate")]
+                        {
+                            use wasm_bindgen::JsCast;
+                            if let Some(input) = ev.target().and_then(|t| t.dyn_into::<web_sys::HtmlInputElement>().ok()) {
+                                if let Some(files) = input.files() {
+                                    start(files);
+                                }
+                                input.set_value("");
+                            }
+                        }
+                        #[cfg(not(feature = "hydrate"))]
+                        let _ = ev;
+                    }
+                />
+                <p class="hint">"Up to 50 MB each. One credit per document."</p>
+            </div>
+            <ul class="uploads" aria-live="polite">
+                {move || {
+                    rows.get()
+                        .into_iter()
+                        .map(|row| {
+                            let UploadRow { name, progress, outcome } = row;
+                            view! {
+                                <li class="upload" data-outcome=move || outcome.get().map(|o| o.kind).unwrap_or("uploading")>
+                                    <span class="file-name">{name}</span>
+                                    <progress max="1" value=move || progress.get()></progress>
+                                    {move || {
+                                        outcome
+                                            .get()
+                                            .map(|o| {
+                                                view! {
+                                                    <p class=format!("outcome {}", o.kind)>
+                                                        {o.message}
+                                                        {o.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}")>"View the job"</a> })}
+                                                    </p>
+                                                }
+                                            })
+                                    }}
+                                </li>
+                            }
+                        })
+                        .collect_view()
+                }}
+            </ul>
+        </section>
+    }
+}
+
+/// Upload one file with XMLHttpRequest, which reports upload progress (fetch does not).
+#[cfg(feature = "hydrate")]
+fn send(file: web_sys::File, preset: String, progress: RwSignal<f64>, outcome: RwSignal<Option<Outcome>>) {
+    use wasm_bindgen::closure::Closure;
+    use wasm_bindgen::JsCast;
+
+    let Ok(xhr) = web_sys::XmlHttpRequest::new() else { return };
+    let Ok(form) = web_sys::FormData::new() else { return };
+    let _ = form.append_with_blob_and_filename("file", &file, &file.name());
+    let _ = form.append_with_str("preset", &preset);
+    let _ = xhr.open("POST", "/api/v1/jobs");
+
+    let on_progress = Closure::<dyn FnMut(web_sys::ProgressEvent)>::new(move |e: web_sys::ProgressEvent| {
+        if e.length_computable() && e.total() > 0.0 {
+            progress.set(e.loaded() / e.total());
+        }
+    });
+    if let Ok(upload) = xhr.upload() {
+        upload.set_onprogress(Some(on_progress.as_ref().unchecked_ref()));
+    }
+    on_progress.forget();
+
+    let done = xhr.clone();
+    let on_load = Closure::<dyn FnMut()>::new(move || {
+        let status = done.status().unwrap_or(0);
+        let body = done.response_text().ok().flatten().unwrap_or_default();
+        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        progress.set(1.0);
+        outcome.set(Some(outcome_for(status, &json)));
+    });
+    xhr.set_onload(Some(on_load.as_ref().unchecked_ref()));
+    on_load.forget();
+    let on_error = Closure::<dyn FnMut()>::new(move || outcome.set(Some(outcome_for(0, &Value::Null))));
+    xhr.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+    on_error.forget();
+    let _ = xhr.send_with_opt_form_data(Some(&form));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_has_its_own_message() {
+        let body = serde_json::json!({"balance": 0, "cost": 1});
+        assert!(outcome_for(402, &body).message.contains("balance is 0"));
+        let body = serde_json::json!({"in_flight": 5, "limit": 5, "retry_after_secs": 15});
+        assert!(outcome_for(429, &body).message.contains("5 of 5") && outcome_for(429, &body).message.contains("15 s"));
+        assert!(outcome_for(413, &serde_json::json!({"limit_bytes": 52428800})).message.contains("50 MB"));
+        let body = serde_json::json!({"message": "HTML, SVG and XML files are not accepted"});
+        assert!(outcome_for(415, &body).message.contains("HTML"));
+        assert!(outcome_for(503, &serde_json::json!({"retry_after_secs": 60})).message.contains("nothing was stored"));
+        let ok = outcome_for(202, &serde_json::json!({"id": "abc"}));
+        assert_eq!((ok.kind, ok.job_id.as_deref()), ("ok", Some("abc")));
+        assert_eq!(outcome_for(200, &serde_json::json!({"id": "abc"})).kind, "duplicate");
+    }
+}
