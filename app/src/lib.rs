@@ -57,6 +57,8 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/upload") view=pages::upload::UploadPage/>
                     <Route path=path!("/jobs") view=pages::jobs::JobsPage/>
                     <Route path=path!("/jobs/:id") view=pages::jobs::JobPage/>
+                    <Route path=path!("/credits") view=pages::account::CreditsPage/>
+                    <Route path=path!("/notices") view=pages::account::NoticesPage/>
                 </Routes>
             </main>
         </Router>
@@ -74,6 +76,18 @@ fn Header() -> impl IntoView {
         log_out.version().track();
         api::me()
     });
+    // Only asked for when logged in (a 401 would be a console error on public pages).
+    let unread = LocalResource::new(move || {
+        location.pathname.track();
+        let logged_in = me.get().and_then(|r| r.ok()).flatten().is_some();
+        async move {
+            if logged_in {
+                pages::account::unread_count().await
+            } else {
+                0
+            }
+        }
+    });
     let navigate = leptos_router::hooks::use_navigate();
     Effect::new(move |_| {
         if let Some(Ok(())) = log_out.value().get() {
@@ -88,6 +102,14 @@ fn Header() -> impl IntoView {
                     Some(user) => view! {
                         <a href="/upload">"Upload"</a>
                         <a href="/jobs">"Jobs"</a>
+                        <a href="/credits">"Credits"</a>
+                        <a href="/notices" aria-label="Notices">
+                            "Notices"
+                            {move || {
+                                let n = unread.get().unwrap_or(0);
+                                (n > 0).then(|| view! { <span class="count" data-testid="unread">{n}</span> })
+                            }}
+                        </a>
                         <span class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</span>
                         <button class="button link" on:click=move |_| { log_out.dispatch(api::LogOut {}); }>"Log out"</button>
                     }

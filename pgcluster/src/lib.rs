@@ -23,6 +23,7 @@ pub enum ClusterError {
     BinariesNotFound,
     NoUnprivilegedUser(String),
     FolderNotReachable(PathBuf, String),
+    InUse(PathBuf),
     Command { what: String, detail: String },
     Io(io::Error),
 }
@@ -46,6 +47,12 @@ impl fmt::Display for ClusterError {
                 f,
                 "the data folder {} cannot be reached by the user `{user}` that runs Postgres \
                  (a parent folder is not searchable); choose another data folder",
+                path.display()
+            ),
+            ClusterError::InUse(path) => write!(
+                f,
+                "another Sluice server is running with the Postgres data folder {}; stop it first, or give \
+                 this one another --data-dir",
                 path.display()
             ),
             ClusterError::Command { what, detail } => write!(f, "{what} failed: {detail}"),
@@ -79,6 +86,8 @@ pub struct Cluster {
     /// Whether this process stops the server when done (false when it attached to a server
     /// another live process runs).
     owned: bool,
+    /// Held while this process owns the cluster, so a second owner is refused.
+    _lock: Option<fs::File>,
     stopped: bool,
 }
 
@@ -98,6 +107,9 @@ impl Cluster {
 
     fn open(data_dir: &Path, adopt_running: bool) -> Result<Cluster, ClusterError> {
         let bin_dir = find_bin_dir().ok_or(ClusterError::BinariesNotFound)?;
+        // Owners hold an exclusive lock beside the folder. The kernel drops it when a process
+        // dies, so a killed server's cluster can be adopted, but a live server's cannot.
+        let lock = if adopt_running { Some(lock_beside(data_dir)?) } else { None };
         let run_as = unprivileged_user()?;
         fs::create_dir_all(data_dir)?;
         let data_dir = data_dir.canonicalize()?;
@@ -106,7 +118,7 @@ impl Cluster {
             chown(&data_dir, Some(user.uid), Some(user.gid))?;
         }
         fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))?;
-        let mut cluster = Cluster { bin_dir, data_dir, run_as, owned: true, stopped: false };
+        let mut cluster = Cluster { bin_dir, data_dir, run_as, owned: true, _lock: lock, stopped: false };
 
         if !cluster.data_dir.join("PG_VERSION").exists() {
             cluster.initdb()?;
@@ -252,6 +264,20 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+fn lock_beside(data_dir: &Path) -> Result<fs::File, ClusterError> {
+    use std::os::unix::io::AsRawFd;
+    let name = data_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "postgres".into());
+    let parent = data_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    fs::create_dir_all(parent)?;
+    let file =
+        fs::OpenOptions::new().create(true).truncate(false).write(true).open(parent.join(format!("{name}.lock")))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(ClusterError::InUse(data_dir.to_path_buf()));
+    }
+    Ok(file)
 }
 
 fn command_error(what: &str, out: &Output) -> ClusterError {

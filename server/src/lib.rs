@@ -214,13 +214,16 @@ pub async fn spawn_web(
 /// Run the web server and the workers until Ctrl-C or SIGTERM, then stop in order:
 /// stop accepting, let workers finish or hand back their jobs, close the pool, stop Postgres.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    // Take the port first: if it is busy, fail before touching the database.
+    let listener =
+        tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
     let database = Database::open(&config).await?;
-    let result = serve_with(&config, &database.url).await;
+    let result = serve_with(&config, &database.url, listener).await;
     database.close().await;
     result
 }
 
-async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
+async fn serve_with(config: &Config, url: &str, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
     let pool = engine::db::connect(url, (config.workers as u32 + 16).max(20))
         .await
         .context("connecting to Postgres and running migrations")?;
@@ -241,8 +244,6 @@ async fn serve_with(config: &Config, url: &str) -> anyhow::Result<()> {
         delete_blobs_of(blobs.clone()),
     ));
 
-    let listener =
-        tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
     let addr = listener.local_addr()?;
     let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()), blobs };
     let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };

@@ -140,3 +140,26 @@ fn a_cluster_left_by_a_killed_server_is_taken_over() {
     assert_eq!(postgres_processes(&data), 0);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn a_second_server_on_the_same_data_folder_is_refused_and_the_first_keeps_its_database() {
+    let data = temp_data_dir("twice");
+    let first = Server::start(&data);
+    first.wait_healthy();
+    let out = Command::new(env!("CARGO_BIN_EXE_server"))
+        .env_remove("DATABASE_URL")
+        .env("SLUICE_DATA_DIR", &data)
+        .env("SLUICE_BIND", format!("127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another Sluice server"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(clicks(&first), 1, "the first server's database is untouched");
+    assert!(first.interrupt_and_wait().success());
+    assert_eq!(postgres_processes(&data), 0);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -1,5 +1,6 @@
 //! The app's pages.
 
+pub mod account;
 pub mod auth;
 pub mod jobs;
 pub mod upload;

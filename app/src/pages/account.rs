@@ -1,0 +1,123 @@
+//! The account pages: credits with the ledger, notices, and API tokens.
+
+use leptos::prelude::*;
+
+use crate::api::{credits, list_tokens, notices, CreateToken, MarkNoticesRead, RevokeToken};
+
+fn day_and_time(rfc3339: &str) -> String {
+    rfc3339.get(..16).map(|s| s.replace('T', " ")).unwrap_or_default()
+}
+
+#[component]
+pub fn CreditsPage() -> impl IntoView {
+    let summary = LocalResource::new(credits);
+    view! {
+        <section class="card">
+            <h1>"Credits"</h1>
+            <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
+                {move || summary.get().map(|r| match r {
+                    Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                    Ok(c) => view! {
+                        <p class="balance"><span data-testid="balance">{c.balance}</span>" credits"</p>
+                        <p class="hint">"Each document costs one credit. Failed documents are refunded."</p>
+                        <table class="ledger">
+                            <thead><tr><th>"When"</th><th>"What"</th><th class="num">"Credits"</th></tr></thead>
+                            <tbody>
+                                {c.history.into_iter().map(|l| view! {
+                                    <tr class=l.kind.clone()>
+                                        <td>{day_and_time(&l.at)}</td>
+                                        <td>{format!("{}{}", l.kind, l.note.map(|n| format!(": {n}")).unwrap_or_default())}</td>
+                                        <td class="num">{if l.amount > 0 { format!("+{}", l.amount) } else { l.amount.to_string() }}</td>
+                                    </tr>
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                    }.into_any(),
+                })}
+            </Suspense>
+        </section>
+        <TokensCard/>
+    }
+}
+
+#[component]
+fn TokensCard() -> impl IntoView {
+    let create = ServerAction::<CreateToken>::new();
+    let revoke = ServerAction::<RevokeToken>::new();
+    let tokens = LocalResource::new(move || {
+        create.version().track();
+        revoke.version().track();
+        list_tokens()
+    });
+    view! {
+        <section class="card">
+            <h2>"API tokens"</h2>
+            <p class="hint">"Programs upload with " <code>"Authorization: Bearer <token>"</code> " to " <code>"POST /api/v1/jobs"</code> "."</p>
+            <ActionForm action=create>
+                <label for="token-name">"Name"</label>
+                <input id="token-name" type="text" name="name" placeholder="e.g. nightly import" required/>
+                <button class="button" type="submit">"Create a token"</button>
+            </ActionForm>
+            {move || create.value().get().map(|r| match r {
+                Ok(t) => view! {
+                    <p class="secret">"Copy it now, it is shown only once: " <code data-testid="token-secret">{t.secret}</code></p>
+                }.into_any(),
+                Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+            })}
+            <ul class="tokens">
+                {move || tokens.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|t| {
+                    let id = t.id;
+                    view! {
+                        <li>
+                            <span>{t.name}</span>" "<code>{format!("{}…", t.prefix)}</code>
+                            {if t.revoked {
+                                view! { <span class="muted">" revoked"</span> }.into_any()
+                            } else {
+                                view! { <button class="button link" on:click=move |_| { revoke.dispatch(RevokeToken { id }); }>"Revoke"</button> }.into_any()
+                            }}
+                        </li>
+                    }
+                }).collect_view()}
+            </ul>
+        </section>
+    }
+}
+
+#[component]
+pub fn NoticesPage() -> impl IntoView {
+    let mark = ServerAction::<MarkNoticesRead>::new();
+    let list = LocalResource::new(move || {
+        mark.version().track();
+        notices()
+    });
+    view! {
+        <section class="card">
+            <div class="card-head">
+                <h1>"Notices"</h1>
+                <button class="button" on:click=move |_| { mark.dispatch(MarkNoticesRead { id: None }); }>"Mark all as read"</button>
+            </div>
+            <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
+                {move || list.get().map(|r| match r {
+                    Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                    Ok(items) if items.is_empty() => view! { <p class="empty">"Nothing to report."</p> }.into_any(),
+                    Ok(items) => view! {
+                        <ul class="notices">
+                            {items.into_iter().map(|n| view! {
+                                <li class:unread=!n.read>
+                                    <span class="when">{day_and_time(&n.created_at)}</span>
+                                    <span>{n.message}</span>
+                                    {n.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}")>"View the job"</a> })}
+                                </li>
+                            }).collect_view()}
+                        </ul>
+                    }.into_any(),
+                })}
+            </Suspense>
+        </section>
+    }
+}
+
+/// The unread count for the header.
+pub async fn unread_count() -> usize {
+    notices().await.map(|n| n.iter().filter(|n| !n.read).count()).unwrap_or(0)
+}

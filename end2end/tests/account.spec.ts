@@ -1,0 +1,59 @@
+import { expect, Page, test } from '@playwright/test';
+import * as path from 'path';
+
+async function signUp(page: Page, tag: string) {
+  const email = `${tag}-${Date.now()}-${Math.floor(Math.random() * 1e6)}@example.com`;
+  await page.goto('/signup');
+  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await page.getByLabel('E-mail address').fill(email);
+  await page.getByLabel('Password').fill('a long password');
+  await page.getByRole('button', { name: 'Sign up' }).click();
+  await expect(page).toHaveURL(/\/jobs$/);
+}
+
+test('a document that cannot be processed fails with its reason, a refund and a notice', async ({ page }) => {
+  await signUp(page, 'locked');
+  await page.goto('/upload');
+  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'locked.pdf'));
+  await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
+
+  await page.goto('/jobs');
+  const job = page.locator('.job').first();
+  await expect(job.locator('.badge')).toHaveAttribute('data-state', 'failed', { timeout: 15_000 });
+  await expect(job.locator('.state-detail')).toContainText('The PDF is encrypted');
+  await expect(job.locator('.state-detail')).toContainText('1 credit refunded');
+
+  await expect(page.getByTestId('unread')).toHaveText('1');
+  await page.getByRole('link', { name: 'Notices' }).click();
+  await expect(page.locator('.notices li.unread')).toContainText('1 credit refunded');
+  await page.getByRole('button', { name: 'Mark all as read' }).click();
+  await expect(page.locator('.notices li.unread')).toHaveCount(0);
+
+  await page.getByRole('link', { name: 'Credits' }).click();
+  await expect(page.getByTestId('balance')).toHaveText('20');
+  await expect(page.locator('.ledger tbody tr')).toHaveCount(3); // grant, debit, refund
+  await expect(page.locator('.ledger tr.refund')).toContainText('+1');
+});
+
+test('an API token is shown once and can be revoked', async ({ page, request }) => {
+  await signUp(page, 'token');
+  await page.goto('/credits');
+  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await page.getByLabel('Name').fill('nightly import');
+  await page.getByRole('button', { name: 'Create a token' }).click();
+  const secret = (await page.getByTestId('token-secret').textContent())!;
+  expect(secret).toMatch(/^slc_[0-9a-f]{64}$/);
+
+  const anon = await request.get('/api/v1/jobs/00000000-0000-0000-0000-000000000000', {
+    headers: { Authorization: `Bearer ${secret}` },
+  });
+  expect(anon.status()).toBe(404); // authenticated, and nobody's job
+
+  await page.getByRole('button', { name: 'Revoke' }).click();
+  await expect(page.locator('.tokens')).toContainText('revoked');
+  const revoked = await request.get('/api/v1/jobs/00000000-0000-0000-0000-000000000000', {
+    headers: { Authorization: `Bearer ${secret}` },
+  });
+  expect(revoked.status()).toBe(401);
+});
