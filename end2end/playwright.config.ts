@@ -7,8 +7,9 @@ export default defineConfig({
   testDir: './tests',
   timeout: 30_000,
   expect: { timeout: 10_000 },
-  fullyParallel: true,
-  workers: 2,
+  // One worker: the admin tests pause processing for the whole server.
+  fullyParallel: false,
+  workers: 1,
   retries: 0,
   reporter: [['list']],
   use: {

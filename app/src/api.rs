@@ -80,3 +80,38 @@ pub async fn presets() -> Result<Vec<PresetInfo>, AppError> {
         .map(|p| PresetInfo { id: p.as_str().to_string(), label: p.label().to_string() })
         .collect())
 }
+
+#[server(endpoint = "admin/overview")]
+pub async fn queue_overview() -> Result<QueueStatus, AppError> {
+    h::queue_overview().await.map_err(respond)
+}
+
+#[server(endpoint = "admin/set_processing")]
+pub async fn set_processing(enabled: bool) -> Result<(), AppError> {
+    h::set_processing(enabled).await.map_err(respond)
+}
+
+#[server(endpoint = "admin/set_gate")]
+pub async fn set_gate(size: i32) -> Result<(), AppError> {
+    h::set_gate(size).await.map_err(respond)
+}
+
+#[server(endpoint = "admin/dlq_groups")]
+pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
+    h::dlq_groups().await.map_err(respond)
+}
+
+#[server(endpoint = "admin/dlq_replay")]
+pub async fn dlq_replay(kind: String, reason: String) -> Result<usize, AppError> {
+    h::dlq_replay(kind, reason).await.map_err(respond)
+}
+
+#[server(endpoint = "admin/dlq_discard")]
+pub async fn dlq_discard(kind: String, reason: String) -> Result<u64, AppError> {
+    h::dlq_discard(kind, reason).await.map_err(respond)
+}
+
+#[server(endpoint = "admin/audit_log")]
+pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {
+    h::audit_log().await.map_err(respond)
+}

@@ -129,7 +129,8 @@ pub async fn list_jobs() -> Result<Vec<JobStatus>, AppError> {
     let ctx = context()?;
     let user = require_user(&ctx).await?;
     let jobs = engine::queue::list_for_owner(&ctx.pool, user.id, 200).await?;
-    Ok(jobs.iter().map(JobStatus::from).collect())
+    let paused = !engine::settings::read(&ctx.pool).await?.processing_enabled;
+    Ok(jobs.iter().map(|j| JobStatus { paused, ..JobStatus::from(j) }).collect())
 }
 
 pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
@@ -180,4 +181,108 @@ pub async fn revoke_token(id: i64) -> Result<(), AppError> {
     let ctx = context()?;
     let user = require_user(&ctx).await?;
     Ok(engine::tokens::revoke(&ctx.pool, user.id, id).await?)
+}
+
+/// The caller if they are an admin. Anyone else gets "not found": the admin area does not
+/// admit it exists.
+pub async fn require_admin(ctx: &ServerContext) -> Result<User, AppError> {
+    let user = require_user(ctx).await.map_err(|_| AppError::NotFound)?;
+    if user.is_admin() {
+        Ok(user)
+    } else {
+        Err(AppError::NotFound)
+    }
+}
+
+fn describe_drain(drain: engine::drain::DrainEstimate) -> String {
+    match drain {
+        engine::drain::DrainEstimate::Empty => "empty".into(),
+        engine::drain::DrainEstimate::NotDraining => "not draining".into(),
+        engine::drain::DrainEstimate::DrainsIn(d) if d.as_secs() < 120 => format!("{} s", d.as_secs()),
+        engine::drain::DrainEstimate::DrainsIn(d) => format!("{} min", d.as_secs() / 60),
+    }
+}
+
+pub async fn queue_overview() -> Result<QueueStatus, AppError> {
+    let ctx = context()?;
+    require_admin(&ctx).await?;
+    let settings = engine::settings::read(&ctx.pool).await?;
+    let vitals = engine::vitals::read(&ctx.pool).await?;
+    let history = engine::vitals::history(&ctx.pool, 60).await?;
+    Ok(QueueStatus {
+        processing_enabled: settings.processing_enabled,
+        processing_changed_at: crate::model::time_text(settings.processing_changed_at),
+        processing_changed_by: settings.processing_changed_by,
+        gate_size: settings.gate_size,
+        running: vitals.running,
+        backlog: vitals.backlog,
+        scheduled_retries: vitals.scheduled_retries,
+        oldest_waiting_secs: vitals.oldest_waiting_secs,
+        intake_per_min: vitals.intake.m5 * 60.0,
+        completions_per_min: vitals.completions.m5 * 60.0,
+        time_to_done_p50_secs: vitals.time_to_done_p50_secs,
+        time_to_done_p95_secs: vitals.time_to_done_p95_secs,
+        dlq_depth: vitals.dlq_depth,
+        drain: describe_drain(vitals.drain),
+        history: history.into_iter().map(|m| (m.intake, m.completions)).collect(),
+    })
+}
+
+pub async fn set_processing(enabled: bool) -> Result<(), AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    engine::settings::set_processing(&ctx.pool, enabled, &admin.email).await?;
+    Ok(())
+}
+
+pub async fn set_gate(size: i32) -> Result<(), AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    engine::settings::set_gate_size(&ctx.pool, size, &admin.email).await?;
+    Ok(())
+}
+
+pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
+    let ctx = context()?;
+    require_admin(&ctx).await?;
+    Ok(engine::dlq::groups(&ctx.pool)
+        .await?
+        .into_iter()
+        .map(|g| DlqGroupInfo { kind: g.failure_kind.as_str().into(), reason: g.failure_reason, jobs: g.jobs })
+        .collect())
+}
+
+fn selection(kind: &str, reason: String) -> Result<engine::dlq::Selection, AppError> {
+    let kind = engine::retry::FailureKind::parse(kind).ok_or_else(|| AppError::invalid("unknown failure kind"))?;
+    Ok(engine::dlq::Selection::Group { kind, reason })
+}
+
+pub async fn dlq_replay(kind: String, reason: String) -> Result<usize, AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    let hooks = engine::ledger::AccountHooks;
+    Ok(engine::dlq::replay(&ctx.pool, &hooks, &selection(&kind, reason)?, &admin.email).await?.len())
+}
+
+pub async fn dlq_discard(kind: String, reason: String) -> Result<u64, AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    Ok(engine::dlq::discard(&ctx.pool, &selection(&kind, reason)?, &admin.email).await?)
+}
+
+pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {
+    let ctx = context()?;
+    require_admin(&ctx).await?;
+    Ok(engine::settings::audit_log(&ctx.pool, 50)
+        .await?
+        .into_iter()
+        .map(|a| AuditInfo {
+            at: crate::model::time_text(a.at),
+            actor: a.actor,
+            action: a.action,
+            subject: a.subject,
+            old_value: a.old_value,
+            new_value: a.new_value,
+        })
+        .collect())
 }

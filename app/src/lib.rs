@@ -59,6 +59,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/jobs/:id") view=pages::jobs::JobPage/>
                     <Route path=path!("/credits") view=pages::account::CreditsPage/>
                     <Route path=path!("/notices") view=pages::account::NoticesPage/>
+                    <Route path=path!("/admin") view=pages::admin::AdminPage/>
                 </Routes>
             </main>
         </Router>
@@ -103,6 +104,7 @@ fn Header() -> impl IntoView {
                         <a href="/upload">"Upload"</a>
                         <a href="/jobs">"Jobs"</a>
                         <a href="/credits">"Credits"</a>
+                        {user.is_admin.then(|| view! { <a href="/admin">"Admin"</a> })}
                         <a href="/notices" aria-label="Notices">
                             "Notices"
                             {move || {

@@ -32,6 +32,9 @@ pub struct JobStatus {
     pub failure_reason: Option<String>,
     pub cost: i32,
     pub has_result: bool,
+    /// An operator has paused processing (the kill switch); waiting jobs wait for it.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,6 +97,9 @@ pub struct NewToken {
 }
 
 #[cfg(feature = "ssr")]
+pub use convert::time as time_text;
+
+#[cfg(feature = "ssr")]
 mod convert {
     use super::*;
     use chrono::{DateTime, SecondsFormat, Utc};
@@ -137,6 +143,7 @@ mod convert {
                 failure_reason: j.failure_reason.clone(),
                 cost: j.cost,
                 has_result: j.result.is_some(),
+                paused: false,
             }
         }
     }
@@ -198,4 +205,43 @@ mod convert {
 pub struct PresetInfo {
     pub id: String,
     pub label: String,
+}
+
+/// The admin page's view of the queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    pub processing_enabled: bool,
+    pub processing_changed_at: String,
+    pub processing_changed_by: String,
+    pub gate_size: i32,
+    pub running: i64,
+    pub backlog: i64,
+    pub scheduled_retries: i64,
+    pub oldest_waiting_secs: Option<f64>,
+    pub intake_per_min: f64,
+    pub completions_per_min: f64,
+    pub time_to_done_p50_secs: Option<f64>,
+    pub time_to_done_p95_secs: Option<f64>,
+    pub dlq_depth: i64,
+    /// "empty", "not draining", or a duration like "3 min".
+    pub drain: String,
+    /// Per minute over the last hour, oldest first: (intake, completions).
+    pub history: Vec<(i64, i64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DlqGroupInfo {
+    pub kind: String,
+    pub reason: String,
+    pub jobs: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditInfo {
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub subject: Option<String>,
+    pub old_value: Option<String>,
+    pub new_value: Option<String>,
 }

@@ -221,6 +221,17 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
             "npm ci (end2end)",
         )?;
     }
+    // An operator account for the admin flows, made the way operators make one.
+    const ADMIN_EMAIL: &str = "admin@sluice.test";
+    const ADMIN_PASSWORD: &str = "admin password for e2e";
+    status(
+        Command::new("target/debug/server")
+            .args(["create-admin", "--email", ADMIN_EMAIL])
+            .env("DATABASE_URL", cluster.url("sluice_e2e"))
+            .env("SLUICE_ADMIN_PASSWORD", ADMIN_PASSWORD)
+            .env("SLUICE_LOG", "warn"),
+        "server create-admin",
+    )?;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let data_dir = std::env::temp_dir().join(format!("sluice-e2e-data-{}", std::process::id()));
@@ -240,6 +251,8 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
             .args(["playwright", "test"])
             .current_dir(e2e)
             .env("BASE_URL", &base)
+            .env("ADMIN_EMAIL", ADMIN_EMAIL)
+            .env("ADMIN_PASSWORD", ADMIN_PASSWORD)
             .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
         "playwright test",
     );

@@ -62,6 +62,7 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         _ => "Unknown",
     };
     let detail = move || match job.state.as_str() {
+        "queued" if job.paused => "Processing is paused by an operator; it starts when processing resumes.".to_string(),
         "queued" => "Waiting for a free worker.".to_string(),
         "running" => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
