@@ -1,20 +1,11 @@
-import { expect, Page, test } from '@playwright/test';
+import { expect, test } from '@playwright/test';
 import * as path from 'path';
+import { open, signUp } from './helpers';
 
-async function signUp(page: Page, tag: string) {
-  const email = `${tag}-${Date.now()}-${Math.floor(Math.random() * 1e6)}@example.com`;
-  await page.goto('/signup');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
-  await page.getByLabel('E-mail address').fill(email);
-  await page.getByLabel('Password').fill('a long password');
-  await page.getByRole('button', { name: 'Sign up' }).click();
-  await expect(page).toHaveURL(/\/jobs$/);
-}
 
 test('a document that cannot be processed fails with its reason, a refund and a notice', async ({ page }) => {
   await signUp(page, 'locked');
-  await page.goto('/upload');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await open(page, '/upload');
   await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'locked.pdf'));
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
 
@@ -38,8 +29,7 @@ test('a document that cannot be processed fails with its reason, a refund and a 
 
 test('an API token is shown once and can be revoked', async ({ page, request }) => {
   await signUp(page, 'token');
-  await page.goto('/credits');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await open(page, '/credits');
   await page.getByLabel('Name').fill('nightly import');
   await page.getByRole('button', { name: 'Create a token' }).click();
   const secret = (await page.getByTestId('token-secret').textContent())!;

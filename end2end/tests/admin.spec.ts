@@ -1,33 +1,15 @@
-import { expect, Page, test } from '@playwright/test';
+import { expect, test } from '@playwright/test';
 import * as path from 'path';
+import { logIn, open, signUp } from './helpers';
 
 const adminEmail = process.env.ADMIN_EMAIL ?? 'admin@sluice.test';
 const adminPassword = process.env.ADMIN_PASSWORD ?? 'admin password for e2e';
 
-async function logIn(page: Page, email: string, password: string) {
-  await page.goto('/login');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
-  await page.getByLabel('E-mail address').fill(email);
-  await page.getByLabel('Password').fill(password);
-  await page.getByRole('button', { name: 'Log in' }).click();
-  await expect(page).toHaveURL(/\/jobs$/);
-}
-
-async function signUp(page: Page, tag: string) {
-  const email = `${tag}-${Date.now()}-${Math.floor(Math.random() * 1e6)}@example.com`;
-  await page.goto('/signup');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
-  await page.getByLabel('E-mail address').fill(email);
-  await page.getByLabel('Password').fill('a long password');
-  await page.getByRole('button', { name: 'Sign up' }).click();
-  await expect(page).toHaveURL(/\/jobs$/);
-}
 
 test('a non-admin cannot reach the admin page or its server functions', async ({ page }) => {
   await signUp(page, 'plain');
   await expect(page.getByRole('link', { name: 'Admin' })).toHaveCount(0);
-  await page.goto('/admin');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await open(page, '/admin');
   await expect(page.getByText('Page not found.')).toBeVisible();
   const direct = await page.request.post('/api/admin/set_processing', { form: { enabled: 'false' } });
   expect(direct.status()).toBe(404);
@@ -44,8 +26,7 @@ test('an admin pauses processing, a new upload waits with the paused message, an
 
   const user = await browser.newPage();
   await signUp(user, 'paused');
-  await user.goto('/upload');
-  await expect(user.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await open(user, '/upload');
   await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await user.goto('/jobs');
@@ -65,8 +46,7 @@ test('an admin pauses processing, a new upload waits with the paused message, an
 test('an admin replays a dead-letter group', async ({ browser }) => {
   const user = await browser.newPage();
   await signUp(user, 'dlq');
-  await user.goto('/upload');
-  await expect(user.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await open(user, '/upload');
   await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'locked.pdf'));
   await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await user.goto('/jobs');

@@ -1,24 +1,13 @@
-import { expect, Page, test } from '@playwright/test';
+import { expect, test } from '@playwright/test';
 import * as path from 'path';
+import { open, signUp } from './helpers';
 
-function uniqueEmail(tag: string): string {
-  return `${tag}-${Date.now()}-${Math.floor(Math.random() * 1e6)}@example.com`;
-}
-
-async function signUp(page: Page, email: string) {
-  await page.goto('/signup');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
-  await page.getByLabel('E-mail address').fill(email);
-  await page.getByLabel('Password').fill('a long password');
-  await page.getByRole('button', { name: 'Sign up' }).click();
-  await expect(page).toHaveURL(/\/jobs$/);
-  await expect(page.getByTestId('who')).toContainText(email);
-}
 
 test('sign up, upload a PDF, watch it finish and open the result', async ({ page }) => {
   const errors: string[] = [];
   page.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
-  await signUp(page, uniqueEmail('pdf'));
+  const email = await signUp(page, 'pdf');
+  await expect(page.getByTestId('who')).toContainText(email);
   await expect(page.getByText('No jobs yet')).toBeVisible();
 
   await page.getByRole('link', { name: 'Upload documents' }).click();
@@ -43,9 +32,8 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
 });
 
 test('an HTML file renamed .pdf is refused with the 415 message and costs nothing', async ({ page }) => {
-  await signUp(page, uniqueEmail('html'));
-  await page.goto('/upload');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  await signUp(page, 'html');
+  await open(page, '/upload');
   await page.locator('#files').setInputFiles({
     name: 'invoice.pdf',
     mimeType: 'application/pdf',
@@ -61,9 +49,8 @@ test('an HTML file renamed .pdf is refused with the 415 message and costs nothin
 });
 
 test('wrong passwords get a helpful message', async ({ page }) => {
-  await page.goto('/login');
-  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
-  await page.getByLabel('E-mail address').fill(uniqueEmail('nobody'));
+  await open(page, '/login');
+  await page.getByLabel('E-mail address').fill(`nobody-${Date.now()}@example.com`);
   await page.getByLabel('Password').fill('not the password');
   await page.getByRole('button', { name: 'Log in' }).click();
   await expect(page.getByRole('alert')).toHaveText('That e-mail address and password do not match an account.');
