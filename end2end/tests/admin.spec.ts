@@ -1,6 +1,6 @@
 import { expect, test } from '@playwright/test';
 import * as path from 'path';
-import { logIn, open, signUp } from './helpers';
+import { logIn, open, scriptProvider, signUp } from './helpers';
 
 const adminEmail = process.env.ADMIN_EMAIL ?? 'admin@sluice.test';
 const adminPassword = process.env.ADMIN_PASSWORD ?? 'admin password for e2e';
@@ -43,23 +43,29 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   await expect(admin.locator('.audit')).toContainText(`${adminEmail} changed processing: off → on`);
 });
 
-test('an admin replays a dead-letter group', async ({ browser }) => {
+test('an admin replays a dead-letter group and its jobs end done', async ({ browser }) => {
   const user = await browser.newPage();
   await signUp(user, 'dlq');
+  await scriptProvider([
+    { kind: 'rate_limited_seconds', seconds: 0 },
+    { kind: 'rate_limited_seconds', seconds: 0 },
+    { kind: 'rate_limited_seconds', seconds: 0 },
+  ]);
   await open(user, '/upload');
-  await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'locked.pdf'));
+  await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await user.goto('/jobs');
-  await expect(user.locator('.job .badge').first()).toHaveAttribute('data-state', 'failed', { timeout: 15_000 });
+  await expect(user.locator('.job .badge').first()).toHaveAttribute('data-state', 'failed', { timeout: 25_000 });
 
   const admin = await browser.newPage();
   await logIn(admin, adminEmail, adminPassword);
-  await admin.goto('/admin');
-  const group = admin.getByTestId('dlq-group').filter({ hasText: 'encrypted' });
-  await expect(group).toBeVisible();
+  await open(admin, '/admin');
+  const group = admin.getByTestId('dlq-group').filter({ hasText: 'rate limiting' });
+  await expect(group).toContainText('retries exhausted');
   await group.getByRole('button', { name: 'Replay' }).click();
-  // The replayed job runs again (and, being encrypted, fails again: once more in the DLQ).
   await expect(admin.locator('.audit')).toContainText('dlq_replay');
+  await expect(group).toHaveCount(0);
+  // The provider answers again: the replayed job ends done.
   await user.reload();
-  await expect(user.locator('.job .badge').first()).toHaveAttribute('data-state', 'failed', { timeout: 15_000 });
+  await expect(user.locator('.job .badge').first()).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
 });

@@ -1,6 +1,6 @@
 import { expect, test } from '@playwright/test';
 import * as path from 'path';
-import { open, signUp } from './helpers';
+import { open, scriptProvider, signUp } from './helpers';
 
 
 test('sign up, upload a PDF, watch it finish and open the result', async ({ page }) => {
@@ -10,6 +10,9 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
   await expect(page.getByTestId('who')).toContainText(email);
   await expect(page.getByText('No jobs yet')).toBeVisible();
 
+  await scriptProvider([
+    { kind: 'success', text: '# Quarterly report\nRevenue grew by 12 percent.', input_tokens: 180, output_tokens: 12 },
+  ]);
   await page.getByRole('link', { name: 'Upload documents' }).click();
   await expect(page).toHaveURL(/\/upload$/);
   await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
@@ -19,8 +22,7 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
 
   await row.getByRole('link', { name: 'View the job' }).click();
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 15_000 });
-  await expect(page.locator('.result-text')).toContainText('Quarterly report');
-  await expect(page.locator('.result-text')).toContainText('words');
+  await expect(page.locator('.result-text')).toContainText('Revenue grew by 12 percent.');
   await expect(page.getByRole('link', { name: 'Download the result' })).toBeVisible();
 
   await page.getByRole('link', { name: '← All jobs' }).click();
@@ -54,4 +56,29 @@ test('wrong passwords get a helpful message', async ({ page }) => {
   await page.getByLabel('Password').fill('not the password');
   await page.getByRole('button', { name: 'Log in' }).click();
   await expect(page.getByRole('alert')).toHaveText('That e-mail address and password do not match an account.');
+});
+
+test('the provider failing shows retrying with a countdown, then failed with the refund notice and the balance restored', async ({ page }) => {
+  await signUp(page, 'retry');
+  await scriptProvider([
+    { kind: 'rate_limited_seconds', seconds: 1 },
+    { kind: 'overloaded' },
+    { kind: 'server_error' },
+  ]);
+  await open(page, '/upload');
+  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
+
+  await page.goto('/jobs');
+  const job = page.locator('.job').first();
+  await expect(job.locator('.badge')).toHaveAttribute('data-state', 'retrying', { timeout: 10_000 });
+  await expect(job.locator('.state-detail')).toContainText(/Attempt \d of 3 failed: .*Next attempt in \d+ s\./);
+  await expect(job.locator('.badge')).toHaveAttribute('data-state', 'failed', { timeout: 20_000 });
+  await expect(job.locator('.state-detail')).toContainText('1 credit refunded');
+  // The header is refreshed on navigation.
+  await page.getByRole('link', { name: 'Notices' }).click();
+  await expect(page).toHaveURL(/\/notices$/);
+  await expect(page.getByTestId('unread')).toHaveText('1');
+  await expect(page.getByTestId('who')).toContainText('20 credits');
+  await expect(page.locator('.notices li.unread')).toContainText('1 credit refunded');
 });

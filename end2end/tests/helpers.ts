@@ -25,3 +25,15 @@ export async function logIn(page: Page, email: string, password: string) {
   await page.getByRole('button', { name: 'Log in' }).click();
   await expect(page).toHaveURL(/\/jobs$/);
 }
+
+/** Queue answers on the scripted fake provider `cargo xtask test` runs (FAKE_PROVIDER_URL). */
+export async function scriptProvider(replies: object[]) {
+  const url = process.env.FAKE_PROVIDER_URL;
+  if (!url) throw new Error('FAKE_PROVIDER_URL is not set: run the suite through `cargo xtask test`');
+  const response = await fetch(`${url}/_script`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(replies),
+  });
+  expect(response.status).toBe(204);
+}

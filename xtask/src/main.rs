@@ -232,6 +232,16 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
             .env("SLUICE_LOG", "warn"),
         "server create-admin",
     )?;
+    // The scripted fake AI provider, so the flows can make the provider fail on demand.
+    status(cargo().args(["build", "--package", "fakeprovider"]), "cargo build fakeprovider")?;
+    let fake_port = free_port();
+    let fake_url = format!("http://127.0.0.1:{fake_port}");
+    let fake = Command::new("target/debug/fakeprovider")
+        .arg(format!("127.0.0.1:{fake_port}"))
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting the fake provider: {e}"))?;
+    let _fake = ServerGuard(fake);
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let data_dir = std::env::temp_dir().join(format!("sluice-e2e-data-{}", std::process::id()));
@@ -240,7 +250,11 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
         .env("SLUICE_BIND", format!("127.0.0.1:{port}"))
         .env("SLUICE_DATA_DIR", &data_dir)
         .env("LEPTOS_SITE_ROOT", "target/site")
-        .env("SLUICE_RETRY_DELAYS", "1,2")
+        .env("SLUICE_RETRY_DELAYS", "3,3")
+        .env("SLUICE_PROVIDER", "anthropic")
+        .env("SLUICE_PROVIDER_URL", &fake_url)
+        .env("SLUICE_PROVIDER_API_KEY", "e2e-test-key")
+        .env("SLUICE_PROVIDER_TIMEOUT_SECS", "5")
         .env("SLUICE_LOG", "warn,server=info")
         .spawn()
         .map_err(|e| format!("starting the server: {e}"))?;
@@ -252,6 +266,7 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
             .current_dir(e2e)
             .env("BASE_URL", &base)
             .env("ADMIN_EMAIL", ADMIN_EMAIL)
+            .env("FAKE_PROVIDER_URL", &fake_url)
             .env("ADMIN_PASSWORD", ADMIN_PASSWORD)
             .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
         "playwright test",
