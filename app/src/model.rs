@@ -126,10 +126,7 @@ mod convert {
             let text = |key: &str| j.payload.pointer(key).and_then(|v| v.as_str()).map(str::to_string);
             JobStatus {
                 id: j.id.to_string(),
-                state: serde_json::to_value(j.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                state: j.state.as_str().to_string(),
                 file_name: text("/document/name"),
                 preset: text("/preset"),
                 attempts: j.attempts,

@@ -36,6 +36,16 @@ impl JobState {
         })
     }
 
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Retrying => "retrying",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+        }
+    }
+
     pub fn is_terminal(self) -> bool {
         matches!(self, JobState::Done | JobState::Failed)
     }
@@ -519,4 +529,17 @@ pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<
     .fetch_all(pool)
     .await?;
     Ok(rows.iter().map(job_from_row).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobState;
+
+    #[test]
+    fn state_names_match_the_schema_and_the_json() {
+        for state in [JobState::Queued, JobState::Running, JobState::Retrying, JobState::Done, JobState::Failed] {
+            assert_eq!(JobState::parse(state.as_str()), Some(state));
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+    }
 }

@@ -245,10 +245,12 @@ async fn serve_with(config: &Config, url: &str, listener: tokio::net::TcpListene
     ));
 
     let addr = listener.local_addr()?;
-    let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()), blobs };
+    let settings = Arc::new(config.web_settings());
+    let login_window = settings.login_limits.window;
+    let ctx = ServerContext { pool: pool.clone(), settings, blobs };
     let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
     let app = router(state, config.secure_cookies).await?;
-    let account_upkeep = spawn_account_upkeep(pool.clone(), config.web_settings().login_limits.window);
+    let account_upkeep = spawn_account_upkeep(pool.clone(), login_window);
     tracing::info!("Sluice is listening on http://{addr}");
     let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown_signal())

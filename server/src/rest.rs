@@ -84,11 +84,7 @@ impl FromRequestParts<AppState> for VisibleJob {
 fn done_result(job: &engine::queue::JobView) -> Result<&serde_json::Value, ApiError> {
     match (&job.state, &job.result) {
         (engine::queue::JobState::Done, Some(result)) => Ok(result),
-        (state, _) => {
-            let state =
-                serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-            Err(AppError::NotReady { state }.into())
-        }
+        (state, _) => Err(AppError::NotReady { state: state.as_str().to_string() }.into()),
     }
 }
 
