@@ -111,6 +111,21 @@ pub async fn dlq_discard(kind: String, reason: String) -> Result<u64, AppError> 
     h::dlq_discard(kind, reason).await.map_err(respond)
 }
 
+#[server(endpoint = "admin/dlq_jobs")]
+pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, AppError> {
+    h::dlq_jobs(kind, reason).await.map_err(respond)
+}
+
+#[server(endpoint = "admin/dlq_replay_job")]
+pub async fn dlq_replay_job(id: String) -> Result<usize, AppError> {
+    h::dlq_replay_job(id).await.map_err(respond)
+}
+
+#[server(endpoint = "admin/dlq_discard_job")]
+pub async fn dlq_discard_job(id: String) -> Result<u64, AppError> {
+    h::dlq_discard_job(id).await.map_err(respond)
+}
+
 #[server(endpoint = "admin/audit_log")]
 pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {
     h::audit_log().await.map_err(respond)

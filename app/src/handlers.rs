@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use engine::accounts::{self, LoginLimits, Role, User};
 use engine::admission::AdmissionConfig;
+use engine::queue::{JobState, JobView};
 use sqlx::PgPool;
 use tower_sessions::Session;
 use uuid::Uuid;
@@ -125,12 +126,33 @@ pub async fn visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<engin
     }
 }
 
+/// Jobs as their owner sees them: paused while the kill switch is off, and, while waiting,
+/// their place in line and estimated start.
+pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Result<Vec<JobStatus>, AppError> {
+    let waiting = jobs.iter().any(|j| matches!(j.state, JobState::Queued | JobState::Retrying));
+    let line = if waiting { Some(engine::queue::waiting_line(pool, owner_id).await?) } else { None };
+    let paused = match &line {
+        Some(line) => !line.processing_enabled,
+        None => false,
+    };
+    Ok(jobs
+        .iter()
+        .map(|j| {
+            let mut status = JobStatus { paused, ..JobStatus::from(j) };
+            if let Some(line) = &line {
+                status.jobs_ahead = line.ahead.get(&j.id).map(|&n| n as i64);
+                status.starts_in_secs = line.estimated_start(j.id).map(|d| d.as_secs_f64().ceil() as i64);
+            }
+            status
+        })
+        .collect())
+}
+
 pub async fn list_jobs() -> Result<Vec<JobStatus>, AppError> {
     let ctx = context()?;
     let user = require_user(&ctx).await?;
     let jobs = engine::queue::list_for_owner(&ctx.pool, user.id, 200).await?;
-    let paused = !engine::settings::read(&ctx.pool).await?.processing_enabled;
-    Ok(jobs.iter().map(|j| JobStatus { paused, ..JobStatus::from(j) }).collect())
+    job_statuses(&ctx.pool, user.id, &jobs).await
 }
 
 pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
@@ -138,8 +160,9 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
     let user = require_user(&ctx).await?;
     let job = visible_job(&ctx.pool, &user, &id).await?;
     let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
+    let status = job_statuses(&ctx.pool, job.owner_id, std::slice::from_ref(&job)).await?.remove(0);
     Ok(JobDetails {
-        job: JobStatus::from(&job),
+        job: status,
         result: job.result.clone(),
         attempts: attempts.into_iter().map(Into::into).collect(),
     })
@@ -252,22 +275,59 @@ pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
         .collect())
 }
 
-fn selection(kind: &str, reason: String) -> Result<engine::dlq::Selection, AppError> {
+fn group_selection(kind: &str, reason: String) -> Result<engine::dlq::Selection, AppError> {
     let kind = engine::retry::FailureKind::parse(kind).ok_or_else(|| AppError::invalid("unknown failure kind"))?;
     Ok(engine::dlq::Selection::Group { kind, reason })
 }
 
-pub async fn dlq_replay(kind: String, reason: String) -> Result<usize, AppError> {
+fn job_selection(id: &str) -> Result<engine::dlq::Selection, AppError> {
+    Ok(engine::dlq::Selection::Job(Uuid::parse_str(id).map_err(|_| AppError::NotFound)?))
+}
+
+/// The newest jobs of one group, each with its owner and its attempts' errors.
+pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, AppError> {
+    let ctx = context()?;
+    require_admin(&ctx).await?;
+    let kind = engine::retry::FailureKind::parse(&kind).ok_or_else(|| AppError::invalid("unknown failure kind"))?;
+    let mut out = Vec::new();
+    for job in engine::dlq::group_jobs(&ctx.pool, kind, &reason, 20).await? {
+        let owner_email = engine::accounts::get(&ctx.pool, job.owner_id).await.map(|u| u.email).unwrap_or_default();
+        let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
+        out.push(DlqJobInfo {
+            job: JobStatus::from(&job),
+            owner_email,
+            attempts: attempts.into_iter().map(Into::into).collect(),
+        });
+    }
+    Ok(out)
+}
+
+async fn replay(selection: engine::dlq::Selection) -> Result<usize, AppError> {
     let ctx = context()?;
     let admin = require_admin(&ctx).await?;
-    let hooks = engine::ledger::AccountHooks;
-    Ok(engine::dlq::replay(&ctx.pool, &hooks, &selection(&kind, reason)?, &admin.email).await?.len())
+    Ok(engine::dlq::replay(&ctx.pool, &engine::ledger::AccountHooks, &selection, &admin.email).await?.len())
+}
+
+async fn discard(selection: engine::dlq::Selection) -> Result<u64, AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    Ok(engine::dlq::discard(&ctx.pool, &selection, &admin.email).await?)
+}
+
+pub async fn dlq_replay(kind: String, reason: String) -> Result<usize, AppError> {
+    replay(group_selection(&kind, reason)?).await
 }
 
 pub async fn dlq_discard(kind: String, reason: String) -> Result<u64, AppError> {
-    let ctx = context()?;
-    let admin = require_admin(&ctx).await?;
-    Ok(engine::dlq::discard(&ctx.pool, &selection(&kind, reason)?, &admin.email).await?)
+    discard(group_selection(&kind, reason)?).await
+}
+
+pub async fn dlq_replay_job(id: String) -> Result<usize, AppError> {
+    replay(job_selection(&id)?).await
+}
+
+pub async fn dlq_discard_job(id: String) -> Result<u64, AppError> {
+    discard(job_selection(&id)?).await
 }
 
 pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {

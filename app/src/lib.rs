@@ -34,9 +34,23 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
     }
 }
 
+/// Bumped when something on a page may have changed the balance or the notices (a job
+/// finished or failed), so the header asks again without waiting for a navigation.
+#[derive(Clone, Copy)]
+pub struct AccountChanged(pub RwSignal<u32>);
+
+impl AccountChanged {
+    pub fn notify() {
+        if let Some(AccountChanged(signal)) = use_context::<AccountChanged>() {
+            signal.update(|n| *n += 1);
+        }
+    }
+}
+
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
+    provide_context(AccountChanged(RwSignal::new(0)));
     // Marks the document once the client has hydrated; end-to-end tests wait for it.
     Effect::new(move |_| {
         #[cfg(feature = "hydrate")]
@@ -48,21 +62,70 @@ pub fn App() -> impl IntoView {
         <Stylesheet id="leptos" href="/pkg/sluice.css"/>
         <Title text="Sluice"/>
         <Router>
-            <Header/>
-            <main class="page">
-                <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
-                    <Route path=path!("") view=HomePage/>
-                    <Route path=path!("/login") view=pages::auth::LoginPage/>
-                    <Route path=path!("/signup") view=pages::auth::SignupPage/>
-                    <Route path=path!("/upload") view=pages::upload::UploadPage/>
-                    <Route path=path!("/jobs") view=pages::jobs::JobsPage/>
-                    <Route path=path!("/jobs/:id") view=pages::jobs::JobPage/>
-                    <Route path=path!("/credits") view=pages::account::CreditsPage/>
-                    <Route path=path!("/notices") view=pages::account::NoticesPage/>
-                    <Route path=path!("/admin") view=pages::admin::AdminPage/>
-                </Routes>
-            </main>
+            <Session>
+                <Header/>
+                <main class="page">
+                    <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
+                        <Route path=path!("") view=HomePage/>
+                        <Route path=path!("/login") view=pages::auth::LoginPage/>
+                        <Route path=path!("/signup") view=pages::auth::SignupPage/>
+                        <Route path=path!("/upload") view=|| view! { <SignedIn><pages::upload::UploadPage/></SignedIn> }/>
+                        <Route path=path!("/jobs") view=|| view! { <SignedIn><pages::jobs::JobsPage/></SignedIn> }/>
+                        <Route path=path!("/jobs/:id") view=|| view! { <SignedIn><pages::jobs::JobPage/></SignedIn> }/>
+                        <Route path=path!("/credits") view=|| view! { <SignedIn><pages::account::CreditsPage/></SignedIn> }/>
+                        <Route path=path!("/notices") view=|| view! { <SignedIn><pages::account::NoticesPage/></SignedIn> }/>
+                        // Not behind SignedIn: to anyone but an admin it is a page that does not exist.
+                        <Route path=path!("/admin") view=pages::admin::AdminPage/>
+                    </Routes>
+                </main>
+            </Session>
         </Router>
+    }
+}
+
+/// Who is logged in, asked again after each navigation and when a job ends (the balance and
+/// the notices may have changed). `None` while the first answer is on its way.
+#[derive(Clone, Copy)]
+pub struct CurrentUser(pub LocalResource<Result<Option<model::UserInfo>, errors::AppError>>);
+
+impl CurrentUser {
+    pub fn get(&self) -> Option<Option<model::UserInfo>> {
+        self.0.get().map(|r| r.ok().flatten())
+    }
+}
+
+#[component]
+fn Session(children: Children) -> impl IntoView {
+    let location = leptos_router::hooks::use_location();
+    let AccountChanged(changed) = expect_context::<AccountChanged>();
+    let me = LocalResource::new(move || {
+        location.pathname.track();
+        changed.track();
+        api::me()
+    });
+    provide_context(CurrentUser(me));
+    children()
+}
+
+/// Shows its pages to a logged-in user; sends anyone else to the log-in page, and back here
+/// after logging in. It asks the server afresh when the page opens (the header's answer may
+/// be from before a log-in), and re-renders only if the logged-in state changes.
+#[component]
+fn SignedIn(children: ChildrenFn) -> impl IntoView {
+    let me = LocalResource::new(api::me);
+    let signed_in = Memo::new(move |_| me.get().map(|r| matches!(r, Ok(Some(_)))));
+    let navigate = leptos_router::hooks::use_navigate();
+    let location = leptos_router::hooks::use_location();
+    Effect::new(move |_| {
+        if signed_in.get() == Some(false) {
+            let next = location.pathname.get_untracked();
+            navigate(&format!("/login?next={next}"), leptos_router::NavigateOptions { replace: true, ..Default::default() });
+        }
+    });
+    move || match signed_in.get() {
+        Some(true) => children().into_any(),
+        Some(false) => view! { <p class="empty">"Log in to see this page…"</p> }.into_any(),
+        None => view! { <p class="empty">"Loading…"</p> }.into_any(),
     }
 }
 
@@ -70,17 +133,11 @@ pub fn App() -> impl IntoView {
 #[component]
 fn Header() -> impl IntoView {
     let log_out = ServerAction::<api::LogOut>::new();
-    let location = leptos_router::hooks::use_location();
-    // Asked again after each navigation and after logging out.
-    let me = LocalResource::new(move || {
-        location.pathname.track();
-        log_out.version().track();
-        api::me()
-    });
-    // Only asked for when logged in (a 401 would be a console error on public pages).
+    let user = expect_context::<CurrentUser>();
+    // Asked each time the user is (re)read, and only when logged in: a 401 would be a console
+    // error on public pages.
     let unread = LocalResource::new(move || {
-        location.pathname.track();
-        let logged_in = me.get().and_then(|r| r.ok()).flatten().is_some();
+        let logged_in = user.get().flatten().is_some();
         async move {
             if logged_in {
                 pages::account::unread_count().await
@@ -92,14 +149,15 @@ fn Header() -> impl IntoView {
     let navigate = leptos_router::hooks::use_navigate();
     Effect::new(move |_| {
         if let Some(Ok(())) = log_out.value().get() {
+            AccountChanged::notify();
             navigate("/login", Default::default());
         }
     });
     view! {
         <header class="topbar">
             <a class="brand" href="/">"Sluice"</a>
-            <nav class="nav">
-                {move || match me.get().and_then(|r| r.ok()).flatten() {
+            <nav class="nav" aria-label="Main">
+                {move || match user.get().flatten() {
                     Some(user) => view! {
                         <a href="/upload">"Upload"</a>
                         <a href="/jobs">"Jobs"</a>
@@ -136,29 +194,57 @@ pub async fn record_click() -> Result<i64, ServerFnError> {
 
 #[component]
 fn HomePage() -> impl IntoView {
+    let user = expect_context::<CurrentUser>();
     let click = ServerAction::<RecordClick>::new();
     let value = click.value();
     view! {
         <section class="hero">
-            <h1>"Sluice"</h1>
+            <h1>"Documents in, results out, at a pace the AI can bear."</h1>
             <p>
-                "Upload documents, and Sluice queues them durably, runs them through the AI provider "
-                "at a pace it can bear, retries what fails and tells you how each one is doing."
+                "Upload PDFs, text or Markdown. Sluice queues each one durably, runs it through the AI "
+                "provider without tripping its rate limits, retries what fails, and shows you where every "
+                "document is, live. If a document cannot be done, its credits come back."
             </p>
+            <p class="cta">
+                {move || match user.get().flatten() {
+                    Some(_) => view! {
+                        <a class="button primary" href="/upload">"Upload documents"</a>
+                        <a class="button" href="/jobs">"See your jobs"</a>
+                    }.into_any(),
+                    None => view! {
+                        <a class="button primary" href="/signup">"Create a free account"</a>
+                        <a class="button" href="/login">"Log in"</a>
+                    }.into_any(),
+                }}
+            </p>
+        </section>
+        <section class="features">
             <div class="card">
-                <h2>"Is everything connected?"</h2>
-                <p>"This button asks the server, which asks Postgres."</p>
-                <button id="ping" class="button primary" on:click=move |_| { click.dispatch(RecordClick {}); }>
-                    "Count a click in Postgres"
-                </button>
-                <p id="ping-result" class="result" aria-live="polite">
-                    {move || match value.get() {
-                        None => "Not asked yet.".to_string(),
-                        Some(Ok(n)) => format!("Postgres has counted {n} clicks."),
-                        Some(Err(e)) => format!("The server could not answer: {e}"),
-                    }}
-                </p>
+                <h2>"Nothing gets lost"</h2>
+                <p>"Every document is stored in Postgres before we say yes, and survives restarts and crashes."</p>
             </div>
+            <div class="card">
+                <h2>"Watch it live"</h2>
+                <p>"Queued, running, retrying with a countdown, done: each state as it happens, with the reason."</p>
+            </div>
+            <div class="card">
+                <h2>"Pay for results"</h2>
+                <p>"Each document costs a credit. When the provider keeps failing, the credits are refunded and you get a notice."</p>
+            </div>
+        </section>
+        <section class="card status-check">
+            <h2>"System check"</h2>
+            <p>"This button asks the server, which asks Postgres."</p>
+            <button id="ping" class="button" on:click=move |_| { click.dispatch(RecordClick {}); }>
+                "Count a click in Postgres"
+            </button>
+            <p id="ping-result" class="result" aria-live="polite">
+                {move || match value.get() {
+                    None => "Not asked yet.".to_string(),
+                    Some(Ok(n)) => format!("Postgres has counted {n} clicks."),
+                    Some(Err(e)) => format!("The server could not answer: {e}"),
+                }}
+            </p>
         </section>
     }
 }

@@ -35,6 +35,12 @@ pub struct JobStatus {
     /// An operator has paused processing (the kill switch); waiting jobs wait for it.
     #[serde(default)]
     pub paused: bool,
+    /// While waiting: how many jobs are claimed before this one (fair order).
+    #[serde(default)]
+    pub jobs_ahead: Option<i64>,
+    /// While waiting: the estimated seconds until it starts, when there is a rate to go by.
+    #[serde(default)]
+    pub starts_in_secs: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -141,6 +147,8 @@ mod convert {
                 cost: j.cost,
                 has_result: j.result.is_some(),
                 paused: false,
+                jobs_ahead: None,
+                starts_in_secs: None,
             }
         }
     }
@@ -231,6 +239,14 @@ pub struct DlqGroupInfo {
     pub kind: String,
     pub reason: String,
     pub jobs: i64,
+}
+
+/// A dead-letter job as the admin page inspects it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DlqJobInfo {
+    pub job: JobStatus,
+    pub owner_email: String,
+    pub attempts: Vec<AttemptInfo>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

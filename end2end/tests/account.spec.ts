@@ -1,6 +1,5 @@
-import { expect, test } from '@playwright/test';
 import * as path from 'path';
-import { open, signUp } from './helpers';
+import { expect, open, signUp, test } from './helpers';
 
 
 test('a document that cannot be processed fails with its reason, a refund and a notice', async ({ page }) => {

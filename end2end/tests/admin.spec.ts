@@ -1,22 +1,24 @@
-import { expect, test } from '@playwright/test';
 import * as path from 'path';
-import { logIn, open, scriptProvider, signUp } from './helpers';
+import { allowConsoleError, expect, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
 
 const adminEmail = process.env.ADMIN_EMAIL ?? 'admin@sluice.test';
 const adminPassword = process.env.ADMIN_PASSWORD ?? 'admin password for e2e';
 
 
 test('a non-admin cannot reach the admin page or its server functions', async ({ page }) => {
+  allowConsoleError(/status of 404 \(Not Found\)/);
   await signUp(page, 'plain');
   await expect(page.getByRole('link', { name: 'Admin' })).toHaveCount(0);
   await open(page, '/admin');
   await expect(page.getByText('Page not found.')).toBeVisible();
+  await expect(page.getByText('Dead-letter queue')).toHaveCount(0);
+  await expect(page.getByRole('button', { name: 'Pause processing' })).toHaveCount(0);
   const direct = await page.request.post('/api/admin/set_processing', { form: { enabled: 'false' } });
   expect(direct.status()).toBe(404);
 });
 
 test('an admin pauses processing, a new upload waits with the paused message, and resuming finishes it', async ({ browser }) => {
-  const admin = await browser.newPage();
+  const admin = await newPage(browser);
   await logIn(admin, adminEmail, adminPassword);
   await admin.getByRole('link', { name: 'Admin' }).click();
   await expect(admin.getByTestId('processing-state')).toHaveText('On');
@@ -24,7 +26,7 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   await admin.getByRole('button', { name: 'Pause processing' }).click();
   await expect(admin.getByTestId('processing-state')).toHaveText('Paused');
 
-  const user = await browser.newPage();
+  const user = await newPage(browser);
   await signUp(user, 'paused');
   await open(user, '/upload');
   await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
@@ -40,32 +42,42 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   await admin.getByRole('button', { name: 'Resume processing' }).click();
   await expect(admin.getByTestId('processing-state')).toHaveText('On');
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
-  await expect(admin.locator('.audit')).toContainText(`${adminEmail} changed processing: off → on`);
+  await expect(admin.locator('.audit li').first()).toContainText(`${adminEmail} resumed processing`);
 });
 
-test('an admin replays a dead-letter group and its jobs end done', async ({ browser }) => {
-  const user = await browser.newPage();
+test('an admin inspects a dead-letter group, replays one job, then the rest of the group, and the jobs end done', async ({ browser }) => {
+  const user = await newPage(browser);
   await signUp(user, 'dlq');
-  await scriptProvider([
-    { kind: 'rate_limited_seconds', seconds: 0 },
-    { kind: 'rate_limited_seconds', seconds: 0 },
-    { kind: 'rate_limited_seconds', seconds: 0 },
-  ]);
+  // Two documents, three rate-limited answers each: both exhaust their retries.
+  await scriptProvider(Array(6).fill({ kind: 'rate_limited_seconds', seconds: 0 }));
   await open(user, '/upload');
-  await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
-  await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
+  await user.locator('#files').setInputFiles([uniqueText('agenda.txt'), uniqueText('memo.txt')]);
+  await expect(user.locator('.upload[data-outcome="ok"]')).toHaveCount(2);
   await user.goto('/jobs');
-  await expect(user.locator('.job .badge').first()).toHaveAttribute('data-state', 'failed', { timeout: 25_000 });
+  await expect(user.locator('.job .badge[data-state="failed"]')).toHaveCount(2, { timeout: 25_000 });
 
-  const admin = await browser.newPage();
-  await logIn(admin, adminEmail, adminPassword);
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
   await open(admin, '/admin');
   const group = admin.getByTestId('dlq-group').filter({ hasText: 'rate limiting' });
   await expect(group).toContainText('retries exhausted');
-  await group.getByRole('button', { name: 'Replay' }).click();
-  await expect(admin.locator('.audit')).toContainText('dlq_replay');
-  await expect(group).toHaveCount(0);
-  // The provider answers again: the replayed job ends done.
+  await expect(group).toContainText('2 jobs');
+  await group.getByRole('button', { name: 'Show jobs' }).click();
+  const jobs = group.getByTestId('dlq-job');
+  await expect(jobs).toHaveCount(2);
+  // Each job shows its owner and every attempt with the provider's error.
+  const memo = jobs.filter({ hasText: 'memo.txt' });
+  await expect(memo).toContainText(/dlq-.*@example\.com/);
+  await expect(memo.locator('.timeline li')).toHaveCount(3);
+  await expect(memo.locator('.timeline li').last()).toContainText('(HTTP 429)');
+
+  await memo.getByRole('button', { name: 'Replay', exact: true }).click();
+  await expect(group).toContainText('1 job');
+  await expect(admin.locator('.audit li').first()).toContainText(/replayed job [0-9a-f-]+ from the dead-letter queue \(1 queued\)/);
+  await group.getByRole('button', { name: 'Replay all' }).click();
+  await expect(admin.getByTestId('dlq-group').filter({ hasText: 'rate limiting' })).toHaveCount(0);
+  await expect(admin.locator('.audit li').first()).toContainText(/replayed group retries exhausted: .*rate limiting.* \(1 queued\)/);
+  // The provider answers again: both replayed jobs end done.
   await user.reload();
-  await expect(user.locator('.job .badge').first()).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
+  await expect(user.locator('.job .badge[data-state="done"]')).toHaveCount(2, { timeout: 15_000 });
 });

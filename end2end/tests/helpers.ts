@@ -1,4 +1,45 @@
-import { expect, Page } from '@playwright/test';
+import { test as base, expect, Browser, Page } from '@playwright/test';
+import { execFileSync } from 'child_process';
+
+export { expect };
+
+// Console errors from every page a test opens; each test fails if any is left unexplained.
+const consoleErrors: string[] = [];
+const allowedErrors: RegExp[] = [];
+
+/** Record this page's console errors and uncaught exceptions. */
+export function watchConsole(page: Page) {
+  page.on('console', (m) => {
+    if (m.type() === 'error') consoleErrors.push(`${page.url()}: ${m.text()}`);
+  });
+  page.on('pageerror', (e) => consoleErrors.push(`${page.url()}: uncaught ${e.message}`));
+}
+
+/** A console error this test expects (the browser logs refused uploads' statuses, for one). */
+export function allowConsoleError(pattern: RegExp) {
+  allowedErrors.push(pattern);
+}
+
+/** Another page (its own session), watched for console errors like the default one. */
+export async function newPage(browser: Browser): Promise<Page> {
+  const page = await browser.newPage();
+  watchConsole(page);
+  return page;
+}
+
+/** Playwright's `test`, failing any test whose pages logged an unexpected console error. */
+export const test = base.extend<{ noConsoleErrors: void }>({
+  noConsoleErrors: [
+    async ({ page }, use) => {
+      consoleErrors.length = 0;
+      allowedErrors.length = 0;
+      watchConsole(page);
+      await use();
+      expect(consoleErrors.filter((e) => !allowedErrors.some((p) => p.test(e)))).toEqual([]);
+    },
+    { auto: true },
+  ],
+});
 
 /** Open a page and wait until the client has hydrated it. */
 export async function open(page: Page, url: string) {
@@ -36,4 +77,43 @@ export async function scriptProvider(replies: object[]) {
     body: JSON.stringify(replies),
   });
   expect(response.status).toBe(204);
+}
+
+/** Change a user's balance the way an operator does: `server grant-credits` (set up by `cargo xtask test`). */
+export function grantCredits(email: string, amount: number) {
+  const server = process.env.SLUICE_SERVER_BIN;
+  if (!server || !process.env.DATABASE_URL) {
+    throw new Error('SLUICE_SERVER_BIN and DATABASE_URL are not set: run the suite through `cargo xtask test`');
+  }
+  execFileSync(server, ['grant-credits', '--email', email, `--amount=${amount}`], {
+    env: { ...process.env, SLUICE_LOG: 'warn' },
+    stdio: 'pipe',
+  });
+}
+
+/** Log in as the operator `cargo xtask test` creates. */
+export async function logInAsAdmin(page: Page) {
+  await logIn(page, process.env.ADMIN_EMAIL ?? 'admin@sluice.test', process.env.ADMIN_PASSWORD ?? 'admin password for e2e');
+}
+
+/** Flip the kill switch from the admin page (accepting the confirmation). */
+export async function setProcessing(admin: Page, on: boolean) {
+  await open(admin, '/admin');
+  const want = on ? 'On' : 'Paused';
+  const state = admin.getByTestId('processing-state');
+  await expect(state).toHaveText(/^(On|Paused)$/);
+  if ((await state.textContent()) !== want) {
+    admin.once('dialog', (d) => d.accept());
+    await admin.getByRole('button', { name: on ? 'Resume processing' : 'Pause processing' }).click();
+  }
+  await expect(state).toHaveText(want);
+}
+
+/** A small text document whose content (and so its duplicate check) is unique. */
+export function uniqueText(name: string) {
+  return {
+    name,
+    mimeType: 'text/plain',
+    buffer: Buffer.from(`Notes ${name} ${Date.now()} ${Math.random()}\nThe quick brown fox.\n`),
+  };
 }

@@ -1,7 +1,7 @@
 //! Sluice's engine: the durable job queue in Postgres and the pure policies around it.
 //!
 //! Layout (IO at the edges, pure logic in small modules):
-//! - [`retry`], [`drain`]: pure policy, no IO, unit- and property-tested.
+//! - [`retry`], [`drain`], [`position`]: pure policy, no IO, unit- and property-tested.
 //! - [`queue`]: enqueue (inside the caller's transaction), fair gated claims, fenced results.
 //! - [`settings`]: kill switch and gate size, audited.
 //! - [`dlq`], [`vitals`]: the dead-letter queue and the queue's vital signs.
@@ -24,6 +24,7 @@ pub mod hooks;
 pub mod ledger;
 pub mod maintenance;
 pub mod notices;
+pub mod position;
 pub mod processing;
 pub mod providers;
 pub mod queue;

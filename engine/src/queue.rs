@@ -531,6 +531,83 @@ pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<
     Ok(rows.iter().map(job_from_row).collect())
 }
 
+/// Where an owner's due waiting jobs stand in line, with what their start estimates need.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WaitingLine {
+    /// Jobs claimed before each of the owner's due waiting jobs (see [`crate::position`]).
+    pub ahead: std::collections::HashMap<Uuid, u64>,
+    /// Gate slots not taken by running jobs (0 while processing is paused).
+    pub free_slots: u64,
+    /// Jobs reaching done or failed per second over the last 5 minutes.
+    pub finishing_per_sec: f64,
+    pub processing_enabled: bool,
+}
+
+impl WaitingLine {
+    /// The estimated wait before `job` starts, if it is waiting and there is a rate to go by.
+    pub fn estimated_start(&self, job: Uuid) -> Option<Duration> {
+        if !self.processing_enabled {
+            return None;
+        }
+        crate::position::estimated_start(*self.ahead.get(&job)?, self.free_slots, self.finishing_per_sec)
+    }
+}
+
+/// The owner's place in line: one pass over the running and waiting jobs per call, so it is
+/// asked only while the owner has jobs waiting.
+pub async fn waiting_line(pool: &PgPool, owner_id: i64) -> Result<WaitingLine> {
+    let settings = crate::settings::read(pool).await?;
+    let loads = sqlx::query(
+        "SELECT owner_id, count(*) FILTER (WHERE state = 'running'),
+                count(*) FILTER (WHERE state IN ('queued', 'retrying') AND run_at <= now())
+         FROM jobs WHERE state IN ('running', 'queued', 'retrying') GROUP BY owner_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut mine_running = 0u64;
+    let mut others = Vec::with_capacity(loads.len());
+    let mut running_total = 0u64;
+    for row in &loads {
+        let load = crate::position::OwnerLoad {
+            running: row.get::<i64, _>(1) as u64,
+            waiting: row.get::<i64, _>(2) as u64,
+        };
+        running_total += load.running;
+        if row.get::<i64, _>(0) == owner_id {
+            mine_running = load.running;
+        } else {
+            others.push(load);
+        }
+    }
+    let mine: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE owner_id = $1 AND state IN ('queued', 'retrying') AND run_at <= now()
+         ORDER BY run_at, id",
+    )
+    .bind(owner_id)
+    .fetch_all(pool)
+    .await?;
+    let finished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
+            .fetch_one(pool)
+            .await?;
+    let ahead = mine
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| (id, crate::position::jobs_ahead(mine_running, i as u64 + 1, &others)))
+        .collect();
+    let free_slots = if settings.processing_enabled {
+        (settings.gate_size.max(0) as u64).saturating_sub(running_total)
+    } else {
+        0
+    };
+    Ok(WaitingLine {
+        ahead,
+        free_slots,
+        finishing_per_sec: finished as f64 / 300.0,
+        processing_enabled: settings.processing_enabled,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::JobState;

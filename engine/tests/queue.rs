@@ -467,3 +467,54 @@ async fn pickup_is_woken_by_notify_not_the_poll(pool: PgPool) {
     assert!(latency < Duration::from_secs(2), "pickup took {latency:?}");
     workers.shutdown().await;
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
+    enqueue_many(&pool, 20, 2).await;
+    enqueue_many(&pool, 30, 1).await;
+    // Owner 10's jobs are the newest, so every tie in the fair score goes to the others, as the
+    // estimate assumes.
+    let mine = enqueue_many(&pool, 10, 4).await;
+    settings::set_gate_size(&pool, 9, "test").await.unwrap();
+    let line = queue::waiting_line(&pool, 10).await.unwrap();
+    assert_eq!(line.free_slots, 9, "the gate, with nothing running");
+    assert!(line.processing_enabled);
+
+    // Claim one at a time (slow jobs: each keeps running), noting when each of owner 10's goes.
+    let mut claimed_before = HashMap::new();
+    let mut claimed = Vec::new();
+    for n in 0..7u64 {
+        let job = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+        if job.owner_id == 10 {
+            claimed_before.insert(job.id, n);
+        }
+        claimed.push(job);
+    }
+    for id in &mine {
+        assert_eq!(line.ahead[id], claimed_before[id], "job {id}");
+    }
+    for job in &claimed {
+        assert_eq!(queue::complete(&pool, &NoHooks, job, &ok_output()).await.unwrap(), Recorded::Done);
+    }
+
+    // Seven finished in the last five minutes: a rate to estimate with, and nothing waits now.
+    let after = queue::waiting_line(&pool, 10).await.unwrap();
+    assert!((after.finishing_per_sec - 7.0 / 300.0).abs() < 1e-9);
+    assert!(after.ahead.is_empty());
+
+    // With the gate full, a new job waits for one to finish; paused, there is no estimate.
+    settings::set_gate_size(&pool, 1, "test").await.unwrap();
+    let running = enqueue_many(&pool, 20, 1).await;
+    queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    let waiting = enqueue_many(&pool, 10, 1).await[0];
+    let full = queue::waiting_line(&pool, 10).await.unwrap();
+    assert_eq!(full.free_slots, 0);
+    assert_eq!(full.ahead[&waiting], 0);
+    let wait = full.estimated_start(waiting).unwrap();
+    assert!((wait.as_secs_f64() - 300.0 / 7.0).abs() < 0.01, "{wait:?}");
+    assert_eq!(full.estimated_start(running[0]), None, "a running job has no place in line");
+    settings::set_processing(&pool, false, "test").await.unwrap();
+    let paused = queue::waiting_line(&pool, 10).await.unwrap();
+    assert!(!paused.processing_enabled);
+    assert_eq!(paused.estimated_start(waiting), None);
+}

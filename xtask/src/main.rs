@@ -268,6 +268,9 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
             .env("ADMIN_EMAIL", ADMIN_EMAIL)
             .env("FAKE_PROVIDER_URL", &fake_url)
             .env("ADMIN_PASSWORD", ADMIN_PASSWORD)
+            // For operator commands (`server grant-credits`) in the flows.
+            .env("SLUICE_SERVER_BIN", std::env::current_dir().map_err(|e| e.to_string())?.join("target/debug/server"))
+            .env("DATABASE_URL", cluster.url("sluice_e2e"))
             .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
         "playwright test",
     );

@@ -14,7 +14,7 @@ pub fn CreditsPage() -> impl IntoView {
     view! {
         <section class="card">
             <h1>"Credits"</h1>
-            <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
+            <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || summary.get().map(|r| match r {
                     Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
                     Ok(c) => view! {
@@ -34,7 +34,7 @@ pub fn CreditsPage() -> impl IntoView {
                         </table>
                     }.into_any(),
                 })}
-            </Suspense>
+            </Transition>
         </section>
         <TokensCard/>
     }
@@ -96,7 +96,7 @@ pub fn NoticesPage() -> impl IntoView {
                 <h1>"Notices"</h1>
                 <button class="button" on:click=move |_| { mark.dispatch(MarkNoticesRead { id: None }); }>"Mark all as read"</button>
             </div>
-            <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
+            <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || list.get().map(|r| match r {
                     Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
                     Ok(items) if items.is_empty() => view! { <p class="empty">"Nothing to report."</p> }.into_any(),
@@ -112,7 +112,7 @@ pub fn NoticesPage() -> impl IntoView {
                         </ul>
                     }.into_any(),
                 })}
-            </Suspense>
+            </Transition>
         </section>
     }
 }

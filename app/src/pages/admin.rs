@@ -3,8 +3,11 @@
 
 use leptos::prelude::*;
 
-use crate::api::{audit_log, dlq_groups, queue_overview, DlqDiscard, DlqReplay, SetGate, SetProcessing};
-use crate::model::QueueStatus;
+use crate::api::{
+    audit_log, dlq_groups, dlq_jobs, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay, DlqReplayJob, SetGate,
+    SetProcessing,
+};
+use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus};
 
 fn confirm(message: &str) -> bool {
     #[cfg(feature = "hydrate")]
@@ -19,6 +22,27 @@ fn confirm(message: &str) -> bool {
 fn secs(v: Option<f64>) -> String {
     v.map(|s| if s < 120.0 { format!("{s:.0} s") } else { format!("{:.0} min", s / 60.0) })
         .unwrap_or_else(|| "–".into())
+}
+
+/// Pure: an audit entry in words.
+pub fn describe_audit(a: &AuditInfo) -> String {
+    let old = a.old_value.as_deref().unwrap_or("");
+    let new = a.new_value.as_deref().unwrap_or("");
+    let subject = a.subject.as_deref().unwrap_or("").replace('_', " ");
+    let what = match a.action.as_str() {
+        "processing" if new == "off" => "paused processing".to_string(),
+        "processing" if new == "on" => "resumed processing".to_string(),
+        "gate_size" => format!("set the gate from {old} to {new} jobs at once"),
+        "dlq_replay" => format!("replayed {subject} from the dead-letter queue ({new})"),
+        "dlq_discard" => format!("discarded {subject} from the dead-letter queue ({new})"),
+        // The entry holds the amount and the balance after it.
+        "credits" => match old.parse::<i64>() {
+            Ok(n) if n < 0 => format!("took {} credits from {subject} (balance {new})", -n),
+            _ => format!("granted {old} credits to {subject} (balance {new})"),
+        },
+        other => format!("changed {other} {subject}: {old} → {new}"),
+    };
+    format!("{} {what}", a.actor)
 }
 
 /// Pure: the two polylines (intake, completions) of the chart, in a 600×120 box.
@@ -40,15 +64,13 @@ pub fn chart_lines(history: &[(i64, i64)]) -> (String, String) {
 pub fn AdminPage() -> impl IntoView {
     let set_processing = ServerAction::<SetProcessing>::new();
     let set_gate = ServerAction::<SetGate>::new();
-    let replay = ServerAction::<DlqReplay>::new();
-    let discard = ServerAction::<DlqDiscard>::new();
+    let actions = DlqActions::new();
     let refresh = RwSignal::new(0u32);
     let changed = move || {
         refresh.track();
         set_processing.version().track();
         set_gate.version().track();
-        replay.version().track();
-        discard.version().track();
+        actions.track();
     };
     let overview = LocalResource::new(move || {
         changed();
@@ -137,14 +159,14 @@ pub fn AdminPage() -> impl IntoView {
         }
     };
 
-    view! {
+    // Until the server says this is an admin, nothing of the page is shown; to anyone else it
+    // is a page that does not exist.
+    let admitted = Memo::new(move |_| overview.get().map(|r| r.is_ok()));
+    let page = move || view! {
         <h1>"Operations"</h1>
-        <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
-            {move || overview.get().map(|r| match r {
-                Ok(o) => view_overview(o).into_any(),
-                Err(_) => view! { <p class="empty">"Page not found."</p> }.into_any(),
-            })}
-        </Suspense>
+        <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
+            {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
+        </Transition>
         <section class="card">
             <h2>"Dead-letter queue"</h2>
             {move || {
@@ -154,22 +176,11 @@ pub fn AdminPage() -> impl IntoView {
                 }
                 view! {
                     <ul class="dlq">
-                        {list.into_iter().map(|g| {
-                            let (k1, r1, k2, r2) = (g.kind.clone(), g.reason.clone(), g.kind.clone(), g.reason.clone());
-                            view! {
-                                <li data-testid="dlq-group">
-                                    <span class="badge failed">{g.kind.replace('_', " ")}</span>
-                                    <span class="reason">{g.reason.clone()}</span>
-                                    <span class="muted">{format!("{} jobs", g.jobs)}</span>
-                                    <button class="button" on:click=move |_| { replay.dispatch(DlqReplay { kind: k1.clone(), reason: r1.clone() }); }>"Replay"</button>
-                                    <button class="button link" on:click=move |_| {
-                                        if confirm("Discard these jobs from the dead-letter queue?") {
-                                            discard.dispatch(DlqDiscard { kind: k2.clone(), reason: r2.clone() });
-                                        }
-                                    }>"Discard"</button>
-                                </li>
-                            }
-                        }).collect_view()}
+                        <For
+                            each=move || list.clone()
+                            key=|g| (g.kind.clone(), g.reason.clone(), g.jobs)
+                            children=move |g| view! { <DlqGroup group=g actions=actions/> }
+                        />
                     </ul>
                 }.into_any()
             }}
@@ -180,18 +191,161 @@ pub fn AdminPage() -> impl IntoView {
                 {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
                     <li>
                         <span class="when">{a.at.get(..16).unwrap_or("").replace('T', " ")}</span>
-                        {format!(" {} changed {}{}: {} → {}", a.actor, a.action, a.subject.map(|s| format!(" ({s})")).unwrap_or_default(),
-                            a.old_value.unwrap_or_default(), a.new_value.unwrap_or_default())}
+                        " "{describe_audit(&a)}
                     </li>
                 }).collect_view()}
             </ul>
         </section>
+    };
+    move || match admitted.get() {
+        Some(true) => page().into_any(),
+        Some(false) => view! { <p class="empty">"Page not found."</p> }.into_any(),
+        None => view! { <p class="empty">"Loading…"</p> }.into_any(),
+    }
+}
+
+/// The DLQ's four actions; anything that shows the DLQ reloads after any of them.
+#[derive(Clone, Copy)]
+struct DlqActions {
+    replay_group: ServerAction<DlqReplay>,
+    discard_group: ServerAction<DlqDiscard>,
+    replay_job: ServerAction<DlqReplayJob>,
+    discard_job: ServerAction<DlqDiscardJob>,
+}
+
+impl DlqActions {
+    fn new() -> Self {
+        DlqActions {
+            replay_group: ServerAction::new(),
+            discard_group: ServerAction::new(),
+            replay_job: ServerAction::new(),
+            discard_job: ServerAction::new(),
+        }
+    }
+
+    fn track(&self) {
+        self.replay_group.version().track();
+        self.discard_group.version().track();
+        self.replay_job.version().track();
+        self.discard_job.version().track();
+    }
+}
+
+/// One group of failed jobs: replay or discard it whole, or open it to inspect its jobs and
+/// their attempts, and replay or discard one.
+#[component]
+fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
+    let open = RwSignal::new(false);
+    let (kind, reason) = (group.kind.clone(), group.reason.clone());
+    let jobs = LocalResource::new({
+        let (kind, reason) = (kind.clone(), reason.clone());
+        move || {
+            actions.track();
+            let (show, kind, reason) = (open.get(), kind.clone(), reason.clone());
+            async move {
+                if show {
+                    dlq_jobs(kind, reason).await
+                } else {
+                    Ok(Vec::new())
+                }
+            }
+        }
+    });
+    let selection = move || DlqReplay { kind: kind.clone(), reason: reason.clone() };
+    let discard_selection = selection.clone();
+    let count = group.jobs;
+    view! {
+        <li data-testid="dlq-group">
+            <div class="dlq-head">
+                <span class="badge failed">{group.kind.replace('_', " ")}</span>
+                <span class="reason">{group.reason.clone()}</span>
+                <span class="muted">{if count == 1 { "1 job".to_string() } else { format!("{count} jobs") }}</span>
+                <button class="button link" aria-expanded=move || open.get().to_string() on:click=move |_| open.update(|o| *o = !*o)>
+                    {move || if open.get() { "Hide jobs" } else { "Show jobs" }}
+                </button>
+                <button class="button" on:click=move |_| { actions.replay_group.dispatch(selection()); }>"Replay all"</button>
+                <button class="button link" on:click=move |_| {
+                    if confirm("Discard every job in this group from the dead-letter queue?") {
+                        let DlqReplay { kind, reason } = discard_selection();
+                        actions.discard_group.dispatch(DlqDiscard { kind, reason });
+                    }
+                }>"Discard all"</button>
+            </div>
+            <Show when=move || open.get()>
+                <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
+                    <ul class="dlq-jobs">
+                        {move || jobs.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|d| {
+                            let id = d.job.id.clone();
+                            let (replay_id, discard_id) = (id.clone(), id.clone());
+                            view! {
+                                <li class="dlq-job" data-testid="dlq-job">
+                                    <div class="dlq-head">
+                                        <a class="file-name" href=format!("/jobs/{id}")>{d.job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
+                                        <span class="muted">{format!("{} · {}", d.owner_email, d.job.finished_at.as_deref().and_then(|t| t.get(..16)).unwrap_or("").replace('T', " "))}</span>
+                                        <button class="button" on:click=move |_| { actions.replay_job.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
+                                        <button class="button link" on:click=move |_| {
+                                            if confirm("Discard this job from the dead-letter queue?") {
+                                                actions.discard_job.dispatch(DlqDiscardJob { id: discard_id.clone() });
+                                            }
+                                        }>"Discard"</button>
+                                    </div>
+                                    <ol class="timeline">
+                                        {d.attempts.into_iter().map(|a| view! {
+                                            <li>
+                                                <strong>{format!("Attempt {}", a.attempt)}</strong>
+                                                " "{a.outcome.unwrap_or_else(|| "running".into()).replace('_', " ")}
+                                                {a.provider_status.map(|s| format!(" (HTTP {s})"))}
+                                                {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
+                                            </li>
+                                        }).collect_view()}
+                                    </ol>
+                                </li>
+                            }
+                        }).collect_view()}
+                    </ul>
+                </Transition>
+            </Show>
+        </li>
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::chart_lines;
+    use super::{chart_lines, describe_audit};
+    use crate::model::AuditInfo;
+
+    fn entry(action: &str, subject: Option<&str>, old: &str, new: &str) -> AuditInfo {
+        AuditInfo {
+            at: "2026-11-29T12:00:00.000Z".into(),
+            actor: "ops@example.com".into(),
+            action: action.into(),
+            subject: subject.map(str::to_string),
+            old_value: Some(old.into()),
+            new_value: Some(new.into()),
+        }
+    }
+
+    #[test]
+    fn audit_entries_read_as_sentences() {
+        assert_eq!(describe_audit(&entry("processing", None, "on", "off")), "ops@example.com paused processing");
+        assert_eq!(describe_audit(&entry("processing", None, "off", "on")), "ops@example.com resumed processing");
+        assert_eq!(
+            describe_audit(&entry("gate_size", None, "24", "5")),
+            "ops@example.com set the gate from 24 to 5 jobs at once"
+        );
+        assert_eq!(
+            describe_audit(&entry("dlq_replay", Some("group retries_exhausted: timeouts"), "failed", "3 queued")),
+            "ops@example.com replayed group retries exhausted: timeouts from the dead-letter queue (3 queued)"
+        );
+        assert_eq!(
+            describe_audit(&entry("credits", Some("user 5"), "-20", "0")),
+            "ops@example.com took 20 credits from user 5 (balance 0)"
+        );
+        assert_eq!(
+            describe_audit(&entry("something_new", Some("x"), "a", "b")),
+            "ops@example.com changed something_new x: a → b"
+        );
+    }
 
     #[test]
     fn chart_lines_scale_to_the_busiest_minute() {

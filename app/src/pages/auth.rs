@@ -21,13 +21,28 @@ fn error_text(e: &AppError) -> String {
     }
 }
 
-/// E-mail and password inputs, the error line, and a redirect to the jobs page on success.
+/// Pure: where to go after logging in. Only a path on this site (never `//host` or a URL),
+/// so a crafted link cannot send anyone elsewhere.
+pub fn after_login(next: Option<&str>) -> String {
+    match next {
+        Some(path) if path.starts_with('/') && !path.starts_with("//") && !path.contains('\\') && path != "/login" => {
+            path.to_string()
+        }
+        _ => "/jobs".to_string(),
+    }
+}
+
+/// E-mail and password inputs, the error line, and on success a redirect to the page that
+/// sent the user here (`?next=`), else the jobs page.
 #[component]
 fn Fields(#[prop(into)] value: Signal<Option<Result<UserInfo, AppError>>>, new_password: bool) -> impl IntoView {
     let navigate = use_navigate();
+    let query = leptos_router::hooks::use_query_map();
     Effect::new(move |_| {
         if let Some(Ok(_)) = value.get() {
-            navigate("/jobs", Default::default());
+            crate::AccountChanged::notify();
+            let next = query.read_untracked().get("next");
+            navigate(&after_login(next.as_deref()), Default::default());
         }
     });
     view! {
@@ -79,5 +94,21 @@ pub fn SignupPage() -> impl IntoView {
             </ActionForm>
             <p class="switch">"Have an account? " <a href="/login">"Log in"</a></p>
         </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::after_login;
+
+    #[test]
+    fn only_local_paths_are_followed_after_login() {
+        assert_eq!(after_login(Some("/jobs/42")), "/jobs/42");
+        assert_eq!(after_login(Some("/upload")), "/upload");
+        assert_eq!(after_login(None), "/jobs");
+        assert_eq!(after_login(Some("https://evil.example/")), "/jobs");
+        assert_eq!(after_login(Some("//evil.example/")), "/jobs");
+        assert_eq!(after_login(Some("/\\evil.example")), "/jobs");
+        assert_eq!(after_login(Some("/login")), "/jobs");
     }
 }

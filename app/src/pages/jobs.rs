@@ -62,8 +62,7 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         _ => "Unknown",
     };
     let detail = move || match job.state.as_str() {
-        "queued" if job.paused => "Processing is paused by an operator; it starts when processing resumes.".to_string(),
-        "queued" => "Waiting for a free worker.".to_string(),
+        "queued" => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
         "running" => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             format!("Running for {} s.", seconds_between(since, now.get()))
@@ -89,6 +88,26 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
     }
 }
 
+/// Pure: the line under a queued badge.
+pub fn queued_text(paused: bool, ahead: Option<i64>, starts_in_secs: Option<i64>) -> String {
+    if paused {
+        return "Processing is paused by an operator; it starts when processing resumes.".into();
+    }
+    let place = match ahead {
+        Some(0) => "Next in line".to_string(),
+        Some(1) => "1 job ahead".to_string(),
+        Some(n) => format!("{n} jobs ahead"),
+        None => "Waiting for a free worker".to_string(),
+    };
+    match starts_in_secs {
+        Some(s) if s <= 1 => format!("{place}; starting now."),
+        Some(s) if s < 120 => format!("{place}; starts in about {s} s."),
+        Some(s) => format!("{place}; starts in about {} min.", (s + 59) / 60),
+        None if ahead.is_some() => format!("{place}; no estimate yet (nothing has finished lately)."),
+        None => format!("{place}."),
+    }
+}
+
 fn credits(n: i32) -> String {
     if n == 1 {
         "1 credit".into()
@@ -106,6 +125,20 @@ fn is_live(job: &JobStatus) -> bool {
     !matches!(job.state.as_str(), "done" | "failed")
 }
 
+/// Tells the header to ask again when the number of ended jobs on screen changes (an ended
+/// job may have refunded credits or left a notice).
+fn watch_endings(ended: impl Fn() -> Option<usize> + 'static) {
+    Effect::new(move |before: Option<Option<usize>>| {
+        let now = ended();
+        if let (Some(Some(b)), Some(n)) = (before, now) {
+            if n != b {
+                crate::AccountChanged::notify();
+            }
+        }
+        now
+    });
+}
+
 #[component]
 pub fn JobsPage() -> impl IntoView {
     let jobs = LocalResource::new(list_jobs);
@@ -116,13 +149,14 @@ pub fn JobsPage() -> impl IntoView {
             jobs.refetch();
         }
     });
+    watch_endings(move || jobs.get().and_then(|r| r.ok()).map(|js| js.iter().filter(|j| !is_live(j)).count()));
     view! {
         <section class="card">
             <div class="card-head">
                 <h1>"Your jobs"</h1>
                 <a class="button primary" href="/upload">"Upload documents"</a>
             </div>
-            <Suspense fallback=|| view! { <p class="empty">"Loading your jobs…"</p> }>
+            <Transition fallback=|| view! { <p class="empty">"Loading your jobs…"</p> }>
                 {move || {
                     jobs.get()
                         .map(|result| match result {
@@ -153,7 +187,7 @@ pub fn JobsPage() -> impl IntoView {
                             }
                         })
                 }}
-            </Suspense>
+            </Transition>
         </section>
     }
 }
@@ -170,10 +204,11 @@ pub fn JobPage() -> impl IntoView {
             detail.refetch();
         }
     });
+    watch_endings(move || detail.get().and_then(|r| r.ok()).map(|d| usize::from(!is_live(&d.job))));
     view! {
         <section class="card">
             <p><a href="/jobs">"← All jobs"</a></p>
-            <Suspense fallback=|| view! { <p class="empty">"Loading…"</p> }>
+            <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || {
                     detail
                         .get()
@@ -217,7 +252,22 @@ pub fn JobPage() -> impl IntoView {
                             }
                         })
                 }}
-            </Suspense>
+            </Transition>
         </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queued_text;
+
+    #[test]
+    fn queued_lines_say_the_place_and_the_estimate() {
+        assert_eq!(queued_text(false, Some(0), Some(0)), "Next in line; starting now.");
+        assert_eq!(queued_text(false, Some(1), Some(40)), "1 job ahead; starts in about 40 s.");
+        assert_eq!(queued_text(false, Some(12), Some(150)), "12 jobs ahead; starts in about 3 min.");
+        assert_eq!(queued_text(false, Some(3), None), "3 jobs ahead; no estimate yet (nothing has finished lately).");
+        assert_eq!(queued_text(false, None, None), "Waiting for a free worker.");
+        assert!(queued_text(true, Some(3), Some(5)).starts_with("Processing is paused"));
     }
 }
