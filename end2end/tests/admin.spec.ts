@@ -81,3 +81,32 @@ test('an admin inspects a dead-letter group, replays one job, then the rest of t
   await user.reload();
   await expect(user.locator('.job .badge[data-state="done"]')).toHaveCount(2, { timeout: 15_000 });
 });
+
+test('with the gate at one, waiting jobs show their place in line, then all run', async ({ browser }) => {
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
+  await open(admin, '/admin');
+  const setGate = async (size: number) => {
+    await admin.getByLabel('Jobs at once (1 to 70)').fill(String(size));
+    await admin.getByRole('button', { name: 'Set the gate' }).click();
+    await expect(admin.getByText(`at most ${size} at once`)).toBeVisible();
+  };
+  await setGate(1);
+  try {
+    await expect(admin.locator('.audit li').first()).toContainText(/set the gate from \d+ to 1 jobs at once/);
+    // The first document holds the only slot for a while.
+    await scriptProvider([{ kind: 'hang', millis: 4500 }]);
+    const user = await newPage(browser);
+    await signUp(user, 'line');
+    await open(user, '/upload');
+    await user.locator('#files').setInputFiles([uniqueText('first.txt'), uniqueText('second.txt'), uniqueText('third.txt')]);
+    await expect(user.locator('.upload[data-outcome="ok"]')).toHaveCount(3);
+    await user.goto('/jobs');
+    const details = user.locator('.job .state-detail');
+    await expect(details.filter({ hasText: /^Next in line; / })).toHaveCount(1);
+    await expect(details.filter({ hasText: /^1 job ahead; / })).toHaveCount(1);
+    await expect(user.locator('.job .badge[data-state="done"]')).toHaveCount(3, { timeout: 20_000 });
+  } finally {
+    await setGate(24);
+  }
+});

@@ -67,13 +67,16 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             format!("Running for {} s.", seconds_between(since, now.get()))
         }
-        "retrying" => format!(
-            "Attempt {} of {} failed: {}. Next attempt in {} s.",
-            job.attempts,
-            job.max_attempts,
-            job.last_error.clone().unwrap_or_else(|| "a temporary problem".into()),
-            seconds_between(now.get(), parse_ms(&job.run_at))
-        ),
+        "retrying" => {
+            let wait = seconds_between(now.get(), parse_ms(&job.run_at));
+            format!(
+                "Attempt {} of {} failed: {}. {}",
+                job.attempts,
+                job.max_attempts,
+                job.last_error.clone().unwrap_or_else(|| "a temporary problem".into()),
+                if wait > 0 { format!("Next attempt in {wait} s.") } else { "Next attempt starting now.".into() }
+            )
+        }
         "failed" => format!(
             "{}. {} refunded.",
             capitalise(job.failure_reason.as_deref().unwrap_or("It could not be processed")),
