@@ -1,5 +1,5 @@
 import * as path from 'path';
-import { allowConsoleError, expect, open, scriptProvider, signUp, test } from './helpers';
+import { allowConsoleError, expect, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText } from './helpers';
 
 
 test('sign up, upload a PDF, watch it finish and open the result', async ({ page }) => {
@@ -79,4 +79,49 @@ test('the provider failing shows retrying with a countdown, then failed with the
   await expect(page.getByTestId('unread')).toHaveText('1');
   await expect(page.getByTestId('who')).toContainText('20 credits');
   await expect(page.locator('.notices li.unread')).toContainText('1 credit refunded');
+});
+
+test('the jobs list polls every 2 s while a job can change, not while the tab is hidden, and stops when all are final', async ({ page, browser }) => {
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
+  await setProcessing(admin, false);
+  try {
+    await signUp(page, 'poll');
+    await open(page, '/upload');
+    await page.locator('#files').setInputFiles(uniqueText('poll.txt'));
+    await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
+    await open(page, '/jobs');
+    const badge = page.locator('.job .badge');
+    await expect(badge).toHaveAttribute('data-state', 'queued');
+
+    const polls: number[] = [];
+    page.on('request', (r) => {
+      if (r.url().endsWith('/api/list_jobs')) polls.push(Date.now());
+    });
+    await page.waitForTimeout(6000);
+    expect(polls.length).toBeGreaterThanOrEqual(2);
+    expect(polls.length).toBeLessThanOrEqual(4);
+
+    const setVisibility = (state: 'hidden' | 'visible') =>
+      page.evaluate((s) => {
+        Object.defineProperty(document, 'visibilityState', { configurable: true, get: () => s });
+        document.dispatchEvent(new Event('visibilitychange'));
+      }, state);
+    await setVisibility('hidden');
+    const hidden = polls.length;
+    await page.waitForTimeout(5000);
+    expect(polls.length).toBe(hidden);
+    // Shown again: it asks at once, not at the next tick.
+    await setVisibility('visible');
+    await expect.poll(() => polls.length, { timeout: 400, intervals: [50] }).toBeGreaterThan(hidden);
+
+    await setProcessing(admin, true);
+    await expect(badge).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
+    await page.waitForTimeout(500);
+    const final = polls.length;
+    await page.waitForTimeout(5000);
+    expect(polls.length).toBe(final);
+  } finally {
+    await setProcessing(admin, true);
+  }
 });

@@ -25,21 +25,40 @@ fn parse_ms(rfc3339: &str) -> f64 {
     }
 }
 
-/// Ticks `now` every second and calls `refresh` every other tick while the tab is visible.
+/// Ticks `now` every second and calls `refresh` every other tick while the tab is visible,
+/// and at once when a hidden tab is shown again.
 fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
     #[cfg(feature = "hydrate")]
     {
+        use wasm_bindgen::closure::Closure;
+        use wasm_bindgen::JsCast;
+
+        fn visible() -> bool {
+            document().visibility_state() == web_sys::VisibilityState::Visible
+        }
+        let refresh = std::rc::Rc::new(refresh);
         let mut tick = 0u32;
+        let on_tick = refresh.clone();
         let interval = gloo_timers::callback::Interval::new(1000, move || {
             now.set(now_ms());
             tick += 1;
-            let visible = document().visibility_state() == web_sys::VisibilityState::Visible;
-            if tick % 2 == 0 && visible {
+            if tick % 2 == 0 && visible() {
+                on_tick();
+            }
+        });
+        let on_shown = Closure::<dyn Fn()>::new(move || {
+            if visible() {
+                now.set(now_ms());
                 refresh();
             }
         });
-        let interval = send_wrapper::SendWrapper::new(interval);
-        on_cleanup(move || drop(interval));
+        let _ = document().add_event_listener_with_callback("visibilitychange", on_shown.as_ref().unchecked_ref());
+        let held = send_wrapper::SendWrapper::new((interval, on_shown));
+        on_cleanup(move || {
+            let (interval, on_shown) = held.take();
+            let _ = document().remove_event_listener_with_callback("visibilitychange", on_shown.as_ref().unchecked_ref());
+            drop(interval);
+        });
     }
     #[cfg(not(feature = "hydrate"))]
     let _ = (now, refresh);
