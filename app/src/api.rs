@@ -69,16 +69,22 @@ pub async fn revoke_token(id: i64) -> Result<(), AppError> {
     h::revoke_token(id).await.map_err(respond)
 }
 
-/// The processing presets this server can do (language-model presets need a provider).
-#[server(endpoint = "presets")]
-pub async fn presets() -> Result<Vec<PresetInfo>, AppError> {
+/// What this server offers and charges: its presets (language-model presets need a
+/// provider), the cost per document, the upload cap and the sign-up grant. Public.
+#[server(endpoint = "terms")]
+pub async fn terms() -> Result<SiteTerms, AppError> {
     let ctx = h::context().map_err(respond)?;
-    Ok(ctx
-        .settings
-        .presets
-        .iter()
-        .map(|p| PresetInfo { id: p.as_str().to_string(), label: p.label().to_string() })
-        .collect())
+    let settings = &ctx.settings;
+    Ok(SiteTerms {
+        presets: settings
+            .presets
+            .iter()
+            .map(|p| PresetInfo { id: p.as_str().to_string(), label: p.label().to_string() })
+            .collect(),
+        cost: settings.admission.cost,
+        max_upload_bytes: settings.max_upload_bytes,
+        signup_grant: settings.signup_grant,
+    })
 }
 
 #[server(endpoint = "admin/overview")]

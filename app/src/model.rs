@@ -212,6 +212,17 @@ pub struct PresetInfo {
     pub label: String,
 }
 
+/// What this server offers and charges, for the upload and sign-up pages.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteTerms {
+    pub presets: Vec<PresetInfo>,
+    /// Credits per document.
+    pub cost: i64,
+    pub max_upload_bytes: u64,
+    /// Credits a new account starts with.
+    pub signup_grant: i64,
+}
+
 /// The admin page's view of the queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueueStatus {

@@ -297,10 +297,15 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
     let forged = evil.post(app.url("/api/v1/jobs")).header("Sec-Fetch-Site", "cross-site").send().await.unwrap();
     assert_eq!(forged.status(), StatusCode::FORBIDDEN);
 
-    let presets: serde_json::Value = call(&browser, &app, "presets", &[]).await.json().await.unwrap();
+    let terms: serde_json::Value = call(&browser, &app, "terms", &[]).await.json().await.unwrap();
     assert_eq!(
-        presets,
-        serde_json::json!([{"id": "summarize", "label": "Summarize"}, {"id": "key_facts", "label": "Extract key facts"}])
+        terms,
+        serde_json::json!({
+            "presets": [{"id": "summarize", "label": "Summarize"}, {"id": "key_facts", "label": "Extract key facts"}],
+            "cost": 1,
+            "max_upload_bytes": 52428800,
+            "signup_grant": 20,
+        })
     );
 
     let taken = call(&browser, &app, "sign_up", &[("email", "carol@example.com"), ("password", "another one")]).await;

@@ -8,6 +8,7 @@ use crate::api::{
     SetProcessing,
 };
 use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus};
+use crate::pages::jobs::AttemptTimeline;
 
 fn confirm(message: &str) -> bool {
     #[cfg(feature = "hydrate")]
@@ -289,16 +290,7 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
                                             }
                                         }>"Discard"</button>
                                     </div>
-                                    <ol class="timeline">
-                                        {d.attempts.into_iter().map(|a| view! {
-                                            <li>
-                                                <strong>{format!("Attempt {}", a.attempt)}</strong>
-                                                " "{a.outcome.unwrap_or_else(|| "running".into()).replace('_', " ")}
-                                                {a.provider_status.map(|s| format!(" (HTTP {s})"))}
-                                                {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
-                                            </li>
-                                        }).collect_view()}
-                                    </ol>
+                                    <AttemptTimeline attempts=d.attempts/>
                                 </li>
                             }
                         }).collect_view()}

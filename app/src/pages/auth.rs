@@ -84,12 +84,16 @@ pub fn LoginPage() -> impl IntoView {
 #[component]
 pub fn SignupPage() -> impl IntoView {
     let action = ServerAction::<SignUp>::new();
+    let terms = LocalResource::new(crate::api::terms);
     view! {
         <section class="auth card">
             <h1>"Create your account"</h1>
             <ActionForm action=action>
                 <Fields value=action.value() new_password=true/>
-                <p class="hint">"At least 8 characters. You start with 20 free credits."</p>
+                <p class="hint">
+                    "At least 8 characters."
+                    {move || terms.get().and_then(|r| r.ok()).map(|t| format!(" You start with {} free credits.", t.signup_grant))}
+                </p>
                 <button class="button primary" type="submit" disabled=move || action.pending().get()>"Sign up"</button>
             </ActionForm>
             <p class="switch">"Have an account? " <a href="/login">"Log in"</a></p>

@@ -64,6 +64,26 @@ fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
     let _ = (now, refresh);
 }
 
+/// A time of day in the browser's time zone (the lists render only in the browser).
+fn local_time(rfc3339: &str) -> String {
+    #[cfg(feature = "hydrate")]
+    return js_sys::Date::new(&wasm_bindgen::JsValue::from_str(rfc3339))
+        .to_locale_time_string("default")
+        .as_string()
+        .unwrap_or_default();
+    #[cfg(not(feature = "hydrate"))]
+    rfc3339.get(11..19).unwrap_or_default().to_string()
+}
+
+/// Pure: a duration in words: "42 s", "3 min", "2 h 5 min".
+pub fn duration_text(secs: i64) -> String {
+    match secs.max(0) {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7200 => format!("{} min", s / 60),
+        s => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+    }
+}
+
 fn seconds_between(from_ms: f64, to_ms: f64) -> i64 {
     ((to_ms - from_ms) / 1000.0).round().max(0.0) as i64
 }
@@ -84,7 +104,7 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         "queued" => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
         "running" => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
-            format!("Running for {} s.", seconds_between(since, now.get()))
+            format!("Running for {}.", duration_text(seconds_between(since, now.get())))
         }
         "retrying" => {
             let wait = seconds_between(now.get(), parse_ms(&job.run_at));
@@ -101,7 +121,10 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             capitalise(job.failure_reason.as_deref().unwrap_or("It could not be processed")),
             credits(job.cost)
         ),
-        "done" => "Finished.".to_string(),
+        "done" => match job.finished_at.as_deref() {
+            Some(end) => format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end)))),
+            None => "Done.".to_string(),
+        },
         _ => String::new(),
     };
     view! {
@@ -127,6 +150,34 @@ pub fn queued_text(paused: bool, ahead: Option<i64>, starts_in_secs: Option<i64>
         Some(s) => format!("{place}; starts in about {} min.", (s + 59) / 60),
         None if ahead.is_some() => format!("{place}; no estimate yet (nothing has finished lately)."),
         None => format!("{place}."),
+    }
+}
+
+/// A job's attempts: when each started, how long it took, its outcome and error.
+#[component]
+pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoView {
+    view! {
+        <ol class="timeline">
+            {attempts
+                .into_iter()
+                .map(|a| {
+                    let took = a.finished_at.as_deref().map(|end| {
+                        let ms = parse_ms(end) - parse_ms(&a.started_at);
+                        format!(", took {:.1} s", ms.max(0.0) / 1000.0)
+                    });
+                    view! {
+                        <li>
+                            <strong>{format!("Attempt {}", a.attempt)}</strong>
+                            <span class="muted">{format!(" at {}{}", local_time(&a.started_at), took.unwrap_or_default())}</span>
+                            " · "
+                            <span>{a.outcome.unwrap_or_else(|| "running".into()).replace('_', " ")}</span>
+                            {a.provider_status.map(|s| format!(" (HTTP {s})"))}
+                            {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
+                        </li>
+                    }
+                })
+                .collect_view()}
+        </ol>
     }
 }
 
@@ -256,19 +307,7 @@ pub fn JobPage() -> impl IntoView {
                                         </p>
                                     })}
                                     <h2>"Attempts"</h2>
-                                    <ol class="timeline">
-                                        {d.attempts
-                                            .into_iter()
-                                            .map(|a| view! {
-                                                <li>
-                                                    <strong>{format!("Attempt {}", a.attempt)}</strong>
-                                                    " "
-                                                    <span>{a.outcome.unwrap_or_else(|| "running".into()).replace('_', " ")}</span>
-                                                    {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
-                                                </li>
-                                            })
-                                            .collect_view()}
-                                    </ol>
+                                    <AttemptTimeline attempts=d.attempts/>
                                 }
                                     .into_any()
                             }
@@ -281,7 +320,16 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::queued_text;
+    use super::{duration_text, queued_text};
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(duration_text(0), "0 s");
+        assert_eq!(duration_text(119), "119 s");
+        assert_eq!(duration_text(125), "2 min");
+        assert_eq!(duration_text(7260), "2 h 1 min");
+        assert_eq!(duration_text(-5), "0 s");
+    }
 
     #[test]
     fn queued_lines_say_the_place_and_the_estimate() {

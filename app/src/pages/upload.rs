@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 use serde_json::Value;
 
-use crate::api::presets;
+use crate::api::terms;
 
 /// How an upload ended, for the message under its progress bar.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,6 +55,14 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
     }
 }
 
+/// Pure: the line under the drop zone, e.g. "Up to 50 MB each. 1 credit per document."
+pub fn terms_hint(max_upload_bytes: u64, cost: i64) -> String {
+    let mb = max_upload_bytes as f64 / (1024.0 * 1024.0);
+    let size = if mb >= 1.0 { format!("{} MB", mb.floor()) } else { format!("{} KB", max_upload_bytes / 1024) };
+    let credits = if cost == 1 { "1 credit".to_string() } else { format!("{cost} credits") };
+    format!("Up to {size} each. {credits} per document.")
+}
+
 #[derive(Clone)]
 struct UploadRow {
     name: String,
@@ -64,7 +72,7 @@ struct UploadRow {
 
 #[component]
 pub fn UploadPage() -> impl IntoView {
-    let presets = LocalResource::new(presets);
+    let terms = LocalResource::new(terms);
     let preset = RwSignal::new("summarize".to_string());
     let rows = RwSignal::new(Vec::<UploadRow>::new());
     let dragging = RwSignal::new(false);
@@ -86,9 +94,10 @@ pub fn UploadPage() -> impl IntoView {
             <label for="preset">"What should Sluice do?"</label>
             <select id="preset" on:change=move |ev| preset.set(event_target_value(&ev))>
                 {move || {
-                    presets
+                    terms
                         .get()
                         .and_then(|r| r.ok())
+                        .map(|t| t.presets)
                         .unwrap_or_default()
                         .into_iter()
                         .map(|p| view! { <option value=p.id.clone()>{p.label}</option> })
@@ -137,7 +146,9 @@ pub fn UploadPage() -> impl IntoView {
                         let _ = ev;
                     }
                 />
-                <p class="hint">"Up to 50 MB each. One credit per document."</p>
+                <p class="hint">
+                    {move || terms.get().and_then(|r| r.ok()).map(|t| terms_hint(t.max_upload_bytes, t.cost))}
+                </p>
             </div>
             <ul class="uploads" aria-live="polite">
                 {move || {
@@ -212,6 +223,12 @@ fn send(file: web_sys::File, preset: String, progress: RwSignal<f64>, outcome: R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_terms_hint_follows_the_configuration() {
+        assert_eq!(terms_hint(50 * 1024 * 1024, 1), "Up to 50 MB each. 1 credit per document.");
+        assert_eq!(terms_hint(512 * 1024, 3), "Up to 512 KB each. 3 credits per document.");
+    }
 
     #[test]
     fn each_refusal_has_its_own_message() {
