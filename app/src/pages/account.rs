@@ -4,13 +4,17 @@ use leptos::prelude::*;
 
 use crate::api::{credits, list_tokens, notices, CreateToken, MarkNoticesRead, RevokeToken};
 
-fn day_and_time(rfc3339: &str) -> String {
-    rfc3339.get(..16).map(|s| s.replace('T', " ")).unwrap_or_default()
+use crate::pages::clock::local_date_time as day_and_time;
+
+/// Pure: a ledger line's description: its note, else its kind, capitalised.
+pub fn ledger_text(kind: &str, note: Option<&str>) -> String {
+    crate::pages::capitalise(note.filter(|n| !n.is_empty()).unwrap_or(kind))
 }
 
 #[component]
 pub fn CreditsPage() -> impl IntoView {
     let summary = LocalResource::new(credits);
+    let terms = LocalResource::new(crate::api::terms);
     view! {
         <section class="card">
             <h1>"Credits"</h1>
@@ -19,14 +23,22 @@ pub fn CreditsPage() -> impl IntoView {
                     Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
                     Ok(c) => view! {
                         <p class="balance"><span data-testid="balance">{c.balance}</span>" credits"</p>
-                        <p class="hint">"Each document costs one credit. Failed documents are refunded."</p>
+                        <p class="hint">
+                            {move || terms.get().and_then(|r| r.ok()).map(|t| format!(
+                                "Each document costs {}. Documents that cannot be processed are refunded.",
+                                crate::pages::credits_text(t.cost)
+                            ))}
+                        </p>
                         <table class="ledger">
                             <thead><tr><th>"When"</th><th>"What"</th><th class="num">"Credits"</th></tr></thead>
                             <tbody>
                                 {c.history.into_iter().map(|l| view! {
                                     <tr class=l.kind.clone()>
                                         <td>{day_and_time(&l.at)}</td>
-                                        <td>{format!("{}{}", l.kind, l.note.map(|n| format!(": {n}")).unwrap_or_default())}</td>
+                                        <td>
+                                            {ledger_text(&l.kind, l.note.as_deref())}
+                                            {l.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}")>"(job)"</a> })}
+                                        </td>
                                         <td class="num">{if l.amount > 0 { format!("+{}", l.amount) } else { l.amount.to_string() }}</td>
                                     </tr>
                                 }).collect_view()}
@@ -120,4 +132,16 @@ pub fn NoticesPage() -> impl IntoView {
 /// The unread count for the header.
 pub async fn unread_count() -> usize {
     notices().await.map(|n| n.iter().filter(|n| !n.read).count()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ledger_text;
+
+    #[test]
+    fn ledger_lines_read_as_words() {
+        assert_eq!(ledger_text("debit", Some("document accepted")), "Document accepted");
+        assert_eq!(ledger_text("grant", None), "Grant");
+        assert_eq!(ledger_text("refund", Some("")), "Refund");
+    }
 }

@@ -8,6 +8,7 @@ use crate::api::{
     SetProcessing,
 };
 use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus};
+use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
 
 fn confirm(message: &str) -> bool {
@@ -108,7 +109,7 @@ pub fn AdminPage() -> impl IntoView {
                         {if enabled { "On" } else { "Paused" }}
                     </span>
                 </div>
-                <p class="hint">{format!("Since {} by {}.", o.processing_changed_at.get(..16).unwrap_or("").replace('T', " "), o.processing_changed_by)}</p>
+                <p class="hint">{format!("Since {} by {}.", local_date_time(&o.processing_changed_at), o.processing_changed_by)}</p>
                 <button
                     class=if enabled { "button danger" } else { "button primary" }
                     on:click=move |_| {
@@ -191,7 +192,7 @@ pub fn AdminPage() -> impl IntoView {
             <ul class="audit">
                 {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
                     <li>
-                        <span class="when">{a.at.get(..16).unwrap_or("").replace('T', " ")}</span>
+                        <span class="when">{local_date_time(&a.at)}</span>
                         " "{describe_audit(&a)}
                     </li>
                 }).collect_view()}
@@ -282,7 +283,7 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
                                 <li class="dlq-job" data-testid="dlq-job">
                                     <div class="dlq-head">
                                         <a class="file-name" href=format!("/jobs/{id}")>{d.job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
-                                        <span class="muted">{format!("{} · {}", d.owner_email, d.job.finished_at.as_deref().and_then(|t| t.get(..16)).unwrap_or("").replace('T', " "))}</span>
+                                        <span class="muted">{format!("{} · {}", d.owner_email, d.job.finished_at.as_deref().map(local_date_time).unwrap_or_default())}</span>
                                         <button class="button" on:click=move |_| { actions.replay_job.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
                                         <button class="button link" on:click=move |_| {
                                             if confirm("Discard this job from the dead-letter queue?") {

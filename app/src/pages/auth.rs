@@ -13,11 +13,7 @@ fn error_text(e: &AppError) -> String {
         AppError::RateLimited { retry_after_secs } => {
             format!("Too many failed attempts. Try again in {} minutes.", retry_after_secs.div_ceil(60))
         }
-        other => {
-            let text = other.to_string();
-            let mut chars = text.chars();
-            chars.next().map(|c| c.to_uppercase().collect::<String>() + chars.as_str() + ".").unwrap_or_default()
-        }
+        other => crate::pages::capitalise(&other.to_string()) + ".",
     }
 }
 

@@ -6,24 +6,8 @@ use leptos_router::hooks::use_params_map;
 
 use crate::api::{job_detail, list_jobs};
 use crate::model::JobStatus;
-
-/// Milliseconds since the epoch, in the browser (0 while rendering on the server).
-fn now_ms() -> f64 {
-    #[cfg(feature = "hydrate")]
-    return js_sys::Date::now();
-    #[cfg(not(feature = "hydrate"))]
-    0.0
-}
-
-fn parse_ms(rfc3339: &str) -> f64 {
-    #[cfg(feature = "hydrate")]
-    return js_sys::Date::parse(rfc3339);
-    #[cfg(not(feature = "hydrate"))]
-    {
-        let _ = rfc3339;
-        0.0
-    }
-}
+use crate::pages::{capitalise, credits_text};
+use crate::pages::clock::{local_time, now_ms, parse_ms};
 
 /// Ticks `now` every second and calls `refresh` every other tick while the tab is visible,
 /// and at once when a hidden tab is shown again.
@@ -62,17 +46,6 @@ fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
     }
     #[cfg(not(feature = "hydrate"))]
     let _ = (now, refresh);
-}
-
-/// A time of day in the browser's time zone (the lists render only in the browser).
-fn local_time(rfc3339: &str) -> String {
-    #[cfg(feature = "hydrate")]
-    return js_sys::Date::new(&wasm_bindgen::JsValue::from_str(rfc3339))
-        .to_locale_time_string("default")
-        .as_string()
-        .unwrap_or_default();
-    #[cfg(not(feature = "hydrate"))]
-    rfc3339.get(11..19).unwrap_or_default().to_string()
 }
 
 /// Pure: a duration in words: "42 s", "3 min", "2 h 5 min".
@@ -119,7 +92,7 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         "failed" => format!(
             "{}. {} refunded.",
             capitalise(job.failure_reason.as_deref().unwrap_or("It could not be processed")),
-            credits(job.cost)
+            credits_text(job.cost.into())
         ),
         "done" => match job.finished_at.as_deref() {
             Some(end) => format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end)))),
@@ -179,19 +152,6 @@ pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoVie
                 .collect_view()}
         </ol>
     }
-}
-
-fn credits(n: i32) -> String {
-    if n == 1 {
-        "1 credit".into()
-    } else {
-        format!("{n} credits")
-    }
-}
-
-fn capitalise(s: &str) -> String {
-    let mut chars = s.chars();
-    chars.next().map(|c| c.to_uppercase().collect::<String>() + chars.as_str()).unwrap_or_default()
 }
 
 fn is_live(job: &JobStatus) -> bool {

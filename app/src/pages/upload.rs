@@ -59,8 +59,7 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
 pub fn terms_hint(max_upload_bytes: u64, cost: i64) -> String {
     let mb = max_upload_bytes as f64 / (1024.0 * 1024.0);
     let size = if mb >= 1.0 { format!("{} MB", mb.floor()) } else { format!("{} KB", max_upload_bytes / 1024) };
-    let credits = if cost == 1 { "1 credit".to_string() } else { format!("{cost} credits") };
-    format!("Up to {size} each. {credits} per document.")
+    format!("Up to {size} each. {} per document.", crate::pages::credits_text(cost))
 }
 
 #[derive(Clone)]
