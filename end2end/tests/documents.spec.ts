@@ -81,7 +81,7 @@ test('the provider failing shows retrying with a countdown, then failed with the
   await expect(page.locator('.notices li.unread')).toContainText('1 credit refunded');
 });
 
-test('the jobs list polls every 2 s while a job can change, not while the tab is hidden, and stops when all are final', async ({ page, browser }) => {
+test('the jobs list polls every 2 s while a job can change (without moving the layout), not while the tab is hidden, and stops when all are final', async ({ page, browser }) => {
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
   await setProcessing(admin, false);
@@ -98,9 +98,21 @@ test('the jobs list polls every 2 s while a job can change, not while the tab is
     page.on('request', (r) => {
       if (r.url().endsWith('/api/list_jobs')) polls.push(Date.now());
     });
+    // Watch for anything a refresh might do to the layout: the list leaving the page (a loading
+    // placeholder in its place) or changing height.
+    const before = await page.locator('.jobs').boundingBox();
+    await page.evaluate(() => {
+      const w = window as unknown as { listGone: number };
+      w.listGone = 0;
+      new MutationObserver(() => {
+        if (!document.querySelector('ul.jobs')) w.listGone++;
+      }).observe(document.body, { childList: true, subtree: true });
+    });
     await page.waitForTimeout(6000);
     expect(polls.length).toBeGreaterThanOrEqual(2);
     expect(polls.length).toBeLessThanOrEqual(4);
+    expect(await page.evaluate(() => (window as unknown as { listGone: number }).listGone)).toBe(0);
+    expect((await page.locator('.jobs').boundingBox())!.height).toBe(before!.height);
 
     const setVisibility = (state: 'hidden' | 'visible') =>
       page.evaluate((s) => {
