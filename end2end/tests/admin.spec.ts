@@ -37,6 +37,10 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   await expect(job.locator('.state-detail')).toContainText('Processing is paused');
   await user.waitForTimeout(2500);
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'queued');
+  // The vital signs see the waiting job; the chart is drawn from the last hour's minutes.
+  await admin.reload();
+  await expect(admin.getByTestId('backlog')).toHaveText(/^[1-9]\d*$/);
+  await expect(admin.locator('svg.chart polyline.intake')).toHaveAttribute('points', /^0\.0,[\d.]+( [\d.]+,[\d.]+){59}$/);
 
   admin.once('dialog', (d) => d.accept());
   await admin.getByRole('button', { name: 'Resume processing' }).click();
