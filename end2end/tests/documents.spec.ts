@@ -26,6 +26,8 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
   const job = page.locator('.job').first();
   await expect(job.locator('.file-name')).toHaveText('report.pdf');
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'done');
+  await expect(job.locator('.state-detail')).toHaveText(/^Done in \d+ s\.$/);
+  await expect(job.getByRole('link', { name: 'Open the result' })).toHaveAttribute('href', /^\/jobs\/[0-9a-f-]{36}$/);
   await expect(page.getByTestId('who')).toContainText('19 credits');
 });
 

@@ -208,7 +208,8 @@ pub fn JobsPage() -> impl IntoView {
                                                 let id = job.id.clone();
                                                 view! {
                                                     <li class="job" data-job-id=id>
-                                                        <a class="file-name" href=href>{name}</a>
+                                                        <a class="file-name" href=href.clone()>{name}</a>
+                                                        {(job.state == "done").then(|| view! { <a class="open-result" href=href>"Open the result"</a> })}
                                                         <JobState job=job now=now/>
                                                     </li>
                                                 }
