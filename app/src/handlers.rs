@@ -129,8 +129,10 @@ pub async fn visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<engin
 /// Jobs as their owner sees them: paused while the kill switch is off, and, while waiting,
 /// their place in line and estimated start.
 pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Result<Vec<JobStatus>, AppError> {
-    let waiting = jobs.iter().any(|j| matches!(j.state, JobState::Queued | JobState::Retrying));
-    let line = if waiting { Some(engine::queue::waiting_line(pool, owner_id).await?) } else { None };
+    let waiting: Vec<Uuid> =
+        jobs.iter().filter(|j| matches!(j.state, JobState::Queued | JobState::Retrying)).map(|j| j.id).collect();
+    let line =
+        if waiting.is_empty() { None } else { Some(engine::queue::waiting_line(pool, owner_id, &waiting).await?) };
     let paused = match &line {
         Some(line) => !line.processing_enabled,
         None => false,

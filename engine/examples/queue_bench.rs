@@ -2,6 +2,9 @@
 //!
 //! 1. Drain: 20,000 pre-inserted no-op jobs through the real engine with 24 worker tasks.
 //! 2. Pickup: one job enqueued to an idle pool until its processor starts, 200 times.
+//! 3. Place in line: `waiting_line` (what a waiting user's jobs page asks every 2 s) with the
+//!    intake bound's 10,000 jobs waiting across 100 owners and 24 running, for a user with 3 and
+//!    with 200 waiting jobs, 100 calls each.
 //!
 //! Prints each run and the medians. Options: --runs N (default 3), --jobs N (default 20000).
 
@@ -98,6 +101,42 @@ async fn pickup_run(pool: &PgPool, samples: usize) -> (f64, f64, f64) {
     (percentile(&latencies, 0.5), percentile(&latencies, 0.95), median(&mut after_commit))
 }
 
+/// Milliseconds per `waiting_line` call, p50 and p95 over `calls`: the intake bound's worth of
+/// jobs waiting across 100 owners with 24 running, asked by a user with `mine` waiting jobs.
+async fn place_in_line_run(pool: &PgPool, waiting: usize, mine: usize, calls: usize) -> (f64, f64) {
+    reset(pool).await;
+    sqlx::query(
+        "INSERT INTO jobs (owner_id, payload, state, attempts, lease_token, lease_expires_at)
+         SELECT g % 100, '{}', 'running', 1, gen_random_uuid(), now() + interval '1 hour' FROM generate_series(1, 24) g",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO jobs (owner_id, payload) SELECT g % 100, '{}' FROM generate_series(1, $1) g")
+        .bind(waiting as i32)
+        .execute(pool)
+        .await
+        .unwrap();
+    let asking = 1_000_i64;
+    let shown: Vec<uuid::Uuid> =
+        sqlx::query_scalar("INSERT INTO jobs (owner_id, payload) SELECT $1, '{}' FROM generate_series(1, $2) RETURNING id")
+            .bind(asking)
+            .bind(mine as i32)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
+    let mut times = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let started = Instant::now();
+        let line = engine::queue::waiting_line(pool, asking, &shown).await.unwrap();
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(line.ahead.len(), shown.len());
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (percentile(&times, 0.5), percentile(&times, 0.95))
+}
+
 #[tokio::main]
 async fn main() {
     let runs = arg("--runs", 3);
@@ -121,4 +160,10 @@ async fn main() {
         median(&mut p50s),
         median(&mut p95s)
     );
+    for mine in [3, 200] {
+        let (p50, p95) = place_in_line_run(&pool, 10_000, mine, 100).await;
+        println!(
+            "place in line for a user with {mine} waiting (10,000 more across 100 owners, 24 running): p50 {p50:.2} ms, p95 {p95:.2} ms"
+        );
+    }
 }

@@ -104,6 +104,19 @@ mod tests {
             prop_assert_eq!(jobs_ahead(running, rank, &others), simulate(mine, rank, &others));
         }
 
+        /// What lets the database count each owner's due jobs only up to the highest score.
+        #[test]
+        fn counts_past_the_score_change_nothing(
+            running in 0u64..6,
+            rank in 1u64..8,
+            others in prop::collection::vec((0u64..6, 0u64..40), 0..6),
+        ) {
+            let others: Vec<OwnerLoad> = others.into_iter().map(|(running, waiting)| OwnerLoad { running, waiting }).collect();
+            let capped: Vec<OwnerLoad> =
+                others.iter().map(|o| OwnerLoad { waiting: o.waiting.min(running + rank), ..*o }).collect();
+            prop_assert_eq!(jobs_ahead(running, rank, &others), jobs_ahead(running, rank, &capped));
+        }
+
         #[test]
         fn a_later_job_never_starts_sooner(
             ahead in 0u64..10_000, more in 0u64..100, free in 0u64..70, rate in 0.01f64..100.0,

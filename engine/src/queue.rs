@@ -553,48 +553,65 @@ impl WaitingLine {
     }
 }
 
-/// The owner's place in line: one pass over the running and waiting jobs per call, so it is
-/// asked only while the owner has jobs waiting.
-pub async fn waiting_line(pool: &PgPool, owner_id: i64) -> Result<WaitingLine> {
-    let settings = crate::settings::read(pool).await?;
-    let loads = sqlx::query(
-        "SELECT owner_id, count(*) FILTER (WHERE state = 'running'),
-                count(*) FILTER (WHERE state IN ('queued', 'retrying') AND run_at <= now())
-         FROM jobs WHERE state IN ('running', 'queued', 'retrying') GROUP BY owner_id",
+/// Other owners with due waiting jobs (a loose index scan over `jobs_waiting_by_owner`), each
+/// with its due jobs counted up to a cap.
+const CAPPED_LOADS: &str = "
+    WITH RECURSIVE owners(owner_id) AS (
+        (SELECT j.owner_id FROM jobs j WHERE j.state IN ('queued', 'retrying') ORDER BY j.owner_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.owner_id FROM jobs j
+                WHERE j.state IN ('queued', 'retrying') AND j.owner_id > o.owner_id
+                ORDER BY j.owner_id LIMIT 1)
+        FROM owners o WHERE o.owner_id IS NOT NULL
     )
-    .fetch_all(pool)
-    .await?;
-    let mut mine_running = 0u64;
-    let mut others = Vec::with_capacity(loads.len());
-    let mut running_total = 0u64;
-    for row in &loads {
-        let load = crate::position::OwnerLoad {
-            running: row.get::<i64, _>(1) as u64,
-            waiting: row.get::<i64, _>(2) as u64,
-        };
-        running_total += load.running;
-        if row.get::<i64, _>(0) == owner_id {
-            mine_running = load.running;
-        } else {
-            others.push(load);
-        }
-    }
-    let mine: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM jobs WHERE owner_id = $1 AND state IN ('queued', 'retrying') AND run_at <= now()
-         ORDER BY run_at, id",
+    SELECT o.owner_id,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs j
+                WHERE j.owner_id = o.owner_id AND j.state IN ('queued', 'retrying') AND j.run_at <= now()
+                ORDER BY j.run_at, j.id LIMIT $2) due)
+    FROM owners o WHERE o.owner_id IS NOT NULL AND o.owner_id <> $1";
+
+/// Where the given jobs of an owner stand in line (those that are due and waiting), with what
+/// their start estimates need. Reads only what the answer depends on: running jobs (at most the
+/// gate's worth), the owner's waiting jobs, and each other owner's due jobs up to the highest
+/// score asked about, since a count past it cannot change any answer.
+pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result<WaitingLine> {
+    let settings = crate::settings::read(pool).await?;
+    let running: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT owner_id, count(*) FROM jobs WHERE state = 'running' GROUP BY owner_id")
+            .fetch_all(pool)
+            .await?;
+    let running_of = |owner: i64| running.iter().find(|(o, _)| *o == owner).map_or(0, |(_, n)| *n as u64);
+    let running_total: u64 = running.iter().map(|(_, n)| *n as u64).sum();
+    let mine_running = running_of(owner_id);
+
+    let ranks: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT id, rank FROM (
+             SELECT id, row_number() OVER (ORDER BY run_at, id) AS rank FROM jobs
+             WHERE owner_id = $1 AND state IN ('queued', 'retrying') AND run_at <= now()
+         ) mine WHERE id = ANY($2)",
     )
     .bind(owner_id)
+    .bind(jobs)
     .fetch_all(pool)
     .await?;
+    let mut ahead = std::collections::HashMap::with_capacity(ranks.len());
+    if let Some(max_rank) = ranks.iter().map(|(_, rank)| *rank as u64).max() {
+        let cap = mine_running + max_rank;
+        let loads: Vec<(i64, i64)> =
+            sqlx::query_as(CAPPED_LOADS).bind(owner_id).bind(cap as i64).fetch_all(pool).await?;
+        let others: Vec<crate::position::OwnerLoad> = loads
+            .iter()
+            .map(|&(owner, waiting)| crate::position::OwnerLoad { running: running_of(owner), waiting: waiting as u64 })
+            .collect();
+        for (id, rank) in ranks {
+            ahead.insert(id, crate::position::jobs_ahead(mine_running, rank as u64, &others));
+        }
+    }
     let finished: i64 =
         sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
             .fetch_one(pool)
             .await?;
-    let ahead = mine
-        .into_iter()
-        .enumerate()
-        .map(|(i, id)| (id, crate::position::jobs_ahead(mine_running, i as u64 + 1, &others)))
-        .collect();
     let free_slots = if settings.processing_enabled {
         (settings.gate_size.max(0) as u64).saturating_sub(running_total)
     } else {

@@ -476,7 +476,7 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     // estimate assumes.
     let mine = enqueue_many(&pool, 10, 4).await;
     settings::set_gate_size(&pool, 9, "test").await.unwrap();
-    let line = queue::waiting_line(&pool, 10).await.unwrap();
+    let line = queue::waiting_line(&pool, 10, &mine).await.unwrap();
     assert_eq!(line.free_slots, 9, "the gate, with nothing running");
     assert!(line.processing_enabled);
 
@@ -498,7 +498,7 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     }
 
     // Seven finished in the last five minutes: a rate to estimate with, and nothing waits now.
-    let after = queue::waiting_line(&pool, 10).await.unwrap();
+    let after = queue::waiting_line(&pool, 10, &mine).await.unwrap();
     assert!((after.finishing_per_sec - 7.0 / 300.0).abs() < 1e-9);
     assert!(after.ahead.is_empty());
 
@@ -507,14 +507,14 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     let running = enqueue_many(&pool, 20, 1).await;
     queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
     let waiting = enqueue_many(&pool, 10, 1).await[0];
-    let full = queue::waiting_line(&pool, 10).await.unwrap();
+    let full = queue::waiting_line(&pool, 10, &[waiting, running[0]]).await.unwrap();
     assert_eq!(full.free_slots, 0);
     assert_eq!(full.ahead[&waiting], 0);
     let wait = full.estimated_start(waiting).unwrap();
     assert!((wait.as_secs_f64() - 300.0 / 7.0).abs() < 0.01, "{wait:?}");
     assert_eq!(full.estimated_start(running[0]), None, "a running job has no place in line");
     settings::set_processing(&pool, false, "test").await.unwrap();
-    let paused = queue::waiting_line(&pool, 10).await.unwrap();
+    let paused = queue::waiting_line(&pool, 10, &[waiting]).await.unwrap();
     assert!(!paused.processing_enabled);
     assert_eq!(paused.estimated_start(waiting), None);
 }
