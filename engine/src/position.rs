@@ -92,26 +92,22 @@ mod tests {
         }
     }
 
+    /// Up to five other owners, each with a few running jobs and up to `max_waiting` waiting.
+    fn other_owners(max_waiting: u64) -> impl Strategy<Value = Vec<OwnerLoad>> {
+        prop::collection::vec((0u64..6, 0..max_waiting), 0..6)
+            .prop_map(|v| v.into_iter().map(|(running, waiting)| OwnerLoad { running, waiting }).collect())
+    }
+
     proptest! {
         #[test]
-        fn matches_claiming_one_at_a_time(
-            running in 0u64..6,
-            rank in 1u64..8,
-            others in prop::collection::vec((0u64..6, 0u64..8), 0..6),
-        ) {
-            let others: Vec<OwnerLoad> = others.into_iter().map(|(running, waiting)| OwnerLoad { running, waiting }).collect();
+        fn matches_claiming_one_at_a_time(running in 0u64..6, rank in 1u64..8, others in other_owners(8)) {
             let mine = OwnerLoad { running, waiting: rank };
             prop_assert_eq!(jobs_ahead(running, rank, &others), simulate(mine, rank, &others));
         }
 
         /// What lets the database count each owner's due jobs only up to the highest score.
         #[test]
-        fn counts_past_the_score_change_nothing(
-            running in 0u64..6,
-            rank in 1u64..8,
-            others in prop::collection::vec((0u64..6, 0u64..40), 0..6),
-        ) {
-            let others: Vec<OwnerLoad> = others.into_iter().map(|(running, waiting)| OwnerLoad { running, waiting }).collect();
+        fn counts_past_the_score_change_nothing(running in 0u64..6, rank in 1u64..8, others in other_owners(40)) {
             let capped: Vec<OwnerLoad> =
                 others.iter().map(|o| OwnerLoad { waiting: o.waiting.min(running + rank), ..*o }).collect();
             prop_assert_eq!(jobs_ahead(running, rank, &others), jobs_ahead(running, rank, &capped));

@@ -553,8 +553,9 @@ impl WaitingLine {
     }
 }
 
-/// Other owners with due waiting jobs (a loose index scan over `jobs_waiting_by_owner`), each
-/// with its due jobs counted up to a cap.
+/// Other owners with due waiting jobs, each with its due jobs counted up to a cap. The owners
+/// come from the same loose index scan `sluice_claim` uses (a migration, so it cannot share the
+/// text); without it this would read every waiting job.
 const CAPPED_LOADS: &str = "
     WITH RECURSIVE owners(owner_id) AS (
         (SELECT j.owner_id FROM jobs j WHERE j.state IN ('queued', 'retrying') ORDER BY j.owner_id LIMIT 1)
