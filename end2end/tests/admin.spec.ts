@@ -6,13 +6,20 @@ const adminPassword = process.env.ADMIN_PASSWORD ?? 'admin password for e2e';
 
 
 test('a non-admin cannot reach the admin page or its server functions', async ({ page }) => {
+  // The page asks the server once (the overview) and is told "not found".
   allowConsoleError(/status of 404 \(Not Found\)/);
+  const admin404s: string[] = [];
+  page.on('response', (r) => {
+    if (r.url().includes('/api/admin/') && r.status() === 404) admin404s.push(r.url());
+  });
   await signUp(page, 'plain');
   await expect(page.getByRole('link', { name: 'Admin' })).toHaveCount(0);
   await open(page, '/admin');
   await expect(page.getByText('Page not found.')).toBeVisible();
   await expect(page.getByText('Dead-letter queue')).toHaveCount(0);
   await expect(page.getByRole('button', { name: 'Pause processing' })).toHaveCount(0);
+  await page.waitForLoadState('networkidle');
+  expect(admin404s.map((u) => u.replace(/^.*\/api\//, ''))).toEqual(['admin/overview']);
   const direct = await page.request.post('/api/admin/set_processing', { form: { enabled: 'false' } });
   expect(direct.status()).toBe(404);
 });

@@ -78,18 +78,24 @@ pub fn AdminPage() -> impl IntoView {
         changed();
         queue_overview()
     });
+    // Until the server says this is an admin, nothing of the page is shown or asked for; to
+    // anyone else it is a page that does not exist.
+    let admitted = Memo::new(move |_| overview.get().map(|r| r.is_ok()));
     let groups = LocalResource::new(move || {
         changed();
-        dlq_groups()
+        let admin = admitted.get() == Some(true);
+        async move { if admin { dlq_groups().await } else { Ok(Vec::new()) } }
     });
     let audit = LocalResource::new(move || {
         changed();
-        audit_log()
+        let admin = admitted.get() == Some(true);
+        async move { if admin { audit_log().await } else { Ok(Vec::new()) } }
     });
     #[cfg(feature = "hydrate")]
     {
         let interval = gloo_timers::callback::Interval::new(5000, move || {
-            if document().visibility_state() == web_sys::VisibilityState::Visible {
+            let visible = document().visibility_state() == web_sys::VisibilityState::Visible;
+            if visible && admitted.get_untracked() == Some(true) {
                 refresh.update(|n| *n += 1);
             }
         });
@@ -161,9 +167,6 @@ pub fn AdminPage() -> impl IntoView {
         }
     };
 
-    // Until the server says this is an admin, nothing of the page is shown; to anyone else it
-    // is a page that does not exist.
-    let admitted = Memo::new(move |_| overview.get().map(|r| r.is_ok()));
     let page = move || view! {
         <h1>"Operations"</h1>
         <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
