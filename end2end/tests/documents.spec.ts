@@ -74,7 +74,7 @@ test('the provider failing shows retrying with a countdown, then failed with the
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'retrying', { timeout: 10_000 });
   await expect(job.locator('.state-detail')).toContainText(/Attempt \d of 3 failed: .*Next attempt in \d+ s\./);
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'failed', { timeout: 20_000 });
-  await expect(job.locator('.state-detail')).toContainText('1 credit refunded');
+  await expect(job.locator('.state-detail')).toHaveText(/^Gave up after 3 attempts: the provider had an error \(500\)\. 1 credit refunded\.$/);
   // The header is refreshed on navigation.
   await page.getByRole('link', { name: 'Notices' }).click();
   await expect(page).toHaveURL(/\/notices$/);

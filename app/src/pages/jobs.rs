@@ -89,11 +89,7 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
                 if wait > 0 { format!("Next attempt in {wait} s.") } else { "Next attempt starting now.".into() }
             )
         }
-        "failed" => format!(
-            "{}. {} refunded.",
-            capitalise(job.failure_reason.as_deref().unwrap_or("It could not be processed")),
-            credits_text(job.cost.into())
-        ),
+        "failed" => failed_text(job.failure_kind.as_deref(), job.failure_reason.as_deref(), job.attempts, job.cost),
         "done" => match job.finished_at.as_deref() {
             Some(end) => format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end)))),
             None => "Done.".to_string(),
@@ -104,6 +100,17 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         <span class=format!("badge {state}") data-state=state.clone()>{label}</span>
         <span class="state-detail">{detail}</span>
     }
+}
+
+/// Pure: the line under a failed badge: why, in plain words, and the refund.
+pub fn failed_text(kind: Option<&str>, reason: Option<&str>, attempts: i32, cost: i32) -> String {
+    let reason = reason.filter(|r| !r.is_empty()).unwrap_or("it could not be processed");
+    let why = match kind {
+        Some("retries_exhausted" | "timed_out") if attempts > 1 => format!("Gave up after {attempts} attempts: {reason}"),
+        _ => capitalise(reason),
+    };
+    let refund = if cost > 0 { format!("{} refunded", credits_text(cost.into())) } else { "Nothing was charged".into() };
+    format!("{why}. {refund}.")
 }
 
 /// Pure: the line under a queued badge.
@@ -281,7 +288,7 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{duration_text, queued_text};
+    use super::{duration_text, failed_text, queued_text};
 
     #[test]
     fn durations_read_naturally() {
@@ -290,6 +297,19 @@ mod tests {
         assert_eq!(duration_text(125), "2 min");
         assert_eq!(duration_text(7260), "2 h 1 min");
         assert_eq!(duration_text(-5), "0 s");
+    }
+
+    #[test]
+    fn failed_lines_say_why_and_the_refund() {
+        assert_eq!(
+            failed_text(Some("retries_exhausted"), Some("the provider is rate limiting us"), 3, 1),
+            "Gave up after 3 attempts: the provider is rate limiting us. 1 credit refunded."
+        );
+        assert_eq!(
+            failed_text(Some("invalid_input"), Some("the PDF is encrypted"), 1, 2),
+            "The PDF is encrypted. 2 credits refunded."
+        );
+        assert_eq!(failed_text(None, None, 0, 0), "It could not be processed. Nothing was charged.");
     }
 
     #[test]
