@@ -92,14 +92,22 @@ test('the jobs list polls every 2 s while a job can change (without moving the l
     await open(page, '/upload');
     await page.locator('#files').setInputFiles(uniqueText('poll.txt'));
     await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
+    // The page's timers run on a clock the test moves, so every count below is exact.
+    await page.clock.install();
     await open(page, '/jobs');
     const badge = page.locator('.job .badge');
     await expect(badge).toHaveAttribute('data-state', 'queued');
+    await page.clock.pauseAt(Date.now() + 1000);
 
-    const polls: number[] = [];
+    let polls = 0;
     page.on('request', (r) => {
-      if (r.url().endsWith('/api/list_jobs')) polls.push(Date.now());
+      if (r.url().endsWith('/api/list_jobs')) polls++;
     });
+    const pollsAfter = async (expected: number) => {
+      await expect.poll(() => polls).toBe(expected);
+      await page.waitForTimeout(300); // and no more
+      expect(polls).toBe(expected);
+    };
     // Watch for anything a refresh might do to the layout: the list leaving the page (a loading
     // placeholder in its place) or changing height.
     const before = await page.locator('.jobs').boundingBox();
@@ -110,9 +118,11 @@ test('the jobs list polls every 2 s while a job can change (without moving the l
         if (!document.querySelector('ul.jobs')) w.listGone++;
       }).observe(document.body, { childList: true, subtree: true });
     });
-    await page.waitForTimeout(6000);
-    expect(polls.length).toBeGreaterThanOrEqual(2);
-    expect(polls.length).toBeLessThanOrEqual(4);
+    // Two seconds at a time (all at once, the answers would overlap and be merged).
+    for (const expected of [1, 2, 3]) {
+      await page.clock.runFor(2000);
+      await pollsAfter(expected);
+    }
     expect(await page.evaluate(() => (window as unknown as { listGone: number }).listGone)).toBe(0);
     expect((await page.locator('.jobs').boundingBox())!.height).toBe(before!.height);
 
@@ -122,19 +132,22 @@ test('the jobs list polls every 2 s while a job can change (without moving the l
         document.dispatchEvent(new Event('visibilitychange'));
       }, state);
     await setVisibility('hidden');
-    const hidden = polls.length;
-    await page.waitForTimeout(5000);
-    expect(polls.length).toBe(hidden);
-    // Shown again: it asks at once, not at the next tick.
+    for (let i = 0; i < 5; i++) await page.clock.runFor(2000);
+    await pollsAfter(3);
+    // Shown again: it asks at once, with the clock standing still.
     await setVisibility('visible');
-    await expect.poll(() => polls.length, { timeout: 400, intervals: [50] }).toBeGreaterThan(hidden);
+    await pollsAfter(4);
 
     await setProcessing(admin, true);
-    await expect(badge).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
-    await page.waitForTimeout(500);
-    const final = polls.length;
-    await page.waitForTimeout(5000);
-    expect(polls.length).toBe(final);
+    await expect
+      .poll(async () => {
+        await page.clock.runFor(2000);
+        return badge.getAttribute('data-state');
+      }, { timeout: 15_000 })
+      .toBe('done');
+    const final = polls;
+    for (let i = 0; i < 5; i++) await page.clock.runFor(2000);
+    await pollsAfter(final);
   } finally {
     await setProcessing(admin, true);
   }
