@@ -163,11 +163,7 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
     let job = visible_job(&ctx.pool, &user, &id).await?;
     let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
     let status = job_statuses(&ctx.pool, job.owner_id, std::slice::from_ref(&job)).await?.remove(0);
-    Ok(JobDetails {
-        job: status,
-        result: job.result.clone(),
-        attempts: attempts.into_iter().map(Into::into).collect(),
-    })
+    Ok(JobDetails { job: status, result: job.result.clone(), attempts: attempts.into_iter().map(Into::into).collect() })
 }
 
 pub async fn notices() -> Result<Vec<NoticeInfo>, AppError> {

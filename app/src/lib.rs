@@ -119,7 +119,10 @@ fn SignedIn(children: ChildrenFn) -> impl IntoView {
     Effect::new(move |_| {
         if signed_in.get() == Some(false) {
             let next = location.pathname.get_untracked();
-            navigate(&format!("/login?next={next}"), leptos_router::NavigateOptions { replace: true, ..Default::default() });
+            navigate(
+                &format!("/login?next={next}"),
+                leptos_router::NavigateOptions { replace: true, ..Default::default() },
+            );
         }
     });
     move || match signed_in.get() {

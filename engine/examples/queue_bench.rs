@@ -118,13 +118,14 @@ async fn place_in_line_run(pool: &PgPool, waiting: usize, mine: usize, calls: us
         .await
         .unwrap();
     let asking = 1_000_i64;
-    let shown: Vec<uuid::Uuid> =
-        sqlx::query_scalar("INSERT INTO jobs (owner_id, payload) SELECT $1, '{}' FROM generate_series(1, $2) RETURNING id")
-            .bind(asking)
-            .bind(mine as i32)
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let shown: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "INSERT INTO jobs (owner_id, payload) SELECT $1, '{}' FROM generate_series(1, $2) RETURNING id",
+    )
+    .bind(asking)
+    .bind(mine as i32)
+    .fetch_all(pool)
+    .await
+    .unwrap();
     sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
     let mut times = Vec::with_capacity(calls);
     for _ in 0..calls {

@@ -613,11 +613,8 @@ pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result
         sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
             .fetch_one(pool)
             .await?;
-    let free_slots = if settings.processing_enabled {
-        (settings.gate_size.max(0) as u64).saturating_sub(running_total)
-    } else {
-        0
-    };
+    let free_slots =
+        if settings.processing_enabled { (settings.gate_size.max(0) as u64).saturating_sub(running_total) } else { 0 };
     Ok(WaitingLine {
         ahead,
         free_slots,

@@ -84,12 +84,24 @@ pub fn AdminPage() -> impl IntoView {
     let groups = LocalResource::new(move || {
         changed();
         let admin = admitted.get() == Some(true);
-        async move { if admin { dlq_groups().await } else { Ok(Vec::new()) } }
+        async move {
+            if admin {
+                dlq_groups().await
+            } else {
+                Ok(Vec::new())
+            }
+        }
     });
     let audit = LocalResource::new(move || {
         changed();
         let admin = admitted.get() == Some(true);
-        async move { if admin { audit_log().await } else { Ok(Vec::new()) } }
+        async move {
+            if admin {
+                audit_log().await
+            } else {
+                Ok(Vec::new())
+            }
+        }
     });
     #[cfg(feature = "hydrate")]
     {
@@ -167,40 +179,42 @@ pub fn AdminPage() -> impl IntoView {
         }
     };
 
-    let page = move || view! {
-        <h1>"Operations"</h1>
-        <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
-            {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
-        </Transition>
-        <section class="card">
-            <h2>"Dead-letter queue"</h2>
-            {move || {
-                let list = groups.get().and_then(|r| r.ok()).unwrap_or_default();
-                if list.is_empty() {
-                    return view! { <p class="empty">"No failed jobs."</p> }.into_any();
-                }
-                view! {
-                    <ul class="dlq">
-                        <For
-                            each=move || list.clone()
-                            key=|g| (g.kind.clone(), g.reason.clone(), g.jobs)
-                            children=move |g| view! { <DlqGroup group=g actions=actions/> }
-                        />
-                    </ul>
-                }.into_any()
-            }}
-        </section>
-        <section class="card">
-            <h2>"Audit log"</h2>
-            <ul class="audit">
-                {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
-                    <li>
-                        <span class="when">{local_date_time(&a.at)}</span>
-                        " "{describe_audit(&a)}
-                    </li>
-                }).collect_view()}
-            </ul>
-        </section>
+    let page = move || {
+        view! {
+            <h1>"Operations"</h1>
+            <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
+                {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
+            </Transition>
+            <section class="card">
+                <h2>"Dead-letter queue"</h2>
+                {move || {
+                    let list = groups.get().and_then(|r| r.ok()).unwrap_or_default();
+                    if list.is_empty() {
+                        return view! { <p class="empty">"No failed jobs."</p> }.into_any();
+                    }
+                    view! {
+                        <ul class="dlq">
+                            <For
+                                each=move || list.clone()
+                                key=|g| (g.kind.clone(), g.reason.clone(), g.jobs)
+                                children=move |g| view! { <DlqGroup group=g actions=actions/> }
+                            />
+                        </ul>
+                    }.into_any()
+                }}
+            </section>
+            <section class="card">
+                <h2>"Audit log"</h2>
+                <ul class="audit">
+                    {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
+                        <li>
+                            <span class="when">{local_date_time(&a.at)}</span>
+                            " "{describe_audit(&a)}
+                        </li>
+                    }).collect_view()}
+                </ul>
+            </section>
+        }
     };
     move || match admitted.get() {
         Some(true) => page().into_any(),

@@ -6,8 +6,8 @@ use leptos_router::hooks::use_params_map;
 
 use crate::api::{job_detail, list_jobs};
 use crate::model::JobStatus;
-use crate::pages::{capitalise, credits_text};
 use crate::pages::clock::{local_time, now_ms, parse_ms};
+use crate::pages::{capitalise, credits_text};
 
 /// Ticks `now` every second and calls `refresh` every other tick while the tab is visible,
 /// and at once when a hidden tab is shown again.
@@ -40,7 +40,8 @@ fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
         let held = send_wrapper::SendWrapper::new((interval, on_shown));
         on_cleanup(move || {
             let (interval, on_shown) = held.take();
-            let _ = document().remove_event_listener_with_callback("visibilitychange", on_shown.as_ref().unchecked_ref());
+            let _ =
+                document().remove_event_listener_with_callback("visibilitychange", on_shown.as_ref().unchecked_ref());
             drop(interval);
         });
     }
@@ -91,7 +92,9 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         }
         "failed" => failed_text(job.failure_kind.as_deref(), job.failure_reason.as_deref(), job.attempts, job.cost),
         "done" => match job.finished_at.as_deref() {
-            Some(end) => format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end)))),
+            Some(end) => {
+                format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end))))
+            }
             None => "Done.".to_string(),
         },
         _ => String::new(),
@@ -106,10 +109,13 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
 pub fn failed_text(kind: Option<&str>, reason: Option<&str>, attempts: i32, cost: i32) -> String {
     let reason = reason.filter(|r| !r.is_empty()).unwrap_or("it could not be processed");
     let why = match kind {
-        Some("retries_exhausted" | "timed_out") if attempts > 1 => format!("Gave up after {attempts} attempts: {reason}"),
+        Some("retries_exhausted" | "timed_out") if attempts > 1 => {
+            format!("Gave up after {attempts} attempts: {reason}")
+        }
         _ => capitalise(reason),
     };
-    let refund = if cost > 0 { format!("{} refunded", credits_text(cost.into())) } else { "Nothing was charged".into() };
+    let refund =
+        if cost > 0 { format!("{} refunded", credits_text(cost.into())) } else { "Nothing was charged".into() };
     format!("{why}. {refund}.")
 }
 
