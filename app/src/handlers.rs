@@ -150,6 +150,11 @@ pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Res
         .collect())
 }
 
+/// One job as its owner sees it (see [`job_statuses`]).
+pub async fn job_status(pool: &PgPool, job: &JobView) -> Result<JobStatus, AppError> {
+    Ok(job_statuses(pool, job.owner_id, std::slice::from_ref(job)).await?.remove(0))
+}
+
 pub async fn list_jobs() -> Result<Vec<JobStatus>, AppError> {
     let ctx = context()?;
     let user = require_user(&ctx).await?;
@@ -162,8 +167,11 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
     let user = require_user(&ctx).await?;
     let job = visible_job(&ctx.pool, &user, &id).await?;
     let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
-    let status = job_statuses(&ctx.pool, job.owner_id, std::slice::from_ref(&job)).await?.remove(0);
-    Ok(JobDetails { job: status, result: job.result.clone(), attempts: attempts.into_iter().map(Into::into).collect() })
+    Ok(JobDetails {
+        job: job_status(&ctx.pool, &job).await?,
+        result: job.result.clone(),
+        attempts: attempts.into_iter().map(Into::into).collect(),
+    })
 }
 
 pub async fn notices() -> Result<Vec<NoticeInfo>, AppError> {
@@ -273,9 +281,12 @@ pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
         .collect())
 }
 
+fn failure_kind(kind: &str) -> Result<engine::retry::FailureKind, AppError> {
+    engine::retry::FailureKind::parse(kind).ok_or_else(|| AppError::invalid("unknown failure kind"))
+}
+
 fn group_selection(kind: &str, reason: String) -> Result<engine::dlq::Selection, AppError> {
-    let kind = engine::retry::FailureKind::parse(kind).ok_or_else(|| AppError::invalid("unknown failure kind"))?;
-    Ok(engine::dlq::Selection::Group { kind, reason })
+    Ok(engine::dlq::Selection::Group { kind: failure_kind(kind)?, reason })
 }
 
 fn job_selection(id: &str) -> Result<engine::dlq::Selection, AppError> {
@@ -286,7 +297,7 @@ fn job_selection(id: &str) -> Result<engine::dlq::Selection, AppError> {
 pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, AppError> {
     let ctx = context()?;
     require_admin(&ctx).await?;
-    let kind = engine::retry::FailureKind::parse(&kind).ok_or_else(|| AppError::invalid("unknown failure kind"))?;
+    let kind = failure_kind(&kind)?;
     let mut out = Vec::new();
     for job in engine::dlq::group_jobs(&ctx.pool, kind, &reason, 20).await? {
         let owner_email = engine::accounts::get(&ctx.pool, job.owner_id).await.map(|u| u.email).unwrap_or_default();

@@ -272,8 +272,7 @@ pub async fn create_job(
 
 /// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
 pub async fn get_job(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Json<JobStatus>, ApiError> {
-    let mut statuses = app::handlers::job_statuses(&state.ctx.pool, job.owner_id, std::slice::from_ref(&job)).await?;
-    Ok(Json(statuses.remove(0)))
+    Ok(Json(app::handlers::job_status(&state.ctx.pool, &job).await?))
 }
 
 /// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.

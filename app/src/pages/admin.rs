@@ -270,8 +270,7 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
             }
         }
     });
-    let selection = move || DlqReplay { kind: kind.clone(), reason: reason.clone() };
-    let discard_selection = selection.clone();
+    let (replay_kind, replay_reason) = (kind.clone(), reason.clone());
     let count = group.jobs;
     view! {
         <li data-testid="dlq-group">
@@ -282,11 +281,10 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
                 <button class="button link" aria-expanded=move || open.get().to_string() on:click=move |_| open.update(|o| *o = !*o)>
                     {move || if open.get() { "Hide jobs" } else { "Show jobs" }}
                 </button>
-                <button class="button" on:click=move |_| { actions.replay_group.dispatch(selection()); }>"Replay all"</button>
+                <button class="button" on:click=move |_| { actions.replay_group.dispatch(DlqReplay { kind: replay_kind.clone(), reason: replay_reason.clone() }); }>"Replay all"</button>
                 <button class="button link" on:click=move |_| {
                     if confirm("Discard every job in this group from the dead-letter queue?") {
-                        let DlqReplay { kind, reason } = discard_selection();
-                        actions.discard_group.dispatch(DlqDiscard { kind, reason });
+                        actions.discard_group.dispatch(DlqDiscard { kind: kind.clone(), reason: reason.clone() });
                     }
                 }>"Discard all"</button>
             </div>
