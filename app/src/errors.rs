@@ -89,7 +89,7 @@ impl FromServerFnError for AppError {
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::AppError;
-    use engine::admission::Refusal;
+    use engine::accounts::admission::Refusal;
     use engine::EngineError;
 
     impl From<EngineError> for AppError {
@@ -101,6 +101,8 @@ mod ssr {
                 EngineError::BadCredentials => AppError::BadCredentials,
                 EngineError::RateLimited { retry_after_secs } => AppError::RateLimited { retry_after_secs },
                 EngineError::IdempotencyConflict(message) => AppError::IdempotencyConflict { message },
+                EngineError::TooLarge { limit_bytes } => AppError::TooLarge { limit_bytes },
+                EngineError::UnsupportedType(message) => AppError::UnsupportedType { message },
                 EngineError::Database(_) | EngineError::Migrate(_) | EngineError::Storage(_) => {
                     tracing::error!(error = %e, "engine failure");
                     AppError::Internal

@@ -2,12 +2,10 @@
 //! Sluice's web UI. Server functions stay thin: they fetch what they need from context,
 //! call the engine and map its errors; the logic lives in `engine`.
 
-pub mod api;
 pub mod errors;
-#[cfg(feature = "ssr")]
-pub mod handlers;
 pub mod model;
 pub mod pages;
+pub mod server;
 
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, MetaTags, Stylesheet, Title};
@@ -101,7 +99,7 @@ fn Session(children: Children) -> impl IntoView {
     let me = LocalResource::new(move || {
         location.pathname.track();
         changed.track();
-        api::me()
+        server::auth::me()
     });
     provide_context(CurrentUser(me));
     children()
@@ -112,7 +110,7 @@ fn Session(children: Children) -> impl IntoView {
 /// be from before a log-in), and re-renders only if the logged-in state changes.
 #[component]
 fn SignedIn(children: ChildrenFn) -> impl IntoView {
-    let me = LocalResource::new(api::me);
+    let me = LocalResource::new(server::auth::me);
     let signed_in = Memo::new(move |_| me.get().map(|r| matches!(r, Ok(Some(_)))));
     let navigate = leptos_router::hooks::use_navigate();
     let location = leptos_router::hooks::use_location();
@@ -135,7 +133,7 @@ fn SignedIn(children: ChildrenFn) -> impl IntoView {
 /// The top bar: the product, the pages, and who is logged in.
 #[component]
 fn Header() -> impl IntoView {
-    let log_out = ServerAction::<api::LogOut>::new();
+    let log_out = ServerAction::<server::auth::LogOut>::new();
     let user = expect_context::<CurrentUser>();
     // Asked each time the user is (re)read, and only when logged in: a 401 would be a console
     // error on public pages.
@@ -143,7 +141,7 @@ fn Header() -> impl IntoView {
         let logged_in = user.get().flatten().is_some();
         async move {
             if logged_in {
-                pages::account::unread_count().await
+                server::account::unread_notices().await.unwrap_or(0)
             } else {
                 0
             }
@@ -174,7 +172,7 @@ fn Header() -> impl IntoView {
                             }}
                         </a>
                         <span class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</span>
-                        <button class="button link" on:click=move |_| { log_out.dispatch(api::LogOut {}); }>"Log out"</button>
+                        <button class="button link" on:click=move |_| { log_out.dispatch(server::auth::LogOut {}); }>"Log out"</button>
                     }
                         .into_any(),
                     None => view! {
@@ -188,18 +186,9 @@ fn Header() -> impl IntoView {
     }
 }
 
-/// Count a click in Postgres and return the stored total.
-#[server(endpoint = "record_click")]
-pub async fn record_click() -> Result<i64, ServerFnError> {
-    let ctx = handlers::context().map_err(|e| ServerFnError::new(e.to_string()))?;
-    engine::demo::record_click(&ctx.pool).await.map_err(|e| ServerFnError::new(e.to_string()))
-}
-
 #[component]
 fn HomePage() -> impl IntoView {
     let user = expect_context::<CurrentUser>();
-    let click = ServerAction::<RecordClick>::new();
-    let value = click.value();
     view! {
         <section class="hero">
             <h1>"Documents in, results out, at a pace the AI can bear."</h1>
@@ -234,20 +223,6 @@ fn HomePage() -> impl IntoView {
                 <h2>"Pay for results"</h2>
                 <p>"Each document costs a credit. When the provider keeps failing, the credits are refunded and you get a notice."</p>
             </div>
-        </section>
-        <section class="card status-check">
-            <h2>"System check"</h2>
-            <p>"This button asks the server, which asks Postgres."</p>
-            <button id="ping" class="button" on:click=move |_| { click.dispatch(RecordClick {}); }>
-                "Count a click in Postgres"
-            </button>
-            <p id="ping-result" class="result" aria-live="polite">
-                {move || match value.get() {
-                    None => "Not asked yet.".to_string(),
-                    Some(Ok(n)) => format!("Postgres has counted {n} clicks."),
-                    Some(Err(e)) => format!("The server could not answer: {e}"),
-                }}
-            </p>
         </section>
     }
 }

@@ -1,6 +1,7 @@
 //! What the browser and API clients see: plain serialisable types (no server-only crates).
 
 use serde::{Deserialize, Serialize};
+pub use sluice_types::{AttemptOutcome, CreditKind, FailureKind, JobState, Preset};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UserInfo {
@@ -16,10 +17,9 @@ pub struct UserInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobStatus {
     pub id: String,
-    /// queued, running, retrying, done or failed.
-    pub state: String,
+    pub state: JobState,
     pub file_name: Option<String>,
-    pub preset: Option<String>,
+    pub preset: Option<Preset>,
     pub attempts: i32,
     pub max_attempts: i32,
     /// RFC 3339 times.
@@ -28,7 +28,7 @@ pub struct JobStatus {
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub last_error: Option<String>,
-    pub failure_kind: Option<String>,
+    pub failure_kind: Option<FailureKind>,
     pub failure_reason: Option<String>,
     pub cost: i32,
     pub has_result: bool,
@@ -48,7 +48,8 @@ pub struct AttemptInfo {
     pub attempt: i32,
     pub started_at: String,
     pub finished_at: Option<String>,
-    pub outcome: Option<String>,
+    /// None while the attempt runs.
+    pub outcome: Option<AttemptOutcome>,
     pub error: Option<String>,
     pub provider_status: Option<i32>,
 }
@@ -62,7 +63,7 @@ pub struct JobDetails {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LedgerLine {
-    pub kind: String,
+    pub kind: CreditKind,
     pub amount: i64,
     pub job_id: Option<String>,
     pub note: Option<String>,
@@ -110,6 +111,7 @@ mod convert {
     use super::*;
     use chrono::{DateTime, SecondsFormat, Utc};
 
+    /// RFC 3339 with milliseconds, in UTC (the browser shows it in its own zone).
     pub fn time(t: DateTime<Utc>) -> String {
         t.to_rfc3339_opts(SecondsFormat::Millis, true)
     }
@@ -132,9 +134,9 @@ mod convert {
             let text = |key: &str| j.payload.pointer(key).and_then(|v| v.as_str()).map(str::to_string);
             JobStatus {
                 id: j.id.to_string(),
-                state: j.state.as_str().to_string(),
+                state: j.state,
                 file_name: text("/document/name"),
-                preset: text("/preset"),
+                preset: text("/preset").as_deref().and_then(Preset::parse),
                 attempts: j.attempts,
                 max_attempts: j.max_attempts,
                 accepted_at: time(j.accepted_at),
@@ -142,7 +144,7 @@ mod convert {
                 started_at: j.started_at.map(time),
                 finished_at: j.finished_at.map(time),
                 last_error: j.last_error.clone(),
-                failure_kind: j.failure_kind.map(|k| k.as_str().to_string()),
+                failure_kind: j.failure_kind,
                 failure_reason: j.failure_reason.clone(),
                 cost: j.cost,
                 has_result: j.result.is_some(),
@@ -154,6 +156,7 @@ mod convert {
     }
 
     impl From<engine::queue::AttemptView> for AttemptInfo {
+        /// The error class stays on the server: users read the error in words.
         fn from(a: engine::queue::AttemptView) -> Self {
             AttemptInfo {
                 attempt: a.attempt,
@@ -166,8 +169,8 @@ mod convert {
         }
     }
 
-    impl From<engine::ledger::LedgerEntry> for LedgerLine {
-        fn from(e: engine::ledger::LedgerEntry) -> Self {
+    impl From<engine::accounts::ledger::LedgerEntry> for LedgerLine {
+        fn from(e: engine::accounts::ledger::LedgerEntry) -> Self {
             LedgerLine {
                 kind: e.kind,
                 amount: e.amount,
@@ -178,8 +181,8 @@ mod convert {
         }
     }
 
-    impl From<engine::notices::Notice> for NoticeInfo {
-        fn from(n: engine::notices::Notice) -> Self {
+    impl From<engine::accounts::notices::Notice> for NoticeInfo {
+        fn from(n: engine::accounts::notices::Notice) -> Self {
             NoticeInfo {
                 id: n.id,
                 job_id: n.job_id.map(|id| id.to_string()),
@@ -191,8 +194,8 @@ mod convert {
         }
     }
 
-    impl From<engine::tokens::ApiToken> for TokenInfo {
-        fn from(t: engine::tokens::ApiToken) -> Self {
+    impl From<engine::accounts::tokens::ApiToken> for TokenInfo {
+        fn from(t: engine::accounts::tokens::ApiToken) -> Self {
             TokenInfo {
                 id: t.id,
                 name: t.name,
@@ -208,7 +211,7 @@ mod convert {
 /// A processing preset the upload form can offer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PresetInfo {
-    pub id: String,
+    pub id: Preset,
     pub label: String,
 }
 
@@ -247,7 +250,7 @@ pub struct QueueStatus {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DlqGroupInfo {
-    pub kind: String,
+    pub kind: FailureKind,
     pub reason: String,
     pub jobs: i64,
 }

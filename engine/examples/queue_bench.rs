@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::hooks::NoHooks;
+use engine::queue::hooks::NoHooks;
+use engine::queue::worker::{WorkerConfig, WorkerPool};
 use engine::queue::{ClaimedJob, JobError, JobOutput};
-use engine::worker::{WorkerConfig, WorkerPool};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 

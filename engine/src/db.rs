@@ -1,3 +1,5 @@
+//! Connecting to Postgres and running the engine's migrations.
+
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

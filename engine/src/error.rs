@@ -20,6 +20,12 @@ pub enum EngineError {
     BadCredentials,
     #[error("too many failed attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
+    /// An upload past the size limit.
+    #[error("the file is larger than the limit of {limit_bytes} bytes")]
+    TooLarge { limit_bytes: u64 },
+    /// An upload that is not a PDF, text or Markdown document (the reason says what it is).
+    #[error("{0}")]
+    UnsupportedType(String),
     #[error("blob storage: {0}")]
     Storage(String),
     /// An `Idempotency-Key` reused with a different request.
@@ -27,4 +33,5 @@ pub enum EngineError {
     IdempotencyConflict(String),
 }
 
+/// The engine's results.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

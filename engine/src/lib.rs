@@ -1,41 +1,27 @@
-//! Sluice's engine: the durable job queue in Postgres and the pure policies around it.
+//! Sluice's engine: the durable job queue in Postgres, the accounts that pay for it, and the
+//! documents it processes. No HTTP and no Leptos: the web layer calls in, IO stays at the edges
+//! and the policies are pure.
 //!
-//! Layout (IO at the edges, pure logic in small modules):
-//! - [`retry`], [`drain`], [`position`]: pure policy, no IO, unit- and property-tested.
-//! - [`queue`]: enqueue (inside the caller's transaction), fair gated claims, fenced results.
-//! - [`settings`]: kill switch and gate size, audited.
-//! - [`dlq`], [`vitals`]: the dead-letter queue and the queue's vital signs.
-//! - [`worker`]: the worker runtime (claim loop, heartbeat, graceful shutdown).
-//! - [`maintenance`]: lease rescue and retention.
-//! - [`hooks`]: the seam where accounts plug into terminal transitions.
-//! - [`accounts`], [`ledger`], [`admission`], [`tokens`], [`notices`]: users, credits, the
-//!   one-write admission check, API tokens and notices.
+//! - [`queue`]: states, enqueue, fair gated claims, fenced transitions, the worker runtime,
+//!   maintenance, the dead-letter queue, the kill switch and gate, vital signs, and the pure
+//!   [`queue::policy`] modules (retry, drain estimate, place in line).
+//! - [`accounts`]: users and log-in, API tokens, the credit ledger, notices, and admission (the
+//!   one conditional write that takes credits and counts a job in flight).
+//! - [`documents`]: type sniffing, text extraction, blob storage, upload intake, the document
+//!   processor and the AI providers.
+//! - [`audit`]: the audit log every admin action writes to.
+//! - [`db`]: connecting and migrating.
+//! - `testing` (feature `testing`): helpers for tests and benchmarks, like River's `rivertest`.
 
 pub mod accounts;
-pub mod admission;
-pub mod blobs;
+pub mod audit;
 pub mod db;
-pub mod demo;
-pub mod dlq;
 pub mod documents;
-pub mod drain;
 pub mod error;
-pub mod hooks;
-pub mod ledger;
 pub mod maintenance;
-pub mod notices;
-pub mod position;
-pub mod processing;
-pub mod providers;
 pub mod queue;
-pub mod retry;
-pub mod settings;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod tokens;
-pub mod vitals;
-pub mod worker;
 
 pub use error::EngineError;
-
-/// The NOTIFY channel workers listen on.
-pub const JOBS_CHANNEL: &str = "sluice_jobs";
+pub use sluice_types::{FailureKind, JobState, Preset};

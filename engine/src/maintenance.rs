@@ -1,116 +1,56 @@
-//! Background upkeep: rescue jobs whose worker vanished, and prune old jobs.
+//! Background upkeep, one loop per process: rescue jobs whose worker vanished, prune old jobs
+//! (and, through the caller, their blobs), and forget old failed logins. It spans the queue
+//! and accounts, so it lives beside them rather than in either.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde_json::Value;
-use sqlx::{PgPool, Row};
-use uuid::Uuid;
+use sqlx::PgPool;
 
-use crate::error::Result;
-use crate::hooks::TerminalHooks;
-use crate::queue::{apply_failure, JobError, Recorded};
-use crate::retry::{ErrorClass, Failure, RetryPolicy};
+use crate::queue::hooks::TerminalHooks;
+use crate::queue::policy::retry::RetryPolicy;
+use crate::queue::rescue::rescue_expired;
+use crate::queue::retention::{prune, PrunedJob, Retention};
 
-/// Return `running` jobs whose lease expired to `retrying` (using the attempt), or to `failed`
-/// / `timed_out` when none are left. Each job in its own transaction, with the hooks.
-pub async fn rescue_expired(
-    pool: &PgPool,
-    hooks: &dyn TerminalHooks,
-    policy: &RetryPolicy,
-) -> Result<Vec<(Uuid, Recorded)>> {
-    let mut rescued = Vec::new();
-    loop {
-        let mut tx = pool.begin().await?;
-        let row = sqlx::query(
-            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, now() FROM jobs j, queue_settings s
-             WHERE j.state = 'running' AND j.lease_expires_at < now()
-             ORDER BY j.lease_expires_at LIMIT 1 FOR UPDATE OF j SKIP LOCKED",
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else { break };
-        let (id, token): (Uuid, Uuid) = (row.get(0), row.get(1));
-        let error = JobError::new(ErrorClass::LeaseExpired, "the worker stopped answering (lease expired)");
-        let failure = Failure {
-            attempt: row.get::<i32, _>(2) as u32,
-            class: ErrorClass::LeaseExpired,
-            retry_after: None,
-            processing_enabled: row.get(3),
-        };
-        let now: DateTime<Utc> = row.get(4);
-        let decision = policy.decide(&failure, now, rand::random::<f64>());
-        let recorded = apply_failure(&mut tx, hooks, id, token, &error, decision).await?;
-        sqlx::query("UPDATE job_attempts SET outcome = 'lease_expired' WHERE id = $1")
-            .bind(token)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        tracing::warn!(job = %id, ?recorded, "rescued a job whose lease expired");
-        rescued.push((id, recorded));
-    }
-    Ok(rescued)
-}
-
+/// How often each upkeep task runs, and what retention keeps.
 #[derive(Clone, Copy, Debug)]
-pub struct Retention {
-    pub done: Duration,
-    pub failed: Duration,
+pub struct MaintenanceConfig {
+    /// Lease rescue: well under the lease (60 s), so a crashed worker's job waits little.
+    pub rescue_every: Duration,
+    /// Retention pruning.
+    pub prune_every: Duration,
+    pub retention: Retention,
+    /// Forgetting failed logins older than `login_window`.
+    pub account_upkeep_every: Duration,
+    pub login_window: Duration,
 }
 
-impl Default for Retention {
+impl Default for MaintenanceConfig {
     fn default() -> Self {
-        Retention { done: Duration::from_secs(30 * 86_400), failed: Duration::from_secs(90 * 86_400) }
-    }
-}
-
-/// A pruned job: its payload tells the caller which blobs to delete.
-#[derive(Clone, Debug)]
-pub struct PrunedJob {
-    pub id: Uuid,
-    pub payload: Value,
-}
-
-/// Delete done jobs older than `retention.done` and failed ones older than `retention.failed`
-/// (by finish time), in batches. Attempts go with them (cascade).
-pub async fn prune(pool: &PgPool, retention: Retention) -> Result<Vec<PrunedJob>> {
-    let mut pruned = Vec::new();
-    loop {
-        let rows = sqlx::query(
-            "DELETE FROM jobs WHERE id IN (
-                SELECT id FROM jobs WHERE finished_at IS NOT NULL AND (
-                    (state = 'done' AND finished_at < now() - make_interval(secs => $1))
-                 OR (state = 'failed' AND finished_at < now() - make_interval(secs => $2)))
-                LIMIT 1000)
-             RETURNING id, payload",
-        )
-        .bind(retention.done.as_secs_f64())
-        .bind(retention.failed.as_secs_f64())
-        .fetch_all(pool)
-        .await?;
-        let n = rows.len();
-        pruned.extend(rows.iter().map(|r| PrunedJob { id: r.get(0), payload: r.get(1) }));
-        if n < 1000 {
-            break;
+        MaintenanceConfig {
+            rescue_every: Duration::from_secs(5),
+            prune_every: Duration::from_secs(3600),
+            retention: Retention::default(),
+            account_upkeep_every: Duration::from_secs(3600),
+            login_window: crate::accounts::login::LoginLimits::default().window,
         }
     }
-    Ok(pruned)
 }
 
-/// Runs rescue every `rescue_every` and retention every `prune_every` until aborted.
-/// `on_pruned` gets the pruned jobs (to delete their blobs).
+/// Called with the jobs retention deleted, to delete their blobs.
+pub type OnPruned = Arc<dyn Fn(Vec<PrunedJob>) + Send + Sync>;
+
+/// Run every upkeep task on its own schedule until aborted.
 pub async fn run(
     pool: PgPool,
     hooks: Arc<dyn TerminalHooks>,
     policy: RetryPolicy,
-    retention: Retention,
-    rescue_every: Duration,
-    prune_every: Duration,
-    on_pruned: Arc<dyn Fn(Vec<PrunedJob>) + Send + Sync>,
+    config: MaintenanceConfig,
+    on_pruned: OnPruned,
 ) {
-    let mut rescue_tick = tokio::time::interval(rescue_every);
-    let mut prune_tick = tokio::time::interval(prune_every);
+    let mut rescue_tick = tokio::time::interval(config.rescue_every);
+    let mut prune_tick = tokio::time::interval(config.prune_every);
+    let mut account_tick = tokio::time::interval(config.account_upkeep_every);
     loop {
         tokio::select! {
             _ = rescue_tick.tick() => {
@@ -119,13 +59,18 @@ pub async fn run(
                 }
             }
             _ = prune_tick.tick() => {
-                match prune(&pool, retention).await {
+                match prune(&pool, config.retention).await {
                     Ok(jobs) if !jobs.is_empty() => {
                         tracing::info!(jobs = jobs.len(), "pruned old jobs");
                         on_pruned(jobs);
                     }
                     Ok(_) => {}
                     Err(e) => tracing::error!(error = %e, "retention pruning failed"),
+                }
+            }
+            _ = account_tick.tick() => {
+                if let Err(e) = crate::accounts::login::prune_login_failures(&pool, config.login_window).await {
+                    tracing::warn!(error = %e, "pruning failed logins failed");
                 }
             }
         }

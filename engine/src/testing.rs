@@ -1,15 +1,85 @@
-//! Helpers for tests and benchmarks (the engine's own and other crates'): enqueue in bulk,
-//! wait for a condition, worker settings with short timings.
+//! Helpers for tests and benchmarks (the engine's own and other crates'), behind the
+//! `testing` feature: a job factory, bulk enqueue, waiting for a condition, worker settings
+//! with short timings, and real PDFs made in memory.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::retry::RetryPolicy;
-use crate::worker::WorkerConfig;
+use crate::queue::policy::retry::RetryPolicy;
+use crate::queue::worker::WorkerConfig;
+use crate::{FailureKind, JobState};
+
+/// A job as a test wants it, like River's `testfactory.Job`: every field has a plain default,
+/// times are given as "seconds ago" (negative = in the future).
+#[derive(Clone, Debug)]
+pub struct JobOpts {
+    pub owner_id: i64,
+    pub state: JobState,
+    pub payload: Value,
+    pub cost: i32,
+    pub attempts: i32,
+    pub accepted_ago: f64,
+    /// When it is (or was) due; defaults to `accepted_ago`.
+    pub run_at_ago: Option<f64>,
+    /// Defaults to unset; set it for done and failed jobs.
+    pub finished_ago: Option<f64>,
+    /// For failed jobs; defaults to `retries_exhausted` with a reason.
+    pub failure: Option<(FailureKind, String)>,
+}
+
+impl Default for JobOpts {
+    fn default() -> Self {
+        JobOpts {
+            owner_id: 1,
+            state: JobState::Queued,
+            payload: Value::Object(Default::default()),
+            cost: 0,
+            attempts: 0,
+            accepted_ago: 0.0,
+            run_at_ago: None,
+            finished_ago: None,
+            failure: None,
+        }
+    }
+}
+
+/// Insert one job exactly as `opts` describes it (running jobs get a lease token, failed ones
+/// a failure kind, as the schema demands). Returns its id.
+pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
+    let failure = match (&opts.failure, opts.state) {
+        (Some(failure), _) => Some(failure.clone()),
+        (None, JobState::Failed) => Some((FailureKind::RetriesExhausted, "provider overloaded".to_string())),
+        (None, _) => None,
+    };
+    let lease = (opts.state == JobState::Running).then(|| Uuid::from_u128(rand::random()));
+    sqlx::query_scalar(
+        "INSERT INTO jobs (owner_id, state, payload, cost, attempts, accepted_at, run_at, finished_at,
+                           failure_kind, failure_reason, lease_token, lease_expires_at)
+         VALUES ($1, $2, $3, $4, $5, now() - make_interval(secs => $6), now() - make_interval(secs => $7),
+                 now() - make_interval(secs => $8), $9, $10, $11, CASE WHEN $11::uuid IS NULL THEN NULL
+                 ELSE now() + interval '1 hour' END)
+         RETURNING id",
+    )
+    .bind(opts.owner_id)
+    .bind(opts.state)
+    .bind(&opts.payload)
+    .bind(opts.cost)
+    .bind(opts.attempts)
+    .bind(opts.accepted_ago)
+    .bind(opts.run_at_ago.unwrap_or(opts.accepted_ago))
+    .bind(opts.finished_ago)
+    .bind(failure.as_ref().map(|(kind, _)| *kind))
+    .bind(failure.map(|(_, reason)| reason))
+    .bind(lease)
+    .fetch_one(pool)
+    .await
+    .expect("insert a job")
+}
 
 /// A second pool on the same database with room for `connections` (test pools are small).
 pub async fn wider_pool(pool: &PgPool, connections: u32) -> PgPool {
@@ -34,7 +104,8 @@ pub async fn enqueue_many(pool: &PgPool, owner: i64, n: usize) -> Vec<Uuid> {
     .expect("enqueue")
 }
 
-pub async fn count_in_state(pool: &PgPool, state: &str) -> i64 {
+/// How many jobs are in `state`.
+pub async fn count_in_state(pool: &PgPool, state: JobState) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = $1").bind(state).fetch_one(pool).await.expect("count")
 }
 

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::hooks::NoHooks;
-use engine::queue::{ClaimedJob, JobError, JobOutput};
+use engine::maintenance::MaintenanceConfig;
+use engine::queue::hooks::NoHooks;
+use engine::queue::worker::WorkerPool;
+use engine::queue::{ClaimedJob, JobError, JobOutput, JobState};
 use engine::testing::{count_in_state, enqueue_many, fast_worker, wait_for};
-use engine::worker::WorkerPool;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
@@ -27,16 +28,15 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
     let mut config = fast_worker("crashy", 8);
     config.lease = Duration::from_secs(3);
     let workers = WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(NoHooks));
+    let maintenance = MaintenanceConfig { rescue_every: Duration::from_millis(500), ..Default::default() };
     let rescue = tokio::spawn(engine::maintenance::run(
         pool.clone(),
         Arc::new(NoHooks),
         config.policy.clone(),
-        Default::default(),
-        Duration::from_millis(500),
-        Duration::from_secs(3600),
+        maintenance,
         Arc::new(|_| {}),
     ));
-    assert!(wait_for(Duration::from_secs(20), || async { count_in_state(&pool, "done").await >= 20 }).await);
+    assert!(wait_for(Duration::from_secs(20), || async { count_in_state(&pool, JobState::Done).await >= 20 }).await);
 
     let _temp = tokio::task::spawn_blocking(move || {
         temp.cluster.crash().expect("crash Postgres");

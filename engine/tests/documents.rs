@@ -4,18 +4,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::accounts::{self, Role};
-use engine::admission::{self, Admission, AdmissionConfig, Submission};
-use engine::blobs::Blobs;
-use engine::documents::{extract_text, DocType};
-use engine::ledger::AccountHooks;
-use engine::processing::DocumentProcessor;
-use engine::providers::{self, Preset, Provider, ProviderConfig, ProviderKind, Task};
+use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
+use engine::accounts::AccountHooks;
+use engine::accounts::{users, Role};
+use engine::documents::blobs::Blobs;
+use engine::documents::extract::extract_text;
+use engine::documents::processor::DocumentProcessor;
+use engine::documents::providers::{self, Preset, Provider, ProviderConfig, ProviderKind, Task};
+use engine::documents::DocType;
+use engine::queue::policy::retry::ErrorClass;
+use engine::queue::worker::WorkerPool;
 use engine::queue::{self, JobState};
-use engine::retry::{ErrorClass, FailureKind};
 use engine::testing::{encrypted_pdf, fast_worker, pdf_with_text, pdf_without_text, wait_for};
-use engine::worker::WorkerPool;
+use engine::FailureKind;
 use fakeprovider::{FakeProvider, Reply};
+use sluice_types::AttemptOutcome;
 use sqlx::PgPool;
 
 #[test]
@@ -127,8 +130,7 @@ async fn setup(pool: PgPool, name: &str) -> Setup {
     let dir = std::env::temp_dir().join(format!("sluice-blobs-{name}-{}", std::process::id()));
     let blobs = Blobs::local(&dir).unwrap();
     let fake = FakeProvider::start().await;
-    let user =
-        accounts::create_user(&pool, &format!("{name}@example.com"), "password123", Role::User, 5).await.unwrap();
+    let user = users::create_user(&pool, &format!("{name}@example.com"), "password123", Role::User, 5).await.unwrap();
     Setup { pool, blobs, fake, user: user.id, _dir: TempDir(dir) }
 }
 
@@ -184,11 +186,15 @@ async fn two_rate_limits_then_success_is_done_on_attempt_three(pool: PgPool) {
     let outcomes: Vec<_> = attempts.iter().map(|a| (a.outcome.clone().unwrap(), a.provider_status)).collect();
     assert_eq!(
         outcomes,
-        vec![("retry_scheduled".into(), Some(429)), ("retry_scheduled".into(), Some(429)), ("succeeded".into(), None)]
+        vec![
+            (AttemptOutcome::RetryScheduled, Some(429)),
+            (AttemptOutcome::RetryScheduled, Some(429)),
+            (AttemptOutcome::Succeeded, None)
+        ]
     );
     assert_eq!(attempts[2].input_tokens, Some(900));
     assert_eq!(s.fake.calls(), 3);
-    let user = accounts::get(&s.pool, s.user).await.unwrap();
+    let user = users::get(&s.pool, s.user).await.unwrap();
     assert_eq!((user.balance, user.in_flight), (4, 0), "charged once, no refund");
 }
 
@@ -207,7 +213,7 @@ async fn three_rate_limits_exhaust_the_retries_and_refund_once(pool: PgPool) {
     assert_eq!((job.state, job.failure_kind), (JobState::Failed, Some(FailureKind::RetriesExhausted)));
     assert_eq!(s.fake.calls(), 3, "at most three provider calls");
     assert_eq!(queue::attempts(&s.pool, id).await.unwrap().len(), 3);
-    let user = accounts::get(&s.pool, s.user).await.unwrap();
+    let user = users::get(&s.pool, s.user).await.unwrap();
     assert_eq!((user.balance, user.in_flight), (5, 0), "refunded");
     let refunds: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE job_id = $1 AND kind = 'refund'")
         .bind(id)
@@ -215,7 +221,7 @@ async fn three_rate_limits_exhaust_the_retries_and_refund_once(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(refunds, 1);
-    assert_eq!(engine::notices::list(&s.pool, s.user, 10).await.unwrap().len(), 1);
+    assert_eq!(engine::accounts::notices::list(&s.pool, s.user, 10).await.unwrap().len(), 1);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -261,7 +267,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         max_attempts: 3,
         lease_token: uuid::Uuid::nil(),
     };
-    let out = engine::worker::Processor::process(&processor, job).await.unwrap();
+    let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
     let markdown = out.result["markdown"].as_str().unwrap();
     assert!(markdown.contains("1,200 EUR") && markdown.contains("landlord@example.org"), "{markdown}");
     assert_eq!(out.result["provider"], "local");

@@ -5,13 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use engine::dlq::{self, Selection};
-use engine::hooks::{HookResult, NoHooks, TerminalHooks, TerminalJob};
+use engine::queue::dlq::{self, Selection};
+use engine::queue::hooks::{HookResult, NoHooks, TerminalHooks, TerminalJob};
+use engine::queue::policy::retry::ErrorClass;
+use engine::queue::switches;
+use engine::queue::worker::{work_once, WorkerPool};
 use engine::queue::{self, JobError, JobOutput, JobState, Recorded};
-use engine::retry::{ErrorClass, FailureKind};
-use engine::settings;
 use engine::testing::{count_in_state, enqueue_many, fast_worker, wait_for, wider_pool};
-use engine::worker::{work_once, WorkerPool};
+use engine::FailureKind;
+use sluice_types::AttemptOutcome;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -58,7 +60,7 @@ impl TerminalHooks for RecordingHooks {
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
     let pool = wider_pool(&pool, 80).await;
-    settings::set_gate_size(&pool, 5, "test").await.unwrap();
+    switches::set_gate_size(&pool, 5, "test").await.unwrap();
     let ids = enqueue_many(&pool, 1, 150).await;
 
     let in_processor = Arc::new(AtomicUsize::new(0));
@@ -78,7 +80,7 @@ async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
             }
         }
     };
-    let processor: Arc<dyn engine::worker::Processor> = Arc::new(processor);
+    let processor: Arc<dyn engine::queue::worker::Processor> = Arc::new(processor);
     let pools: Vec<WorkerPool> = (0..4)
         .map(|i| {
             WorkerPool::start(pool.clone(), fast_worker(&format!("pool-{i}"), 16), processor.clone(), Arc::new(NoHooks))
@@ -91,9 +93,9 @@ async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
         tokio::spawn(async move {
             let mut max = 0;
             loop {
-                let running = count_in_state(&pool, "running").await;
+                let running = count_in_state(&pool, JobState::Running).await;
                 max = max.max(running);
-                if count_in_state(&pool, "done").await == 150 {
+                if count_in_state(&pool, JobState::Done).await == 150 {
                     return max;
                 }
                 tokio::time::sleep(Duration::from_millis(3)).await;
@@ -156,12 +158,12 @@ async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected
     assert!(wait_for(Duration::from_secs(5), || async { claimed.lock().unwrap().is_some() }).await);
     // Heartbeats keep the lease alive well past its length while the worker lives.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert!(engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap().is_empty());
+    assert!(engine::queue::rescue::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap().is_empty());
     drop(doomed);
 
     assert!(
         wait_for(Duration::from_secs(5), || async {
-            !engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap().is_empty()
+            !engine::queue::rescue::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap().is_empty()
         })
         .await
     );
@@ -191,9 +193,9 @@ async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected
     assert_eq!(job.result, Some(serde_json::json!({"ok": true})));
     assert_eq!(RecordingHooks::calls(&pool, id, "done").await, 1);
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 0);
-    let outcomes: Vec<Option<String>> =
+    let outcomes: Vec<Option<AttemptOutcome>> =
         queue::attempts(&pool, id).await.unwrap().into_iter().map(|a| a.outcome).collect();
-    assert_eq!(outcomes, vec![Some("lease_expired".into()), Some("succeeded".into())]);
+    assert_eq!(outcomes, vec![Some(AttemptOutcome::LeaseExpired), Some(AttemptOutcome::Succeeded)]);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -204,7 +206,7 @@ async fn expired_lease_on_the_last_attempt_fails_as_timed_out(pool: PgPool) {
     let config = fast_worker("w", 1);
     queue::claim(&pool, "w", 1, Duration::from_millis(10)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let rescued = engine::maintenance::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap();
+    let rescued = engine::queue::rescue::rescue_expired(&pool, &RecordingHooks, &config.policy).await.unwrap();
     assert_eq!(rescued, vec![(id, Recorded::Failed(FailureKind::TimedOut))]);
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 1);
 }
@@ -239,7 +241,7 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
         .await
     );
 
-    settings::set_processing(&pool, false, "operator@example.com").await.unwrap();
+    switches::set_processing(&pool, false, "operator@example.com").await.unwrap();
     let paused_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await.unwrap();
     // Jobs keep arriving while paused.
     for owner in 0..15 {
@@ -257,19 +259,19 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
         .await
         .unwrap();
     assert_eq!(claimed_after_pause, 0, "no claims after the pause");
-    assert_eq!(count_in_state(&pool, "queued").await, 31);
+    assert_eq!(count_in_state(&pool, JobState::Queued).await, 31);
     let slow_job = queue::get(&pool, slow).await.unwrap();
     assert_eq!(slow_job.attempts, 0, "a failure while paused does not use an attempt");
 
-    let audit = settings::audit_log(&pool, 10).await.unwrap();
+    let audit = engine::audit::recent(&pool, 10).await.unwrap();
     assert_eq!(audit[0].action, "processing");
     assert_eq!(audit[0].actor, "operator@example.com");
     assert_eq!((audit[0].old_value.as_deref(), audit[0].new_value.as_deref()), (Some("on"), Some("off")));
 
     // Resume: the slow job now fails transiently once more is fine; everything else drains.
-    settings::set_processing(&pool, true, "operator@example.com").await.unwrap();
+    switches::set_processing(&pool, true, "operator@example.com").await.unwrap();
     release.notify_waiters();
-    assert!(wait_for(Duration::from_secs(10), || async { count_in_state(&pool, "done").await == 30 }).await);
+    assert!(wait_for(Duration::from_secs(10), || async { count_in_state(&pool, JobState::Done).await == 30 }).await);
     workers.shutdown().await;
 }
 
@@ -307,7 +309,7 @@ async fn retries_follow_the_schedule_and_retry_after_floor_then_exhaust(pool: Pg
     assert!(gap(1) >= 200, "first retry waited {} ms", gap(1));
     assert!(gap(2) >= 900, "Retry-After is a floor: waited {} ms", gap(2));
     assert_eq!(attempts[1].retry_after_ms, Some(900));
-    assert_eq!(attempts[2].outcome.as_deref(), Some("failed"));
+    assert_eq!(attempts[2].outcome, Some(AttemptOutcome::Failed));
     assert_eq!(RecordingHooks::calls(&pool, id, "failed").await, 1);
 }
 
@@ -395,7 +397,7 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
 
     // They run to done; discard takes a failed job out of the DLQ without deleting it.
     work_once(&pool, &config, Arc::new(|_| async { Ok(ok_output()) }), Arc::new(RecordingHooks), 3).await.unwrap();
-    assert_eq!(count_in_state(&pool, "done").await, 3);
+    assert_eq!(count_in_state(&pool, JobState::Done).await, 3);
     let extra = enqueue_many(&pool, 2, 1).await[0];
     work_once(
         &pool,
@@ -418,7 +420,7 @@ async fn graceful_shutdown_hands_unfinished_jobs_back_without_using_an_attempt(p
     config.shutdown_timeout = Duration::from_millis(300);
     let processor = |_job: queue::ClaimedJob| futures::future::pending::<Result<JobOutput, JobError>>();
     let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
-    assert!(wait_for(Duration::from_secs(5), || async { count_in_state(&pool, "running").await == 2 }).await);
+    assert!(wait_for(Duration::from_secs(5), || async { count_in_state(&pool, JobState::Running).await == 2 }).await);
     let report = workers.shutdown().await;
     assert_eq!(report.handed_back, 2);
     for id in ids {
@@ -429,15 +431,15 @@ async fn graceful_shutdown_hands_unfinished_jobs_back_without_using_an_attempt(p
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn gate_size_is_validated_and_audited(pool: PgPool) {
-    assert!(settings::set_gate_size(&pool, 0, "a").await.is_err());
-    assert!(settings::set_gate_size(&pool, 71, "a").await.is_err());
-    let s = settings::set_gate_size(&pool, 70, "a").await.unwrap();
+    assert!(switches::set_gate_size(&pool, 0, "a").await.is_err());
+    assert!(switches::set_gate_size(&pool, 71, "a").await.is_err());
+    let s = switches::set_gate_size(&pool, 70, "a").await.unwrap();
     assert_eq!(s.gate_size, 70);
-    let audit = settings::audit_log(&pool, 5).await.unwrap();
+    let audit = engine::audit::recent(&pool, 5).await.unwrap();
     assert_eq!(audit.len(), 1);
     assert_eq!((audit[0].old_value.as_deref(), audit[0].new_value.as_deref()), (Some("24"), Some("70")));
     // A gate of 1 lets exactly one job run.
-    settings::set_gate_size(&pool, 1, "a").await.unwrap();
+    switches::set_gate_size(&pool, 1, "a").await.unwrap();
     enqueue_many(&pool, 1, 3).await;
     assert_eq!(queue::claim(&pool, "w", 3, Duration::from_secs(60)).await.unwrap().len(), 1);
     assert_eq!(queue::claim(&pool, "w", 3, Duration::from_secs(60)).await.unwrap().len(), 0);
@@ -475,7 +477,7 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     // Owner 10's jobs are the newest, so every tie in the fair score goes to the others, as the
     // estimate assumes.
     let mine = enqueue_many(&pool, 10, 4).await;
-    settings::set_gate_size(&pool, 9, "test").await.unwrap();
+    switches::set_gate_size(&pool, 9, "test").await.unwrap();
     let line = queue::waiting_line(&pool, 10, &mine).await.unwrap();
     assert_eq!(line.free_slots, 9, "the gate, with nothing running");
     assert!(line.processing_enabled);
@@ -503,7 +505,7 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     assert!(after.ahead.is_empty());
 
     // With the gate full, a new job waits for one to finish; paused, there is no estimate.
-    settings::set_gate_size(&pool, 1, "test").await.unwrap();
+    switches::set_gate_size(&pool, 1, "test").await.unwrap();
     let running = enqueue_many(&pool, 20, 1).await;
     queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
     let waiting = enqueue_many(&pool, 10, 1).await[0];
@@ -513,7 +515,7 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     let wait = full.estimated_start(waiting).unwrap();
     assert!((wait.as_secs_f64() - 300.0 / 7.0).abs() < 0.01, "{wait:?}");
     assert_eq!(full.estimated_start(running[0]), None, "a running job has no place in line");
-    settings::set_processing(&pool, false, "test").await.unwrap();
+    switches::set_processing(&pool, false, "test").await.unwrap();
     let paused = queue::waiting_line(&pool, 10, &[waiting]).await.unwrap();
     assert!(!paused.processing_enabled);
     assert_eq!(paused.estimated_start(waiting), None);

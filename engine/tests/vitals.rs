@@ -2,49 +2,35 @@
 
 use std::time::Duration;
 
-use engine::drain::DrainEstimate;
-use engine::maintenance::{prune, Retention};
-use engine::vitals;
+use engine::queue::policy::drain::DrainEstimate;
+use engine::queue::retention::{prune, Retention};
+use engine::queue::vitals;
+use engine::testing::{job, JobOpts};
+use engine::JobState;
 use sqlx::PgPool;
 
-/// Insert a job with explicit timestamps (seconds ago; None = unset).
-async fn scripted(pool: &PgPool, state: &str, accepted_ago: f64, finished_ago: Option<f64>, run_at_ago: f64) {
-    let failure = (state == "failed").then_some("retries_exhausted");
-    let lease = (state == "running").then(|| uuid::Uuid::from_u128(rand_id()));
-    sqlx::query(
-        "INSERT INTO jobs (owner_id, state, accepted_at, finished_at, run_at, failure_kind, failure_reason, lease_token)
-         VALUES (1, $1, now() - make_interval(secs => $2), now() - make_interval(secs => $3),
-                 now() - make_interval(secs => $4), $5, $6, $7)",
-    )
-    .bind(state)
-    .bind(accepted_ago)
-    .bind(finished_ago)
-    .bind(run_at_ago)
-    .bind(failure)
-    .bind(failure.map(|_| "provider overloaded"))
-    .bind(lease)
-    .execute(pool)
-    .await
-    .unwrap();
+/// A job in `state` with explicit times (seconds ago; None = unset).
+async fn scripted(pool: &PgPool, state: JobState, accepted_ago: f64, finished_ago: Option<f64>, run_at_ago: f64) {
+    job(pool, &JobOpts { state, accepted_ago, finished_ago, run_at_ago: Some(run_at_ago), ..Default::default() }).await;
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn vital_signs_on_scripted_data(pool: PgPool) {
     // Waiting: 3 queued (the oldest due 100 s ago), 1 retry already due, 1 retry due later.
-    scripted(&pool, "queued", 100.0, None, 100.0).await;
-    scripted(&pool, "queued", 30.0, None, 30.0).await;
-    scripted(&pool, "queued", 10.0, None, 10.0).await;
-    scripted(&pool, "retrying", 400.0, None, 5.0).await;
-    scripted(&pool, "retrying", 400.0, None, -60.0).await;
-    scripted(&pool, "running", 20.0, None, 20.0).await;
+    scripted(&pool, JobState::Queued, 100.0, None, 100.0).await;
+    scripted(&pool, JobState::Queued, 30.0, None, 30.0).await;
+    scripted(&pool, JobState::Queued, 10.0, None, 10.0).await;
+    scripted(&pool, JobState::Retrying, 400.0, None, 5.0).await;
+    scripted(&pool, JobState::Retrying, 400.0, None, -60.0).await;
+    scripted(&pool, JobState::Running, 20.0, None, 20.0).await;
     // Done in the last minute: acceptance-to-done 10 s, 20 s, 30 s, 40 s.
     for (i, secs) in [10.0, 20.0, 30.0, 40.0].into_iter().enumerate() {
         let finished = 5.0 + i as f64;
-        scripted(&pool, "done", finished + secs, Some(finished), finished + secs).await;
+        scripted(&pool, JobState::Done, finished + secs, Some(finished), finished + secs).await;
     }
     // Two failed: one in the DLQ, one discarded.
-    scripted(&pool, "failed", 600.0, Some(590.0), 600.0).await;
-    scripted(&pool, "failed", 600.0, Some(590.0), 600.0).await;
+    scripted(&pool, JobState::Failed, 600.0, Some(590.0), 600.0).await;
+    scripted(&pool, JobState::Failed, 600.0, Some(590.0), 600.0).await;
     sqlx::query("UPDATE jobs SET discarded_at = now() WHERE id = (SELECT id FROM jobs WHERE state = 'failed' LIMIT 1)")
         .execute(&pool)
         .await
@@ -78,10 +64,10 @@ async fn vital_signs_on_scripted_data(pool: PgPool) {
 async fn draining_queue_reports_an_estimate(pool: PgPool) {
     // 10 waiting (accepted long ago), 30 completed in the last 5 minutes, 0 new intake.
     for _ in 0..10 {
-        scripted(&pool, "queued", 3600.0, None, 3600.0).await;
+        scripted(&pool, JobState::Queued, 3600.0, None, 3600.0).await;
     }
     for _ in 0..30 {
-        scripted(&pool, "done", 3600.0, Some(60.0), 3600.0).await;
+        scripted(&pool, JobState::Done, 3600.0, Some(60.0), 3600.0).await;
     }
     let v = vitals::read(&pool).await.unwrap();
     // 10 / (30/300 - 0) = 100 s.
@@ -91,11 +77,11 @@ async fn draining_queue_reports_an_estimate(pool: PgPool) {
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn retention_prunes_old_done_and_failed_jobs_only(pool: PgPool) {
     let day = 86_400.0;
-    scripted(&pool, "done", 31.0 * day, Some(31.0 * day), 31.0 * day).await; // pruned
-    scripted(&pool, "done", 29.0 * day, Some(29.0 * day), 29.0 * day).await; // kept
-    scripted(&pool, "failed", 91.0 * day, Some(91.0 * day), 91.0 * day).await; // pruned
-    scripted(&pool, "failed", 89.0 * day, Some(89.0 * day), 89.0 * day).await; // kept
-    scripted(&pool, "queued", 200.0 * day, None, 200.0 * day).await; // never pruned while waiting
+    scripted(&pool, JobState::Done, 31.0 * day, Some(31.0 * day), 31.0 * day).await; // pruned
+    scripted(&pool, JobState::Done, 29.0 * day, Some(29.0 * day), 29.0 * day).await; // kept
+    scripted(&pool, JobState::Failed, 91.0 * day, Some(91.0 * day), 91.0 * day).await; // pruned
+    scripted(&pool, JobState::Failed, 89.0 * day, Some(89.0 * day), 89.0 * day).await; // kept
+    scripted(&pool, JobState::Queued, 200.0 * day, None, 200.0 * day).await; // never pruned while waiting
     let pruned = prune(&pool, Retention::default()).await.unwrap();
     assert_eq!(pruned.len(), 2);
     let left: Vec<String> = sqlx::query_scalar("SELECT state FROM jobs ORDER BY state").fetch_all(&pool).await.unwrap();
@@ -103,10 +89,4 @@ async fn retention_prunes_old_done_and_failed_jobs_only(pool: PgPool) {
     // Shorter retention is configuration.
     let short = Retention { done: Duration::from_secs(day as u64), failed: Duration::from_secs(day as u64) };
     assert_eq!(prune(&pool, short).await.unwrap().len(), 2);
-}
-
-fn rand_id() -> u128 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed) as u128
 }

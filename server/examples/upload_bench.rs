@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use app::handlers::WebSettings;
-use engine::accounts::{self, Role};
-use engine::admission::AdmissionConfig;
+use app::server::session::WebSettings;
+use engine::accounts::admission::AdmissionConfig;
+use engine::accounts::{users, Role};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -46,7 +46,7 @@ async fn main() {
         ..Default::default()
     };
     let blob_dir = std::env::temp_dir().join(format!("sluice-bench-blobs-{}", std::process::id()));
-    let blobs = engine::blobs::Blobs::local(&blob_dir).unwrap();
+    let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
     let addr = server::spawn_web(pool.clone(), settings, blobs).await.unwrap();
     let (mut p50s, mut p95s, mut p99s, mut rates) = (vec![], vec![], vec![], vec![]);
     for run in 1..=runs {
@@ -55,13 +55,13 @@ async fn main() {
             .await
             .unwrap();
         let user =
-            accounts::create_user(&pool, "bench@example.com", "bench password", Role::User, 1_000_000).await.unwrap();
+            users::create_user(&pool, "bench@example.com", "bench password", Role::User, 1_000_000).await.unwrap();
         sqlx::query("UPDATE users SET max_in_flight = 1000000 WHERE id = $1")
             .bind(user.id)
             .execute(&pool)
             .await
             .unwrap();
-        let (_, token) = engine::tokens::create(&pool, user.id, "bench").await.unwrap();
+        let (_, token) = engine::accounts::tokens::create(&pool, user.id, "bench").await.unwrap();
         let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..uploads).map(|n| pdf(run * uploads + n)).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let client = reqwest::Client::new();

@@ -1,61 +1,236 @@
-//! Operator commands beside `serve`: create an admin, grant credits, list users.
-//! With the embedded default they use the running server's cluster, or start it briefly.
+//! The command line: `server [serve]` and the operator commands, and the configuration (flags
+//! with `SLUICE_*` environment variables) turned into the engine's and the web layer's configs.
 
-use anyhow::Context;
-use engine::accounts::{self, Role};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::config::{Command, Config};
+use clap::{Args, Parser, Subcommand};
 
-pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
-    let database = crate::Database::open_for_operator(&config).await?;
-    let result = run_with(&database.url, command).await;
-    database.close().await;
-    result
+use app::server::session::WebSettings;
+use engine::accounts::admission::AdmissionConfig;
+use engine::accounts::login::LoginLimits;
+use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
+use engine::documents::Blobs;
+use engine::maintenance::MaintenanceConfig;
+use engine::queue::policy::retry::RetryPolicy;
+use engine::queue::retention::Retention;
+use engine::queue::worker::WorkerConfig;
+
+/// Sluice: documents through slow AI providers, behind a durable queue.
+#[derive(Debug, Parser)]
+#[command(name = "server", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: Config,
+    #[command(subcommand)]
+    pub command: Option<Command>,
 }
 
-async fn run_with(url: &str, command: Command) -> anyhow::Result<()> {
-    let pool = engine::db::connect(url, 2).await.context("connecting to Postgres")?;
-    match command {
-        Command::CreateAdmin { email } => {
-            let password = match std::env::var("SLUICE_ADMIN_PASSWORD") {
-                Ok(p) => p,
-                Err(_) => rpassword::prompt_password(format!("Password for {email}: "))?,
-            };
-            let user = match accounts::create_user(&pool, &email, &password, Role::Admin, 0).await {
-                Ok(user) => user,
-                Err(engine::EngineError::EmailTaken) => {
-                    // An existing account is promoted; its password stays.
-                    let user = accounts::find_by_email(&pool, &email).await?;
-                    accounts::set_role(&pool, user.id, Role::Admin).await?;
-                    println!("{} already had an account; it is an admin now", user.email);
-                    return Ok(());
-                }
-                Err(e) => return Err(e.into()),
-            };
-            println!("created admin {} (id {})", user.email, user.id);
+/// What to do (`serve` when none is given).
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the web app and run the workers (the default).
+    Serve,
+    /// Create an administrator (password from SLUICE_ADMIN_PASSWORD, else prompted).
+    CreateAdmin {
+        #[arg(long)]
+        email: String,
+    },
+    /// Grant credits to a user (a negative amount takes them back).
+    GrantCredits {
+        #[arg(long)]
+        email: String,
+        #[arg(long, allow_hyphen_values = true)]
+        amount: i64,
+    },
+    /// List users with their balance and jobs in flight.
+    ListUsers,
+}
+
+/// The `--provider` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderChoice {
+    Local,
+    Anthropic,
+    Openai,
+}
+
+/// Every setting, from flags or their environment variables.
+#[derive(Clone, Debug, Args)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "SLUICE_BIND", default_value = "127.0.0.1:3000", global = true)]
+    pub bind: SocketAddr,
+    /// Postgres to use. When unset, a private cluster is started in <data-dir>/postgres.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Folder for the embedded Postgres cluster and local blobs.
+    #[arg(long, env = "SLUICE_DATA_DIR", default_value = ".data", global = true)]
+    pub data_dir: PathBuf,
+    /// Log filter (tracing's EnvFilter syntax).
+    #[arg(long, env = "SLUICE_LOG", default_value = "info,sqlx=warn", global = true)]
+    pub log: String,
+    /// Where cargo-leptos put the site (JS, WASM, CSS, assets).
+    #[arg(long, env = "LEPTOS_SITE_ROOT", default_value = "target/site", global = true)]
+    pub site_root: String,
+    /// Worker tasks in this process (0 = web only).
+    #[arg(long, env = "SLUICE_WORKERS", default_value_t = 24, global = true)]
+    pub workers: usize,
+    /// Seconds a worker's lease lasts without a heartbeat.
+    #[arg(long, env = "SLUICE_LEASE_SECS", default_value_t = 60.0, global = true)]
+    pub lease_secs: f64,
+    /// Seconds between heartbeats.
+    #[arg(long, env = "SLUICE_HEARTBEAT_SECS", default_value_t = 15.0, global = true)]
+    pub heartbeat_secs: f64,
+    /// Seconds to wait before attempts 2, 3, ... (comma-separated; the last repeats).
+    #[arg(long, env = "SLUICE_RETRY_DELAYS", default_value = "30,60", value_delimiter = ',', global = true)]
+    pub retry_delays: Vec<f64>,
+    /// Upper bound of any scheduled retry delay, in seconds.
+    #[arg(long, env = "SLUICE_RETRY_MAX_DELAY", default_value_t = 120.0, global = true)]
+    pub retry_max_delay: f64,
+    /// Attempts in all, the first included.
+    #[arg(long, env = "SLUICE_MAX_ATTEMPTS", default_value_t = 3, global = true)]
+    pub max_attempts: u32,
+    /// Days to keep done jobs.
+    #[arg(long, env = "SLUICE_KEEP_DONE_DAYS", default_value_t = 30, global = true)]
+    pub keep_done_days: u64,
+    /// Credits a new account starts with.
+    #[arg(long, env = "SLUICE_SIGNUP_GRANT", default_value_t = 20, global = true)]
+    pub signup_grant: i64,
+    /// Credits per document.
+    #[arg(long, env = "SLUICE_COST", default_value_t = 1, global = true)]
+    pub cost: i64,
+    /// Largest upload accepted, in bytes.
+    #[arg(long, env = "SLUICE_MAX_UPLOAD_BYTES", default_value_t = 50 * 1024 * 1024, global = true)]
+    pub max_upload_bytes: u64,
+    /// Intake bound: refuse uploads (503) past this many waiting jobs.
+    #[arg(long, env = "SLUICE_MAX_BACKLOG", default_value_t = 10_000, global = true)]
+    pub max_backlog: i64,
+    /// Intake bound: refuse uploads (503) while the oldest waiting job has waited this long.
+    #[arg(long, env = "SLUICE_MAX_OLDEST_WAIT_SECS", default_value_t = 1800, global = true)]
+    pub max_oldest_wait_secs: u64,
+    /// Failed logins per account within 15 minutes before 429.
+    #[arg(long, env = "SLUICE_LOGIN_FAILURES_PER_ACCOUNT", default_value_t = 5, global = true)]
+    pub login_failures_per_account: i64,
+    /// Failed logins per client address within 15 minutes before 429.
+    #[arg(long, env = "SLUICE_LOGIN_FAILURES_PER_ADDRESS", default_value_t = 20, global = true)]
+    pub login_failures_per_address: i64,
+    /// Mark the session cookie `Secure` (serve over HTTPS when you set this).
+    #[arg(long, env = "SLUICE_SECURE_COOKIES", default_value_t = false, global = true)]
+    pub secure_cookies: bool,
+    /// The AI provider: local (built in, no network), anthropic, or openai (any
+    /// OpenAI-compatible server: Ollama, vLLM, llama.cpp).
+    #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "local", global = true)]
+    pub provider: ProviderChoice,
+    /// The provider's base URL (anthropic: https://api.anthropic.com; openai: ending in /v1).
+    #[arg(long, env = "SLUICE_PROVIDER_URL", default_value = "", global = true)]
+    pub provider_url: String,
+    /// The provider's API key (never logged).
+    #[arg(long, env = "SLUICE_PROVIDER_API_KEY", hide_env_values = true, global = true)]
+    pub provider_api_key: Option<String>,
+    /// The model to ask.
+    #[arg(long, env = "SLUICE_PROVIDER_MODEL", default_value = "", global = true)]
+    pub provider_model: String,
+    /// The most output tokens to ask for.
+    #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", default_value_t = 1024, global = true)]
+    pub provider_max_tokens: u32,
+    /// Seconds before a provider call counts as timed out.
+    #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
+    pub provider_timeout_secs: f64,
+    /// Blob storage: unset = a folder under the data folder; or a URL like s3://bucket/prefix
+    /// (credentials and endpoint from AWS_* variables).
+    #[arg(long, env = "SLUICE_BLOB_STORE", global = true)]
+    pub blob_store: Option<String>,
+    /// Days to keep failed jobs.
+    #[arg(long, env = "SLUICE_KEEP_FAILED_DAYS", default_value_t = 90, global = true)]
+    pub keep_failed_days: u64,
+}
+
+impl Config {
+    /// Attempts and backoff.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.max_attempts.max(1),
+            delays: self.retry_delays.iter().map(|s| Duration::from_secs_f64(s.max(0.0))).collect(),
+            max_delay: Duration::from_secs_f64(self.retry_max_delay.max(0.0)),
+            ..RetryPolicy::default()
         }
-        Command::GrantCredits { email, amount } => {
-            let user = accounts::find_by_email(&pool, &email).await.with_context(|| format!("no user {email}"))?;
-            let balance =
-                engine::ledger::admin_adjust(&pool, user.id, amount, "cli", "granted from the command line").await?;
-            println!("{}: balance {balance}", user.email);
-        }
-        Command::ListUsers => {
-            println!("{:>6}  {:<40} {:<6} {:>8} {:>9}", "id", "email", "role", "balance", "in flight");
-            for u in accounts::list(&pool).await? {
-                println!(
-                    "{:>6}  {:<40} {:<6} {:>8} {:>5} / {}",
-                    u.id,
-                    u.email,
-                    u.role.as_str(),
-                    u.balance,
-                    u.in_flight,
-                    u.max_in_flight
-                );
-            }
-        }
-        Command::Serve => unreachable!("serve is not an operator command"),
     }
-    pool.close().await;
-    Ok(())
+
+    /// This process's worker pool.
+    pub fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            name: format!("{}-{}", hostname(), std::process::id()),
+            concurrency: self.workers,
+            lease: Duration::from_secs_f64(self.lease_secs),
+            heartbeat: Duration::from_secs_f64(self.heartbeat_secs),
+            policy: self.retry_policy(),
+            ..WorkerConfig::default()
+        }
+    }
+
+    /// Upkeep schedules and retention.
+    pub fn maintenance_config(&self) -> MaintenanceConfig {
+        MaintenanceConfig {
+            retention: Retention {
+                done: Duration::from_secs(self.keep_done_days * 86_400),
+                failed: Duration::from_secs(self.keep_failed_days * 86_400),
+            },
+            login_window: self.web_settings().login_limits.window,
+            ..MaintenanceConfig::default()
+        }
+    }
+
+    /// What the web layer charges, limits and offers.
+    pub fn web_settings(&self) -> WebSettings {
+        WebSettings {
+            admission: AdmissionConfig {
+                cost: self.cost.max(0),
+                max_backlog: self.max_backlog,
+                max_oldest_wait: Duration::from_secs(self.max_oldest_wait_secs),
+                max_attempts: self.max_attempts.max(1) as i32,
+                ..Default::default()
+            },
+            signup_grant: self.signup_grant.max(0),
+            login_limits: LoginLimits {
+                per_account: self.login_failures_per_account,
+                per_address: self.login_failures_per_address,
+                ..Default::default()
+            },
+            max_upload_bytes: self.max_upload_bytes,
+            presets: {
+                let provider = providers::build(&self.provider_config());
+                Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
+            },
+        }
+    }
+
+    /// The AI provider.
+    pub fn provider_config(&self) -> ProviderConfig {
+        ProviderConfig {
+            kind: match self.provider {
+                ProviderChoice::Local => ProviderKind::Local,
+                ProviderChoice::Anthropic => ProviderKind::Anthropic,
+                ProviderChoice::Openai => ProviderKind::Openai,
+            },
+            base_url: self.provider_url.clone(),
+            api_key: self.provider_api_key.clone(),
+            model: self.provider_model.clone(),
+            max_tokens: self.provider_max_tokens,
+            timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
+        }
+    }
+
+    /// Blob storage: a folder under the data folder, or the configured URL.
+    pub fn blobs(&self) -> anyhow::Result<Blobs> {
+        Ok(match &self.blob_store {
+            Some(url) => Blobs::from_url(url)?,
+            None => Blobs::local(&self.data_dir.join("blobs"))?,
+        })
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
 }

@@ -36,12 +36,13 @@ impl Server {
         Some(answer)
     }
 
-    fn post(&self, path: &str) -> Option<String> {
+    fn post(&self, path: &str, form: &str) -> Option<String> {
         use std::io::{Read, Write};
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         write!(
             stream,
-            "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 0\r\n\r\n"
+            "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
         )
         .ok()?;
         let mut answer = String::new();
@@ -98,10 +99,11 @@ fn temp_data_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn clicks(server: &Server) -> i64 {
-    let answer = server.post("/api/record_click").expect("server function answers");
-    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
-    answer.rsplit("\r\n\r\n").next().unwrap().trim().parse().expect("a number")
+/// Call an account server function (`sign_up` or `log_in`) for `email`; returns the status.
+fn account(server: &Server, function: &str, email: &str) -> u16 {
+    let form = format!("email={}&password=persistent+password", email.replace('@', "%40"));
+    let answer = server.post(&format!("/api/{function}"), &form).expect("the server function answers");
+    answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("an HTTP status")
 }
 
 #[test]
@@ -110,14 +112,14 @@ fn ctrl_c_stops_postgres_and_a_second_run_reuses_the_data() {
     let first = Server::start(&data);
     first.wait_healthy();
     assert!(postgres_processes(&data) > 0, "the server runs its own Postgres");
-    assert_eq!(clicks(&first), 1);
-    assert_eq!(clicks(&first), 2);
+    assert_eq!(account(&first, "sign_up", "kept@example.com"), 200);
     assert!(first.interrupt_and_wait().success());
     assert_eq!(postgres_processes(&data), 0, "no Postgres of ours is left after Ctrl-C");
 
     let second = Server::start(&data);
     second.wait_healthy();
-    assert_eq!(clicks(&second), 3, "the second run reuses the data");
+    assert_eq!(account(&second, "log_in", "kept@example.com"), 200, "the second run reuses the data");
+    assert_eq!(account(&second, "sign_up", "kept@example.com"), 409, "the account is still there");
     assert!(second.interrupt_and_wait().success());
     assert_eq!(postgres_processes(&data), 0);
     let _ = std::fs::remove_dir_all(&data);
@@ -128,14 +130,14 @@ fn a_cluster_left_by_a_killed_server_is_taken_over() {
     let data = temp_data_dir("killed");
     let mut first = Server::start(&data);
     first.wait_healthy();
-    assert_eq!(clicks(&first), 1);
+    assert_eq!(account(&first, "sign_up", "orphan@example.com"), 200);
     first.child.kill().unwrap(); // SIGKILL: no chance to stop Postgres
     first.child.wait().unwrap();
     assert!(postgres_processes(&data) > 0, "the orphaned cluster is still running");
 
     let second = Server::start(&data);
     second.wait_healthy();
-    assert_eq!(clicks(&second), 2);
+    assert_eq!(account(&second, "log_in", "orphan@example.com"), 200, "the account survived the kill");
     assert!(second.interrupt_and_wait().success());
     assert_eq!(postgres_processes(&data), 0);
     let _ = std::fs::remove_dir_all(&data);
@@ -146,6 +148,7 @@ fn a_second_server_on_the_same_data_folder_is_refused_and_the_first_keeps_its_da
     let data = temp_data_dir("twice");
     let first = Server::start(&data);
     first.wait_healthy();
+    assert_eq!(account(&first, "sign_up", "first@example.com"), 200);
     let out = Command::new(env!("CARGO_BIN_EXE_server"))
         .env_remove("DATABASE_URL")
         .env("SLUICE_DATA_DIR", &data)
@@ -158,7 +161,7 @@ fn a_second_server_on_the_same_data_folder_is_refused_and_the_first_keeps_its_da
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(clicks(&first), 1, "the first server's database is untouched");
+    assert_eq!(account(&first, "log_in", "first@example.com"), 200, "the first server's database is untouched");
     assert!(first.interrupt_and_wait().success());
     assert_eq!(postgres_processes(&data), 0);
     let _ = std::fs::remove_dir_all(&data);

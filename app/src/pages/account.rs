@@ -2,19 +2,20 @@
 
 use leptos::prelude::*;
 
-use crate::api::{credits, list_tokens, notices, CreateToken, MarkNoticesRead, RevokeToken};
+use crate::model::CreditKind;
+use crate::server::account::{credits, list_tokens, notices, CreateToken, MarkNoticesRead, RevokeToken};
 
 use crate::pages::clock::local_date_time as day_and_time;
 
 /// Pure: a ledger line's description: its note, else its kind, capitalised.
-pub fn ledger_text(kind: &str, note: Option<&str>) -> String {
-    crate::pages::capitalise(note.filter(|n| !n.is_empty()).unwrap_or(kind))
+pub fn ledger_text(kind: CreditKind, note: Option<&str>) -> String {
+    crate::pages::capitalise(note.filter(|n| !n.is_empty()).unwrap_or(kind.as_str()))
 }
 
 #[component]
 pub fn CreditsPage() -> impl IntoView {
     let summary = LocalResource::new(credits);
-    let terms = LocalResource::new(crate::api::terms);
+    let terms = LocalResource::new(crate::server::account::terms);
     view! {
         <section class="card">
             <h1>"Credits"</h1>
@@ -33,10 +34,10 @@ pub fn CreditsPage() -> impl IntoView {
                             <thead><tr><th>"When"</th><th>"What"</th><th class="num">"Credits"</th></tr></thead>
                             <tbody>
                                 {c.history.into_iter().map(|l| view! {
-                                    <tr class=l.kind.clone()>
+                                    <tr class=l.kind.as_str()>
                                         <td>{day_and_time(&l.at)}</td>
                                         <td>
-                                            {ledger_text(&l.kind, l.note.as_deref())}
+                                            {ledger_text(l.kind, l.note.as_deref())}
                                             {l.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}")>"(job)"</a> })}
                                         </td>
                                         <td class="num">{if l.amount > 0 { format!("+{}", l.amount) } else { l.amount.to_string() }}</td>
@@ -129,19 +130,15 @@ pub fn NoticesPage() -> impl IntoView {
     }
 }
 
-/// The unread count for the header.
-pub async fn unread_count() -> usize {
-    notices().await.map(|n| n.iter().filter(|n| !n.read).count()).unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::ledger_text;
+    use crate::model::CreditKind;
 
     #[test]
     fn ledger_lines_read_as_words() {
-        assert_eq!(ledger_text("debit", Some("document accepted")), "Document accepted");
-        assert_eq!(ledger_text("grant", None), "Grant");
-        assert_eq!(ledger_text("refund", Some("")), "Refund");
+        assert_eq!(ledger_text(CreditKind::Debit, Some("document accepted")), "Document accepted");
+        assert_eq!(ledger_text(CreditKind::Grant, None), "Grant");
+        assert_eq!(ledger_text(CreditKind::Refund, Some("")), "Refund");
     }
 }

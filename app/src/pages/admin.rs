@@ -3,13 +3,13 @@
 
 use leptos::prelude::*;
 
-use crate::api::{
-    audit_log, dlq_groups, dlq_jobs, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay, DlqReplayJob, SetGate,
-    SetProcessing,
-};
 use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus};
 use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
+use crate::server::admin::{
+    audit_log, dlq_groups, dlq_jobs, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay, DlqReplayJob, SetGate,
+    SetProcessing,
+};
 
 fn confirm(message: &str) -> bool {
     #[cfg(feature = "hydrate")]
@@ -255,7 +255,7 @@ impl DlqActions {
 #[component]
 fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
     let open = RwSignal::new(false);
-    let (kind, reason) = (group.kind.clone(), group.reason.clone());
+    let (kind, reason) = (group.kind.as_str().to_string(), group.reason.clone());
     let jobs = LocalResource::new({
         let (kind, reason) = (kind.clone(), reason.clone());
         move || {
@@ -275,7 +275,7 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
     view! {
         <li data-testid="dlq-group">
             <div class="dlq-head">
-                <span class="badge failed">{group.kind.replace('_', " ")}</span>
+                <span class="badge failed">{group.kind.as_str().replace('_', " ")}</span>
                 <span class="reason">{group.reason.clone()}</span>
                 <span class="muted">{if count == 1 { "1 job".to_string() } else { format!("{count} jobs") }}</span>
                 <button class="button link" aria-expanded=move || open.get().to_string() on:click=move |_| open.update(|o| *o = !*o)>

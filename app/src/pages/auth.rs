@@ -3,9 +3,9 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_navigate;
 
-use crate::api::{LogIn, SignUp};
 use crate::errors::AppError;
 use crate::model::UserInfo;
+use crate::server::auth::{LogIn, SignUp};
 
 fn error_text(e: &AppError) -> String {
     match e {
@@ -80,7 +80,7 @@ pub fn LoginPage() -> impl IntoView {
 #[component]
 pub fn SignupPage() -> impl IntoView {
     let action = ServerAction::<SignUp>::new();
-    let terms = LocalResource::new(crate::api::terms);
+    let terms = LocalResource::new(crate::server::account::terms);
     view! {
         <section class="auth card">
             <h1>"Create your account"</h1>

@@ -4,10 +4,10 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
-use crate::api::{job_detail, list_jobs};
-use crate::model::JobStatus;
+use crate::model::{FailureKind, JobState, JobStatus};
 use crate::pages::clock::{local_time, now_ms, parse_ms};
 use crate::pages::{capitalise, credits_text};
+use crate::server::jobs::{job_detail, list_jobs};
 
 /// Ticks `now` every second and calls `refresh` every other tick while the tab is visible,
 /// and at once when a hidden tab is shown again.
@@ -62,25 +62,28 @@ fn seconds_between(from_ms: f64, to_ms: f64) -> i64 {
     ((to_ms - from_ms) / 1000.0).round().max(0.0) as i64
 }
 
+/// Pure: a state's badge text.
+pub fn state_label(state: JobState) -> &'static str {
+    match state {
+        JobState::Queued => "Queued",
+        JobState::Running => "Running",
+        JobState::Retrying => "Retrying",
+        JobState::Done => "Done",
+        JobState::Failed => "Failed",
+    }
+}
+
 /// The state badge and the line under it.
 #[component]
-pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
-    let state = job.state.clone();
-    let label = match state.as_str() {
-        "queued" => "Queued",
-        "running" => "Running",
-        "retrying" => "Retrying",
-        "done" => "Done",
-        "failed" => "Failed",
-        _ => "Unknown",
-    };
-    let detail = move || match job.state.as_str() {
-        "queued" => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
-        "running" => {
+pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
+    let state = job.state;
+    let detail = move || match job.state {
+        JobState::Queued => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
+        JobState::Running => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             format!("Running for {}.", duration_text(seconds_between(since, now.get())))
         }
-        "retrying" => {
+        JobState::Retrying => {
             let wait = seconds_between(now.get(), parse_ms(&job.run_at));
             format!(
                 "Attempt {} of {} failed: {}. {}",
@@ -90,26 +93,25 @@ pub fn JobState(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
                 if wait > 0 { format!("Next attempt in {wait} s.") } else { "Next attempt starting now.".into() }
             )
         }
-        "failed" => failed_text(job.failure_kind.as_deref(), job.failure_reason.as_deref(), job.attempts, job.cost),
-        "done" => match job.finished_at.as_deref() {
+        JobState::Failed => failed_text(job.failure_kind, job.failure_reason.as_deref(), job.attempts, job.cost),
+        JobState::Done => match job.finished_at.as_deref() {
             Some(end) => {
                 format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end))))
             }
             None => "Done.".to_string(),
         },
-        _ => String::new(),
     };
     view! {
-        <span class=format!("badge {state}") data-state=state.clone()>{label}</span>
+        <span class=format!("badge {}", state.as_str()) data-state=state.as_str()>{state_label(state)}</span>
         <span class="state-detail">{detail}</span>
     }
 }
 
 /// Pure: the line under a failed badge: why, in plain words, and the refund.
-pub fn failed_text(kind: Option<&str>, reason: Option<&str>, attempts: i32, cost: i32) -> String {
+pub fn failed_text(kind: Option<FailureKind>, reason: Option<&str>, attempts: i32, cost: i32) -> String {
     let reason = reason.filter(|r| !r.is_empty()).unwrap_or("it could not be processed");
     let why = match kind {
-        Some("retries_exhausted" | "timed_out") if attempts > 1 => {
+        Some(FailureKind::RetriesExhausted | FailureKind::TimedOut) if attempts > 1 => {
             format!("Gave up after {attempts} attempts: {reason}")
         }
         _ => capitalise(reason),
@@ -156,7 +158,7 @@ pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoVie
                             <strong>{format!("Attempt {}", a.attempt)}</strong>
                             <span class="muted">{format!(" at {}{}", local_time(&a.started_at), took.unwrap_or_default())}</span>
                             " · "
-                            <span>{a.outcome.unwrap_or_else(|| "running".into()).replace('_', " ")}</span>
+                            <span>{a.outcome.map_or("running", |o| o.words())}</span>
                             {a.provider_status.map(|s| format!(" (HTTP {s})"))}
                             {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
                         </li>
@@ -168,7 +170,7 @@ pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoVie
 }
 
 fn is_live(job: &JobStatus) -> bool {
-    !matches!(job.state.as_str(), "done" | "failed")
+    !job.state.is_terminal()
 }
 
 /// Tells the header to ask again when the number of ended jobs on screen changes (an ended
@@ -222,8 +224,8 @@ pub fn JobsPage() -> impl IntoView {
                                                 view! {
                                                     <li class="job" data-job-id=id>
                                                         <a class="file-name" href=href.clone()>{name}</a>
-                                                        {(job.state == "done").then(|| view! { <a class="open-result" href=href>"Open the result"</a> })}
-                                                        <JobState job=job now=now/>
+                                                        {(job.state == JobState::Done).then(|| view! { <a class="open-result" href=href>"Open the result"</a> })}
+                                                        <StateBadge job=job now=now/>
                                                     </li>
                                                 }
                                             })
@@ -270,7 +272,7 @@ pub fn JobPage() -> impl IntoView {
                                     .and_then(|r| r["markdown"].as_str().map(str::to_string));
                                 view! {
                                     <h1 class="file-name">{name}</h1>
-                                    <p class="job-state"><JobState job=job.clone() now=now/></p>
+                                    <p class="job-state"><StateBadge job=job.clone() now=now/></p>
                                     {markdown.map(|m| view! {
                                         <h2>"Result"</h2>
                                         <pre class="result-text">{m}</pre>
@@ -295,6 +297,7 @@ pub fn JobPage() -> impl IntoView {
 #[cfg(test)]
 mod tests {
     use super::{duration_text, failed_text, queued_text};
+    use crate::model::FailureKind;
 
     #[test]
     fn durations_read_naturally() {
@@ -308,11 +311,11 @@ mod tests {
     #[test]
     fn failed_lines_say_why_and_the_refund() {
         assert_eq!(
-            failed_text(Some("retries_exhausted"), Some("the provider is rate limiting us"), 3, 1),
+            failed_text(Some(FailureKind::RetriesExhausted), Some("the provider is rate limiting us"), 3, 1),
             "Gave up after 3 attempts: the provider is rate limiting us. 1 credit refunded."
         );
         assert_eq!(
-            failed_text(Some("invalid_input"), Some("the PDF is encrypted"), 1, 2),
+            failed_text(Some(FailureKind::InvalidInput), Some("the PDF is encrypted"), 1, 2),
             "The PDF is encrypted. 2 credits refunded."
         );
         assert_eq!(failed_text(None, None, 0, 0), "It could not be processed. Nothing was charged.");

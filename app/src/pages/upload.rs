@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 use serde_json::Value;
 
-use crate::api::terms;
+use crate::server::account::terms;
 
 /// How an upload ended, for the message under its progress bar.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,7 +99,7 @@ pub fn UploadPage() -> impl IntoView {
                         .map(|t| t.presets)
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|p| view! { <option value=p.id.clone()>{p.label}</option> })
+                        .map(|p| view! { <option value=p.id.as_str()>{p.label}</option> })
                         .collect_view()
                 }}
             </select>

@@ -1,0 +1,105 @@
+//! The account's side: notices, credits, API tokens, and the site's public terms.
+
+use leptos::prelude::*;
+
+use crate::errors::AppError;
+use crate::model::{CreditSummary, NewToken, NoticeInfo, SiteTerms, TokenInfo};
+#[cfg(feature = "ssr")]
+use crate::server::session::{answer, context, require_user};
+
+/// The caller's newest notices.
+#[server(endpoint = "notices")]
+pub async fn notices() -> Result<Vec<NoticeInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::accounts::notices::list(&ctx.pool, user.id, 100).await?.into_iter().map(Into::into).collect())
+    })
+    .await
+}
+
+/// How many of the caller's notices are unread (the header's count).
+#[server(endpoint = "unread_notices")]
+pub async fn unread_notices() -> Result<i64, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::accounts::notices::unread_count(&ctx.pool, user.id).await?)
+    })
+    .await
+}
+
+/// Mark one notice (or all, with `None`) as read.
+#[server(endpoint = "mark_notices_read")]
+pub async fn mark_notices_read(id: Option<i64>) -> Result<u64, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::accounts::notices::mark_read(&ctx.pool, user.id, id).await?)
+    })
+    .await
+}
+
+/// The balance and the ledger.
+#[server(endpoint = "credits")]
+pub async fn credits() -> Result<CreditSummary, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        let history = engine::accounts::ledger::history(&ctx.pool, user.id, 200).await?;
+        Ok(CreditSummary { balance: user.balance, history: history.into_iter().map(Into::into).collect() })
+    })
+    .await
+}
+
+/// A new API token; its secret is in this answer only.
+#[server(endpoint = "create_token")]
+pub async fn create_token(name: String) -> Result<NewToken, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        let (token, secret) = engine::accounts::tokens::create(&ctx.pool, user.id, &name).await?;
+        Ok(NewToken { token: token.into(), secret })
+    })
+    .await
+}
+
+/// The caller's API tokens.
+#[server(endpoint = "list_tokens")]
+pub async fn list_tokens() -> Result<Vec<TokenInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::accounts::tokens::list(&ctx.pool, user.id).await?.into_iter().map(Into::into).collect())
+    })
+    .await
+}
+
+/// Revoke one of the caller's tokens (anyone else's is 404).
+#[server(endpoint = "revoke_token")]
+pub async fn revoke_token(id: i64) -> Result<(), AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::accounts::tokens::revoke(&ctx.pool, user.id, id).await?)
+    })
+    .await
+}
+
+/// What this server offers and charges: its presets (language-model presets need a
+/// provider), the cost per document, the upload cap and the sign-up grant. Public.
+#[server(endpoint = "terms")]
+pub async fn terms() -> Result<SiteTerms, AppError> {
+    use crate::model::PresetInfo;
+    answer(async move {
+        let ctx = context()?;
+        let settings = &ctx.settings;
+        Ok(SiteTerms {
+            presets: settings.presets.iter().map(|&p| PresetInfo { id: p, label: p.label().to_string() }).collect(),
+            cost: settings.admission.cost,
+            max_upload_bytes: settings.max_upload_bytes,
+            signup_grant: settings.signup_grant,
+        })
+    })
+    .await
+}

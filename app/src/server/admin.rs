@@ -1,0 +1,185 @@
+//! The admin page's server functions. Each checks the role on the server; to anyone but an
+//! admin they answer 404, as if the admin area did not exist.
+
+use leptos::prelude::*;
+
+use crate::errors::AppError;
+use crate::model::{AuditInfo, DlqGroupInfo, DlqJobInfo, QueueStatus};
+#[cfg(feature = "ssr")]
+use {
+    crate::server::session::{answer, context, require_admin},
+    engine::queue::dlq::{self, Selection},
+};
+
+/// The kill switch, the gate and the vital signs with the last hour's chart.
+#[server(endpoint = "admin/overview")]
+pub async fn queue_overview() -> Result<QueueStatus, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let settings = engine::queue::switches::read(&ctx.pool).await?;
+        let vitals = engine::queue::vitals::read(&ctx.pool).await?;
+        let history = engine::queue::vitals::history(&ctx.pool, 60).await?;
+        Ok(QueueStatus {
+            processing_enabled: settings.processing_enabled,
+            processing_changed_at: crate::model::time_text(settings.processing_changed_at),
+            processing_changed_by: settings.processing_changed_by,
+            gate_size: settings.gate_size,
+            running: vitals.running,
+            backlog: vitals.backlog,
+            scheduled_retries: vitals.scheduled_retries,
+            oldest_waiting_secs: vitals.oldest_waiting_secs,
+            intake_per_min: vitals.intake.m5 * 60.0,
+            completions_per_min: vitals.completions.m5 * 60.0,
+            time_to_done_p50_secs: vitals.time_to_done_p50_secs,
+            time_to_done_p95_secs: vitals.time_to_done_p95_secs,
+            dlq_depth: vitals.dlq_depth,
+            drain: describe_drain(vitals.drain),
+            history: history.into_iter().map(|m| (m.intake, m.completions)).collect(),
+        })
+    })
+    .await
+}
+
+/// The drain estimate in words.
+#[cfg(feature = "ssr")]
+fn describe_drain(drain: engine::queue::policy::drain::DrainEstimate) -> String {
+    use engine::queue::policy::drain::DrainEstimate;
+    match drain {
+        DrainEstimate::Empty => "empty".into(),
+        DrainEstimate::NotDraining => "not draining".into(),
+        DrainEstimate::DrainsIn(d) if d.as_secs() < 120 => format!("{} s", d.as_secs()),
+        DrainEstimate::DrainsIn(d) => format!("{} min", d.as_secs() / 60),
+    }
+}
+
+/// Flip the kill switch (audited).
+#[server(endpoint = "admin/set_processing")]
+pub async fn set_processing(enabled: bool) -> Result<(), AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let admin = require_admin(&ctx).await?;
+        engine::queue::switches::set_processing(&ctx.pool, enabled, &admin.email).await?;
+        Ok(())
+    })
+    .await
+}
+
+/// Resize the gate, 1 to 70 (audited).
+#[server(endpoint = "admin/set_gate")]
+pub async fn set_gate(size: i32) -> Result<(), AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let admin = require_admin(&ctx).await?;
+        engine::queue::switches::set_gate_size(&ctx.pool, size, &admin.email).await?;
+        Ok(())
+    })
+    .await
+}
+
+/// The dead-letter queue, grouped by kind and reason.
+#[server(endpoint = "admin/dlq_groups")]
+pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let groups = dlq::groups(&ctx.pool).await?;
+        Ok(groups
+            .into_iter()
+            .map(|g| DlqGroupInfo { kind: g.failure_kind, reason: g.failure_reason, jobs: g.jobs })
+            .collect())
+    })
+    .await
+}
+
+/// The newest jobs of one group, each with its owner and its attempts' errors.
+#[server(endpoint = "admin/dlq_jobs")]
+pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let mut out = Vec::new();
+        for job in dlq::group_jobs(&ctx.pool, failure_kind(&kind)?, &reason, 20).await? {
+            let owner = engine::accounts::users::get(&ctx.pool, job.owner_id).await;
+            let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
+            out.push(DlqJobInfo {
+                job: (&job).into(),
+                owner_email: owner.map(|u| u.email).unwrap_or_default(),
+                attempts: attempts.into_iter().map(Into::into).collect(),
+            });
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// Replay a whole group (free for the owners: their refunds stand).
+#[server(endpoint = "admin/dlq_replay")]
+pub async fn dlq_replay(kind: String, reason: String) -> Result<usize, AppError> {
+    answer(async move { replay(Selection::Group { kind: failure_kind(&kind)?, reason }).await }).await
+}
+
+/// Take a whole group out of the DLQ (the jobs stay failed and refunded).
+#[server(endpoint = "admin/dlq_discard")]
+pub async fn dlq_discard(kind: String, reason: String) -> Result<u64, AppError> {
+    answer(async move { discard(Selection::Group { kind: failure_kind(&kind)?, reason }).await }).await
+}
+
+/// Replay one job.
+#[server(endpoint = "admin/dlq_replay_job")]
+pub async fn dlq_replay_job(id: String) -> Result<usize, AppError> {
+    answer(async move { replay(job_selection(&id)?).await }).await
+}
+
+/// Take one job out of the DLQ.
+#[server(endpoint = "admin/dlq_discard_job")]
+pub async fn dlq_discard_job(id: String) -> Result<u64, AppError> {
+    answer(async move { discard(job_selection(&id)?).await }).await
+}
+
+/// A failure kind named in a request (422 for a name that is none).
+#[cfg(feature = "ssr")]
+fn failure_kind(name: &str) -> Result<engine::FailureKind, AppError> {
+    engine::FailureKind::parse(name).ok_or_else(|| AppError::invalid("unknown failure kind"))
+}
+
+#[cfg(feature = "ssr")]
+fn job_selection(id: &str) -> Result<Selection, AppError> {
+    Ok(Selection::Job(uuid::Uuid::parse_str(id).map_err(|_| AppError::NotFound)?))
+}
+
+#[cfg(feature = "ssr")]
+async fn replay(selection: Selection) -> Result<usize, AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    Ok(dlq::replay(&ctx.pool, &engine::accounts::AccountHooks, &selection, &admin.email).await?.len())
+}
+
+#[cfg(feature = "ssr")]
+async fn discard(selection: Selection) -> Result<u64, AppError> {
+    let ctx = context()?;
+    let admin = require_admin(&ctx).await?;
+    Ok(dlq::discard(&ctx.pool, &selection, &admin.email).await?)
+}
+
+/// The newest audit entries.
+#[server(endpoint = "admin/audit_log")]
+pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let entries = engine::audit::recent(&ctx.pool, 50).await?;
+        Ok(entries
+            .into_iter()
+            .map(|a| AuditInfo {
+                at: crate::model::time_text(a.at),
+                actor: a.actor,
+                action: a.action,
+                subject: a.subject,
+                old_value: a.old_value,
+                new_value: a.new_value,
+            })
+            .collect())
+    })
+    .await
+}

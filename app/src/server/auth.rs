@@ -1,0 +1,51 @@
+//! Sign up, log in, log out, and who is logged in.
+
+use leptos::prelude::*;
+
+use crate::errors::AppError;
+use crate::model::UserInfo;
+#[cfg(feature = "ssr")]
+use crate::server::session::{answer, client_address, context, end_session, session, session_user, start_session};
+
+/// Create an account with the sign-up grant and log it in.
+#[server(endpoint = "sign_up")]
+pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppError> {
+    answer(async move {
+        use engine::accounts::{users, Role};
+        let ctx = context()?;
+        let user = users::create_user(&ctx.pool, &email, &password, Role::User, ctx.settings.signup_grant).await?;
+        start_session(&session().await?, &user).await?;
+        Ok(user.into())
+    })
+    .await
+}
+
+/// Check the password (throttled) and log in.
+#[server(endpoint = "log_in")]
+pub async fn log_in(email: String, password: String) -> Result<UserInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let client = client_address().await;
+        let limits = ctx.settings.login_limits;
+        let user = engine::accounts::login::log_in(&ctx.pool, &email, &password, &client, limits).await?;
+        start_session(&session().await?, &user).await?;
+        Ok(user.into())
+    })
+    .await
+}
+
+/// End the session on the server.
+#[server(endpoint = "log_out")]
+pub async fn log_out() -> Result<(), AppError> {
+    answer(async move { end_session(&session().await?).await }).await
+}
+
+/// The logged-in user, if any.
+#[server(endpoint = "me")]
+pub async fn me() -> Result<Option<UserInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        Ok(session_user(&ctx.pool, &session().await?).await?.map(UserInfo::from))
+    })
+    .await
+}

@@ -1,0 +1,157 @@
+//! The server-only pieces every server function (and the REST API) shares: what the server
+//! provides as context, the session's user, the role checks, and which jobs a caller may see.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use engine::accounts::admission::AdmissionConfig;
+use engine::accounts::login::LoginLimits;
+use engine::accounts::{users, User};
+use engine::documents::Blobs;
+use engine::queue::JobView;
+use engine::Preset;
+use sqlx::PgPool;
+use tower_sessions::Session;
+use uuid::Uuid;
+
+use crate::errors::{respond, AppError};
+use crate::model::JobStatus;
+
+/// What server functions need from the server, provided as context.
+#[derive(Clone)]
+pub struct ServerContext {
+    pub pool: PgPool,
+    pub settings: Arc<WebSettings>,
+    pub blobs: Blobs,
+}
+
+/// The web layer's configuration.
+#[derive(Clone, Debug)]
+pub struct WebSettings {
+    pub admission: AdmissionConfig,
+    /// Credits a new account starts with.
+    pub signup_grant: i64,
+    pub login_limits: LoginLimits,
+    pub max_upload_bytes: u64,
+    /// The presets the configured provider can do (language-model presets need one).
+    pub presets: Vec<Preset>,
+}
+
+impl Default for WebSettings {
+    fn default() -> Self {
+        WebSettings {
+            admission: AdmissionConfig::default(),
+            signup_grant: 20,
+            login_limits: LoginLimits::default(),
+            max_upload_bytes: 50 * 1024 * 1024,
+            presets: vec![Preset::Summarize, Preset::KeyFacts],
+        }
+    }
+}
+
+const USER_KEY: &str = "user_id";
+
+/// Run a server function's work and put its error's status (and `Retry-After`) on the response.
+pub async fn answer<T>(work: impl Future<Output = Result<T, AppError>>) -> Result<T, AppError> {
+    work.await.map_err(respond)
+}
+
+/// The server's context for this request.
+pub fn context() -> Result<ServerContext, AppError> {
+    leptos::prelude::use_context::<ServerContext>().ok_or(AppError::Internal)
+}
+
+/// This request's session.
+pub async fn session() -> Result<Session, AppError> {
+    leptos_axum::extract::<Session>().await.map_err(|_| AppError::Internal)
+}
+
+fn session_error(e: tower_sessions::session::Error) -> AppError {
+    tracing::error!(error = %e, "session store");
+    AppError::Internal
+}
+
+/// The logged-in user of a session, if any.
+pub async fn session_user(pool: &PgPool, session: &Session) -> Result<Option<User>, AppError> {
+    let Some(id) = session.get::<i64>(USER_KEY).await.map_err(session_error)? else {
+        return Ok(None);
+    };
+    match users::get(pool, id).await {
+        Ok(user) => Ok(Some(user)),
+        Err(engine::EngineError::NotFound) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The caller, or 401.
+pub async fn require_user(ctx: &ServerContext) -> Result<User, AppError> {
+    session_user(&ctx.pool, &session().await?).await?.ok_or(AppError::Unauthenticated)
+}
+
+/// The caller if they are an admin. Anyone else gets "not found": the admin area does not
+/// admit it exists.
+pub async fn require_admin(ctx: &ServerContext) -> Result<User, AppError> {
+    let user = require_user(ctx).await.map_err(|_| AppError::NotFound)?;
+    if user.is_admin() {
+        Ok(user)
+    } else {
+        Err(AppError::NotFound)
+    }
+}
+
+/// A fresh session id at login (no fixation), then the user in it.
+pub async fn start_session(session: &Session, user: &User) -> Result<(), AppError> {
+    session.cycle_id().await.map_err(session_error)?;
+    session.insert(USER_KEY, user.id).await.map_err(session_error)
+}
+
+/// Ends the server-side session (the record is deleted, not just the cookie).
+pub async fn end_session(session: &Session) -> Result<(), AppError> {
+    session.flush().await.map_err(session_error)
+}
+
+/// The peer's address, for the log-in throttle.
+pub async fn client_address() -> String {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+    leptos_axum::extract::<ConnectInfo<SocketAddr>>()
+        .await
+        .map(|ConnectInfo(addr)| addr.ip().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// A job the caller may see: their own (admins: any). Anything else is "not found".
+pub async fn visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<JobView, AppError> {
+    let id = Uuid::parse_str(id).map_err(|_| AppError::NotFound)?;
+    let job = engine::queue::get(pool, id).await?;
+    if job.owner_id == caller.id || caller.is_admin() {
+        Ok(job)
+    } else {
+        Err(AppError::NotFound)
+    }
+}
+
+/// Jobs as their owner sees them: paused while the kill switch is off, and, while waiting,
+/// their place in line and estimated start.
+pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Result<Vec<JobStatus>, AppError> {
+    let waiting: Vec<Uuid> = jobs.iter().filter(|j| j.state.is_waiting()).map(|j| j.id).collect();
+    let line =
+        if waiting.is_empty() { None } else { Some(engine::queue::waiting_line(pool, owner_id, &waiting).await?) };
+    let paused = line.as_ref().is_some_and(|line| !line.processing_enabled);
+    Ok(jobs
+        .iter()
+        .map(|j| {
+            let mut status = JobStatus { paused, ..JobStatus::from(j) };
+            if let Some(line) = &line {
+                status.jobs_ahead = line.ahead.get(&j.id).map(|&n| n as i64);
+                status.starts_in_secs = line.estimated_start(j.id).map(|d| d.as_secs_f64().ceil() as i64);
+            }
+            status
+        })
+        .collect())
+}
+
+/// One job as its owner sees it (see [`job_statuses`]).
+pub async fn job_status(pool: &PgPool, job: &JobView) -> Result<JobStatus, AppError> {
+    Ok(job_statuses(pool, job.owner_id, std::slice::from_ref(job)).await?.remove(0))
+}

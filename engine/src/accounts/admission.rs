@@ -1,0 +1,222 @@
+//! Admission: the one conditional write that takes the credits and counts the job in flight,
+//! the job insert and the ledger debit, all in one transaction. Refusals store nothing.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::{EngineError, Result};
+use crate::queue::{self, NewJob};
+
+use super::ledger;
+
+/// What admission charges and where it draws the line.
+#[derive(Clone, Debug)]
+pub struct AdmissionConfig {
+    /// Credits per document.
+    pub cost: i64,
+    /// The global intake bound: refuse new work (503) past this many waiting jobs...
+    pub max_backlog: i64,
+    /// ...or when the oldest waiting job has waited longer than this.
+    pub max_oldest_wait: Duration,
+    /// `Retry-After` for 429 (the user's in-flight limit).
+    pub retry_after_busy: Duration,
+    /// `Retry-After` for 503 (the intake bound).
+    pub retry_after_overloaded: Duration,
+    /// Attempts each admitted job gets, the first included.
+    pub max_attempts: i32,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            cost: 1,
+            max_backlog: 10_000,
+            max_oldest_wait: Duration::from_secs(30 * 60),
+            retry_after_busy: Duration::from_secs(15),
+            retry_after_overloaded: Duration::from_secs(60),
+            max_attempts: 3,
+        }
+    }
+}
+
+/// A document to admit.
+#[derive(Clone, Debug)]
+pub struct Submission {
+    pub user_id: i64,
+    pub payload: Value,
+    /// Same user + same bytes + same options = same job while that job is not failed.
+    pub content_key: String,
+    /// A REST client's `Idempotency-Key`, if sent.
+    pub client_key: Option<String>,
+    /// Identifies the request's payload, to tell a reused `Idempotency-Key` apart.
+    pub fingerprint: String,
+}
+
+/// Why a document was not admitted; nothing was stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// 402: waiting would not help.
+    OutOfCredits { balance: i64, cost: i64 },
+    /// 429: wait for one of your jobs to finish.
+    TooManyInFlight { in_flight: i32, limit: i32, retry_after_secs: u64 },
+    /// 503: the system is not accepting work now; nothing was stored.
+    Overloaded { retry_after_secs: u64 },
+}
+
+/// What admission decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Accepted {
+        job_id: Uuid,
+    },
+    /// An earlier job with the same key: no second job, no second debit.
+    Existing {
+        job_id: Uuid,
+    },
+    Refused(Refusal),
+}
+
+/// Pure: why the compound check matched no row. A short balance wins: waiting would not help.
+pub fn refusal_reason(balance: i64, in_flight: i32, limit: i32, cost: i64, retry_after: Duration) -> Refusal {
+    if balance < cost {
+        Refusal::OutOfCredits { balance, cost }
+    } else {
+        Refusal::TooManyInFlight { in_flight, limit, retry_after_secs: retry_after.as_secs().max(1) }
+    }
+}
+
+/// Pure: is the global intake bound exceeded?
+pub fn intake_refusal(backlog: i64, oldest_wait: Option<Duration>, config: &AdmissionConfig) -> Option<Refusal> {
+    let too_old = oldest_wait.is_some_and(|w| w > config.max_oldest_wait);
+    (backlog >= config.max_backlog || too_old)
+        .then(|| Refusal::Overloaded { retry_after_secs: config.retry_after_overloaded.as_secs().max(1) })
+}
+
+/// Backlog (counted up to the bound only) and the oldest waiting job's wait.
+async fn intake_state(pool: &PgPool, bound: i64) -> Result<(i64, Option<Duration>)> {
+    let (backlog, oldest_secs): (i64, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM waiting_jobs WHERE run_at <= now() LIMIT $1) b),
+                (SELECT extract(epoch FROM now() - min(run_at))::float8 FROM waiting_jobs WHERE run_at <= now())",
+    )
+    .bind(bound)
+    .fetch_one(pool)
+    .await?;
+    Ok((backlog, oldest_secs.map(|s| Duration::from_secs_f64(s.max(0.0)))))
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
+}
+
+/// Admit a document: 202-worthy only after the commit.
+pub async fn submit(pool: &PgPool, config: &AdmissionConfig, submission: &Submission) -> Result<Admission> {
+    let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;
+    if let Some(refusal) = intake_refusal(backlog, oldest, config) {
+        return Ok(Admission::Refused(refusal));
+    }
+    // A concurrent twin (same key) may win the unique index; then the retry finds its job.
+    match try_submit(pool, config, submission).await {
+        Err(EngineError::Database(e)) if is_unique_violation(&e) => try_submit(pool, config, submission).await,
+        other => other,
+    }
+}
+
+async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> Result<Admission> {
+    let mut tx = pool.begin().await?;
+    if let Some(key) = &s.client_key {
+        let earlier: Option<(Uuid, Option<String>)> =
+            sqlx::query_as("SELECT id, request_fingerprint FROM jobs WHERE owner_id = $1 AND client_key = $2")
+                .bind(s.user_id)
+                .bind(key)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((job_id, fingerprint)) = earlier {
+            if fingerprint.as_deref() != Some(s.fingerprint.as_str()) {
+                return Err(EngineError::IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different request".into(),
+                ));
+            }
+            return Ok(Admission::Existing { job_id });
+        }
+    }
+    let live: Option<Uuid> =
+        sqlx::query_scalar("SELECT id FROM jobs WHERE owner_id = $1 AND idempotency_key = $2 AND state <> 'failed'")
+            .bind(s.user_id)
+            .bind(&s.content_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(job_id) = live {
+        return Ok(Admission::Existing { job_id });
+    }
+
+    // The compound check: one conditional write.
+    let taken = sqlx::query(
+        "UPDATE users SET balance = balance - $2, in_flight = in_flight + 1
+         WHERE id = $1 AND in_flight < max_in_flight AND balance >= $2 RETURNING id",
+    )
+    .bind(s.user_id)
+    .bind(config.cost)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if taken.is_none() {
+        let (balance, in_flight, limit): (i64, i32, i32) =
+            sqlx::query_as("SELECT balance, in_flight, max_in_flight FROM users WHERE id = $1")
+                .bind(s.user_id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(EngineError::NotFound)?;
+        return Ok(Admission::Refused(refusal_reason(balance, in_flight, limit, config.cost, config.retry_after_busy)));
+    }
+    let job = NewJob {
+        owner_id: s.user_id,
+        kind: "document".into(),
+        payload: s.payload.clone(),
+        idempotency_key: Some(s.content_key.clone()),
+        cost: config.cost as i32,
+        max_attempts: config.max_attempts,
+        client_key: s.client_key.clone(),
+        request_fingerprint: Some(s.fingerprint.clone()),
+    };
+    let job_id = queue::enqueue(&mut tx, &job).await?;
+    ledger::debit_for_job(&mut tx, s.user_id, job_id, config.cost).await?;
+    tx.commit().await?;
+    Ok(Admission::Accepted { job_id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn short_balance_is_402_even_at_the_in_flight_limit() {
+        let r = refusal_reason(0, 5, 5, 1, Duration::from_secs(15));
+        assert_eq!(r, Refusal::OutOfCredits { balance: 0, cost: 1 });
+    }
+
+    #[test]
+    fn enough_credits_at_the_limit_is_429() {
+        let r = refusal_reason(3, 5, 5, 1, Duration::from_secs(15));
+        assert_eq!(r, Refusal::TooManyInFlight { in_flight: 5, limit: 5, retry_after_secs: 15 });
+    }
+
+    #[test]
+    fn intake_bound_by_size_or_age() {
+        let c = AdmissionConfig { max_backlog: 100, max_oldest_wait: Duration::from_secs(60), ..Default::default() };
+        assert_eq!(intake_refusal(99, Some(Duration::from_secs(59)), &c), None);
+        assert!(intake_refusal(100, None, &c).is_some());
+        assert!(intake_refusal(0, Some(Duration::from_secs(61)), &c).is_some());
+    }
+
+    proptest! {
+        #[test]
+        fn refusal_is_402_exactly_when_the_balance_is_short(balance in 0i64..10, in_flight in 0i32..10, limit in 1i32..10, cost in 1i64..5) {
+            let r = refusal_reason(balance, in_flight, limit, cost, Duration::from_secs(15));
+            prop_assert_eq!(matches!(r, Refusal::OutOfCredits { .. }), balance < cost);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The credit ledger: append-only, and the balance on `users` moves in the same transaction.
+//! Every ledger row is written here.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::audit::audit;
+use crate::error::{EngineError, Result};
+use crate::queue::hooks::TerminalJob;
+
+pub use sluice_types::CreditKind;
+
+/// Add (or, with a negative amount, take) credits: the ledger row and the balance together.
+/// Fails with `Invalid` if the balance would go below zero.
+pub async fn add_credits(
+    conn: &mut PgConnection,
+    user_id: i64,
+    kind: CreditKind,
+    amount: i64,
+    actor: &str,
+    note: Option<&str>,
+) -> Result<i64> {
+    let balance: Option<i64> = sqlx::query_scalar(
+        "UPDATE users SET balance = balance + $2 WHERE id = $1 AND balance + $2 >= 0 RETURNING balance",
+    )
+    .bind(user_id)
+    .bind(amount)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let balance = balance.ok_or_else(|| EngineError::Invalid("the balance cannot go below zero".into()))?;
+    sqlx::query("INSERT INTO ledger (user_id, kind, amount, actor, note) VALUES ($1, $2, $3, $4, $5)")
+        .bind(user_id)
+        .bind(kind)
+        .bind(amount)
+        .bind(actor)
+        .bind(note)
+        .execute(&mut *conn)
+        .await?;
+    Ok(balance)
+}
+
+/// An admin's grant or adjustment, audited.
+pub async fn admin_adjust(pool: &PgPool, user_id: i64, amount: i64, actor: &str, note: &str) -> Result<i64> {
+    let mut tx = pool.begin().await?;
+    let kind = if amount >= 0 { CreditKind::Grant } else { CreditKind::Adjustment };
+    let balance = add_credits(&mut tx, user_id, kind, amount, actor, Some(note)).await?;
+    audit(&mut tx, actor, "credits", Some(&format!("user {user_id}")), &amount.to_string(), &balance.to_string())
+        .await?;
+    tx.commit().await?;
+    Ok(balance)
+}
+
+/// One ledger row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct LedgerEntry {
+    pub id: i64,
+    pub kind: CreditKind,
+    pub amount: i64,
+    pub job_id: Option<Uuid>,
+    pub note: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+/// A user's newest `limit` ledger rows, newest first.
+pub async fn history(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<LedgerEntry>> {
+    Ok(sqlx::query_as(
+        "SELECT id, kind, amount, job_id, note, at FROM ledger WHERE user_id = $1 ORDER BY at DESC, id DESC LIMIT $2",
+    )
+    .bind(user_id)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The debit for an admitted job, inside admission's transaction (which has already taken the
+/// balance in its conditional write). A second debit for the same job is refused by an index.
+pub(crate) async fn debit_for_job(conn: &mut PgConnection, user_id: i64, job_id: uuid::Uuid, cost: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO ledger (user_id, kind, amount, job_id, note) VALUES ($1, 'debit', $2, $3, 'document accepted')",
+    )
+    .bind(user_id)
+    .bind(-cost)
+    .bind(job_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The sum of a user's ledger (equals the balance; checked by tests).
+pub async fn ledger_sum(pool: &PgPool, user_id: i64) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE user_id = $1")
+        .bind(user_id)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Refund a failed job's cost, at most once whatever races (the unique index on refunds
+/// decides). Returns whether this call refunded.
+pub async fn refund_job(conn: &mut PgConnection, job: &TerminalJob) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO ledger (user_id, kind, amount, job_id, note)
+         SELECT $1, 'refund', $2, $3, $4 WHERE $2 > 0
+         ON CONFLICT (job_id) WHERE kind = 'refund' DO NOTHING",
+    )
+    .bind(job.owner_id)
+    .bind(job.cost as i64)
+    .bind(job.id)
+    .bind(job.failure.as_ref().map(|(_, reason)| reason.as_str()))
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1;
+    if inserted {
+        sqlx::query("UPDATE users SET balance = balance + $2 WHERE id = $1")
+            .bind(job.owner_id)
+            .bind(job.cost as i64)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(inserted)
+}

@@ -1,0 +1,90 @@
+//! Notices for users (refunds after failures, ...): written and read here.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::queue::hooks::TerminalJob;
+
+/// One notice as its user reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Notice {
+    pub id: i64,
+    pub job_id: Option<Uuid>,
+    /// `refund` for now.
+    pub kind: String,
+    pub message: String,
+    pub created_at: DateTime<Utc>,
+    pub read: bool,
+}
+
+/// Pure: what a user is told when a job failed, and what was refunded.
+pub fn refund_message(reason: Option<&str>, cost: i32) -> String {
+    let reason = reason.unwrap_or("it failed");
+    match cost {
+        0 => format!("Your document could not be processed ({reason})."),
+        1 => format!("Your document could not be processed ({reason}). 1 credit refunded."),
+        n => format!("Your document could not be processed ({reason}). {n} credits refunded."),
+    }
+}
+
+/// Tell the owner a job failed (and what was refunded), once per job whatever races.
+pub(crate) async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob) -> Result<(), sqlx::Error> {
+    let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str());
+    sqlx::query(
+        "INSERT INTO notices (user_id, job_id, kind, message) VALUES ($1, $2, 'refund', $3)
+         ON CONFLICT (job_id) WHERE kind = 'refund' DO NOTHING",
+    )
+    .bind(job.owner_id)
+    .bind(job.id)
+    .bind(refund_message(reason, job.cost))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A user's newest `limit` notices, newest first.
+pub async fn list(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<Notice>> {
+    Ok(sqlx::query_as(
+        "SELECT id, job_id, kind, message, created_at, read_at IS NOT NULL AS read FROM notices
+         WHERE user_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+    )
+    .bind(user_id)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// How many of a user's notices are unread (the header's count).
+pub async fn unread_count(pool: &PgPool, user_id: i64) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM notices WHERE user_id = $1 AND read_at IS NULL")
+        .bind(user_id)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Mark one notice (or all, with `None`) as read; only the user's own.
+pub async fn mark_read(pool: &PgPool, user_id: i64, id: Option<i64>) -> Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE notices SET read_at = now() WHERE user_id = $1 AND read_at IS NULL AND ($2::int8 IS NULL OR id = $2)",
+    )
+    .bind(user_id)
+    .bind(id)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refund_message;
+
+    #[test]
+    fn refund_messages_count_credits_in_words() {
+        assert_eq!(refund_message(Some("timeout"), 0), "Your document could not be processed (timeout).");
+        assert!(refund_message(None, 1).ends_with("(it failed). 1 credit refunded."));
+        assert!(refund_message(Some("x"), 3).ends_with("3 credits refunded."));
+    }
+}

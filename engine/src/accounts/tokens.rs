@@ -1,0 +1,93 @@
+//! API tokens for programs: shown once, stored as a SHA-256 hash, revocable.
+
+use chrono::{DateTime, Utc};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use super::users::{self, User};
+use crate::error::{EngineError, Result};
+
+const PREFIX: &str = "slc_";
+
+/// A token as its owner sees it (never the secret).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct ApiToken {
+    pub id: i64,
+    pub name: String,
+    /// The first characters, to recognise a token without revealing it.
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked: bool,
+}
+
+fn digest(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// Create a token; the secret is returned this once and never stored.
+pub async fn create(pool: &PgPool, user_id: i64, name: &str) -> Result<(ApiToken, String)> {
+    let name = name.trim();
+    if name.is_empty() || name.len() > 100 {
+        return Err(EngineError::Invalid("give the token a name of 1 to 100 characters".into()));
+    }
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let secret = format!("{PREFIX}{}", hex::encode(bytes));
+    let prefix: String = secret.chars().take(PREFIX.len() + 6).collect();
+    let token: ApiToken = sqlx::query_as(
+        "INSERT INTO api_tokens (user_id, name, token_sha256, prefix) VALUES ($1, $2, $3, $4)
+         RETURNING id, name, prefix, created_at, last_used_at, revoked_at IS NOT NULL AS revoked",
+    )
+    .bind(user_id)
+    .bind(name)
+    .bind(digest(&secret))
+    .bind(&prefix)
+    .fetch_one(pool)
+    .await?;
+    Ok((token, secret))
+}
+
+/// A user's tokens, newest first.
+pub async fn list(pool: &PgPool, user_id: i64) -> Result<Vec<ApiToken>> {
+    Ok(sqlx::query_as(
+        "SELECT id, name, prefix, created_at, last_used_at, revoked_at IS NOT NULL AS revoked FROM api_tokens
+         WHERE user_id = $1 ORDER BY created_at DESC",
+    )
+    .bind(user_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Revoke one of the user's tokens (another user's token id is "not found").
+pub async fn revoke(pool: &PgPool, user_id: i64, id: i64) -> Result<()> {
+    let done =
+        sqlx::query("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND user_id = $2")
+            .bind(id)
+            .bind(user_id)
+            .execute(pool)
+            .await?;
+    if done.rows_affected() == 0 {
+        return Err(EngineError::NotFound);
+    }
+    Ok(())
+}
+
+/// The user a bearer token belongs to, if it is valid and not revoked.
+pub async fn authenticate(pool: &PgPool, secret: &str) -> Result<Option<User>> {
+    if !secret.starts_with(PREFIX) {
+        return Ok(None);
+    }
+    let user_id: Option<i64> = sqlx::query_scalar(
+        "UPDATE api_tokens SET last_used_at = now() WHERE token_sha256 = $1 AND revoked_at IS NULL RETURNING user_id",
+    )
+    .bind(digest(secret))
+    .fetch_optional(pool)
+    .await?;
+    match user_id {
+        Some(id) => Ok(Some(users::get(pool, id).await?)),
+        None => Ok(None),
+    }
+}

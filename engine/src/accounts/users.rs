@@ -1,0 +1,175 @@
+//! Users: sign-up, e-mail and password rules, password hashing (argon2id), roles.
+
+use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::error::{EngineError, Result};
+
+/// What a user may do: admins also run the admin page and its actions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Admin,
+}
+
+impl Role {
+    /// The name stored in the database and shown by `list-users`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// An account (never with its password hash).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct User {
+    pub id: i64,
+    pub email: String,
+    pub role: Role,
+    pub balance: i64,
+    pub in_flight: i32,
+    pub max_in_flight: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+impl User {
+    /// Whether the admin page and actions are open to this user.
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+}
+
+/// Trimmed and lower-cased, or a message saying what is wrong.
+pub fn normalize_email(email: &str) -> Result<String> {
+    let email = email.trim().to_lowercase();
+    let valid = email.len() <= 254
+        && email.split_once('@').is_some_and(|(local, domain)| {
+            !local.is_empty() && domain.contains('.') && !domain.starts_with('.') && !domain.ends_with('.')
+        })
+        && !email.chars().any(char::is_whitespace);
+    if valid {
+        Ok(email)
+    } else {
+        Err(EngineError::Invalid("enter a valid e-mail address, like name@example.com".into()))
+    }
+}
+
+/// The shortest password accepted, in characters.
+pub const MIN_PASSWORD: usize = 8;
+/// The longest password accepted, in bytes (argon2 time grows with it).
+pub const MAX_PASSWORD: usize = 1024;
+
+/// Ok, or a message saying which rule the password breaks.
+pub fn check_password_rules(password: &str) -> Result<()> {
+    let n = password.chars().count();
+    if n < MIN_PASSWORD {
+        return Err(EngineError::Invalid(format!("the password needs at least {MIN_PASSWORD} characters")));
+    }
+    if password.len() > MAX_PASSWORD {
+        return Err(EngineError::Invalid(format!("the password may have at most {MAX_PASSWORD} bytes")));
+    }
+    Ok(())
+}
+
+/// argon2id with the crate's defaults. CPU-heavy: callers on an async runtime should run it
+/// on a blocking thread.
+pub fn hash_password(password: &str) -> String {
+    let salt = SaltString::generate(&mut OsRng);
+    Argon2::default().hash_password(password.as_bytes(), &salt).expect("argon2 hashing").to_string()
+}
+
+/// Whether `password` matches an argon2 `hash` (false for a malformed hash).
+pub fn verify_password(password: &str, hash: &str) -> bool {
+    PasswordHash::new(hash).is_ok_and(|parsed| Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
+}
+
+/// Create a user with `grant` credits (a ledger grant in the same transaction).
+pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role, grant: i64) -> Result<User> {
+    let email = normalize_email(email)?;
+    check_password_rules(password)?;
+    let password = password.to_string();
+    let hash = tokio::task::spawn_blocking(move || hash_password(&password)).await.expect("hashing task");
+    let mut tx = pool.begin().await?;
+    let user: User = sqlx::query_as(
+        "INSERT INTO users (email, password_hash, role) VALUES ($1, $2, $3)
+         ON CONFLICT (email) DO NOTHING RETURNING *",
+    )
+    .bind(&email)
+    .bind(&hash)
+    .bind(role)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(EngineError::EmailTaken)?;
+    if grant > 0 {
+        let grant_kind = super::ledger::CreditKind::Grant;
+        super::ledger::add_credits(&mut tx, user.id, grant_kind, grant, "system", Some("sign-up grant")).await?;
+    }
+    tx.commit().await?;
+    get(pool, user.id).await
+}
+
+/// One user, or `NotFound`.
+pub async fn get(pool: &PgPool, id: i64) -> Result<User> {
+    sqlx::query_as("SELECT * FROM users WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(EngineError::NotFound)
+}
+
+/// The user with this e-mail address (any case), or `NotFound`.
+pub async fn find_by_email(pool: &PgPool, email: &str) -> Result<User> {
+    let email = normalize_email(email)?;
+    sqlx::query_as("SELECT * FROM users WHERE email = $1")
+        .bind(&email)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(EngineError::NotFound)
+}
+
+/// Every user, oldest first (the `list-users` command).
+pub async fn list(pool: &PgPool) -> Result<Vec<User>> {
+    Ok(sqlx::query_as("SELECT * FROM users ORDER BY id").fetch_all(pool).await?)
+}
+
+/// Make a user an admin or a plain user again.
+pub async fn set_role(pool: &PgPool, id: i64, role: Role) -> Result<()> {
+    sqlx::query("UPDATE users SET role = $2 WHERE id = $1").bind(id).bind(role).execute(pool).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emails_are_normalized_and_checked() {
+        assert_eq!(normalize_email("  Ada@Example.COM ").unwrap(), "ada@example.com");
+        for bad in ["", "ada", "@example.com", "ada@", "ada@example", "a da@example.com", "ada@.com"] {
+            assert!(normalize_email(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn password_rules() {
+        assert!(check_password_rules("short").is_err());
+        assert!(check_password_rules("long enough").is_ok());
+        assert!(check_password_rules(&"x".repeat(2000)).is_err());
+    }
+
+    #[test]
+    fn hashes_verify_only_the_right_password() {
+        let hash = hash_password("correct horse");
+        assert!(hash.starts_with("$argon2id$"));
+        assert!(verify_password("correct horse", &hash));
+        assert!(!verify_password("wrong horse", &hash));
+        assert!(!verify_password("correct horse", "not a hash"));
+    }
+}

@@ -1,0 +1,270 @@
+//! Upload intake: an upload is checked while it streams (size cap, type by content, UTF-8 for
+//! text, sha256), then stored under a server-generated key and admitted. The REST API and the
+//! web UI both come through here; the HTTP layer only reads the request.
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use super::blobs::Blobs;
+use super::processor::{DocumentJob, DocumentRef};
+use super::sniff::{sniff, DocType, Utf8Stream, SNIFF_BYTES};
+use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
+use crate::error::{EngineError, Result};
+use crate::Preset;
+
+/// Checks an upload chunk by chunk, so a refusal comes as soon as the bytes decide it.
+pub struct UploadCheck {
+    limit: u64,
+    name: Option<String>,
+    size: u64,
+    hasher: Sha256,
+    /// The first bytes, for [`sniff`].
+    head: Vec<u8>,
+    /// Bytes that arrived before the type was decided, to check as UTF-8 once it is.
+    undecided: Vec<u8>,
+    doc_type: Option<DocType>,
+    utf8: Utf8Stream,
+}
+
+/// An upload that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckedUpload {
+    /// The user's file name as display text (see [`display_name`]).
+    pub name: Option<String>,
+    pub size: u64,
+    pub sha256: String,
+    pub doc_type: DocType,
+}
+
+impl UploadCheck {
+    /// A check for one file of at most `limit` bytes.
+    pub fn new(file_name: Option<&str>, limit: u64) -> UploadCheck {
+        UploadCheck {
+            limit,
+            name: file_name.map(display_name),
+            size: 0,
+            hasher: Sha256::new(),
+            head: Vec::new(),
+            undecided: Vec::new(),
+            doc_type: None,
+            utf8: Utf8Stream::default(),
+        }
+    }
+
+    /// Check the next chunk: `TooLarge` past the cap, `UnsupportedType` once the type is known
+    /// to be wrong or text turns out not to be UTF-8.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
+        self.size += chunk.len() as u64;
+        if self.size > self.limit {
+            return Err(EngineError::TooLarge { limit_bytes: self.limit });
+        }
+        self.hasher.update(chunk);
+        match self.doc_type {
+            None => {
+                let wanted = SNIFF_BYTES - self.head.len();
+                self.head.extend_from_slice(&chunk[..chunk.len().min(wanted)]);
+                self.undecided.extend_from_slice(chunk);
+                if self.head.len() >= SNIFF_BYTES {
+                    self.decide()?;
+                }
+            }
+            Some(DocType::Pdf) => {}
+            Some(_) => self.utf8.push(chunk).map_err(EngineError::UnsupportedType)?,
+        }
+        Ok(())
+    }
+
+    /// Decide the type from the head, and check what came before as UTF-8 if it is text.
+    fn decide(&mut self) -> Result<()> {
+        let doc_type = sniff(&self.head).map_err(EngineError::UnsupportedType)?;
+        if doc_type != DocType::Pdf {
+            self.utf8.push(&self.undecided).map_err(EngineError::UnsupportedType)?;
+        }
+        self.undecided = Vec::new();
+        self.doc_type = Some(doc_type);
+        Ok(())
+    }
+
+    /// The upload ended: an empty file is `Invalid`; a text must not end mid-character.
+    pub fn finish(mut self) -> Result<CheckedUpload> {
+        if self.size == 0 {
+            return Err(EngineError::Invalid("the file is empty".into()));
+        }
+        if self.doc_type.is_none() {
+            self.decide()?;
+        }
+        let doc_type = self.doc_type.expect("decided above");
+        if doc_type != DocType::Pdf {
+            self.utf8.finish().map_err(EngineError::UnsupportedType)?;
+        }
+        Ok(CheckedUpload { name: self.name, size: self.size, sha256: hex::encode(self.hasher.finalize()), doc_type })
+    }
+}
+
+/// Pure: keep a user's file name only as display text: no paths, no control characters, short.
+pub fn display_name(raw: &str) -> String {
+    let base = raw.rsplit(['/', '\\']).next().unwrap_or("");
+    let clean: String = base.chars().filter(|c| !c.is_control()).take(200).collect();
+    if clean.trim().is_empty() {
+        "document".into()
+    } else {
+        clean.trim().to_string()
+    }
+}
+
+/// What the user asked to be done with the document.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UploadOptions {
+    pub preset: Preset,
+    /// Target language for `translate`.
+    pub language: Option<String>,
+}
+
+impl Default for UploadOptions {
+    fn default() -> Self {
+        UploadOptions { preset: Preset::Summarize, language: None }
+    }
+}
+
+/// Pure: a preset by its form name, or a message listing the names.
+pub fn parse_preset(value: &str) -> Result<Preset> {
+    Preset::parse(value.trim()).ok_or_else(|| {
+        let names: Vec<&str> = Preset::ALL.iter().map(|p| p.as_str()).collect();
+        EngineError::Invalid(format!("unknown preset {value:?}; use one of {}", names.join(", ")))
+    })
+}
+
+/// Pure: a language name as the user typed it (empty means none).
+pub fn parse_language(value: &str) -> Result<Option<String>> {
+    let value = value.trim();
+    if value.chars().count() > 40 || value.chars().any(|c| c.is_control()) {
+        return Err(EngineError::Invalid("the language should be a name like \"German\"".into()));
+    }
+    Ok((!value.is_empty()).then(|| value.to_string()))
+}
+
+impl UploadOptions {
+    /// Pure: can this server do what was asked? `offered` are the presets its provider supports.
+    pub fn check(&self, offered: &[Preset]) -> Result<()> {
+        if !offered.contains(&self.preset) {
+            return Err(EngineError::Invalid(format!(
+                "\"{}\" needs a language model, and this server has none configured",
+                self.preset.label()
+            )));
+        }
+        if self.preset == Preset::Translate && self.language.is_none() {
+            return Err(EngineError::Invalid("say which language to translate into".into()));
+        }
+        Ok(())
+    }
+
+    /// Pure: the idempotency key: same bytes and same options are the same job.
+    pub fn content_key(&self, upload: &CheckedUpload) -> String {
+        format!("{}:{}:{}", upload.sha256, self.preset.as_str(), self.language.as_deref().unwrap_or(""))
+    }
+}
+
+/// A checked upload on its way into the queue.
+pub struct Intake<'a> {
+    pub user_id: i64,
+    pub upload: CheckedUpload,
+    pub options: UploadOptions,
+    /// The bytes as they arrived.
+    pub chunks: Vec<Bytes>,
+    /// A REST client's `Idempotency-Key`, if sent.
+    pub client_key: Option<String>,
+    pub admission: &'a AdmissionConfig,
+}
+
+/// Store the document under a fresh key and admit it. A refused, failed or duplicate upload
+/// leaves no blob behind.
+pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<Admission> {
+    let key = Blobs::new_key();
+    let content_key = intake.options.content_key(&intake.upload);
+    let job = DocumentJob {
+        document: DocumentRef {
+            key: key.clone(),
+            doc_type: intake.upload.doc_type,
+            sha256: intake.upload.sha256.clone(),
+            size: intake.upload.size,
+            name: intake.upload.name.clone(),
+        },
+        preset: intake.options.preset,
+        language: intake.options.language.clone(),
+    };
+    let payload = serde_json::to_value(job).expect("a document job serialises");
+    blobs.put_chunks(&key, intake.chunks).await?;
+    let submission = Submission {
+        user_id: intake.user_id,
+        payload,
+        fingerprint: content_key.clone(),
+        content_key,
+        client_key: intake.client_key,
+    };
+    let admitted = admission::submit(pool, intake.admission, &submission).await;
+    if !matches!(admitted, Ok(Admission::Accepted { .. })) {
+        // Refused, failed or a duplicate: this upload's bytes are not needed.
+        let _ = blobs.delete(&key).await;
+    }
+    admitted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_in_chunks(bytes: &[u8], chunk: usize, limit: u64) -> Result<CheckedUpload> {
+        let mut check = UploadCheck::new(Some("a.txt"), limit);
+        for part in bytes.chunks(chunk) {
+            check.push(part)?;
+        }
+        check.finish()
+    }
+
+    #[test]
+    fn file_names_are_display_text_only() {
+        assert_eq!(display_name("../../etc/passwd"), "passwd");
+        assert_eq!(display_name("C:\\Users\\me\\report.pdf"), "report.pdf");
+        assert_eq!(display_name("a\u{0}b\nc.pdf"), "abc.pdf");
+        assert_eq!(display_name("   "), "document");
+    }
+
+    #[test]
+    fn uploads_are_checked_whatever_the_chunking() {
+        let text = "Grüße aus Köln. ".repeat(2000);
+        for chunk in [1, 3, 1000, 8192, 100_000] {
+            let checked = check_in_chunks(text.as_bytes(), chunk, 1 << 20).unwrap();
+            assert_eq!(checked.doc_type, DocType::PlainText);
+            assert_eq!(checked.size, text.len() as u64);
+            assert_eq!(checked.sha256, hex::encode(Sha256::digest(text.as_bytes())));
+        }
+        let mut bad = text.clone().into_bytes();
+        bad.extend_from_slice(b"\xff\xfe tail");
+        for chunk in [1, 7, 9000] {
+            assert!(matches!(check_in_chunks(&bad, chunk, 1 << 20), Err(EngineError::UnsupportedType(_))));
+        }
+    }
+
+    #[test]
+    fn the_cap_empty_files_and_types_are_refused() {
+        assert!(matches!(check_in_chunks(&[b'a'; 11], 4, 10), Err(EngineError::TooLarge { limit_bytes: 10 })));
+        assert!(matches!(UploadCheck::new(None, 10).finish(), Err(EngineError::Invalid(_))));
+        assert!(matches!(check_in_chunks(b"<html><body>", 4, 100), Err(EngineError::UnsupportedType(_))));
+        let pdf = check_in_chunks(b"%PDF-1.7\n\xff\xfe binary", 5, 100).unwrap();
+        assert_eq!(pdf.doc_type, DocType::Pdf);
+    }
+
+    #[test]
+    fn options_are_checked_against_what_the_server_offers() {
+        let local = [Preset::Summarize, Preset::KeyFacts];
+        assert!(UploadOptions::default().check(&local).is_ok());
+        let translate = UploadOptions { preset: Preset::Translate, language: None };
+        assert!(translate.check(&local).is_err());
+        assert!(translate.check(&Preset::ALL).is_err(), "needs a language");
+        assert!(UploadOptions { language: Some("German".into()), ..translate }.check(&Preset::ALL).is_ok());
+        assert!(parse_preset("nope").is_err());
+        assert_eq!(parse_language("  ").unwrap(), None);
+        assert!(parse_language(&"x".repeat(41)).is_err());
+    }
+}

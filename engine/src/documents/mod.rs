@@ -1,0 +1,14 @@
+//! Documents: what users upload and what the workers do with it. The type is decided by
+//! content ([`sniff`]), uploads are checked while they stream ([`intake`]), bytes live in blob
+//! storage ([`blobs`]), workers extract the text ([`extract`]) and ask a provider
+//! ([`providers`]) through the document [`processor`].
+
+pub mod blobs;
+pub mod extract;
+pub mod intake;
+pub mod processor;
+pub mod providers;
+pub mod sniff;
+
+pub use blobs::Blobs;
+pub use sniff::DocType;

@@ -1,0 +1,95 @@
+//! The worker's processor for documents: fetch the blob, extract the text, call the provider,
+//! return the result with its token usage.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::blobs::Blobs;
+use super::extract::extract_text;
+use super::providers::{Provider, Task};
+use super::sniff::DocType;
+use crate::error::EngineError;
+use crate::queue::policy::retry::ErrorClass;
+use crate::queue::worker::Processor;
+use crate::queue::{ClaimedJob, JobError, JobOutput};
+use crate::Preset;
+
+/// What a document job's payload holds (ids and metadata, never the bytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentRef {
+    pub key: String,
+    #[serde(rename = "type")]
+    pub doc_type: DocType,
+    pub sha256: String,
+    pub size: u64,
+    /// The user's file name, sanitised, for display only.
+    pub name: Option<String>,
+}
+
+/// A document job's payload: the document and what to do with it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentJob {
+    pub document: DocumentRef,
+    pub preset: Preset,
+    #[serde(default)]
+    pub language: Option<String>,
+}
+
+/// The worker's processor for document jobs.
+pub struct DocumentProcessor {
+    pub blobs: Blobs,
+    pub provider: Arc<dyn Provider>,
+}
+
+impl DocumentProcessor {
+    async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
+        let spec: DocumentJob = serde_json::from_value(job.payload.clone()).map_err(|e| {
+            JobError::new(ErrorClass::InvalidInput, format!("the job's description is unreadable: {e}"))
+        })?;
+        if !self.provider.supports(spec.preset) {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                format!("\"{}\" needs a language model, and none is configured", spec.preset.label()),
+            ));
+        }
+        let bytes = self.blobs.get(&spec.document.key).await.map_err(|e| match e {
+            EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
+            other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
+        })?;
+        let doc_type = spec.document.doc_type;
+        let extracted = tokio::task::spawn_blocking(move || extract_text(doc_type, &bytes))
+            .await
+            .map_err(|_| JobError::new(ErrorClass::InvalidInput, "the document could not be read"))??;
+        let task =
+            Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
+        let estimated = task.estimated_tokens();
+        let output = self.provider.run(&task).await?;
+        Ok(JobOutput {
+            result: serde_json::json!({
+                "markdown": output.text,
+                "provider": self.provider.name(),
+                "preset": spec.preset,
+                "estimated_input_tokens": estimated,
+                "pages": task.pages,
+                "details": output.data,
+            }),
+            input_tokens: output.input_tokens.or(Some(estimated)),
+            output_tokens: output.output_tokens,
+        })
+    }
+}
+
+impl Processor for DocumentProcessor {
+    fn process(&self, job: ClaimedJob) -> BoxFuture<'static, Result<JobOutput, JobError>> {
+        let this = DocumentProcessor { blobs: self.blobs.clone(), provider: self.provider.clone() };
+        Box::pin(async move { this.run(job).await })
+    }
+}
+
+/// The blob key a job's payload points at, for retention.
+pub fn blob_key(payload: &Value) -> Option<&str> {
+    payload.pointer("/document/key").and_then(Value::as_str)
+}

@@ -1,0 +1,218 @@
+//! The HTTP providers: Anthropic's Messages API and OpenAI-compatible chat completions.
+
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+
+use super::{prompt, Preset, Provider, ProviderConfig, ProviderOutput, Task};
+use crate::queue::policy::retry::{parse_retry_after, ErrorClass};
+use crate::queue::JobError;
+
+/// Pure: what an HTTP failure means for retrying. 429 is transient unless it says a spend
+/// limit or quota is exhausted; 529 is overload; other 5xx are server errors; other 4xx
+/// (400, 401, 403, 404, ...) are permanent. `Retry-After` (seconds or HTTP-date) is kept.
+pub fn classify_http_failure(status: u16, body: &str, retry_after: Option<&str>, now: SystemTime) -> JobError {
+    let message = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()).map(str::to_string))
+        .unwrap_or_else(|| body.chars().take(200).collect());
+    let lower = body.to_lowercase();
+    let spend_limit = lower.contains("spend limit")
+        || lower.contains("usage limit")
+        || lower.contains("insufficient_quota")
+        || lower.contains("credit balance is too low");
+    let class = match status {
+        429 if spend_limit => ErrorClass::Rejected,
+        429 => ErrorClass::RateLimited,
+        529 => ErrorClass::Overloaded,
+        500..=599 => ErrorClass::ServerError,
+        _ => ErrorClass::Rejected,
+    };
+    let text = match class {
+        ErrorClass::Rejected if spend_limit => format!("the provider's spend limit is reached ({message})"),
+        ErrorClass::Rejected => format!("the provider refused the request ({status}: {message})"),
+        ErrorClass::RateLimited => "the provider is rate limiting us".to_string(),
+        ErrorClass::Overloaded => "the provider is overloaded".to_string(),
+        _ => format!("the provider had an error ({status})"),
+    };
+    let mut error = JobError::new(class, text).with_status(status);
+    if let Some(wait) = retry_after.and_then(|v| parse_retry_after(v, now)) {
+        error = error.with_retry_after(wait);
+    }
+    error
+}
+
+fn transport_failure(e: &reqwest::Error) -> JobError {
+    if e.is_timeout() {
+        JobError::new(ErrorClass::Timeout, "the provider did not answer in time")
+    } else {
+        JobError::new(ErrorClass::Connection, "could not reach the provider")
+    }
+}
+
+fn client(timeout: Duration) -> reqwest::Client {
+    // No retries here: the engine retries.
+    reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client")
+}
+
+async fn post(request: reqwest::RequestBuilder) -> Result<(HeaderMap, Value), JobError> {
+    let response = request.send().await.map_err(|e| transport_failure(&e))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.text().await.map_err(|e| transport_failure(&e))?;
+    if !(200..300).contains(&status) {
+        let retry_after = headers.get("retry-after").and_then(|v| v.to_str().ok());
+        return Err(classify_http_failure(status, &body, retry_after, SystemTime::now()));
+    }
+    let json = serde_json::from_str(&body).map_err(|_| {
+        JobError::new(ErrorClass::ServerError, "the provider sent an answer we could not read").with_status(status)
+    })?;
+    Ok((headers, json))
+}
+
+/// The request body both APIs share: one user message with the task's prompt.
+fn chat_body(model: &str, max_tokens: u32, task: &Task) -> Value {
+    serde_json::json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{ "role": "user", "content": prompt(task) }],
+    })
+}
+
+fn or_default(value: &str, default: &str) -> String {
+    if value.is_empty() { default } else { value.trim_end_matches('/') }.to_string()
+}
+
+pub struct AnthropicProvider {
+    client: reqwest::Client,
+    url: String,
+    api_key: String,
+    model: String,
+    max_tokens: u32,
+}
+
+impl AnthropicProvider {
+    pub fn new(config: &ProviderConfig) -> Self {
+        AnthropicProvider {
+            client: client(config.timeout),
+            url: format!("{}/v1/messages", or_default(&config.base_url, "https://api.anthropic.com")),
+            api_key: config.api_key.clone().unwrap_or_default(),
+            model: or_default(&config.model, "claude-sonnet-4-5"),
+            max_tokens: config.max_tokens,
+        }
+    }
+}
+
+impl Provider for AnthropicProvider {
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn supports(&self, _preset: Preset) -> bool {
+        true
+    }
+
+    fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
+        Box::pin(async move {
+            let body = chat_body(&self.model, self.max_tokens, task);
+            let request = self
+                .client
+                .post(&self.url)
+                .header("x-api-key", &self.api_key)
+                .header("anthropic-version", "2023-06-01")
+                .json(&body);
+            let (headers, json) = post(request).await?;
+            let text = json["content"]
+                .as_array()
+                .map(|blocks| blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n"))
+                .unwrap_or_default();
+            let limits: serde_json::Map<String, Value> = headers
+                .iter()
+                .filter(|(name, _)| name.as_str().starts_with("anthropic-ratelimit-"))
+                .filter_map(|(name, value)| Some((name.to_string(), Value::from(value.to_str().ok()?))))
+                .collect();
+            Ok(ProviderOutput {
+                text,
+                data: serde_json::json!({ "provider": "anthropic", "model": json["model"], "rate_limits": limits }),
+                input_tokens: json.pointer("/usage/input_tokens").and_then(Value::as_i64),
+                output_tokens: json.pointer("/usage/output_tokens").and_then(Value::as_i64),
+            })
+        })
+    }
+}
+
+pub struct OpenAiProvider {
+    client: reqwest::Client,
+    url: String,
+    api_key: Option<String>,
+    model: String,
+    max_tokens: u32,
+}
+
+impl OpenAiProvider {
+    pub fn new(config: &ProviderConfig) -> Self {
+        OpenAiProvider {
+            client: client(config.timeout),
+            url: format!("{}/chat/completions", or_default(&config.base_url, "https://api.openai.com/v1")),
+            api_key: config.api_key.clone(),
+            model: or_default(&config.model, "gpt-4o-mini"),
+            max_tokens: config.max_tokens,
+        }
+    }
+}
+
+impl Provider for OpenAiProvider {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn supports(&self, _preset: Preset) -> bool {
+        true
+    }
+
+    fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
+        Box::pin(async move {
+            let body = chat_body(&self.model, self.max_tokens, task);
+            let mut request = self.client.post(&self.url).json(&body);
+            if let Some(key) = &self.api_key {
+                request = request.bearer_auth(key);
+            }
+            let (_, json) = post(request).await?;
+            Ok(ProviderOutput {
+                text: json
+                    .pointer("/choices/0/message/content")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                data: serde_json::json!({ "provider": "openai", "model": json["model"] }),
+                input_tokens: json.pointer("/usage/prompt_tokens").and_then(Value::as_i64),
+                output_tokens: json.pointer("/usage/completion_tokens").and_then(Value::as_i64),
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_failures_are_classified_as_the_design_says() {
+        let now = SystemTime::now();
+        let c = |status, body: &str| classify_http_failure(status, body, None, now).class;
+        assert_eq!(c(429, r#"{"error":{"message":"slow down"}}"#), ErrorClass::RateLimited);
+        assert_eq!(c(429, r#"{"error":{"message":"You have reached your spend limit"}}"#), ErrorClass::Rejected);
+        assert_eq!(c(429, r#"{"error":{"code":"insufficient_quota"}}"#), ErrorClass::Rejected);
+        assert_eq!(c(529, "{}"), ErrorClass::Overloaded);
+        assert_eq!(c(500, "oops"), ErrorClass::ServerError);
+        assert_eq!(c(503, ""), ErrorClass::ServerError);
+        for status in [400, 401, 403, 404] {
+            assert_eq!(c(status, "{}"), ErrorClass::Rejected, "{status}");
+        }
+        let e = classify_http_failure(429, "{}", Some("7"), now);
+        assert_eq!(e.retry_after, Some(Duration::from_secs(7)));
+        assert_eq!(e.provider_status, Some(429));
+    }
+}

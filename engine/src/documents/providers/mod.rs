@@ -1,0 +1,121 @@
+//! AI providers behind one trait. `local` (the default) needs no network; `anthropic` and
+//! `openai` (any OpenAI-compatible server: Ollama, vLLM, llama.cpp) call HTTP APIs. Clients do
+//! no retries of their own: they classify each failure, and the engine's policy decides.
+
+mod http;
+pub mod local;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::queue::JobError;
+pub use crate::Preset;
+
+pub use http::{classify_http_failure, AnthropicProvider, OpenAiProvider};
+
+/// A document's text and what to do with it.
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub preset: Preset,
+    /// Target language for `translate`.
+    pub language: Option<String>,
+    pub text: String,
+    pub pages: Option<u32>,
+}
+
+impl Task {
+    /// A rough input-token estimate (about four characters a token), known before the call.
+    pub fn estimated_tokens(&self) -> i64 {
+        (self.text.chars().count() as i64 + 3) / 4
+    }
+}
+
+/// What a provider answered.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProviderOutput {
+    /// The answer, as Markdown.
+    pub text: String,
+    /// Structured extras (statistics, facts, rate-limit headers).
+    pub data: Value,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+/// An AI provider: one call per attempt, no retries of its own.
+pub trait Provider: Send + Sync + 'static {
+    /// Its name in results and logs.
+    fn name(&self) -> &'static str;
+    /// Whether it can do this preset (the local provider has no language model).
+    fn supports(&self, preset: Preset) -> bool;
+    /// Run the task; a failure is classified so the engine's retry policy can decide.
+    fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>>;
+}
+
+/// Which provider the server uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Local,
+    Anthropic,
+    Openai,
+}
+
+/// How to reach the provider.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    /// For anthropic: `https://api.anthropic.com`; for openai: the base ending in `/v1`.
+    pub base_url: String,
+    /// Never logged.
+    pub api_key: Option<String>,
+    pub model: String,
+    pub max_tokens: u32,
+    pub timeout: Duration,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig {
+            kind: ProviderKind::Local,
+            base_url: String::new(),
+            api_key: None,
+            model: String::new(),
+            max_tokens: 1024,
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The provider `config` names.
+pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
+    match config.kind {
+        ProviderKind::Local => Arc::new(local::LocalProvider),
+        ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(config)),
+        ProviderKind::Openai => Arc::new(OpenAiProvider::new(config)),
+    }
+}
+
+/// The instruction sent to a language model for a task.
+pub fn prompt(task: &Task) -> String {
+    let ask = match task.preset {
+        Preset::Summarize => {
+            "Summarize the document below in a short title and a few paragraphs, in Markdown.".to_string()
+        }
+        Preset::Explain => {
+            "Explain the document below simply, for a reader without special knowledge, in Markdown.".to_string()
+        }
+        Preset::Translate => format!(
+            "Translate the document below into {}. Keep its structure; answer in Markdown.",
+            task.language.as_deref().unwrap_or("English")
+        ),
+        Preset::KeyFacts => {
+            "List the key facts of the document below (dates, amounts, parties, obligations) as Markdown bullet points."
+                .to_string()
+        }
+    };
+    format!("{ask}\n\n<document>\n{}\n</document>", task.text)
+}

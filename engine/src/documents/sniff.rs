@@ -1,0 +1,175 @@
+//! A document's type, decided by its content (magic bytes, UTF-8, markup), never by its name
+//! or a Content-Type claim.
+
+use serde::{Deserialize, Serialize};
+
+/// The documents Sluice accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DocType {
+    Pdf,
+    PlainText,
+    Markdown,
+}
+
+impl DocType {
+    /// The Content-Type a download of it carries.
+    pub fn mime(self) -> &'static str {
+        match self {
+            DocType::Pdf => "application/pdf",
+            DocType::PlainText => "text/plain; charset=utf-8",
+            DocType::Markdown => "text/markdown; charset=utf-8",
+        }
+    }
+
+    /// The file extension for a download without a name.
+    pub fn extension(self) -> &'static str {
+        match self {
+            DocType::Pdf => "pdf",
+            DocType::PlainText => "txt",
+            DocType::Markdown => "md",
+        }
+    }
+}
+
+/// How many leading bytes [`sniff`] wants to see (fewer only if the file is shorter).
+pub const SNIFF_BYTES: usize = 8192;
+
+/// Pure: decide a document's type from its first bytes, whatever its name or Content-Type
+/// claim. `Err` carries a reason for a 415.
+pub fn sniff(head: &[u8]) -> Result<DocType, String> {
+    let trimmed = trim_start(head);
+    if trimmed.starts_with(b"%PDF-") {
+        return Ok(DocType::Pdf);
+    }
+    if looks_like_markup(&String::from_utf8_lossy(head)) {
+        return Err(MARKUP_REFUSAL.into());
+    }
+    if let Some(kind) = infer::get(head) {
+        return Err(format!(
+            "this is a {} file ({}), not a PDF, text or Markdown document",
+            kind.extension(),
+            kind.mime_type()
+        ));
+    }
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t,
+        // A multi-byte character cut at the end of the sample is fine.
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or(""),
+        Err(_) => return Err("this file is neither a PDF nor UTF-8 text".into()),
+    };
+    if text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t' | '\u{c}')) {
+        return Err("this file is neither a PDF nor UTF-8 text (it has binary content)".into());
+    }
+    Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText })
+}
+
+const MARKUP_REFUSAL: &str = "HTML, SVG and XML files are not accepted; upload a PDF, text or Markdown document";
+
+/// HTML, SVG or XML (which browsers would render, scripts and all).
+fn looks_like_markup(text: &str) -> bool {
+    let lower = text.trim_start_matches('\u{feff}').trim_start().to_lowercase();
+    const MARKUP: [&str; 9] = ["<!doctype", "<html", "<?xml", "<svg", "<head", "<body", "<script", "<iframe", "<!--"];
+    MARKUP.iter().any(|m| lower.starts_with(m)) || lower.contains("<script") || lower.contains("<html")
+}
+
+fn trim_start(bytes: &[u8]) -> &[u8] {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(bytes.len());
+    &bytes[start..]
+}
+
+fn looks_like_markdown(text: &str) -> bool {
+    let mut signs = 0;
+    for line in text.lines().take(200) {
+        let l = line.trim_start();
+        if l.starts_with("# ") || l.starts_with("## ") || l.starts_with("```") || l.starts_with("> ") {
+            signs += 2;
+        } else if l.starts_with("- ") || l.starts_with("* ") || l.starts_with("1. ") {
+            signs += 1;
+        }
+        if l.contains("](") || l.contains("**") {
+            signs += 1;
+        }
+    }
+    signs >= 2
+}
+
+/// Checks that a streamed text upload is UTF-8 throughout (chunks may split characters).
+#[derive(Default)]
+pub struct Utf8Stream {
+    carry: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Check the next chunk; a character split across chunks is carried over.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), String> {
+        self.carry.extend_from_slice(chunk);
+        match std::str::from_utf8(&self.carry) {
+            Ok(_) => self.carry.clear(),
+            Err(e) if e.error_len().is_none() => {
+                let keep = self.carry.split_off(e.valid_up_to());
+                self.carry = keep;
+            }
+            Err(_) => return Err("this text file is not valid UTF-8".into()),
+        }
+        if self.carry.len() > 4 {
+            return Err("this text file is not valid UTF-8".into());
+        }
+        Ok(())
+    }
+
+    /// The stream ended: a character still cut in two is an error.
+    pub fn finish(self) -> Result<(), String> {
+        if self.carry.is_empty() {
+            Ok(())
+        } else {
+            Err("this text file ends in the middle of a character".into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_come_from_content_not_names() {
+        assert_eq!(sniff(b"%PDF-1.7\n..."), Ok(DocType::Pdf));
+        assert_eq!(sniff(b"Just some plain words.\nAnother line."), Ok(DocType::PlainText));
+        assert_eq!(sniff(b"# Title\n\nSome **bold** text and a [link](http://x).\n- item"), Ok(DocType::Markdown));
+        assert!(sniff(b"<!DOCTYPE html><html><body>%PDF-1.7</body></html>").is_err());
+        assert!(sniff(b"  <html><script>alert(1)</script></html>").is_err());
+        assert!(sniff(b"<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>").is_err());
+        assert!(sniff(b"<!DOCTYPE html><html></html>").unwrap_err().starts_with("HTML, SVG and XML"));
+        assert!(sniff(b"PK\x03\x04\x14\x00\x00\x00\x08\x00").is_err(), "zip");
+        assert!(sniff(b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00").is_err(), "executable");
+        assert!(sniff(b"MZ\x90\x00\x03\x00\x00\x00\x04\x00").is_err(), "windows executable");
+        assert!(sniff(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR").is_err(), "png");
+        assert!(sniff(b"text with a \x00 nul").is_err());
+        assert!(sniff(b"\xff\xfe\xfd not utf-8").is_err());
+    }
+
+    #[test]
+    fn a_character_cut_at_the_end_of_the_sample_is_fine() {
+        let mut head = "Grüße ".repeat(10).into_bytes();
+        head.extend_from_slice(&"ü".as_bytes()[..1]);
+        assert_eq!(sniff(&head), Ok(DocType::PlainText));
+    }
+
+    #[test]
+    fn utf8_is_checked_across_chunks() {
+        let bytes = "naïve café — ok".as_bytes();
+        let mut s = Utf8Stream::default();
+        for chunk in bytes.chunks(3) {
+            s.push(chunk).unwrap();
+        }
+        s.finish().unwrap();
+        let mut bad = Utf8Stream::default();
+        assert!(bad.push(b"fine").is_ok());
+        assert!(bad.push(b"\xff\xff").is_err());
+        let mut cut = Utf8Stream::default();
+        cut.push(&"é".as_bytes()[..1]).unwrap();
+        assert!(cut.finish().is_err());
+    }
+}

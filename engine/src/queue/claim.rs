@@ -1,0 +1,67 @@
+//! Claiming due jobs under a lease, and keeping the lease.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::Result;
+
+/// A job a worker holds under a lease.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct ClaimedJob {
+    pub id: Uuid,
+    pub owner_id: i64,
+    pub kind: String,
+    pub payload: Value,
+    /// This attempt's number, 1-based.
+    #[sqlx(rename = "attempts")]
+    pub attempt: i32,
+    pub max_attempts: i32,
+    /// The fencing token: also this attempt's id.
+    pub lease_token: Uuid,
+}
+
+/// Claim up to `max` due jobs for `worker`, fairly across owners, within the global gate and
+/// only while processing is enabled. One round trip: the `sluice_claim` function (see its
+/// migration) locks the settings row, so claims are serialised across every process and the
+/// gate's count of running jobs cannot be raced past.
+pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Result<Vec<ClaimedJob>> {
+    if max <= 0 {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3)")
+        .bind(max)
+        .bind(worker)
+        .bind(lease.as_secs_f64())
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Extend the leases of the given attempts (one statement for all of a worker's jobs).
+/// Returns how many leases are still held.
+pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Result<u64> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    // A lost heartbeat only shortens a lease, so it need not wait for the WAL flush.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
+    let done = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = now() + make_interval(secs => $2)
+         WHERE lease_token = ANY($1) AND state = 'running'",
+    )
+    .bind(tokens)
+    .bind(lease.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
+/// When the next waiting job falls due (for the worker's sleep), if any is waiting.
+pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar("SELECT min(run_at) FROM waiting_jobs").fetch_one(pool).await?)
+}

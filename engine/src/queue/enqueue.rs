@@ -1,0 +1,58 @@
+//! Putting a job in the queue, inside the caller's transaction.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::error::Result;
+
+/// A job to enqueue.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub owner_id: i64,
+    pub kind: String,
+    pub payload: Value,
+    /// Same owner + same key = the same job while that job is not failed.
+    pub idempotency_key: Option<String>,
+    /// Credits charged for it (refunded if it fails).
+    pub cost: i32,
+    pub max_attempts: i32,
+    /// A REST client's `Idempotency-Key`, and the fingerprint of the request it came with.
+    pub client_key: Option<String>,
+    pub request_fingerprint: Option<String>,
+}
+
+impl NewJob {
+    /// A free document job with the default three attempts.
+    pub fn new(owner_id: i64, payload: Value) -> NewJob {
+        NewJob {
+            owner_id,
+            kind: "document".into(),
+            payload,
+            idempotency_key: None,
+            cost: 0,
+            max_attempts: 3,
+            client_key: None,
+            request_fingerprint: None,
+        }
+    }
+}
+
+/// Insert a job inside the caller's transaction (admission debits credits in the same one).
+/// Workers are woken by a trigger when the transaction commits.
+pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+    )
+    .bind(job.owner_id)
+    .bind(&job.kind)
+    .bind(&job.payload)
+    .bind(&job.idempotency_key)
+    .bind(job.cost)
+    .bind(job.max_attempts)
+    .bind(&job.client_key)
+    .bind(&job.request_fingerprint)
+    .fetch_one(conn)
+    .await?)
+}

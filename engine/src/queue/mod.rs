@@ -1,0 +1,33 @@
+//! The durable job queue: a job row is also the outbox (admission inserts it in the same
+//! transaction as the debit), every transition is one transaction, results and failures are
+//! fenced by the attempt's lease token.
+
+mod claim;
+pub mod dlq;
+mod enqueue;
+pub mod hooks;
+pub mod policy;
+pub mod rescue;
+pub mod retention;
+pub mod switches;
+mod transitions;
+mod views;
+pub mod vitals;
+mod waiting_line;
+pub mod worker;
+
+pub use claim::{claim, heartbeat, next_due, ClaimedJob};
+pub use enqueue::{enqueue, NewJob};
+pub use sluice_types::{FailureKind, JobState};
+pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
+pub use views::{attempts, get, list_for_owner, AttemptView, JobView};
+pub use waiting_line::{waiting_line, WaitingLine};
+
+/// The NOTIFY channel workers listen on.
+pub const JOBS_CHANNEL: &str = "sluice_jobs";
+
+/// Wake idle workers in every process when the caller's transaction commits.
+pub(crate) async fn notify_workers(conn: &mut sqlx::PgConnection) -> crate::error::Result<()> {
+    sqlx::query("SELECT pg_notify($1, 'work')").bind(JOBS_CHANNEL).execute(conn).await?;
+    Ok(())
+}

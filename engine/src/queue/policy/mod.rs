@@ -1,0 +1,5 @@
+//! Pure policy: no IO, no clock, no randomness of their own; unit- and property-tested.
+
+pub mod drain;
+pub mod position;
+pub mod retry;

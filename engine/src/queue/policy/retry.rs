@@ -1,0 +1,305 @@
+//! Retry policy: outcome in, decision out. Pure: no IO, no clock, no randomness of its own
+//! (the caller passes `now` and a jitter sample), so every branch is testable.
+
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::FailureKind;
+
+/// What went wrong in an attempt, as far as retrying is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// 429 (not a spend limit).
+    RateLimited,
+    /// 529 and similar "try later" answers.
+    Overloaded,
+    /// Any other 5xx.
+    ServerError,
+    /// The provider did not answer in time.
+    Timeout,
+    /// The connection failed or broke.
+    Connection,
+    /// The worker's lease expired (it crashed or stalled); set by the rescue task.
+    LeaseExpired,
+    /// The document cannot be processed (encrypted, no text, ...).
+    InvalidInput,
+    /// The provider refused permanently (400/401/403/404, spend limit reached).
+    Rejected,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 8] = [
+        ErrorClass::RateLimited,
+        ErrorClass::Overloaded,
+        ErrorClass::ServerError,
+        ErrorClass::Timeout,
+        ErrorClass::Connection,
+        ErrorClass::LeaseExpired,
+        ErrorClass::InvalidInput,
+        ErrorClass::Rejected,
+    ];
+
+    pub fn is_transient(self) -> bool {
+        !matches!(self, ErrorClass::InvalidInput | ErrorClass::Rejected)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::RateLimited => "rate_limited",
+            ErrorClass::Overloaded => "overloaded",
+            ErrorClass::ServerError => "server_error",
+            ErrorClass::Timeout => "timeout",
+            ErrorClass::Connection => "connection",
+            ErrorClass::LeaseExpired => "lease_expired",
+            ErrorClass::InvalidInput => "invalid_input",
+            ErrorClass::Rejected => "rejected",
+        }
+    }
+}
+
+/// When and how often a failed job is tried again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// `delays[k-1]` is the wait before attempt k+1; the last entry repeats.
+    pub delays: Vec<Duration>,
+    /// No scheduled delay exceeds this (a provider's `Retry-After` may).
+    pub max_delay: Duration,
+    /// Up to this much is added at random, so retries of a burst do not arrive together.
+    pub max_jitter: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            delays: vec![Duration::from_secs(30), Duration::from_secs(60), Duration::from_secs(120)],
+            max_delay: Duration::from_secs(120),
+            max_jitter: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One failed attempt, as the policy sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Failure {
+    /// Attempts made so far, this one included (1-based).
+    pub attempt: u32,
+    pub class: ErrorClass,
+    /// The provider's `Retry-After`, already parsed.
+    pub retry_after: Option<Duration>,
+    /// False while an operator has paused processing (the kill switch).
+    pub processing_enabled: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Back to `retrying`, due at `at`.
+    Retry { at: DateTime<Utc>, delay: Duration },
+    /// Back to `queued` without using the attempt (processing is paused).
+    Requeue,
+    /// Terminal.
+    Fail(FailureKind),
+}
+
+impl RetryPolicy {
+    /// The scheduled wait before attempt `attempt + 1`, before floors and jitter.
+    pub fn scheduled_delay(&self, attempt: u32) -> Duration {
+        let index = (attempt.max(1) - 1) as usize;
+        let delay = self.delays.get(index).or(self.delays.last()).copied().unwrap_or_default();
+        delay.min(self.max_delay)
+    }
+
+    /// Decide what happens after a failed attempt. `jitter` is a sample in [0, 1).
+    pub fn decide(&self, failure: &Failure, now: DateTime<Utc>, jitter: f64) -> Decision {
+        if !failure.class.is_transient() {
+            return Decision::Fail(match failure.class {
+                ErrorClass::InvalidInput => FailureKind::InvalidInput,
+                _ => FailureKind::ProviderRejected,
+            });
+        }
+        if !failure.processing_enabled {
+            return Decision::Requeue;
+        }
+        if failure.attempt >= self.max_attempts {
+            return Decision::Fail(match failure.class {
+                ErrorClass::LeaseExpired => FailureKind::TimedOut,
+                _ => FailureKind::RetriesExhausted,
+            });
+        }
+        let floor = failure.retry_after.unwrap_or_default();
+        let jitter = self.max_jitter.mul_f64(jitter.clamp(0.0, 1.0));
+        let delay = self.scheduled_delay(failure.attempt).max(floor) + jitter;
+        let at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        Decision::Retry { at, delay }
+    }
+}
+
+/// Parse a `Retry-After` value: delta-seconds or an HTTP-date. A date in the past counts as
+/// zero; anything else (negative, fractional, garbage) is ignored.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return value.parse::<u64>().ok().map(Duration::from_secs);
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn failure(attempt: u32, class: ErrorClass) -> Failure {
+        Failure { attempt, class, retry_after: None, processing_enabled: true }
+    }
+
+    fn no_jitter() -> RetryPolicy {
+        RetryPolicy { max_jitter: Duration::ZERO, ..RetryPolicy::default() }
+    }
+
+    fn delay_of(d: Decision) -> Duration {
+        match d {
+            Decision::Retry { delay, .. } => delay,
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn default_schedule_is_30_then_60_and_three_attempts() {
+        let p = no_jitter();
+        let now = Utc::now();
+        assert_eq!(delay_of(p.decide(&failure(1, ErrorClass::RateLimited), now, 0.0)), Duration::from_secs(30));
+        assert_eq!(delay_of(p.decide(&failure(2, ErrorClass::Overloaded), now, 0.0)), Duration::from_secs(60));
+        assert_eq!(
+            p.decide(&failure(3, ErrorClass::ServerError), now, 0.0),
+            Decision::Fail(FailureKind::RetriesExhausted)
+        );
+    }
+
+    #[test]
+    fn retry_at_is_now_plus_delay() {
+        let now = Utc::now();
+        match no_jitter().decide(&failure(1, ErrorClass::Timeout), now, 0.0) {
+            Decision::Retry { at, .. } => assert_eq!(at - now, chrono::Duration::seconds(30)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn schedule_is_capped() {
+        let p = RetryPolicy {
+            max_attempts: 10,
+            delays: vec![Duration::from_secs(30), Duration::from_secs(600)],
+            max_delay: Duration::from_secs(120),
+            max_jitter: Duration::ZERO,
+        };
+        assert_eq!(p.scheduled_delay(2), Duration::from_secs(120));
+        assert_eq!(p.scheduled_delay(9), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_not_a_cap() {
+        let p = no_jitter();
+        let now = Utc::now();
+        let mut f = failure(1, ErrorClass::RateLimited);
+        f.retry_after = Some(Duration::from_secs(90));
+        assert_eq!(delay_of(p.decide(&f, now, 0.0)), Duration::from_secs(90));
+        f.retry_after = Some(Duration::from_secs(5));
+        assert_eq!(delay_of(p.decide(&f, now, 0.0)), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn permanent_errors_fail_at_once() {
+        let p = no_jitter();
+        let now = Utc::now();
+        assert_eq!(
+            p.decide(&failure(1, ErrorClass::InvalidInput), now, 0.0),
+            Decision::Fail(FailureKind::InvalidInput)
+        );
+        assert_eq!(
+            p.decide(&failure(1, ErrorClass::Rejected), now, 0.0),
+            Decision::Fail(FailureKind::ProviderRejected)
+        );
+    }
+
+    #[test]
+    fn paused_transient_failure_requeues_without_using_the_attempt() {
+        let mut f = failure(3, ErrorClass::RateLimited);
+        f.processing_enabled = false;
+        assert_eq!(no_jitter().decide(&f, Utc::now(), 0.0), Decision::Requeue);
+        // A permanent error is permanent whether or not processing is paused.
+        f.class = ErrorClass::InvalidInput;
+        assert_eq!(no_jitter().decide(&f, Utc::now(), 0.0), Decision::Fail(FailureKind::InvalidInput));
+    }
+
+    #[test]
+    fn expired_lease_on_the_last_attempt_is_timed_out() {
+        assert_eq!(
+            no_jitter().decide(&failure(3, ErrorClass::LeaseExpired), Utc::now(), 0.0),
+            Decision::Fail(FailureKind::TimedOut)
+        );
+    }
+
+    #[test]
+    fn retry_after_parses_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after("17", now), Some(Duration::from_secs(17)));
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(45));
+        assert_eq!(parse_retry_after(&later, now), Some(Duration::from_secs(45)));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(45));
+        assert_eq!(parse_retry_after(&earlier, now), Some(Duration::ZERO));
+        for garbage in ["", "soon", "-5", "1.5", "Tue, 99 Foo 2020"] {
+            assert_eq!(parse_retry_after(garbage, now), None, "{garbage:?}");
+        }
+    }
+
+    fn any_class() -> impl Strategy<Value = ErrorClass> {
+        proptest::sample::select(ErrorClass::ALL.to_vec())
+    }
+
+    proptest! {
+        #[test]
+        fn delays_respect_floor_cap_and_jitter(
+            attempt in 1u32..3,
+            class in any_class(),
+            retry_after in proptest::option::of(0u64..1000),
+            jitter in 0.0f64..1.0,
+        ) {
+            let p = RetryPolicy::default();
+            let f = Failure { attempt, class, retry_after: retry_after.map(Duration::from_secs), processing_enabled: true };
+            match p.decide(&f, Utc::now(), jitter) {
+                Decision::Retry { delay, .. } => {
+                    prop_assert!(class.is_transient());
+                    let base = p.scheduled_delay(attempt).max(Duration::from_secs(retry_after.unwrap_or(0)));
+                    prop_assert!(delay >= base);
+                    prop_assert!(delay <= base + p.max_jitter);
+                    prop_assert!(base >= Duration::from_secs(retry_after.unwrap_or(0)));
+                }
+                Decision::Fail(_) => prop_assert!(!class.is_transient()),
+                Decision::Requeue => prop_assert!(false, "not paused"),
+            }
+        }
+
+        #[test]
+        fn never_more_than_max_attempts(max in 1u32..6, attempt in 1u32..10, class in any_class()) {
+            let p = RetryPolicy { max_attempts: max, ..RetryPolicy::default() };
+            let f = Failure { attempt, class, retry_after: None, processing_enabled: true };
+            if attempt >= max {
+                prop_assert!(matches!(p.decide(&f, Utc::now(), 0.5), Decision::Fail(_)));
+            }
+        }
+
+        #[test]
+        fn retry_after_never_panics(s in ".{0,40}") {
+            let _ = parse_retry_after(&s, SystemTime::now());
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! A running job's outcome: done, retrying, requeued, failed, or handed back. Every transition
+//! is one transaction; each write is fenced by the attempt's lease token, so a stale worker's
+//! late write changes nothing.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_types::AttemptOutcome;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::claim::ClaimedJob;
+use super::hooks::{TerminalHooks, TerminalJob};
+use super::policy::retry::{Decision, ErrorClass, Failure, RetryPolicy};
+use crate::error::Result;
+use crate::FailureKind;
+
+/// What a processor produced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobOutput {
+    pub result: Value,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+/// Why an attempt failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobError {
+    pub class: ErrorClass,
+    /// Human-readable; shown to the user and in the DLQ. Never secrets, never document bytes.
+    pub message: String,
+    pub provider_status: Option<u16>,
+    pub retry_after: Option<Duration>,
+}
+
+impl JobError {
+    /// An error of `class` with a message a user may read.
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> JobError {
+        JobError { class, message: message.into(), provider_status: None, retry_after: None }
+    }
+
+    /// The provider's `Retry-After`, a floor for the next attempt's delay.
+    pub fn with_retry_after(mut self, retry_after: Duration) -> JobError {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// The provider's HTTP status, kept on the attempt row.
+    pub fn with_status(mut self, status: u16) -> JobError {
+        self.provider_status = Some(status);
+        self
+    }
+}
+
+/// What recording an attempt's outcome did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    Done,
+    Retrying {
+        at: DateTime<Utc>,
+    },
+    Requeued,
+    Failed(FailureKind),
+    /// The lease token no longer matches: another attempt owns the job. Nothing was written.
+    Stale,
+}
+
+/// Store the result; `done` and the done hook commit together.
+pub async fn complete(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    job: &ClaimedJob,
+    output: &JobOutput,
+) -> Result<Recorded> {
+    let recorded = complete_many(pool, hooks, &[(job, output)]).await?;
+    Ok(recorded[0])
+}
+
+/// Store several results in one transaction (one commit for many jobs is what makes a
+/// busy queue fast). Each job is fenced by its own lease token; the done hook runs for each
+/// job that was written. Returns one `Done` or `Stale` per input, in order.
+pub async fn complete_many(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    items: &[(&ClaimedJob, &JobOutput)],
+) -> Result<Vec<Recorded>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = items.iter().map(|(j, _)| j.id).collect();
+    let tokens: Vec<Uuid> = items.iter().map(|(j, _)| j.lease_token).collect();
+    let results: Vec<Value> = items.iter().map(|(_, o)| o.result.clone()).collect();
+    let input_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.input_tokens).collect();
+    let output_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.output_tokens).collect();
+    let mut tx = pool.begin().await?;
+    let done: Vec<TerminalJob> = sqlx::query_as(
+        "WITH input AS (
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[])
+                 AS t(id, token, result, input_tokens, output_tokens)
+         ),
+         done AS (
+             UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
+                 output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
+                 lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
+             FROM input i
+             WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
+             RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens
+         ),
+         attempt_rows AS (
+             UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
+                 input_tokens = d.input_tokens, output_tokens = d.output_tokens
+             FROM done d WHERE a.id = d.token
+         )
+         SELECT id, owner_id, cost, attempts FROM done",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&results)
+    .bind(&input_tokens)
+    .bind(&output_tokens)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut written = HashSet::with_capacity(done.len());
+    for terminal in &done {
+        hooks.on_done(&mut tx, terminal).await?;
+        written.insert(terminal.id);
+    }
+    tx.commit().await?;
+    Ok(ids.iter().map(|id| if written.contains(id) { Recorded::Done } else { Recorded::Stale }).collect())
+}
+
+/// A running job as a failure sees it, locked for the transition.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RunningJob {
+    pub id: Uuid,
+    pub lease_token: Uuid,
+    pub attempts: i32,
+    pub processing_enabled: bool,
+    pub now: DateTime<Utc>,
+}
+
+impl RunningJob {
+    /// The policy's input for this job failing with `class`.
+    pub fn failure(&self, class: ErrorClass, retry_after: Option<Duration>) -> Failure {
+        Failure {
+            attempt: self.attempts.max(0) as u32,
+            class,
+            retry_after,
+            processing_enabled: self.processing_enabled,
+        }
+    }
+}
+
+/// Record a failed attempt and apply the retry policy: retry later (re-enqueue with `run_at`,
+/// freeing the gate slot), requeue without using the attempt (paused), or fail for good
+/// (with the failed hook in the same transaction).
+pub async fn fail(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    policy: &RetryPolicy,
+    job: &ClaimedJob,
+    error: &JobError,
+) -> Result<Recorded> {
+    let mut tx = pool.begin().await?;
+    let running: Option<RunningJob> = sqlx::query_as(
+        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, now() AS now FROM jobs j, queue_settings s
+         WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'running' FOR UPDATE OF j",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(running) = running else {
+        return Ok(Recorded::Stale);
+    };
+    let decision = policy.decide(&running.failure(error.class, error.retry_after), running.now, rand::random::<f64>());
+    let recorded = apply_failure(&mut tx, hooks, &running, error, decision).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// Apply a policy decision to a running job the caller has locked. Shared by workers'
+/// failures and the rescue of expired leases.
+pub(crate) async fn apply_failure(
+    tx: &mut PgConnection,
+    hooks: &dyn TerminalHooks,
+    job: &RunningJob,
+    error: &JobError,
+    decision: Decision,
+) -> Result<Recorded> {
+    let (outcome, recorded) = match decision {
+        Decision::Retry { at, .. } => {
+            sqlx::query(
+                "UPDATE jobs SET state = 'retrying', run_at = $2, last_error = $3, lease_token = NULL,
+                     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                 WHERE id = $1",
+            )
+            .bind(job.id)
+            .bind(at)
+            .bind(&error.message)
+            .execute(&mut *tx)
+            .await?;
+            (AttemptOutcome::RetryScheduled, Recorded::Retrying { at })
+        }
+        Decision::Requeue => {
+            sqlx::query(
+                "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = now(), last_error = $2,
+                     lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                 WHERE id = $1",
+            )
+            .bind(job.id)
+            .bind(&error.message)
+            .execute(&mut *tx)
+            .await?;
+            (AttemptOutcome::PausedRequeue, Recorded::Requeued)
+        }
+        Decision::Fail(kind) => {
+            let mut terminal: TerminalJob = sqlx::query_as(
+                "UPDATE jobs SET state = 'failed', failure_kind = $2, failure_reason = $3, last_error = $3,
+                     finished_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+                     updated_at = now()
+                 WHERE id = $1 RETURNING id, owner_id, cost, attempts",
+            )
+            .bind(job.id)
+            .bind(kind)
+            .bind(&error.message)
+            .fetch_one(&mut *tx)
+            .await?;
+            terminal.failure = Some((kind, error.message.clone()));
+            hooks.on_failed(&mut *tx, &terminal).await?;
+            (AttemptOutcome::Failed, Recorded::Failed(kind))
+        }
+    };
+    sqlx::query(
+        "UPDATE job_attempts SET finished_at = now(), outcome = $2, error_class = $3, error = $4,
+         provider_status = $5, retry_after_ms = $6 WHERE id = $1",
+    )
+    .bind(job.lease_token)
+    .bind(outcome)
+    .bind(error.class)
+    .bind(&error.message)
+    .bind(error.provider_status.map(i32::from))
+    .bind(error.retry_after.map(|d| d.as_millis() as i64))
+    .execute(&mut *tx)
+    .await?;
+    Ok(recorded)
+}
+
+/// Give running jobs back to `queued` without using their attempt (graceful shutdown).
+pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = now(), lease_token = NULL,
+             lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+         WHERE lease_token = ANY($1) AND state = 'running'",
+    )
+    .bind(tokens)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL",
+    )
+    .bind(tokens)
+    .execute(&mut *tx)
+    .await?;
+    super::notify_workers(&mut tx).await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,80 @@
+//! Jobs and attempts as users and operators read them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_types::AttemptOutcome;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::policy::retry::ErrorClass;
+use crate::error::{EngineError, Result};
+use crate::{FailureKind, JobState};
+
+/// A job as users and operators see it (read with `SELECT *`: extra columns are ignored).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct JobView {
+    pub id: Uuid,
+    pub owner_id: i64,
+    pub kind: String,
+    pub payload: Value,
+    pub state: JobState,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub run_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub failure_kind: Option<FailureKind>,
+    pub failure_reason: Option<String>,
+    pub result: Option<Value>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub cost: i32,
+    pub accepted_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub replays: i32,
+}
+
+/// One job, or `NotFound`.
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<JobView> {
+    sqlx::query_as("SELECT * FROM jobs WHERE id = $1").bind(id).fetch_optional(pool).await?.ok_or(EngineError::NotFound)
+}
+
+/// A user's jobs, newest first.
+pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<Vec<JobView>> {
+    Ok(sqlx::query_as("SELECT * FROM jobs WHERE owner_id = $1 ORDER BY accepted_at DESC, id LIMIT $2")
+        .bind(owner_id)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// One attempt of a job, for the timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct AttemptView {
+    pub id: Uuid,
+    pub attempt: i32,
+    pub worker: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// None while the attempt runs.
+    pub outcome: Option<AttemptOutcome>,
+    pub error_class: Option<ErrorClass>,
+    pub error: Option<String>,
+    pub provider_status: Option<i32>,
+    pub retry_after_ms: Option<i64>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+/// A job's attempts, oldest first.
+pub async fn attempts(pool: &PgPool, job_id: Uuid) -> Result<Vec<AttemptView>> {
+    Ok(sqlx::query_as(
+        "SELECT id, attempt, worker, started_at, finished_at, outcome, error_class, error, provider_status,
+                retry_after_ms, input_tokens, output_tokens
+         FROM job_attempts WHERE job_id = $1 ORDER BY started_at, attempt",
+    )
+    .bind(job_id)
+    .fetch_all(pool)
+    .await?)
+}

@@ -1,0 +1,397 @@
+//! The worker runtime: one dispatcher per process claims jobs in batches for up to
+//! `concurrency` local tasks, a heartbeat keeps their leases, and shutdown hands back
+//! whatever did not finish in time.
+//!
+//! No database transaction is open while a processor runs: a claim commits before the task
+//! starts, and the outcome is written in a new transaction afterwards. Successful results go
+//! through one completer task that writes whatever has accumulated in one transaction, so a
+//! busy pool commits many jobs at once; failures are rarer and written one by one.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use super::hooks::TerminalHooks;
+use super::policy::retry::{ErrorClass, RetryPolicy};
+use super::{ClaimedJob, JobError, JobOutput, Recorded, JOBS_CHANNEL};
+use crate::queue;
+
+/// Does the work of one job. The engine retries; a processor never should.
+pub trait Processor: Send + Sync + 'static {
+    fn process(&self, job: ClaimedJob) -> BoxFuture<'static, Result<JobOutput, JobError>>;
+}
+
+impl<F, Fut> Processor for F
+where
+    F: Fn(ClaimedJob) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<JobOutput, JobError>> + Send + 'static,
+{
+    fn process(&self, job: ClaimedJob) -> BoxFuture<'static, Result<JobOutput, JobError>> {
+        Box::pin(self(job))
+    }
+}
+
+/// How one process's worker pool runs.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Names this process in leases and attempt rows.
+    pub name: String,
+    /// Jobs this process runs at once (the global gate may allow fewer).
+    pub concurrency: usize,
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    /// The backstop poll when no notification arrives.
+    pub poll_interval: Duration,
+    /// How long shutdown waits for running jobs before handing them back.
+    pub shutdown_timeout: Duration,
+    pub policy: RetryPolicy,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            name: format!("worker-{}", std::process::id()),
+            concurrency: 24,
+            lease: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(15),
+            poll_interval: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(30),
+            policy: RetryPolicy::default(),
+        }
+    }
+}
+
+/// What a finished attempt did, for tests and logs.
+#[derive(Clone, Debug)]
+pub struct AttemptReport {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub recorded: Recorded,
+}
+
+struct Shared {
+    pool: PgPool,
+    config: WorkerConfig,
+    processor: Arc<dyn Processor>,
+    hooks: Arc<dyn TerminalHooks>,
+    /// Lease tokens of the jobs this process is running.
+    running: Mutex<HashSet<Uuid>>,
+    wake: Notify,
+}
+
+/// A running worker pool. Dropping it aborts everything without handing jobs back, like a
+/// crash would; call [`WorkerPool::shutdown`] to stop gracefully.
+pub struct WorkerPool {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    dispatcher: Option<tokio::task::JoinHandle<JoinSet<()>>>,
+    completer: Option<tokio::task::JoinHandle<()>>,
+    background: JoinSet<()>,
+}
+
+/// What a graceful shutdown did with the jobs it was running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    pub finished: usize,
+    pub handed_back: u64,
+}
+
+impl WorkerPool {
+    /// Start claiming and running jobs: the dispatcher, the completer, the listener and the
+    /// heartbeat, each a task on the current runtime.
+    pub fn start(
+        pool: PgPool,
+        config: WorkerConfig,
+        processor: Arc<dyn Processor>,
+        hooks: Arc<dyn TerminalHooks>,
+    ) -> WorkerPool {
+        let shared = Arc::new(Shared {
+            pool,
+            config,
+            processor,
+            hooks,
+            running: Mutex::new(HashSet::new()),
+            wake: Notify::new(),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let mut background = JoinSet::new();
+        background.spawn(listen(shared.clone()));
+        background.spawn(heartbeat(shared.clone()));
+        let (completions, completions_rx) = mpsc::unbounded_channel();
+        let completer = Some(tokio::spawn(complete_batches(shared.clone(), completions_rx)));
+        let dispatcher = Some(tokio::spawn(dispatch(shared.clone(), stop_rx, completions)));
+        WorkerPool { shared, stop, dispatcher, completer, background }
+    }
+
+    /// How many jobs this pool is running now.
+    pub fn running(&self) -> usize {
+        self.shared.running.lock().unwrap().len()
+    }
+
+    /// Stop claiming, let running jobs finish up to the shutdown timeout, then hand the rest
+    /// back to `queued` without using their attempt.
+    pub async fn shutdown(mut self) -> ShutdownReport {
+        let _ = self.stop.send(true);
+        let mut tasks = match self.dispatcher.take() {
+            Some(handle) => handle.await.unwrap_or_default(),
+            None => JoinSet::new(),
+        };
+        let mut finished = 0;
+        let deadline = tokio::time::sleep(self.shared.config.shutdown_timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = tasks.join_next() => match next {
+                    Some(_) => finished += 1,
+                    None => break,
+                },
+                _ = &mut deadline => break,
+            }
+        }
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        // Every sender is gone now: the completer writes what it holds and ends.
+        if let Some(completer) = self.completer.take() {
+            let _ = completer.await;
+        }
+        let leftover: Vec<Uuid> = self.shared.running.lock().unwrap().drain().collect();
+        let handed_back = match queue::hand_back(&self.shared.pool, &leftover).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "could not hand jobs back; their leases will expire");
+                0
+            }
+        };
+        self.background.abort_all();
+        ShutdownReport { finished, handed_back }
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        if let Some(handle) = self.dispatcher.take() {
+            handle.abort();
+        }
+        if let Some(handle) = self.completer.take() {
+            handle.abort();
+        }
+        self.background.abort_all();
+    }
+}
+
+/// A successful attempt on its way to the completer, holding its slot until written.
+struct Completion {
+    job: ClaimedJob,
+    output: JobOutput,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// The claim loop. Returns the set of still-running job tasks when told to stop.
+async fn dispatch(
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    completions: mpsc::UnboundedSender<Completion>,
+) -> JoinSet<()> {
+    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut failures = 0u32;
+    loop {
+        if *stop.borrow() {
+            return tasks;
+        }
+        while tasks.try_join_next().is_some() {}
+        let free = slots.available_permits();
+        let mut wait = shared.config.poll_interval;
+        if free > 0 {
+            match queue::claim(&shared.pool, &shared.config.name, free as i64, shared.config.lease).await {
+                Ok(jobs) => {
+                    failures = 0;
+                    let got_all = jobs.len() == free;
+                    for job in jobs {
+                        let slot = slots.clone().try_acquire_owned().expect("a slot per claimed job");
+                        shared.running.lock().unwrap().insert(job.lease_token);
+                        let (shared, completions) = (shared.clone(), completions.clone());
+                        tasks.spawn(async move {
+                            match run_processor(&shared, &job).await {
+                                Ok(output) => {
+                                    let _ = completions.send(Completion { job, output, _slot: slot });
+                                }
+                                Err(error) => {
+                                    record_failure(&shared, &job, &error).await;
+                                    shared.running.lock().unwrap().remove(&job.lease_token);
+                                    drop(slot);
+                                    shared.wake.notify_one();
+                                }
+                            }
+                        });
+                    }
+                    if got_all {
+                        continue;
+                    }
+                    // Sleep no longer than until the next retry falls due.
+                    if let Ok(Some(due)) = queue::next_due(&shared.pool).await {
+                        let until = (due - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
+                        wait = wait.min(until.max(Duration::from_millis(5)));
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, "claim failed; backing off");
+                    wait = Duration::from_millis(100 * 2u64.pow(failures.min(5)));
+                }
+            }
+        }
+        tokio::select! {
+            _ = shared.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Write successful results in batches: whatever arrived while the last batch was being
+/// written goes in the next transaction.
+async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedReceiver<Completion>) {
+    const MAX_BATCH: usize = 256;
+    let mut batch: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+    while completions.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let items: Vec<(&ClaimedJob, &JobOutput)> = batch.iter().map(|c| (&c.job, &c.output)).collect();
+        let written =
+            with_db_retries("results", || queue::complete_many(&shared.pool, shared.hooks.as_ref(), &items)).await;
+        if written.is_none() && items.len() > 1 {
+            // One bad job (say, a hook that refuses it) must not hold back the others.
+            for (job, output) in &items {
+                with_db_retries("a result", || queue::complete(&shared.pool, shared.hooks.as_ref(), job, output)).await;
+            }
+        }
+        let mut running = shared.running.lock().unwrap();
+        for c in &batch {
+            running.remove(&c.job.lease_token);
+        }
+        drop(running);
+        batch.clear();
+        shared.wake.notify_one();
+    }
+}
+
+/// Run the processor. A panicking processor counts as a transient error.
+async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
+    AssertUnwindSafe(shared.processor.process(job.clone()))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")))
+}
+
+async fn record_failure(shared: &Shared, job: &ClaimedJob, error: &JobError) -> Option<Recorded> {
+    let recorded = with_db_retries("a failure", || {
+        queue::fail(&shared.pool, shared.hooks.as_ref(), &shared.config.policy, job, error)
+    })
+    .await;
+    if recorded == Some(Recorded::Stale) {
+        tracing::warn!(job = %job.id, "stale attempt: the lease moved on, outcome discarded");
+    }
+    recorded
+}
+
+/// Retry a write briefly while the database is unreachable (e.g. restarting). If it never
+/// gets through, the lease expires and the rescue task takes the job.
+async fn with_db_retries<T, F, Fut>(what: &str, mut write: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::error::Result<T>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..12 {
+        match write().await {
+            Ok(value) => return Some(value),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record {what}; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    None
+}
+
+/// Wake the dispatcher on NOTIFY. On reconnect, wake it too: notifications may have been lost.
+async fn listen(shared: Arc<Shared>) {
+    loop {
+        match PgListener::connect_with(&shared.pool).await {
+            Ok(mut listener) => {
+                if let Err(e) = listener.listen(JOBS_CHANNEL).await {
+                    tracing::warn!(error = %e, "LISTEN failed");
+                } else {
+                    shared.wake.notify_one();
+                    loop {
+                        match listener.try_recv().await {
+                            Ok(Some(_)) => shared.wake.notify_one(),
+                            // Connection lost: sqlx reconnects on the next call; we may have missed
+                            // notifications, so wake the dispatcher.
+                            Ok(None) => shared.wake.notify_one(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "notification listener failed");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot connect the notification listener"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Extend the leases of every job this process runs, in one statement per beat.
+async fn heartbeat(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(shared.config.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let tokens: Vec<Uuid> = shared.running.lock().unwrap().iter().copied().collect();
+        if let Err(e) = queue::heartbeat(&shared.pool, &tokens, shared.config.lease).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+    }
+}
+
+/// Claim up to `max` jobs and run them to completion, one step, in the caller's task.
+/// For tests and tools that want to drive the queue deterministically.
+pub async fn work_once(
+    pool: &PgPool,
+    config: &WorkerConfig,
+    processor: Arc<dyn Processor>,
+    hooks: Arc<dyn TerminalHooks>,
+    max: i64,
+) -> crate::error::Result<Vec<AttemptReport>> {
+    let jobs = queue::claim(pool, &config.name, max, config.lease).await?;
+    let shared = Shared {
+        pool: pool.clone(),
+        config: config.clone(),
+        processor,
+        hooks,
+        running: Mutex::new(HashSet::new()),
+        wake: Notify::new(),
+    };
+    let outcomes = futures::future::join_all(jobs.iter().map(|job| run_processor(&shared, job))).await;
+    let mut reports = Vec::with_capacity(jobs.len());
+    for (job, outcome) in jobs.iter().zip(outcomes) {
+        let recorded = match outcome {
+            Ok(output) => queue::complete(pool, shared.hooks.as_ref(), job, &output).await?,
+            Err(error) => queue::fail(pool, shared.hooks.as_ref(), &config.policy, job, &error).await?,
+        };
+        reports.push(AttemptReport { job_id: job.id, attempt: job.attempt, recorded });
+    }
+    Ok(reports)
+}

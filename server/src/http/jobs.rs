@@ -1,0 +1,212 @@
+//! The REST API for programs (and the browser's uploads): the same engine path and status
+//! codes as the UI. Auth: `Authorization: Bearer <token>`, or the session cookie. This module
+//! only speaks HTTP: upload checks, storage and admission are the engine's intake.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, Multipart, Path, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tower_sessions::Session;
+
+use app::errors::AppError;
+use app::model::JobStatus;
+use app::server::session::{job_status, session_user, visible_job};
+use engine::accounts::admission::Admission;
+use engine::accounts::User;
+use engine::documents::intake::{self, CheckedUpload, Intake, UploadCheck, UploadOptions};
+use engine::documents::processor::{DocumentJob, DocumentRef};
+use engine::queue::JobView;
+use engine::{JobState, Preset};
+
+use super::error::ApiError;
+use super::AppState;
+
+/// The caller from a bearer token or the session; 401 otherwise.
+async fn caller(state: &AppState, headers: &HeaderMap, session: &Session) -> Result<User, ApiError> {
+    if let Some(auth) = headers.get(header::AUTHORIZATION) {
+        let token = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or(AppError::Unauthenticated)?;
+        return engine::accounts::tokens::authenticate(&state.ctx.pool, token.trim())
+            .await?
+            .ok_or(ApiError(AppError::Unauthenticated));
+    }
+    session_user(&state.ctx.pool, session).await?.ok_or(ApiError(AppError::Unauthenticated))
+}
+
+/// The job named in the path, when the caller may see it (their own; admins any). Anyone
+/// else's job, or a malformed id, is 404.
+pub struct VisibleJob(pub JobView);
+
+impl FromRequestParts<AppState> for VisibleJob {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let Path(id) =
+            Path::<String>::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::NotFound))?;
+        let session = Session::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::Internal))?;
+        let user = caller(state, &parts.headers, &session).await?;
+        Ok(VisibleJob(visible_job(&state.ctx.pool, &user, &id).await?))
+    }
+}
+
+/// A done job's result, or 409 saying what state the job is in.
+fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
+    match (&job.state, &job.result) {
+        (JobState::Done, Some(result)) => Ok(result),
+        (state, _) => Err(AppError::NotReady { state: state.as_str().to_string() }.into()),
+    }
+}
+
+/// An upload read from the multipart body: the file checked while it streams, and the options.
+struct Upload {
+    checked: CheckedUpload,
+    options: UploadOptions,
+    chunks: Vec<Bytes>,
+}
+
+/// Read the `file` part through the engine's [`UploadCheck`], keeping its chunks for storage.
+async fn read_file_field(
+    mut field: axum::extract::multipart::Field<'_>,
+    limit: u64,
+) -> Result<(CheckedUpload, Vec<Bytes>), ApiError> {
+    let mut check = UploadCheck::new(field.file_name(), limit);
+    let mut chunks = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|e| AppError::invalid(format!("the upload broke off: {e}")))? {
+        check.push(&chunk)?;
+        chunks.push(chunk);
+    }
+    Ok((check.finish()?, chunks))
+}
+
+async fn read_upload(mut multipart: Multipart, limit: u64, presets: &[Preset]) -> Result<Upload, ApiError> {
+    let bad = |m: String| ApiError(AppError::invalid(m));
+    let mut file: Option<(CheckedUpload, Vec<Bytes>)> = None;
+    let mut options = UploadOptions::default();
+    while let Some(field) = multipart.next_field().await.map_err(|e| bad(format!("malformed multipart body: {e}")))? {
+        match field.name() {
+            Some("file") if file.is_none() => file = Some(read_file_field(field, limit).await?),
+            Some("preset") => {
+                options.preset = intake::parse_preset(&field.text().await.map_err(|e| bad(e.to_string()))?)?
+            }
+            Some("language") => {
+                options.language = intake::parse_language(&field.text().await.map_err(|e| bad(e.to_string()))?)?;
+            }
+            _ => {}
+        }
+    }
+    let (checked, chunks) = file.ok_or_else(|| bad("the form needs a `file` field".into()))?;
+    options.check(presets)?;
+    Ok(Upload { checked, options, chunks })
+}
+
+fn job_location(id: &uuid::Uuid) -> String {
+    format!("/api/v1/jobs/{id}")
+}
+
+/// `POST /api/v1/jobs`: 202 with `Location` once the job is committed; 200 with the earlier
+/// job for a duplicate; 402, 429, 503 (nothing stored), 413, 422 otherwise.
+pub async fn create_job(
+    State(state): State<AppState>,
+    session: Session,
+    headers: HeaderMap,
+    multipart: Multipart,
+) -> Result<Response, ApiError> {
+    let user = caller(&state, &headers, &session).await?;
+    let client_key = match headers.get("idempotency-key") {
+        Some(v) => {
+            let key = v.to_str().map_err(|_| AppError::invalid("the Idempotency-Key must be visible ASCII"))?.trim();
+            if key.is_empty() || key.len() > 200 {
+                return Err(AppError::invalid("the Idempotency-Key must have 1 to 200 characters").into());
+            }
+            Some(key.to_string())
+        }
+        None => None,
+    };
+    let settings = &state.ctx.settings;
+    let upload = read_upload(multipart, settings.max_upload_bytes, &settings.presets).await?;
+    let submission = Intake {
+        user_id: user.id,
+        upload: upload.checked,
+        options: upload.options,
+        chunks: upload.chunks,
+        client_key,
+        admission: &settings.admission,
+    };
+    let admitted = intake::submit(&state.ctx.pool, &state.ctx.blobs, submission).await;
+    let (status, job_id, duplicate) = match admitted? {
+        Admission::Accepted { job_id } => (StatusCode::ACCEPTED, job_id, false),
+        Admission::Existing { job_id } => (StatusCode::OK, job_id, true),
+        Admission::Refused(refusal) => return Err(AppError::from(refusal).into()),
+    };
+    let location = job_location(&job_id);
+    let body = serde_json::json!({ "id": job_id.to_string(), "status_url": location, "duplicate": duplicate });
+    Ok((status, [(header::LOCATION, location)], Json(body)).into_response())
+}
+
+/// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
+pub async fn get_job(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Json<JobStatus>, ApiError> {
+    Ok(Json(job_status(&state.ctx.pool, &job).await?))
+}
+
+/// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.
+pub async fn get_result(VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+    let result = done_result(&job)?;
+    let body = Json(serde_json::json!({ "id": job.id.to_string(), "result": result }));
+    Ok(([(header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body).into_response())
+}
+
+/// An ASCII-safe file name for `Content-Disposition`.
+fn attachment(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ' ') { c } else { '_' })
+        .collect();
+    format!("attachment; filename=\"{}\"", safe.trim())
+}
+
+fn download(content_type: &str, file_name: &str, body: Vec<u8>) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::CONTENT_DISPOSITION, attachment(file_name)),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+            (header::CACHE_CONTROL, "private, no-store".to_string()),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
+    serde_json::from_value::<DocumentJob>(job.payload.clone())
+        .map(|d| d.document)
+        .map_err(|_| ApiError(AppError::NotFound))
+}
+
+/// `GET /api/v1/jobs/{id}/original`: the uploaded document, as an attachment.
+pub async fn get_original(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+    let document = document_of(&job)?;
+    let bytes = state.ctx.blobs.get(&document.key).await?;
+    let stem = document.name.clone().unwrap_or_else(|| format!("document.{}", document.doc_type.extension()));
+    Ok(download(document.doc_type.mime(), &stem, bytes.to_vec()))
+}
+
+/// `GET /api/v1/jobs/{id}/result.md`: a done job's result as a Markdown attachment.
+pub async fn get_result_markdown(VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+    let markdown = done_result(&job)?["markdown"].as_str().unwrap_or_default().to_string();
+    let stem = document_of(&job).ok().and_then(|d| d.name).unwrap_or_else(|| "document".into());
+    let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
+    Ok(download("text/markdown; charset=utf-8", &format!("{stem}-result.md"), markdown.into_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attachment;
+
+    #[test]
+    fn attachment_names_are_ascii_and_quoted_safely() {
+        assert_eq!(attachment("re\"port\r\n.pdf"), "attachment; filename=\"re_port__.pdf\"");
+        assert_eq!(attachment("Grüße.md"), "attachment; filename=\"Gr__e.md\"");
+    }
+}

@@ -1,0 +1,88 @@
+//! The whole HTTP surface: Leptos pages and server functions, the REST API (`/api/v1`),
+//! `/healthz` and static files; sessions in Postgres; cross-site writes refused.
+
+pub mod csrf;
+pub mod error;
+pub mod jobs;
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use axum::extract::{DefaultBodyLimit, FromRef, State};
+use axum::http::StatusCode;
+use axum::middleware;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use leptos::prelude::*;
+use leptos_axum::{generate_route_list, LeptosRoutes};
+use tower_sessions::cookie::SameSite;
+use tower_sessions::{Expiry, SessionManagerLayer};
+use tower_sessions_sqlx_store::PostgresStore;
+
+use app::server::session::ServerContext;
+use app::{shell, App};
+
+/// Everything a request handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub leptos_options: LeptosOptions,
+    pub ctx: ServerContext,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
+
+/// Leptos' options for a site served from `site_root` at `addr`.
+pub fn leptos_options(site_root: &str, addr: SocketAddr) -> LeptosOptions {
+    LeptosOptions::builder().output_name("sluice").site_root(site_root).site_pkg_dir("pkg").site_addr(addr).build()
+}
+
+/// The router, with its session store migrated.
+pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Router> {
+    let store = PostgresStore::new(state.ctx.pool.clone());
+    store.migrate().await.context("session store migration")?;
+    let sessions = SessionManagerLayer::new(store)
+        .with_name("sluice_session")
+        .with_http_only(true)
+        .with_same_site(SameSite::Lax)
+        .with_secure(secure_cookies)
+        .with_expiry(Expiry::OnInactivity(time::Duration::days(7)));
+    let routes = generate_route_list(App);
+    let ctx = state.ctx.clone();
+    let api = Router::new()
+        .route("/api/v1/jobs", post(jobs::create_job))
+        .route("/api/v1/jobs/{id}", get(jobs::get_job))
+        .route("/api/v1/jobs/{id}/result", get(jobs::get_result))
+        .route("/api/v1/jobs/{id}/result.md", get(jobs::get_result_markdown))
+        .route("/api/v1/jobs/{id}/original", get(jobs::get_original))
+        // The upload handler enforces its own cap while streaming (413).
+        .layer(DefaultBodyLimit::disable());
+    Ok(Router::new()
+        .route("/healthz", get(healthz))
+        .merge(api)
+        .leptos_routes_with_context(&state, routes, move || provide_context(ctx.clone()), {
+            let options = state.leptos_options.clone();
+            move || shell(options.clone())
+        })
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(middleware::from_fn(csrf::refuse_cross_site))
+        .layer(sessions)
+        .with_state(state))
+}
+
+/// 200 with the Postgres version while the database answers, else 503.
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    match engine::db::server_version(&state.ctx.pool).await {
+        Ok(version) => {
+            (StatusCode::OK, Json(serde_json::json!({ "status": "ok", "database": "ok", "postgres": version })))
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() })),
+        ),
+    }
+}

@@ -1,0 +1,170 @@
+//! Building and running the application: the database, the workers, maintenance and the web
+//! server, started and stopped in order (the zero2prod shape: `Application::build`, `port`,
+//! `run_until_stopped`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tower_sessions::session_store::ExpiredDeletion;
+use tower_sessions_sqlx_store::PostgresStore;
+
+use app::server::session::{ServerContext, WebSettings};
+use engine::accounts::AccountHooks;
+use engine::documents::processor::{blob_key, DocumentProcessor};
+use engine::documents::Blobs;
+use engine::maintenance::OnPruned;
+use engine::queue::worker::WorkerPool;
+
+use crate::cli::Config;
+use crate::database::{Cluster, Database};
+use crate::http::{leptos_options, router, AppState};
+
+/// A built application: listening, workers and maintenance running, ready to serve.
+pub struct Application {
+    listener: TcpListener,
+    router: axum::Router,
+    pool: PgPool,
+    database: Database,
+    workers: Option<WorkerPool>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Application {
+    /// Take the port, open the database (the embedded default without `DATABASE_URL`), run
+    /// the migrations, and start the workers and maintenance.
+    pub async fn build(config: &Config) -> anyhow::Result<Application> {
+        // Take the port first: if it is busy, fail before touching the database.
+        let listener = TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
+        let database = Database::open(config, Cluster::Own).await?;
+        match Self::start(config, listener, database).await {
+            Ok(app) => Ok(app),
+            Err((e, database)) => {
+                database.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start(
+        config: &Config,
+        listener: TcpListener,
+        database: Database,
+    ) -> Result<Application, (anyhow::Error, Database)> {
+        let built = async {
+            let pool = engine::db::connect(&database.url, (config.workers as u32 + 16).max(20))
+                .await
+                .context("connecting to Postgres and running migrations")?;
+            let hooks = Arc::new(AccountHooks);
+            let blobs = config.blobs()?;
+            let provider = engine::documents::providers::build(&config.provider_config());
+            tracing::info!(provider = provider.name(), "documents go to this provider");
+            let processor = Arc::new(DocumentProcessor { blobs: blobs.clone(), provider });
+            let workers = (config.workers > 0)
+                .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));
+            let maintenance_config = config.maintenance_config();
+            let mut background = vec![tokio::spawn(engine::maintenance::run(
+                pool.clone(),
+                hooks,
+                config.retry_policy(),
+                maintenance_config,
+                delete_blobs_of(blobs.clone()),
+            ))];
+            background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
+            let addr = listener.local_addr()?;
+            let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()), blobs };
+            let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
+            let router = router(state, config.secure_cookies).await?;
+            anyhow::Ok((pool, workers, background, router))
+        };
+        match built.await {
+            Ok((pool, workers, background, router)) => {
+                Ok(Application { listener, router, pool, database, workers, background })
+            }
+            Err(e) => Err((e, database)),
+        }
+    }
+
+    /// The port the application listens on (the OS picks one for port 0).
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// Serve until Ctrl-C or SIGTERM, then stop in order: stop accepting, let workers finish
+    /// or hand back their jobs, close the pool, stop the embedded Postgres.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Application { listener, router, pool, database, workers, background } = self;
+        tracing::info!("Sluice is listening on http://{}", listener.local_addr()?);
+        let served = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(shutdown_signal())
+            .await;
+        tracing::info!("shutting down");
+        for task in background {
+            task.abort();
+        }
+        if let Some(workers) = workers {
+            let report = workers.shutdown().await;
+            tracing::info!(?report, "workers stopped");
+        }
+        pool.close().await;
+        database.close().await;
+        served.context("serving HTTP")
+    }
+}
+
+/// Serve the web app alone on a random loopback port, for tests and benchmarks: no workers,
+/// no maintenance, the caller's pool.
+pub async fn spawn_web(pool: PgPool, settings: WebSettings, blobs: Blobs) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let ctx = ServerContext { pool, settings: Arc::new(settings), blobs };
+    let app = router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
+    });
+    Ok(addr)
+}
+
+/// Expired sessions are deleted on the account-upkeep schedule (the session store belongs to
+/// the web layer, so this one task lives here rather than in the engine's maintenance).
+fn spawn_session_cleanup(pool: PgPool, every: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let sessions = PostgresStore::new(pool);
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            if let Err(e) = sessions.delete_expired().await {
+                tracing::warn!(error = %e, "deleting expired sessions failed");
+            }
+        }
+    })
+}
+
+/// Retention removes jobs; this removes their documents from blob storage.
+fn delete_blobs_of(blobs: Blobs) -> OnPruned {
+    Arc::new(move |jobs| {
+        let blobs = blobs.clone();
+        tokio::spawn(async move {
+            for job in jobs {
+                if let Some(key) = blob_key(&job.payload) {
+                    if let Err(e) = blobs.delete(key).await {
+                        tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's document");
+                    }
+                }
+            }
+        });
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,128 @@
+//! What every API test needs: the app on a random port with a fresh database
+//! (`#[sqlx::test]`), users with tokens, and requests made as a browser or a program would.
+
+use std::net::SocketAddr;
+
+use app::server::session::WebSettings;
+use engine::accounts::{ledger, users, Role};
+use engine::testing::wider_pool;
+use engine::JobState;
+use sqlx::PgPool;
+
+/// The web app on a random loopback port, its pool and its blob folder (removed on drop).
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub pool: PgPool,
+    pub blob_dir: std::path::PathBuf,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.blob_dir);
+    }
+}
+
+impl TestApp {
+    /// Start the app with `settings` on the test's database.
+    pub async fn spawn(pool: PgPool, settings: WebSettings) -> TestApp {
+        let pool = wider_pool(&pool, 60).await;
+        let db = pool.connect_options().get_database().unwrap_or("db").to_string();
+        let blob_dir = std::env::temp_dir().join(format!("sluice-test-blobs-{db}"));
+        let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
+        let addr = server::spawn_web(pool.clone(), settings, blobs).await.expect("the app starts");
+        TestApp { addr, pool, blob_dir }
+    }
+
+    /// Files in blob storage (refusals must leave none behind).
+    pub fn stored_blobs(&self) -> usize {
+        fn count(dir: &std::path::Path) -> usize {
+            std::fs::read_dir(dir)
+                .map(|entries| {
+                    entries.filter_map(|e| e.ok()).map(|e| if e.path().is_dir() { count(&e.path()) } else { 1 }).sum()
+                })
+                .unwrap_or(0)
+        }
+        count(&self.blob_dir)
+    }
+
+    /// An absolute URL for `path` on this app.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// A user with `balance` credits and an API token; returns (user id, token).
+    pub async fn user_with_token(&self, email: &str, balance: i64, limit: i32) -> (i64, String) {
+        let user = users::create_user(&self.pool, email, "password123", Role::User, balance).await.unwrap();
+        sqlx::query("UPDATE users SET max_in_flight = $2 WHERE id = $1")
+            .bind(user.id)
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        let (_, secret) = engine::accounts::tokens::create(&self.pool, user.id, "tests").await.unwrap();
+        (user.id, secret)
+    }
+
+    /// Upload `bytes` as `doc.txt` through the REST API.
+    pub async fn upload(&self, token: &str, bytes: Vec<u8>, idempotency_key: Option<&str>) -> reqwest::Response {
+        let form = reqwest::multipart::Form::new()
+            .part("file", reqwest::multipart::Part::bytes(bytes).file_name("doc.txt"))
+            .text("preset", "summarize");
+        let mut request = reqwest::Client::new().post(self.url("/api/v1/jobs")).bearer_auth(token).multipart(form);
+        if let Some(key) = idempotency_key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.unwrap()
+    }
+
+    /// (balance, in flight, ledger sum, live jobs) of a user.
+    pub async fn user_state(&self, user_id: i64) -> (i64, i32, i64, i64) {
+        let user = users::get(&self.pool, user_id).await.unwrap();
+        let ledger_sum = ledger::ledger_sum(&self.pool, user_id).await.unwrap();
+        let live: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE owner_id = $1 AND state <> ALL($2)")
+            .bind(user_id)
+            .bind([JobState::Done, JobState::Failed])
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+        (user.balance, user.in_flight, ledger_sum, live)
+    }
+}
+
+/// A small text document, unique per `n`.
+pub fn doc(n: usize) -> Vec<u8> {
+    format!("document number {n}\n").into_bytes()
+}
+
+/// Call a server function as the browser does (form-encoded, same origin).
+pub async fn call(client: &reqwest::Client, app: &TestApp, name: &str, form: &[(&str, &str)]) -> reqwest::Response {
+    client
+        .post(app.url(&format!("/api/{name}")))
+        .header("Origin", format!("http://{}", app.addr))
+        .form(form)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The `sluice_session` cookie a response sets, if any.
+pub fn session_cookie(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("sluice_session="))
+        .map(|c| c.split(';').next().unwrap().to_string())
+}
+
+/// Upload a named file with a preset through the REST API.
+pub async fn upload_file(app: &TestApp, token: &str, name: &str, bytes: Vec<u8>, preset: &str) -> reqwest::Response {
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()).mime_str("application/pdf").unwrap(),
+        )
+        .text("preset", preset.to_string());
+    reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
+}

@@ -1,0 +1,8 @@
+//! The server's API tests, laid out by what they test (zero2prod's `tests/api`): one binary,
+//! so the helpers are compiled once.
+
+mod downloads;
+mod helpers;
+mod operator;
+mod sessions;
+mod uploads;

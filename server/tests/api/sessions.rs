@@ -1,0 +1,96 @@
+//! Server functions as the browser calls them: sessions, log-in throttling, ownership.
+
+use app::server::session::WebSettings;
+use engine::accounts::{users, Role};
+use reqwest::StatusCode;
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let signed_up =
+        call(&browser, &app, "sign_up", &[("email", "Carol@Example.com"), ("password", "long password")]).await;
+    assert_eq!(signed_up.status(), StatusCode::OK);
+    let first_cookie = session_cookie(&signed_up).expect("a session cookie");
+    let raw = signed_up.headers().get("set-cookie").unwrap().to_str().unwrap().to_lowercase();
+    assert!(raw.contains("httponly") && raw.contains("samesite=lax"), "{raw}");
+    let me: serde_json::Value = call(&browser, &app, "me", &[]).await.json().await.unwrap();
+    assert_eq!((me["email"].as_str(), me["balance"].as_i64()), (Some("carol@example.com"), Some(20)));
+
+    let logged_in =
+        call(&browser, &app, "log_in", &[("email", "carol@example.com"), ("password", "long password")]).await;
+    assert_eq!(logged_in.status(), StatusCode::OK);
+    let second_cookie = session_cookie(&logged_in).expect("a new session id at login");
+    assert_ne!(first_cookie, second_cookie);
+
+    // Log out, then replay the old cookie by hand: the server no longer knows it.
+    assert_eq!(call(&browser, &app, "log_out", &[]).await.status(), StatusCode::OK);
+    let stale = reqwest::Client::new()
+        .post(app.url("/api/me"))
+        .header("Cookie", &second_cookie)
+        .header("Origin", format!("http://{}", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stale.json::<serde_json::Value>().await.unwrap(), serde_json::Value::Null);
+    let jobs = call(&browser, &app, "list_jobs", &[]).await;
+    assert_eq!(jobs.status(), StatusCode::UNAUTHORIZED);
+
+    // A page on another site posting to us, with or without Fetch metadata.
+    let evil = reqwest::Client::new();
+    let forged = evil
+        .post(app.url("/api/log_in"))
+        .header("Origin", "http://evil.example")
+        .form(&[("email", "carol@example.com"), ("password", "long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    let forged = evil.post(app.url("/api/v1/jobs")).header("Sec-Fetch-Site", "cross-site").send().await.unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+
+    let terms: serde_json::Value = call(&browser, &app, "terms", &[]).await.json().await.unwrap();
+    assert_eq!(
+        terms,
+        serde_json::json!({
+            "presets": [{"id": "summarize", "label": "Summarize"}, {"id": "key_facts", "label": "Extract key facts"}],
+            "cost": 1,
+            "max_upload_bytes": 52428800,
+            "signup_grant": 20,
+        })
+    );
+
+    let taken = call(&browser, &app, "sign_up", &[("email", "carol@example.com"), ("password", "another one")]).await;
+    assert_eq!(taken.status(), StatusCode::CONFLICT);
+    let weak = call(&browser, &app, "sign_up", &[("email", "dan@example.com"), ("password", "short")]).await;
+    assert_eq!(weak.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn failed_logins_past_the_limit_get_429(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    users::create_user(&app.pool, "eve@example.com", "right password", Role::User, 0).await.unwrap();
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    for _ in 0..5 {
+        let r = call(&browser, &app, "log_in", &[("email", "eve@example.com"), ("password", "wrong password")]).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+    let limited = call(&browser, &app, "log_in", &[("email", "eve@example.com"), ("password", "right password")]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = limited.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(wait > 0 && wait <= 900);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn another_users_job_detail_is_404_through_server_functions(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, alice) = app.user_with_token("alice2@example.com", 5, 5).await;
+    let job: serde_json::Value = app.upload(&alice, doc(1), None).await.json().await.unwrap();
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    call(&browser, &app, "sign_up", &[("email", "mallory@example.com"), ("password", "long password")]).await;
+    let peek = call(&browser, &app, "job_detail", &[("id", job["id"].as_str().unwrap())]).await;
+    assert_eq!(peek.status(), StatusCode::NOT_FOUND);
+}
