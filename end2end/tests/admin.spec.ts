@@ -1,8 +1,5 @@
 import * as path from 'path';
-import { allowConsoleError, expect, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
-
-const adminEmail = process.env.ADMIN_EMAIL ?? 'admin@sluice.test';
-const adminPassword = process.env.ADMIN_PASSWORD ?? 'admin password for e2e';
+import { admin as operator, allowConsoleError, expect, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
 
 
 test('a non-admin cannot reach the admin page or its server functions', async ({ page }) => {
@@ -26,7 +23,7 @@ test('a non-admin cannot reach the admin page or its server functions', async ({
 
 test('an admin pauses processing, a new upload waits with the paused message, and resuming finishes it', async ({ browser }) => {
   const admin = await newPage(browser);
-  await logIn(admin, adminEmail, adminPassword);
+  await logIn(admin, operator.email, operator.password);
   await admin.getByRole('link', { name: 'Admin' }).click();
   await expect(admin.getByTestId('processing-state')).toHaveText('On');
   admin.once('dialog', (d) => d.accept());
@@ -53,7 +50,7 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   await admin.getByRole('button', { name: 'Resume processing' }).click();
   await expect(admin.getByTestId('processing-state')).toHaveText('On');
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
-  await expect(admin.locator('.audit li').first()).toContainText(`${adminEmail} resumed processing`);
+  await expect(admin.locator('.audit li').first()).toContainText(`${operator.email} resumed processing`);
 });
 
 test('an admin inspects a dead-letter group, replays one job, then the rest of the group, and the jobs end done', async ({ browser }) => {

@@ -1,45 +1,83 @@
-import { test as base, expect, Browser, Page } from '@playwright/test';
+import { test as base, expect, Browser, Page, TestInfo } from '@playwright/test';
 import { execFileSync } from 'child_process';
 
 export { expect };
 
-// Console errors from every page a test opens; each test fails if any is left unexplained.
-const consoleErrors: string[] = [];
-const allowedErrors: RegExp[] = [];
+/** One test's console errors (from every page it opens) and the ones it expects. */
+class ConsoleWatch {
+  errors: string[] = [];
+  allowed: RegExp[] = [];
 
-/** Record this page's console errors and uncaught exceptions. */
-export function watchConsole(page: Page) {
-  page.on('console', (m) => {
-    if (m.type() === 'error') consoleErrors.push(`${page.url()}: ${m.text()}`);
-  });
-  page.on('pageerror', (e) => consoleErrors.push(`${page.url()}: uncaught ${e.message}`));
+  /** Record this page's console errors and uncaught exceptions. */
+  watch(page: Page) {
+    page.on('console', (m) => {
+      if (m.type() === 'error') this.errors.push(`${page.url()}: ${m.text()}`);
+    });
+    page.on('pageerror', (e) => this.errors.push(`${page.url()}: uncaught ${e.message}`));
+  }
+
+  unexpected(): string[] {
+    return this.errors.filter((e) => !this.allowed.some((p) => p.test(e)));
+  }
+}
+
+// Each test's watch lives as long as its fixture; keyed by the test, so nothing is shared.
+const watches = new WeakMap<TestInfo, ConsoleWatch>();
+
+function currentWatch(): ConsoleWatch {
+  const watch = watches.get(base.info());
+  if (!watch) throw new Error('no console watch: use `test` from ./helpers');
+  return watch;
 }
 
 /** A console error this test expects (the browser logs refused uploads' statuses, for one). */
 export function allowConsoleError(pattern: RegExp) {
-  allowedErrors.push(pattern);
+  currentWatch().allowed.push(pattern);
+}
+
+/** Watch a page this test made itself (in its own browser context) for console errors. */
+export function watchConsole(page: Page) {
+  currentWatch().watch(page);
 }
 
 /** Another page (its own session), watched for console errors like the default one. */
 export async function newPage(browser: Browser): Promise<Page> {
   const page = await browser.newPage();
-  watchConsole(page);
+  currentWatch().watch(page);
   return page;
 }
 
 /** Playwright's `test`, failing any test whose pages logged an unexpected console error. */
 export const test = base.extend<{ noConsoleErrors: void }>({
   noConsoleErrors: [
-    async ({ page }, use) => {
-      consoleErrors.length = 0;
-      allowedErrors.length = 0;
-      watchConsole(page);
+    async ({ page }, use, testInfo) => {
+      const watch = new ConsoleWatch();
+      watches.set(testInfo, watch);
+      watch.watch(page);
       await use();
-      expect(consoleErrors.filter((e) => !allowedErrors.some((p) => p.test(e)))).toEqual([]);
+      watches.delete(testInfo);
+      expect(watch.unexpected()).toEqual([]);
     },
     { auto: true },
   ],
 });
+
+/** A setting `cargo xtask test` passes in the environment (no defaults: they would drift). */
+export function fromEnv(name: string): string {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set: run the suite through \`cargo xtask test\``);
+  return value;
+}
+
+/** The operator account `cargo xtask test` creates. */
+export const admin = {
+  get email() {
+    return fromEnv('ADMIN_EMAIL');
+  },
+  get password() {
+    return fromEnv('ADMIN_PASSWORD');
+  },
+};
 
 /** Open a page and wait until the client has hydrated it. */
 export async function open(page: Page, url: string) {
@@ -93,7 +131,7 @@ export function grantCredits(email: string, amount: number) {
 
 /** Log in as the operator `cargo xtask test` creates. */
 export async function logInAsAdmin(page: Page) {
-  await logIn(page, process.env.ADMIN_EMAIL ?? 'admin@sluice.test', process.env.ADMIN_PASSWORD ?? 'admin password for e2e');
+  await logIn(page, admin.email, admin.password);
 }
 
 /** Flip the kill switch from the admin page (accepting the confirmation). */

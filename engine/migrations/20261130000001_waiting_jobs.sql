@@ -19,7 +19,8 @@ CREATE FUNCTION sluice_waiting_owners() RETURNS SETOF bigint LANGUAGE sql STABLE
     SELECT owner_id FROM owners WHERE owner_id IS NOT NULL
 $$;
 
--- The claim, as before, reading waiting jobs through the view and owners through the function.
+-- The claim, as in 20261129000002 (an applied migration never changes, so its text repeats
+-- here), reading waiting jobs through the view and owners through the function.
 -- Inside a volatile plpgsql function every statement takes a fresh snapshot, so the running
 -- count is read *after* the settings-row lock is granted: claims are serialised across every
 -- process and the gate cannot be raced past.

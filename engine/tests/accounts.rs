@@ -41,6 +41,7 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
             tokio::spawn(async move {
                 let mut tx = pool.begin().await.unwrap();
                 let refunded = ledger::refund_job(&mut tx, &job).await.unwrap();
+                notices::add_refund_notice(&mut tx, &job).await.unwrap();
                 tx.commit().await.unwrap();
                 refunded
             })

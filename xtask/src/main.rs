@@ -163,8 +163,10 @@ fn test(args: &[String]) -> Result {
     eprintln!("xtask: private Postgres for this run at {}", temp.cluster.socket_dir().display());
 
     let t = Instant::now();
-    let rust =
-        status(cargo().args(["test", "--workspace", "--exclude", "xtask"]).env("DATABASE_URL", &url), "cargo test");
+    let rust = status(
+        cargo().args(["test", "--workspace", "--exclude", "xtask", "--no-fail-fast"]).env("DATABASE_URL", &url),
+        "cargo test",
+    );
     steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
 
     if !skip_e2e {

@@ -3,9 +3,11 @@
 
 use leptos::prelude::*;
 
+use crate::errors::AppError;
 use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus};
 use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
+use crate::pages::polling::{every, tab_visible};
 use crate::server::admin::{
     audit_log, dlq_groups, dlq_jobs, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay, DlqReplayJob, SetGate,
     SetProcessing,
@@ -103,79 +105,17 @@ pub fn AdminPage() -> impl IntoView {
             }
         }
     });
-    #[cfg(feature = "hydrate")]
-    {
-        let interval = gloo_timers::callback::Interval::new(5000, move || {
-            let visible = document().visibility_state() == web_sys::VisibilityState::Visible;
-            if visible && admitted.get_untracked() == Some(true) {
-                refresh.update(|n| *n += 1);
-            }
-        });
-        let interval = send_wrapper::SendWrapper::new(interval);
-        on_cleanup(move || drop(interval));
-    }
-    let gate_input = RwSignal::new(String::new());
+    every(5000, move || {
+        if tab_visible() && admitted.get_untracked() == Some(true) {
+            refresh.update(|n| *n += 1);
+        }
+    });
 
     let view_overview = move |o: QueueStatus| {
-        let enabled = o.processing_enabled;
-        let (intake, done) = chart_lines(&o.history);
         view! {
-            <section class="card" data-testid="kill-switch">
-                <div class="card-head">
-                    <h2>"Processing"</h2>
-                    <span class=if enabled { "badge done" } else { "badge failed" } data-testid="processing-state">
-                        {if enabled { "On" } else { "Paused" }}
-                    </span>
-                </div>
-                <p class="hint">{format!("Since {} by {}.", local_date_time(&o.processing_changed_at), o.processing_changed_by)}</p>
-                <button
-                    class=if enabled { "button danger" } else { "button primary" }
-                    on:click=move |_| {
-                        let question = if enabled {
-                            "Pause processing? Running jobs finish; new uploads wait in the queue."
-                        } else {
-                            "Resume processing?"
-                        };
-                        if confirm(question) {
-                            set_processing.dispatch(SetProcessing { enabled: !enabled });
-                        }
-                    }
-                >
-                    {if enabled { "Pause processing" } else { "Resume processing" }}
-                </button>
-            </section>
-            <section class="card">
-                <h2>"Concurrency gate"</h2>
-                <p>{format!("{} running now, at most {} at once across all workers.", o.running, o.gate_size)}</p>
-                <form on:submit=move |ev| {
-                    ev.prevent_default();
-                    if let Ok(size) = gate_input.get_untracked().trim().parse::<i32>() {
-                        set_gate.dispatch(SetGate { size });
-                    }
-                }>
-                    <label for="gate">"Jobs at once (1 to 70)"</label>
-                    <input id="gate" type="number" min="1" max="70" placeholder=o.gate_size.to_string()
-                        on:input=move |ev| gate_input.set(event_target_value(&ev))/>
-                    <button class="button" type="submit">"Set the gate"</button>
-                </form>
-                <p class="form-error">{move || set_gate.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
-            </section>
-            <section class="card">
-                <h2>"Vital signs"</h2>
-                <dl class="vitals">
-                    <div><dt>"Backlog"</dt><dd data-testid="backlog">{o.backlog}</dd></div>
-                    <div><dt>"Oldest waiting"</dt><dd>{secs(o.oldest_waiting_secs)}</dd></div>
-                    <div><dt>"In / out per min"</dt><dd>{format!("{:.1} / {:.1}", o.intake_per_min, o.completions_per_min)}</dd></div>
-                    <div><dt>"Time to done p50 / p95"</dt><dd>{format!("{} / {}", secs(o.time_to_done_p50_secs), secs(o.time_to_done_p95_secs))}</dd></div>
-                    <div><dt>"Dead letters"</dt><dd>{o.dlq_depth}</dd></div>
-                    <div><dt>"Drains in"</dt><dd class:warn=o.drain == "not draining">{o.drain.clone()}</dd></div>
-                </dl>
-                <svg class="chart" viewBox="0 0 600 120" role="img" aria-label="Intake and completions per minute over the last hour">
-                    <polyline class="intake" points=intake fill="none"/>
-                    <polyline class="completions" points=done fill="none"/>
-                </svg>
-                <p class="legend"><span class="intake">"— intake"</span>" "<span class="completions">"— completions"</span>" per minute, last hour"</p>
-            </section>
+            <ProcessingCard status=o.clone() set_processing/>
+            <GateCard running=o.running gate_size=o.gate_size set_gate/>
+            <VitalsCard status=o/>
         }
     };
 
@@ -185,41 +125,138 @@ pub fn AdminPage() -> impl IntoView {
             <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
             </Transition>
-            <section class="card">
-                <h2>"Dead-letter queue"</h2>
-                {move || {
-                    let list = groups.get().and_then(|r| r.ok()).unwrap_or_default();
-                    if list.is_empty() {
-                        return view! { <p class="empty">"No failed jobs."</p> }.into_any();
-                    }
-                    view! {
-                        <ul class="dlq">
-                            <For
-                                each=move || list.clone()
-                                key=|g| (g.kind.clone(), g.reason.clone(), g.jobs)
-                                children=move |g| view! { <DlqGroup group=g actions=actions/> }
-                            />
-                        </ul>
-                    }.into_any()
-                }}
-            </section>
-            <section class="card">
-                <h2>"Audit log"</h2>
-                <ul class="audit">
-                    {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
-                        <li>
-                            <span class="when">{local_date_time(&a.at)}</span>
-                            " "{describe_audit(&a)}
-                        </li>
-                    }).collect_view()}
-                </ul>
-            </section>
+            <DlqCard groups actions/>
+            <AuditCard audit/>
         }
     };
     move || match admitted.get() {
         Some(true) => page().into_any(),
         Some(false) => view! { <p class="empty">"Page not found."</p> }.into_any(),
         None => view! { <p class="empty">"Loading…"</p> }.into_any(),
+    }
+}
+
+/// The kill switch: its state, since when and by whom, and one button with a confirmation.
+#[component]
+fn ProcessingCard(status: QueueStatus, set_processing: ServerAction<SetProcessing>) -> impl IntoView {
+    let enabled = status.processing_enabled;
+    view! {
+        <section class="card" data-testid="kill-switch">
+            <div class="card-head">
+                <h2>"Processing"</h2>
+                <span class=if enabled { "badge done" } else { "badge failed" } data-testid="processing-state">
+                    {if enabled { "On" } else { "Paused" }}
+                </span>
+            </div>
+            <p class="hint">{format!("Since {} by {}.", local_date_time(&status.processing_changed_at), status.processing_changed_by)}</p>
+            <button
+                class=if enabled { "button danger" } else { "button primary" }
+                on:click=move |_| {
+                    let question = if enabled {
+                        "Pause processing? Running jobs finish; new uploads wait in the queue."
+                    } else {
+                        "Resume processing?"
+                    };
+                    if confirm(question) {
+                        set_processing.dispatch(SetProcessing { enabled: !enabled });
+                    }
+                }
+            >
+                {if enabled { "Pause processing" } else { "Resume processing" }}
+            </button>
+        </section>
+    }
+}
+
+/// The concurrency gate: jobs running now, the limit, and a form to set it.
+#[component]
+fn GateCard(running: i64, gate_size: i32, set_gate: ServerAction<SetGate>) -> impl IntoView {
+    let gate_input = RwSignal::new(String::new());
+    view! {
+        <section class="card">
+            <h2>"Concurrency gate"</h2>
+            <p>{format!("{running} running now, at most {gate_size} at once across all workers.")}</p>
+            <form on:submit=move |ev| {
+                ev.prevent_default();
+                if let Ok(size) = gate_input.get_untracked().trim().parse::<i32>() {
+                    set_gate.dispatch(SetGate { size });
+                }
+            }>
+                <label for="gate">"Jobs at once (1 to 70)"</label>
+                <input id="gate" type="number" min="1" max="70" placeholder=gate_size.to_string()
+                    on:input=move |ev| gate_input.set(event_target_value(&ev))/>
+                <button class="button" type="submit">"Set the gate"</button>
+            </form>
+            <p class="form-error">{move || set_gate.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
+        </section>
+    }
+}
+
+/// The vital signs and the last hour's chart of intake against completions.
+#[component]
+fn VitalsCard(status: QueueStatus) -> impl IntoView {
+    let o = status;
+    let (intake, done) = chart_lines(&o.history);
+    view! {
+        <section class="card">
+            <h2>"Vital signs"</h2>
+            <dl class="vitals">
+                <div><dt>"Backlog"</dt><dd data-testid="backlog">{o.backlog}</dd></div>
+                <div><dt>"Oldest waiting"</dt><dd>{secs(o.oldest_waiting_secs)}</dd></div>
+                <div><dt>"In / out per min"</dt><dd>{format!("{:.1} / {:.1}", o.intake_per_min, o.completions_per_min)}</dd></div>
+                <div><dt>"Time to done p50 / p95"</dt><dd>{format!("{} / {}", secs(o.time_to_done_p50_secs), secs(o.time_to_done_p95_secs))}</dd></div>
+                <div><dt>"Dead letters"</dt><dd>{o.dlq_depth}</dd></div>
+                <div><dt>"Drains in"</dt><dd class:warn=o.drain == "not draining">{o.drain.clone()}</dd></div>
+            </dl>
+            <svg class="chart" viewBox="0 0 600 120" role="img" aria-label="Intake and completions per minute over the last hour">
+                <polyline class="intake" points=intake fill="none"/>
+                <polyline class="completions" points=done fill="none"/>
+            </svg>
+            <p class="legend"><span class="intake">"— intake"</span>" "<span class="completions">"— completions"</span>" per minute, last hour"</p>
+        </section>
+    }
+}
+
+/// The dead-letter queue, grouped by kind and reason.
+#[component]
+fn DlqCard(groups: LocalResource<Result<Vec<DlqGroupInfo>, AppError>>, actions: DlqActions) -> impl IntoView {
+    view! {
+        <section class="card">
+            <h2>"Dead-letter queue"</h2>
+            {move || {
+                let list = groups.get().and_then(|r| r.ok()).unwrap_or_default();
+                if list.is_empty() {
+                    return view! { <p class="empty">"No failed jobs."</p> }.into_any();
+                }
+                view! {
+                    <ul class="dlq">
+                        <For
+                            each=move || list.clone()
+                            key=|g| (g.kind, g.reason.clone(), g.jobs)
+                            children=move |g| view! { <DlqGroup group=g actions=actions/> }
+                        />
+                    </ul>
+                }.into_any()
+            }}
+        </section>
+    }
+}
+
+/// The newest audit entries, in words.
+#[component]
+fn AuditCard(audit: LocalResource<Result<Vec<AuditInfo>, AppError>>) -> impl IntoView {
+    view! {
+        <section class="card">
+            <h2>"Audit log"</h2>
+            <ul class="audit">
+                {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
+                    <li>
+                        <span class="when">{local_date_time(&a.at)}</span>
+                        " "{describe_audit(&a)}
+                    </li>
+                }).collect_view()}
+            </ul>
+        </section>
     }
 }
 

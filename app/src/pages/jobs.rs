@@ -6,47 +6,27 @@ use leptos_router::hooks::use_params_map;
 
 use crate::model::{FailureKind, JobState, JobStatus};
 use crate::pages::clock::{local_time, now_ms, parse_ms};
+use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
 use crate::server::jobs::{job_detail, list_jobs};
 
 /// Ticks `now` every second and calls `refresh` every other tick while the tab is visible,
 /// and at once when a hidden tab is shown again.
 fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
-    #[cfg(feature = "hydrate")]
-    {
-        use wasm_bindgen::closure::Closure;
-        use wasm_bindgen::JsCast;
-
-        fn visible() -> bool {
-            document().visibility_state() == web_sys::VisibilityState::Visible
+    let refresh = std::rc::Rc::new(refresh);
+    let on_tick = refresh.clone();
+    let mut tick = 0u32;
+    every(1000, move || {
+        now.set(now_ms());
+        tick += 1;
+        if tick % 2 == 0 && tab_visible() {
+            on_tick();
         }
-        let refresh = std::rc::Rc::new(refresh);
-        let mut tick = 0u32;
-        let on_tick = refresh.clone();
-        let interval = gloo_timers::callback::Interval::new(1000, move || {
-            now.set(now_ms());
-            tick += 1;
-            if tick % 2 == 0 && visible() {
-                on_tick();
-            }
-        });
-        let on_shown = Closure::<dyn Fn()>::new(move || {
-            if visible() {
-                now.set(now_ms());
-                refresh();
-            }
-        });
-        let _ = document().add_event_listener_with_callback("visibilitychange", on_shown.as_ref().unchecked_ref());
-        let held = send_wrapper::SendWrapper::new((interval, on_shown));
-        on_cleanup(move || {
-            let (interval, on_shown) = held.take();
-            let _ =
-                document().remove_event_listener_with_callback("visibilitychange", on_shown.as_ref().unchecked_ref());
-            drop(interval);
-        });
-    }
-    #[cfg(not(feature = "hydrate"))]
-    let _ = (now, refresh);
+    });
+    when_shown(move || {
+        now.set(now_ms());
+        refresh();
+    });
 }
 
 /// Pure: a duration in words: "42 s", "3 min", "2 h 5 min".

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod auth;
 pub mod clock;
 pub mod jobs;
+pub mod polling;
 pub mod upload;
 
 /// Pure: the text with its first letter in upper case.

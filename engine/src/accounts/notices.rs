@@ -31,7 +31,7 @@ pub fn refund_message(reason: Option<&str>, cost: i32) -> String {
 }
 
 /// Tell the owner a job failed (and what was refunded), once per job whatever races.
-pub(crate) async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob) -> Result<(), sqlx::Error> {
+pub async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob) -> Result<(), sqlx::Error> {
     let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str());
     sqlx::query(
         "INSERT INTO notices (user_id, job_id, kind, message) VALUES ($1, $2, 'refund', $3)

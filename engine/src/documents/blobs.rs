@@ -10,6 +10,7 @@ use object_store::{ObjectStore, PutPayload};
 
 use crate::error::{EngineError, Result};
 
+/// Blob storage for uploaded documents.
 #[derive(Clone)]
 pub struct Blobs {
     store: Arc<dyn ObjectStore>,
@@ -52,6 +53,7 @@ impl Blobs {
         format!("documents/{}", hex::encode(bytes))
     }
 
+    /// Store `data` under `key` (replacing what was there).
     pub async fn put(&self, key: &str, data: Bytes) -> Result<()> {
         self.store.put(&ObjectPath::from(key), PutPayload::from(data)).await.map_err(storage)?;
         Ok(())
@@ -63,6 +65,7 @@ impl Blobs {
         Ok(())
     }
 
+    /// The whole blob, or `NotFound`.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let got = self.store.get(&ObjectPath::from(key)).await.map_err(storage)?;
         got.bytes().await.map_err(storage)

@@ -85,6 +85,7 @@ fn or_default(value: &str, default: &str) -> String {
     if value.is_empty() { default } else { value.trim_end_matches('/') }.to_string()
 }
 
+/// Anthropic's Messages API.
 pub struct AnthropicProvider {
     client: reqwest::Client,
     url: String,
@@ -94,6 +95,7 @@ pub struct AnthropicProvider {
 }
 
 impl AnthropicProvider {
+    /// A client for the configured base URL, key and model.
     pub fn new(config: &ProviderConfig) -> Self {
         AnthropicProvider {
             client: client(config.timeout),
@@ -143,6 +145,7 @@ impl Provider for AnthropicProvider {
     }
 }
 
+/// An OpenAI-compatible chat completions API (OpenAI, Ollama, vLLM, llama.cpp).
 pub struct OpenAiProvider {
     client: reqwest::Client,
     url: String,
@@ -152,6 +155,7 @@ pub struct OpenAiProvider {
 }
 
 impl OpenAiProvider {
+    /// A client for the configured base URL, key and model.
     pub fn new(config: &ProviderConfig) -> Self {
         OpenAiProvider {
             client: client(config.timeout),

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::{Preset, Provider, ProviderOutput, Task};
 use crate::queue::JobError;
 
+/// The built-in provider: deterministic, no network, no language model.
 pub struct LocalProvider;
 
 impl Provider for LocalProvider {
@@ -38,6 +39,7 @@ impl Provider for LocalProvider {
     }
 }
 
+/// What the local provider finds in a text.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Analysis {
     pub title: String,

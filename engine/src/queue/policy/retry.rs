@@ -32,6 +32,7 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Every class.
     pub const ALL: [ErrorClass; 8] = [
         ErrorClass::RateLimited,
         ErrorClass::Overloaded,
@@ -43,10 +44,12 @@ impl ErrorClass {
         ErrorClass::Rejected,
     ];
 
+    /// Whether another attempt may succeed (everything but bad input and refusals).
     pub fn is_transient(self) -> bool {
         !matches!(self, ErrorClass::InvalidInput | ErrorClass::Rejected)
     }
 
+    /// The snake_case name, as stored on attempt rows.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorClass::RateLimited => "rate_limited",
@@ -97,6 +100,7 @@ pub struct Failure {
     pub processing_enabled: bool,
 }
 
+/// What the policy decided after a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Back to `retrying`, due at `at`.
