@@ -2,6 +2,7 @@
 //!
 //! - `run`   install what is missing, build the site, serve it with workers on the embedded default
 //! - `test`  every test: Rust unit + integration against a private Postgres, then Playwright
+//!           (`--no-e2e` or `--e2e-only` run one half, for iterating)
 //! - `bench` the queue benchmarks (release build) against a private Postgres
 //! - `pg`    start a private Postgres for hacking, print its DATABASE_URL, stop on Enter
 
@@ -153,6 +154,8 @@ fn survive_interrupts() {
 fn test(args: &[String]) -> Result {
     survive_interrupts();
     let skip_e2e = args.iter().any(|a| a == "--no-e2e");
+    // For iterating on the browser suite; the README's command runs both.
+    let skip_rust = args.iter().any(|a| a == "--e2e-only");
     let mut steps: Vec<Step> = Vec::new();
     let started = Instant::now();
     if !skip_e2e {
@@ -162,12 +165,14 @@ fn test(args: &[String]) -> Result {
     let url = temp.cluster.url("postgres");
     eprintln!("xtask: private Postgres for this run at {}", temp.cluster.socket_dir().display());
 
-    let t = Instant::now();
-    let rust = status(
-        cargo().args(["test", "--workspace", "--exclude", "xtask", "--no-fail-fast"]).env("DATABASE_URL", &url),
-        "cargo test",
-    );
-    steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
+    if !skip_rust {
+        let t = Instant::now();
+        let rust = status(
+            cargo().args(["test", "--workspace", "--exclude", "xtask", "--no-fail-fast"]).env("DATABASE_URL", &url),
+            "cargo test",
+        );
+        steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
+    }
 
     if !skip_e2e {
         let t = Instant::now();

@@ -111,10 +111,11 @@ pub fn AdminPage() -> impl IntoView {
         }
     });
 
+    let gate_input = RwSignal::new(String::new());
     let view_overview = move |o: QueueStatus| {
         view! {
             <ProcessingCard status=o.clone() set_processing/>
-            <GateCard running=o.running gate_size=o.gate_size set_gate/>
+            <GateCard running=o.running gate_size=o.gate_size set_gate gate_input/>
             <VitalsCard status=o/>
         }
     };
@@ -170,8 +171,13 @@ fn ProcessingCard(status: QueueStatus, set_processing: ServerAction<SetProcessin
 
 /// The concurrency gate: jobs running now, the limit, and a form to set it.
 #[component]
-fn GateCard(running: i64, gate_size: i32, set_gate: ServerAction<SetGate>) -> impl IntoView {
-    let gate_input = RwSignal::new(String::new());
+fn GateCard(
+    running: i64,
+    gate_size: i32,
+    set_gate: ServerAction<SetGate>,
+    /// Owned by the page, so a refresh that redraws the card does not lose what was typed.
+    gate_input: RwSignal<String>,
+) -> impl IntoView {
     view! {
         <section class="card">
             <h2>"Concurrency gate"</h2>
