@@ -74,11 +74,12 @@ impl Application {
                 maintenance_config,
                 delete_blobs_of(blobs.clone()),
             ))];
-            background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
             let addr = listener.local_addr()?;
             let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()), blobs };
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
+            // Building the router migrates the session store, which the cleanup then finds.
             let router = router(state, config.secure_cookies).await?;
+            background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
             anyhow::Ok((pool, workers, background, router))
         };
         match built.await {
