@@ -194,3 +194,155 @@ fn build_pdf(content: Vec<u8>, encrypted: bool) -> Vec<u8> {
     doc.save_to(&mut out).expect("write the PDF");
     out
 }
+
+/// A PDF written byte by byte from its objects (1-based, in order), with a correct xref table.
+/// Hostile files are built this way, so the test process never parses them itself.
+pub fn raw_pdf(objects: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = b"%PDF-1.5\n".to_vec();
+    let mut offsets = Vec::with_capacity(objects.len());
+    for (i, body) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
+        out.extend_from_slice(body);
+        out.extend_from_slice(b"\nendobj\n");
+    }
+    let xref = out.len();
+    out.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
+    for offset in offsets {
+        out.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1).as_bytes(),
+    );
+    out
+}
+
+/// Objects 1 (catalog), 2 (pages) and 3 (the one page, drawing content object 4 with
+/// `resources`), for the hostile files below.
+fn one_page(resources: &str) -> Vec<Vec<u8>> {
+    vec![
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_vec(),
+        format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources {resources} >>")
+            .into_bytes(),
+    ]
+}
+
+fn stream(dictionary: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = format!("<< {dictionary} /Length {} >>\nstream\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\nendstream");
+    out
+}
+
+/// A page that draws form XObject 5, which draws itself: naive readers recurse for ever.
+pub fn pdf_self_drawing_xobject() -> Vec<u8> {
+    let mut objects = one_page("<< /XObject << /X 5 0 R >> >>");
+    objects.push(stream("", b"/X Do"));
+    objects.push(stream(
+        "/Type /XObject /Subtype /Form /BBox [0 0 10 10] /Resources << /XObject << /X 5 0 R >> >>",
+        b"BT /F1 12 Tf (loop) Tj ET /X Do",
+    ));
+    raw_pdf(&objects)
+}
+
+/// A page whose content stream nests `depth` arrays: `[[[[...]]]]`.
+pub fn pdf_deeply_nested(depth: usize) -> Vec<u8> {
+    let mut objects = one_page("<< >>");
+    let mut content = vec![b'['; depth];
+    content.extend(std::iter::repeat_n(b']', depth));
+    content.extend_from_slice(b" BT (x) Tj ET");
+    objects.push(stream("", &content));
+    raw_pdf(&objects)
+}
+
+/// A page whose `FlateDecode` content stream inflates to about `inflated` bytes of zeros
+/// from a few thousandth of that (a decompression bomb).
+pub fn pdf_decompression_bomb(inflated: usize) -> Vec<u8> {
+    let mut objects = one_page("<< >>");
+    objects.push(stream("/Filter /FlateDecode", &zlib_zeros(inflated)));
+    raw_pdf(&objects)
+}
+
+/// A zlib stream of about `n` zeros: one literal, then 258-byte back-references in one
+/// fixed-Huffman block (13 bits per 258 bytes).
+fn zlib_zeros(n: usize) -> Vec<u8> {
+    struct Bits {
+        out: Vec<u8>,
+        acc: u64,
+        count: u32,
+    }
+    impl Bits {
+        fn put(&mut self, value: u64, bits: u32) {
+            self.acc |= value << self.count;
+            self.count += bits;
+            while self.count >= 8 {
+                self.out.push(self.acc as u8);
+                self.acc >>= 8;
+                self.count -= 8;
+            }
+        }
+        /// Huffman codes go most significant bit first.
+        fn code(&mut self, code: u64, bits: u32) {
+            let reversed = (0..bits).fold(0, |r, i| (r << 1) | ((code >> i) & 1));
+            self.put(reversed, bits);
+        }
+    }
+    let runs = n / 258;
+    let mut bits = Bits { out: vec![0x78, 0x01], acc: 0, count: 0 };
+    bits.put(1, 1); // the final block
+    bits.put(1, 2); // fixed Huffman codes
+    bits.code(0x30, 8); // literal 0
+    for _ in 0..runs {
+        bits.code(0xC5, 8); // length 258
+        bits.code(0, 5); // distance 1
+    }
+    bits.code(0, 7); // end of block
+    if bits.count > 0 {
+        bits.put(0, 8 - bits.count);
+    }
+    let total = 1 + 258 * runs as u64;
+    let adler = ((total % 65521) << 16) | 1;
+    bits.out.extend_from_slice(&(adler as u32).to_be_bytes());
+    bits.out
+}
+
+/// A readable one-page PDF whose xref table points at the wrong places.
+pub fn pdf_with_damaged_xref() -> Vec<u8> {
+    let mut pdf = pdf_with_text(&["Damaged but honest."]);
+    let xref = pdf.windows(5).rposition(|w| w == b"xref\n").expect("an xref table");
+    for b in &mut pdf[xref + 5..] {
+        if b.is_ascii_digit() {
+            *b = b'7';
+        }
+    }
+    pdf
+}
+
+/// An honest PDF of `pages` pages, each with a line of text.
+pub fn pdf_with_pages(pages: usize) -> Vec<u8> {
+    use lopdf::{dictionary, Document, Object, Stream};
+    let mut doc = Document::with_version("1.5");
+    let pages_id = doc.new_object_id();
+    let font_id = doc.add_object(dictionary! { "Type" => "Font", "Subtype" => "Type1", "BaseFont" => "Helvetica" });
+    let resources_id = doc.add_object(dictionary! { "Font" => dictionary! { "F1" => font_id } });
+    let kids: Vec<Object> = (0..pages)
+        .map(|n| {
+            let text = format!("BT /F1 12 Tf 72 720 Td (Page {n} says hello.) Tj ET");
+            let content_id = doc.add_object(Stream::new(dictionary! {}, text.into_bytes()));
+            doc.add_object(dictionary! {
+                "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources_id,
+                "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],
+            })
+            .into()
+        })
+        .collect();
+    let count = kids.len() as i64;
+    doc.objects
+        .insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
+    let catalog_id = doc.add_object(dictionary! { "Type" => "Catalog", "Pages" => pages_id });
+    doc.trailer.set("Root", catalog_id);
+    let mut out = Vec::new();
+    doc.save_to(&mut out).expect("write the PDF");
+    out
+}

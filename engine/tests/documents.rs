@@ -11,6 +11,7 @@ use engine::documents::blobs::Blobs;
 use engine::documents::extract::extract_text;
 use engine::documents::processor::DocumentProcessor;
 use engine::documents::providers::{self, Preset, Provider, ProviderConfig, ProviderKind, Task};
+use engine::documents::sandbox::SandboxConfig;
 use engine::documents::DocType;
 use engine::queue::policy::retry::ErrorClass;
 use engine::queue::worker::WorkerPool;
@@ -150,10 +151,16 @@ async fn submit_pdf(s: &Setup) -> uuid::Uuid {
     }
 }
 
+/// The sandboxed document reader, as this package builds it.
+fn sandbox() -> SandboxConfig {
+    SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new())
+}
+
 fn workers(s: &Setup) -> WorkerPool {
     let processor = DocumentProcessor {
         blobs: s.blobs.clone(),
         provider: provider(ProviderKind::Anthropic, &s.fake, Duration::from_secs(5)),
+        sandbox: Arc::new(sandbox()),
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -255,7 +262,11 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
     let pdf =
         pdf_with_text(&["Lease agreement", "The tenant pays 1,200 EUR monthly.", "Contact: landlord@example.org"]);
     blobs.put(&key, pdf.into()).await.unwrap();
-    let processor = DocumentProcessor { blobs, provider: providers::build(&ProviderConfig::default()) };
+    let processor = DocumentProcessor {
+        blobs,
+        provider: providers::build(&ProviderConfig::default()),
+        sandbox: Arc::new(sandbox()),
+    };
     let job = queue::ClaimedJob {
         id: uuid::Uuid::nil(),
         owner_id: 1,

@@ -5,12 +5,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use app::server::session::WebSettings;
 use engine::accounts::admission::AdmissionConfig;
 use engine::accounts::login::LoginLimits;
 use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
+use engine::documents::sandbox::SandboxConfig;
 use engine::documents::Blobs;
 use engine::maintenance::MaintenanceConfig;
 use engine::queue::policy::retry::RetryPolicy;
@@ -46,6 +48,12 @@ pub enum Command {
     },
     /// List users with their balance and jobs in flight.
     ListUsers,
+    /// The sandboxed document reader the workers start (document on stdin, text on stdout).
+    #[command(hide = true)]
+    Extract {
+        /// pdf, text or markdown
+        doc_type: String,
+    },
 }
 
 /// The `--provider` values.
@@ -142,6 +150,15 @@ pub struct Config {
     /// (credentials and endpoint from AWS_* variables).
     #[arg(long, env = "SLUICE_BLOB_STORE", global = true)]
     pub blob_store: Option<String>,
+    /// Address space of the sandboxed document reader, in MiB.
+    #[arg(long, env = "SLUICE_EXTRACT_MEMORY_MIB", default_value_t = 1024, global = true)]
+    pub extract_memory_mib: u64,
+    /// CPU seconds the document reader may use per document.
+    #[arg(long, env = "SLUICE_EXTRACT_CPU_SECS", default_value_t = 30, global = true)]
+    pub extract_cpu_secs: u64,
+    /// Wall-clock seconds the document reader may take per document.
+    #[arg(long, env = "SLUICE_EXTRACT_WALL_SECS", default_value_t = 60, global = true)]
+    pub extract_wall_secs: u64,
     /// Days to keep failed jobs.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DAYS", default_value_t = 90, global = true)]
     pub keep_failed_days: u64,
@@ -220,6 +237,16 @@ impl Config {
             max_tokens: self.provider_max_tokens,
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
         }
+    }
+
+    /// The document reader: this same binary's hidden `extract` command, with the configured limits.
+    pub fn sandbox_config(&self) -> anyhow::Result<SandboxConfig> {
+        let program = std::env::current_exe().context("finding this program to start the document reader")?;
+        let mut sandbox = SandboxConfig::new(program, vec!["extract".into()]);
+        sandbox.memory_bytes = self.extract_memory_mib << 20;
+        sandbox.cpu_secs = self.extract_cpu_secs;
+        sandbox.wall_clock = Duration::from_secs(self.extract_wall_secs);
+        Ok(sandbox)
     }
 
     /// Blob storage: a folder under the data folder, or the configured URL.

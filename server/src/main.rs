@@ -1,9 +1,25 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 use server::cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Extract { doc_type }) = &cli.command {
+        // The sandboxed document reader: no logging, no runtime, nothing but the document.
+        return engine::documents::sandbox::child_main(Some(doc_type));
+    }
     server::telemetry::init_tracing(&cli.config.log);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         match cli.command.unwrap_or(Command::Serve) {

@@ -57,7 +57,7 @@ async fn run_with(url: &str, command: Command) -> anyhow::Result<()> {
                 );
             }
         }
-        Command::Serve => unreachable!("serve is not an operator command"),
+        Command::Serve | Command::Extract { .. } => unreachable!("not an operator command"),
     }
     pool.close().await;
     Ok(())

@@ -63,7 +63,8 @@ impl Application {
             let blobs = config.blobs()?;
             let provider = engine::documents::providers::build(&config.provider_config());
             tracing::info!(provider = provider.name(), "documents go to this provider");
-            let processor = Arc::new(DocumentProcessor { blobs: blobs.clone(), provider });
+            let sandbox = Arc::new(config.sandbox_config()?);
+            let processor = Arc::new(DocumentProcessor { blobs: blobs.clone(), provider, sandbox });
             let workers = (config.workers > 0)
                 .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));
             let maintenance_config = config.maintenance_config();

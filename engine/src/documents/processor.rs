@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::blobs::Blobs;
-use super::extract::extract_text;
 use super::providers::{Provider, Task};
+use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
 use crate::error::EngineError;
 use crate::queue::policy::retry::ErrorClass;
@@ -39,9 +39,12 @@ pub struct DocumentJob {
 }
 
 /// The worker's processor for document jobs.
+#[derive(Clone)]
 pub struct DocumentProcessor {
     pub blobs: Blobs,
     pub provider: Arc<dyn Provider>,
+    /// Where documents are parsed (never in this process).
+    pub sandbox: Arc<SandboxConfig>,
 }
 
 impl DocumentProcessor {
@@ -60,9 +63,7 @@ impl DocumentProcessor {
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
         })?;
         let doc_type = spec.document.doc_type;
-        let extracted = tokio::task::spawn_blocking(move || extract_text(doc_type, &bytes))
-            .await
-            .map_err(|_| JobError::new(ErrorClass::InvalidInput, "the document could not be read"))??;
+        let extracted = extract_in_child(&self.sandbox, doc_type, &bytes).await?;
         let task =
             Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
         let estimated = task.estimated_tokens();
@@ -84,7 +85,7 @@ impl DocumentProcessor {
 
 impl Processor for DocumentProcessor {
     fn process(&self, job: ClaimedJob) -> BoxFuture<'static, Result<JobOutput, JobError>> {
-        let this = DocumentProcessor { blobs: self.blobs.clone(), provider: self.provider.clone() };
+        let this = self.clone();
         Box::pin(async move { this.run(job).await })
     }
 }

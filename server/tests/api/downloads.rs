@@ -63,6 +63,7 @@ async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: P
     let processor = engine::documents::processor::DocumentProcessor {
         blobs,
         provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
+        sandbox: Arc::new(sandbox()),
     };
     let reports = engine::queue::worker::work_once(
         &app.pool,

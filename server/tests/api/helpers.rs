@@ -126,3 +126,8 @@ pub async fn upload_file(app: &TestApp, token: &str, name: &str, bytes: Vec<u8>,
         .text("preset", preset.to_string());
     reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
 }
+
+/// The document reader the server starts: this package's binary with its `extract` command.
+pub fn sandbox() -> engine::documents::sandbox::SandboxConfig {
+    engine::documents::sandbox::SandboxConfig::new(env!("CARGO_BIN_EXE_server").into(), vec!["extract".into()])
+}

@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::{Preset, Provider, ProviderOutput, Task};
+use crate::queue::policy::retry::ErrorClass;
 use crate::queue::JobError;
 
 /// The built-in provider: deterministic, no network, no language model.
@@ -24,7 +25,11 @@ impl Provider for LocalProvider {
 
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
-            let analysis = analyse(&task.text, task.pages);
+            // CPU work on user text stays off the async runtime's threads.
+            let (text, pages) = (task.text.clone(), task.pages);
+            let analysis = tokio::task::spawn_blocking(move || analyse(&text, pages))
+                .await
+                .map_err(|_| JobError::new(ErrorClass::InvalidInput, "the document's text could not be analysed"))?;
             let text = match task.preset {
                 Preset::KeyFacts => facts_markdown(&analysis),
                 _ => summary_markdown(&analysis),
@@ -69,30 +74,43 @@ fn words(text: &str) -> impl Iterator<Item = String> + '_ {
         .filter(|w| !w.is_empty())
 }
 
+/// Split text into sentences at ". ", "? " and "! " and at blank lines, in one pass: each byte
+/// is looked at once, so a hostile single-line text costs linear time.
 fn sentences(text: &str) -> Vec<String> {
+    fn flush(current: &mut String, out: &mut Vec<String>) {
+        let sentence = current.trim();
+        if !sentence.is_empty() {
+            out.push(sentence.to_string());
+        }
+        current.clear();
+    }
+    let ends_sentence = |b: u8| matches!(b, b'.' | b'?' | b'!');
     let mut out = Vec::new();
     let mut current = String::new();
     for line in text.lines() {
         let line = line.trim().trim_start_matches('#').trim();
         if line.is_empty() {
-            if !current.trim().is_empty() {
-                out.push(std::mem::take(&mut current).trim().to_string());
-            }
+            flush(&mut current, &mut out);
             continue;
+        }
+        if current.as_bytes().last().copied().is_some_and(ends_sentence) {
+            flush(&mut current, &mut out);
         }
         if !current.is_empty() {
             current.push(' ');
         }
-        current.push_str(line);
-        while let Some(end) = current.find(". ").or_else(|| current.find("? ")).or_else(|| current.find("! ")) {
-            let rest = current.split_off(end + 2);
-            out.push(current.trim().to_string());
-            current = rest;
+        let bytes = line.as_bytes();
+        let mut start = 0;
+        for i in 0..bytes.len().saturating_sub(1) {
+            if ends_sentence(bytes[i]) && bytes[i + 1] == b' ' {
+                current.push_str(&line[start..=i]);
+                flush(&mut current, &mut out);
+                start = i + 2;
+            }
         }
+        current.push_str(&line[start..]);
     }
-    if !current.trim().is_empty() {
-        out.push(current.trim().to_string());
-    }
+    flush(&mut current, &mut out);
     out.into_iter().filter(|s| s.chars().any(char::is_alphabetic)).collect()
 }
 
@@ -302,6 +320,26 @@ mod tests {
         assert_eq!(a.emails, vec!["billing@globex.example"]);
         assert_eq!(a.pages, Some(2));
         assert!(a.words > 40);
+    }
+
+    #[test]
+    fn sentences_split_at_ends_and_blank_lines() {
+        let text = "# Title\nWhy? Because it works. Yes\nand more.\nNext line.\n\nNew paragraph";
+        assert_eq!(
+            sentences(text),
+            ["Title Why?", "Because it works.", "Yes and more.", "Next line.", "New paragraph"]
+        );
+    }
+
+    #[test]
+    fn a_long_single_line_is_split_in_linear_time() {
+        // 6 MB of "a. a. ..." on one line: quadratic splitting took hours; this is milliseconds.
+        let text = "a. ".repeat(2_000_000);
+        let started = std::time::Instant::now();
+        let n = sentences(&text).len();
+        assert_eq!(n, 2_000_000);
+        // Generous for a debug build on a busy 2-core machine; quadratic would be hours.
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
     }
 
     #[test]

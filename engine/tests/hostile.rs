@@ -1,0 +1,163 @@
+//! Hostile documents: each is parsed in a sandboxed child, so whatever it does to the parser,
+//! this process stays up, its memory stays small, and the job fails with a plain reason.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::accounts::admission::{Admission, AdmissionConfig};
+use engine::accounts::{users, AccountHooks, Role};
+use engine::documents::intake::{self, Intake, UploadCheck, UploadOptions};
+use engine::documents::processor::DocumentProcessor;
+use engine::documents::providers::{self, ProviderConfig};
+use engine::documents::sandbox::{extract_in_child, SandboxConfig, TOO_COMPLEX};
+use engine::documents::{Blobs, DocType};
+use engine::queue::policy::retry::ErrorClass;
+use engine::queue::worker::WorkerPool;
+use engine::testing::*;
+use engine::{FailureKind, JobState};
+use sqlx::PgPool;
+
+fn sandbox() -> SandboxConfig {
+    let mut config = SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new());
+    config.memory_bytes = 512 << 20;
+    config
+}
+
+/// The most this process has had resident (VmHWM), in MiB.
+fn peak_rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("a number") / 1024
+}
+
+/// What each hostile file is, with the reasons a user may be given for it.
+fn hostile_pdfs() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("self-drawing XObject", pdf_self_drawing_xobject()),
+        ("300,000 nested arrays", pdf_deeply_nested(300_000)),
+        ("decompression bomb (1 GiB from 7 MB)", pdf_decompression_bomb(1 << 30)),
+        ("damaged xref", pdf_with_damaged_xref()),
+    ]
+}
+
+const PLAIN_REASONS: [&str; 3] =
+    [TOO_COMPLEX, "the PDF's text could not be read", "the PDF is damaged and cannot be read"];
+
+#[tokio::test]
+async fn hostile_pdfs_fail_in_the_child_with_plain_reasons_and_honest_big_ones_are_read() {
+    for (name, bytes) in hostile_pdfs() {
+        let error = extract_in_child(&sandbox(), DocType::Pdf, &bytes).await.expect_err(name);
+        assert_eq!(error.class, ErrorClass::InvalidInput, "{name}: never retried");
+        assert!(PLAIN_REASONS.contains(&error.message.as_str()), "{name}: {}", error.message);
+    }
+    let bomb = pdf_decompression_bomb(1 << 30);
+    let error = extract_in_child(&sandbox(), DocType::Pdf, &bomb).await.unwrap_err();
+    assert_eq!(error.message, TOO_COMPLEX, "the bomb is stopped by the child's memory limit");
+
+    let honest = extract_in_child(&sandbox(), DocType::Pdf, &pdf_with_pages(3000)).await.unwrap();
+    assert_eq!(honest.pages, Some(3000));
+    assert!(honest.text.contains("Page 2999 says hello."));
+    let line = "a. ".repeat(2_000_000);
+    let text = extract_in_child(&sandbox(), DocType::PlainText, line.as_bytes()).await.unwrap();
+    assert_eq!(text.text.len(), line.len());
+
+    // This process never parsed a hostile byte: its peak stays far below the bomb's gigabyte.
+    let peak = peak_rss_mib();
+    assert!(peak < 300, "peak RSS {peak} MiB");
+}
+
+#[tokio::test]
+async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
+    let mut sleeper = SandboxConfig::new("/bin/sleep".into(), vec!["30".into()]);
+    sleeper.wall_clock = Duration::from_millis(500);
+    let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&sleeper, DocType::Pdf, b"%PDF-"));
+    assert_eq!(within.await.expect("the wall clock stops it").unwrap_err().message, TOO_COMPLEX);
+
+    let mut spinner = SandboxConfig::new("/bin/sh".into(), vec!["-c".into(), "while :; do :; done".into()]);
+    spinner.cpu_secs = 1;
+    let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&spinner, DocType::Pdf, b"%PDF-"));
+    assert_eq!(within.await.expect("the CPU limit stops it").unwrap_err().message, TOO_COMPLEX);
+
+    let mut talker = SandboxConfig::new("/usr/bin/yes".into(), Vec::new());
+    talker.max_output_bytes = 1 << 20;
+    let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&talker, DocType::Pdf, b"%PDF-"));
+    assert_eq!(
+        within.await.expect("the output limit stops it").unwrap_err().message,
+        "the document's text is too large"
+    );
+
+    let missing = SandboxConfig::new("/nonexistent/reader".into(), Vec::new());
+    let error = extract_in_child(&missing, DocType::Pdf, b"%PDF-").await.unwrap_err();
+    assert_eq!(error.class, ErrorClass::ServerError, "our own fault is transient, not the user's");
+}
+
+async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &[u8]) -> uuid::Uuid {
+    let mut check = UploadCheck::new(Some(name), 64 << 20);
+    for chunk in bytes.chunks(64 * 1024) {
+        check.push(chunk).unwrap();
+    }
+    let intake = Intake {
+        user_id,
+        upload: check.finish().unwrap(),
+        options: UploadOptions::default(),
+        chunks: bytes.chunks(64 * 1024).map(|c| bytes::Bytes::copy_from_slice(c)).collect(),
+        client_key: None,
+        admission: &AdmissionConfig::default(),
+    };
+    match intake::submit(pool, blobs, intake).await.unwrap() {
+        Admission::Accepted { job_id } => job_id,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: PgPool) {
+    let pool = wider_pool(&pool, 20).await;
+    let dir = std::env::temp_dir().join(format!("sluice-hostile-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let mallory = users::create_user(&pool, "mallory@example.com", "password123", Role::User, 10).await.unwrap();
+    let alice = users::create_user(&pool, "alice@example.com", "password123", Role::User, 10).await.unwrap();
+    let mut hostile = Vec::new();
+    for (name, bytes) in hostile_pdfs() {
+        hostile.push((name, submit(&pool, &blobs, mallory.id, &format!("{name}.pdf"), &bytes).await));
+    }
+    let mut honest = Vec::new();
+    for (i, bytes) in [pdf_with_text(&["Quarterly report.", "Revenue grew."]), b"Plain notes. Nothing odd.".to_vec()]
+        .iter()
+        .enumerate()
+    {
+        honest.push(submit(&pool, &blobs, alice.id, &format!("honest-{i}"), bytes).await);
+    }
+    let processor = DocumentProcessor {
+        blobs: blobs.clone(),
+        provider: providers::build(&ProviderConfig::default()),
+        sandbox: Arc::new(sandbox()),
+    };
+    let workers =
+        WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));
+    let all_ended = wait_for(Duration::from_secs(90), || async {
+        count_in_state(&pool, JobState::Done).await + count_in_state(&pool, JobState::Failed).await == 6
+    })
+    .await;
+    workers.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(all_ended, "every job ended");
+
+    for (name, id) in hostile {
+        let job = engine::queue::get(&pool, id).await.unwrap();
+        assert_eq!((job.state, job.failure_kind), (JobState::Failed, Some(FailureKind::InvalidInput)), "{name}");
+        assert_eq!(job.attempts, 1, "{name}: not retried");
+        assert!(
+            PLAIN_REASONS.contains(&job.failure_reason.as_deref().unwrap_or("")),
+            "{name}: {:?}",
+            job.failure_reason
+        );
+    }
+    for id in honest {
+        assert_eq!(engine::queue::get(&pool, id).await.unwrap().state, JobState::Done);
+    }
+    let mallory = users::get(&pool, mallory.id).await.unwrap();
+    assert_eq!((mallory.balance, mallory.in_flight), (10, 0), "every hostile job was refunded");
+    let alice = users::get(&pool, alice.id).await.unwrap();
+    assert_eq!((alice.balance, alice.in_flight), (8, 0));
+}
