@@ -136,6 +136,7 @@ pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
         heartbeat: Duration::from_millis(400),
         poll_interval: Duration::from_millis(200),
         shutdown_timeout: Duration::from_secs(5),
+        attempt_deadline: Duration::from_secs(30),
         policy: RetryPolicy {
             max_attempts: 3,
             delays: vec![Duration::from_millis(200), Duration::from_millis(400)],

@@ -430,6 +430,35 @@ async fn graceful_shutdown_hands_unfinished_jobs_back_without_using_an_attempt(p
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_attempt_past_its_deadline_is_stopped_and_frees_its_slot(pool: PgPool) {
+    // One gate slot: a hung attempt that kept it would starve the other job for ever.
+    switches::set_gate_size(&pool, 1, "test").await.unwrap();
+    let hung = enqueue_many(&pool, 1, 1).await[0];
+    let fine = enqueue_many(&pool, 2, 1).await[0];
+    let mut config = fast_worker("w", 2);
+    config.attempt_deadline = Duration::from_millis(300);
+    let processor = move |job: queue::ClaimedJob| async move {
+        if job.id == hung {
+            futures::future::pending::<()>().await;
+        }
+        Ok::<_, JobError>(ok_output())
+    };
+    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
+    let ended = wait_for(Duration::from_secs(15), || async {
+        count_in_state(&pool, JobState::Done).await + count_in_state(&pool, JobState::Failed).await == 2
+    })
+    .await;
+    workers.shutdown().await;
+    assert!(ended, "both jobs ended");
+    assert_eq!(queue::get(&pool, fine).await.unwrap().state, JobState::Done);
+    let job = queue::get(&pool, hung).await.unwrap();
+    assert_eq!((job.state, job.failure_kind, job.attempts), (JobState::Failed, Some(FailureKind::RetriesExhausted), 3));
+    let attempts = queue::attempts(&pool, hung).await.unwrap();
+    assert!(attempts.iter().all(|a| a.error_class == Some(ErrorClass::Timeout)), "{attempts:?}");
+    assert_eq!(attempts[0].error.as_deref(), Some("the attempt took longer than 0.3 s and was stopped"));
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn gate_size_is_validated_and_audited(pool: PgPool) {
     assert!(switches::set_gate_size(&pool, 0, "a").await.is_err());
     assert!(switches::set_gate_size(&pool, 71, "a").await.is_err());

@@ -88,6 +88,9 @@ pub struct Config {
     /// Seconds a worker's lease lasts without a heartbeat.
     #[arg(long, env = "SLUICE_LEASE_SECS", default_value_t = 60.0, global = true)]
     pub lease_secs: f64,
+    /// Seconds one attempt may run before it is stopped as a timeout (and retried).
+    #[arg(long, env = "SLUICE_ATTEMPT_DEADLINE_SECS", default_value_t = 600.0, global = true)]
+    pub attempt_deadline_secs: f64,
     /// Seconds between heartbeats.
     #[arg(long, env = "SLUICE_HEARTBEAT_SECS", default_value_t = 15.0, global = true)]
     pub heartbeat_secs: f64,
@@ -182,6 +185,7 @@ impl Config {
             concurrency: self.workers,
             lease: Duration::from_secs_f64(self.lease_secs),
             heartbeat: Duration::from_secs_f64(self.heartbeat_secs),
+            attempt_deadline: Duration::from_secs_f64(self.attempt_deadline_secs.max(1.0)),
             policy: self.retry_policy(),
             ..WorkerConfig::default()
         }

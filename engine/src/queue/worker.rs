@@ -54,6 +54,9 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// How long shutdown waits for running jobs before handing them back.
     pub shutdown_timeout: Duration,
+    /// The longest one attempt may run; past it the attempt is abandoned as a transient
+    /// timeout and its slot freed, so nothing can hold a gate slot for ever.
+    pub attempt_deadline: Duration,
     pub policy: RetryPolicy,
 }
 
@@ -66,6 +69,7 @@ impl Default for WorkerConfig {
             heartbeat: Duration::from_secs(15),
             poll_interval: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
+            attempt_deadline: Duration::from_secs(600),
             policy: RetryPolicy::default(),
         }
     }
@@ -227,7 +231,12 @@ async fn dispatch(
                                     let _ = completions.send(Completion { job, output, _slot: slot });
                                 }
                                 Err(error) => {
-                                    record_failure(&shared, &job, &error).await;
+                                    // Even a panic while recording must free the slot; the
+                                    // lease then expires and the rescue settles the job.
+                                    let recording = AssertUnwindSafe(record_failure(&shared, &job, &error));
+                                    if recording.catch_unwind().await.is_err() {
+                                        tracing::error!(job = %job.id, "recording a failure panicked");
+                                    }
                                     shared.running.lock().unwrap().remove(&job.lease_token);
                                     drop(slot);
                                     shared.wake.notify_one();
@@ -284,11 +293,20 @@ async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedR
     }
 }
 
-/// Run the processor. A panicking processor counts as a transient error.
+/// Run the processor within the attempt deadline. A processor past the deadline is dropped
+/// (a sandboxed child with it) and counts as a timeout; a panicking one as a server error.
 async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
-    AssertUnwindSafe(shared.processor.process(job.clone()))
-        .catch_unwind()
-        .await
+    let deadline = shared.config.attempt_deadline;
+    let attempt = AssertUnwindSafe(shared.processor.process(job.clone())).catch_unwind();
+    let Ok(outcome) = tokio::time::timeout(deadline, attempt).await else {
+        tracing::warn!(job = %job.id, ?deadline, "attempt abandoned at its deadline");
+        let limit = match deadline.as_secs() {
+            s if s < 120 => format!("{:.1} s", deadline.as_secs_f64()),
+            s => format!("{} min", s / 60),
+        };
+        return Err(JobError::new(ErrorClass::Timeout, format!("the attempt took longer than {limit} and was stopped")));
+    };
+    outcome
         .unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")))
 }
 
