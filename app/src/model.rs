@@ -51,6 +51,9 @@ pub struct AttemptInfo {
     /// None while the attempt runs.
     pub outcome: Option<AttemptOutcome>,
     pub error: Option<String>,
+    /// The provider's own words (masked); only the admin page gets them.
+    #[serde(default)]
+    pub detail: Option<String>,
     pub provider_status: Option<i32>,
 }
 
@@ -164,6 +167,7 @@ mod convert {
                 finished_at: a.finished_at.map(time),
                 outcome: a.outcome,
                 error: a.error,
+                detail: None,
                 provider_status: a.provider_status,
             }
         }

@@ -13,7 +13,7 @@ use engine::documents::processor::DocumentProcessor;
 use engine::documents::providers::{self, Preset, Provider, ProviderConfig, ProviderKind, Task};
 use engine::documents::sandbox::SandboxConfig;
 use engine::documents::DocType;
-use engine::queue::policy::retry::ErrorClass;
+use engine::queue::policy::retry::{ErrorClass, MAX_RETRY_AFTER};
 use engine::queue::worker::WorkerPool;
 use engine::queue::{self, JobState};
 use engine::testing::{encrypted_pdf, fast_worker, pdf_with_text, pdf_without_text, wait_for};
@@ -103,6 +103,26 @@ async fn http_providers_classify_every_scripted_answer() {
         // Nothing is retried inside the client: one call per run.
         assert_eq!(fake.calls(), 8, "{kind:?}");
     }
+    // Hostile answers: a Retry-After past u64, a far date, a body that never ends, a 401 that
+    // quotes the key. Each is bounded, and users read our words only.
+    let fake = FakeProvider::start().await;
+    let p = provider(ProviderKind::Openai, &fake, Duration::from_secs(10));
+    let far_date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(50 * 365 * 86_400));
+    for raw in ["18446744073709551615", "99999999999999999999999999", far_date.as_str()] {
+        fake.push([Reply::RateLimitedRaw { retry_after: raw.into() }]);
+        let error = p.run(&task()).await.unwrap_err();
+        assert_eq!(error.retry_after, Some(MAX_RETRY_AFTER), "{raw}");
+    }
+    fake.push([Reply::EndlessBody]);
+    let error = p.run(&task()).await.unwrap_err();
+    assert_eq!((error.class, error.message.as_str()), (ErrorClass::ServerError, "the provider's answer was too large"));
+    fake.push([Reply::Unauthorized]);
+    let error = p.run(&task()).await.unwrap_err();
+    assert_eq!((error.class, error.message.as_str()), (ErrorClass::Rejected, "the provider refused the request (401)"));
+    let detail = error.detail.expect("the provider's words, for admins");
+    assert!(detail.starts_with("Incorrect API key provided: sk-p…."), "{detail}");
+    assert!(!detail.contains("Xy89Qw7"), "{detail}");
+
     // A provider nobody listens on is a connection error.
     let closed = providers::build(&ProviderConfig {
         kind: ProviderKind::Anthropic,

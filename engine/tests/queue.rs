@@ -459,6 +459,21 @@ async fn an_attempt_past_its_deadline_is_stopped_and_frees_its_slot(pool: PgPool
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_huge_retry_after_is_capped_and_never_panics_the_worker(pool: PgPool) {
+    let id = enqueue_many(&pool, 1, 1).await[0];
+    let config = fast_worker("w", 1);
+    let processor = |_job: queue::ClaimedJob| async {
+        Err::<JobOutput, _>(JobError::new(ErrorClass::RateLimited, "slow down").with_retry_after(Duration::MAX))
+    };
+    let reports = work_once(&pool, &config, Arc::new(processor), Arc::new(NoHooks), 1).await.unwrap();
+    let Recorded::Retrying { at } = reports[0].recorded else { panic!("{:?}", reports[0].recorded) };
+    let wait = (at - chrono::Utc::now()).to_std().unwrap();
+    assert!(wait <= config.policy.max_retry_after && wait > config.policy.max_retry_after - Duration::from_secs(60));
+    let job = queue::get(&pool, id).await.unwrap();
+    assert_eq!(job.state, JobState::Retrying, "not stuck in running");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn gate_size_is_validated_and_audited(pool: PgPool) {
     assert!(switches::set_gate_size(&pool, 0, "a").await.is_err());
     assert!(switches::set_gate_size(&pool, 71, "a").await.is_err());

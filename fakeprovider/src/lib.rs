@@ -38,6 +38,12 @@ pub enum Reply {
     BadRequest,
     /// Wait this long before answering 200 (to exceed a client's timeout).
     Hang { millis: u64 },
+    /// 429 with this exact `Retry-After` value (hostile ones: huge numbers, far dates).
+    RateLimitedRaw { retry_after: String },
+    /// 200 whose body never ends (spaces, as fast as the client reads).
+    EndlessBody,
+    /// 401 whose message quotes part of the key, as OpenAI's does.
+    Unauthorized,
 }
 
 #[derive(Default)]
@@ -142,6 +148,20 @@ async fn answer(shape: Shape, reply: Reply) -> Response {
         },
         Reply::Overloaded => error(shape, 529, "overloaded_error", "Overloaded"),
         Reply::ServerError => error(shape, 500, "api_error", "internal error"),
+        Reply::RateLimitedRaw { retry_after } => {
+            with_retry_after(error(shape, 429, "rate_limit_error", "rate limited"), retry_after)
+        }
+        Reply::EndlessBody => {
+            let spaces = axum::body::Bytes::from(vec![b' '; 64 * 1024]);
+            let endless = futures::stream::repeat_with(move || Ok::<_, std::io::Error>(spaces.clone()));
+            (StatusCode::OK, axum::body::Body::from_stream(endless)).into_response()
+        }
+        Reply::Unauthorized => error(
+            shape,
+            401,
+            "invalid_api_key",
+            "Incorrect API key provided: sk-proj-Ab12********************Xy89Qw7. You can find your API key at https://platform.openai.com/account/api-keys.",
+        ),
         Reply::BadRequest => {
             error(shape, 400, "invalid_request_error", "messages: text content blocks must be non-empty")
         }

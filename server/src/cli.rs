@@ -100,6 +100,9 @@ pub struct Config {
     /// Upper bound of any scheduled retry delay, in seconds.
     #[arg(long, env = "SLUICE_RETRY_MAX_DELAY", default_value_t = 120.0, global = true)]
     pub retry_max_delay: f64,
+    /// Hours after acceptance past which a job is not retried again (it fails and is refunded).
+    #[arg(long, env = "SLUICE_RETRY_BUDGET_HOURS", default_value_t = 6.0, global = true)]
+    pub retry_budget_hours: f64,
     /// Attempts in all, the first included.
     #[arg(long, env = "SLUICE_MAX_ATTEMPTS", default_value_t = 3, global = true)]
     pub max_attempts: u32,
@@ -174,6 +177,7 @@ impl Config {
             max_attempts: self.max_attempts.max(1),
             delays: self.retry_delays.iter().map(|s| Duration::from_secs_f64(s.max(0.0))).collect(),
             max_delay: Duration::from_secs_f64(self.retry_max_delay.max(0.0)),
+            total_budget: Duration::from_secs_f64(self.retry_budget_hours.max(0.0) * 3600.0),
             ..RetryPolicy::default()
         }
     }

@@ -141,6 +141,7 @@ pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoVie
                             <span>{a.outcome.map_or("running", |o| o.words())}</span>
                             {a.provider_status.map(|s| format!(" (HTTP {s})"))}
                             {a.error.map(|e| view! { <span class="error-text">{format!(": {e}")}</span> })}
+                            {a.detail.map(|d| view! { <span class="muted detail">{format!(" (provider: {d})")}</span> })}
                         </li>
                     }
                 })

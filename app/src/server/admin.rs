@@ -105,7 +105,13 @@ pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, A
             out.push(DlqJobInfo {
                 job: (&job).into(),
                 owner_email: owner.map(|u| u.email).unwrap_or_default(),
-                attempts: attempts.into_iter().map(Into::into).collect(),
+                attempts: attempts
+                    .into_iter()
+                    .map(|a| {
+                        let detail = a.detail.clone();
+                        crate::model::AttemptInfo { detail, ..a.into() }
+                    })
+                    .collect(),
             });
         }
         Ok(out)

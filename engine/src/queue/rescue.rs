@@ -20,7 +20,8 @@ pub async fn rescue_expired(
     loop {
         let mut tx = pool.begin().await?;
         let expired: Option<RunningJob> = sqlx::query_as(
-            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, now() AS now FROM jobs j, queue_settings s
+            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now
+             FROM jobs j, queue_settings s
              WHERE j.state = 'running' AND j.lease_expires_at < now()
              ORDER BY j.lease_expires_at LIMIT 1 FOR UPDATE OF j SKIP LOCKED",
         )

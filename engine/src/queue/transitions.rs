@@ -34,12 +34,15 @@ pub struct JobError {
     pub message: String,
     pub provider_status: Option<u16>,
     pub retry_after: Option<Duration>,
+    /// What the provider said, masked and cut short: for admins, never shown to users.
+    #[serde(default)]
+    pub detail: Option<String>,
 }
 
 impl JobError {
     /// An error of `class` with a message a user may read.
     pub fn new(class: ErrorClass, message: impl Into<String>) -> JobError {
-        JobError { class, message: message.into(), provider_status: None, retry_after: None }
+        JobError { class, message: message.into(), provider_status: None, retry_after: None, detail: None }
     }
 
     /// The provider's `Retry-After`, a floor for the next attempt's delay.
@@ -48,11 +51,52 @@ impl JobError {
         self
     }
 
+    /// The provider's own words, with anything that looks like a secret masked, at most 500
+    /// characters; kept on the attempt row for admins.
+    pub fn with_detail(mut self, raw: &str) -> JobError {
+        let masked = mask_secrets(raw);
+        self.detail = (!masked.trim().is_empty()).then(|| masked.chars().take(500).collect());
+        self
+    }
+
     /// The provider's HTTP status, kept on the attempt row.
     pub fn with_status(mut self, status: u16) -> JobError {
         self.provider_status = Some(status);
         self
     }
+}
+
+/// Pure: `text` with every word that looks like a credential (an API key, a bearer token:
+/// 20 or more characters of letters, digits, `-` and `_`, with both letters and digits)
+/// reduced to its first four characters and an ellipsis.
+pub fn mask_secrets(text: &str) -> String {
+    let looks_secret = |word: &str| {
+        word.len() >= 20
+            && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '*')
+            && word.chars().any(|c| c.is_ascii_digit() || c == '*')
+            && word.chars().any(|c| c.is_ascii_alphabetic())
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if looks_secret(word) {
+            out.extend(word.chars().take(4));
+            out.push('…');
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '*' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 /// What recording an attempt's outcome did.
@@ -139,6 +183,7 @@ pub(crate) struct RunningJob {
     pub lease_token: Uuid,
     pub attempts: i32,
     pub processing_enabled: bool,
+    pub accepted_at: DateTime<Utc>,
     pub now: DateTime<Utc>,
 }
 
@@ -150,6 +195,7 @@ impl RunningJob {
             class,
             retry_after,
             processing_enabled: self.processing_enabled,
+            age: (self.now - self.accepted_at).to_std().unwrap_or_default(),
         }
     }
 }
@@ -166,7 +212,8 @@ pub async fn fail(
 ) -> Result<Recorded> {
     let mut tx = pool.begin().await?;
     let running: Option<RunningJob> = sqlx::query_as(
-        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, now() AS now FROM jobs j, queue_settings s
+        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now
+         FROM jobs j, queue_settings s
          WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'running' FOR UPDATE OF j",
     )
     .bind(job.id)
@@ -236,14 +283,15 @@ pub(crate) async fn apply_failure(
     };
     sqlx::query(
         "UPDATE job_attempts SET finished_at = now(), outcome = $2, error_class = $3, error = $4,
-         provider_status = $5, retry_after_ms = $6 WHERE id = $1",
+         provider_status = $5, retry_after_ms = $6, detail = $7 WHERE id = $1",
     )
     .bind(job.lease_token)
     .bind(outcome)
     .bind(error.class)
     .bind(&error.message)
     .bind(error.provider_status.map(i32::from))
-    .bind(error.retry_after.map(|d| d.as_millis() as i64))
+    .bind(error.retry_after.map(|d| d.as_millis().min(i64::MAX as u128) as i64))
+    .bind(&error.detail)
     .execute(&mut *tx)
     .await?;
     Ok(recorded)
@@ -272,4 +320,19 @@ pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
     super::notify_workers(&mut tx).await?;
     tx.commit().await?;
     Ok(done.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_secrets;
+
+    #[test]
+    fn keys_and_tokens_are_masked_and_words_are_kept() {
+        let openai = "Incorrect API key provided: sk-proj-Ab12********************Xy89Qw7. See https://x.example/keys.";
+        assert_eq!(mask_secrets(openai), "Incorrect API key provided: sk-p…. See https://x.example/keys.");
+        assert_eq!(mask_secrets("Bearer abcdefghijklmnop1234567890"), "Bearer abcd…");
+        let plain = "messages: text content blocks must be non-empty (request_id 42)";
+        assert_eq!(mask_secrets(plain), plain);
+        assert_eq!(mask_secrets("a_very_long_identifier_without_digits"), "a_very_long_identifier_without_digits");
+    }
 }

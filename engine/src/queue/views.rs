@@ -60,7 +60,10 @@ pub struct AttemptView {
     /// None while the attempt runs.
     pub outcome: Option<AttemptOutcome>,
     pub error_class: Option<ErrorClass>,
+    /// In our words (users see this).
     pub error: Option<String>,
+    /// The provider's own words, masked (admins only).
+    pub detail: Option<String>,
     pub provider_status: Option<i32>,
     pub retry_after_ms: Option<i64>,
     pub input_tokens: Option<i64>,
@@ -70,7 +73,7 @@ pub struct AttemptView {
 /// A job's attempts, oldest first.
 pub async fn attempts(pool: &PgPool, job_id: Uuid) -> Result<Vec<AttemptView>> {
     Ok(sqlx::query_as(
-        "SELECT id, attempt, worker, started_at, finished_at, outcome, error_class, error, provider_status,
+        "SELECT id, attempt, worker, started_at, finished_at, outcome, error_class, error, detail, provider_status,
                 retry_after_ms, input_tokens, output_tokens
          FROM job_attempts WHERE job_id = $1 ORDER BY started_at, attempt",
     )

@@ -304,10 +304,12 @@ async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, J
             s if s < 120 => format!("{:.1} s", deadline.as_secs_f64()),
             s => format!("{} min", s / 60),
         };
-        return Err(JobError::new(ErrorClass::Timeout, format!("the attempt took longer than {limit} and was stopped")));
+        return Err(JobError::new(
+            ErrorClass::Timeout,
+            format!("the attempt took longer than {limit} and was stopped"),
+        ));
     };
-    outcome
-        .unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")))
+    outcome.unwrap_or_else(|_| Err(JobError::new(ErrorClass::ServerError, "the processor panicked")))
 }
 
 async fn record_failure(shared: &Shared, job: &ClaimedJob, error: &JobError) -> Option<Recorded> {

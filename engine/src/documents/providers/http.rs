@@ -30,14 +30,16 @@ pub fn classify_http_failure(status: u16, body: &str, retry_after: Option<&str>,
         500..=599 => ErrorClass::ServerError,
         _ => ErrorClass::Rejected,
     };
+    // Users read our words; the provider's own text (which may quote a key) goes, masked,
+    // only to the attempt row for admins.
     let text = match class {
-        ErrorClass::Rejected if spend_limit => format!("the provider's spend limit is reached ({message})"),
-        ErrorClass::Rejected => format!("the provider refused the request ({status}: {message})"),
+        ErrorClass::Rejected if spend_limit => "the provider's spend limit is reached".to_string(),
+        ErrorClass::Rejected => format!("the provider refused the request ({status})"),
         ErrorClass::RateLimited => "the provider is rate limiting us".to_string(),
         ErrorClass::Overloaded => "the provider is overloaded".to_string(),
         _ => format!("the provider had an error ({status})"),
     };
-    let mut error = JobError::new(class, text).with_status(status);
+    let mut error = JobError::new(class, text).with_status(status).with_detail(&message);
     if let Some(wait) = retry_after.and_then(|v| parse_retry_after(v, now)) {
         error = error.with_retry_after(wait);
     }
@@ -57,11 +59,29 @@ fn client(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client")
 }
 
+/// The most of a provider's answer we read: an answer is Markdown for one document; a body
+/// that goes on past this is broken or hostile.
+pub const MAX_ANSWER_BYTES: usize = 8 << 20;
+
+/// Read the body up to [`MAX_ANSWER_BYTES`] (the client's timeout bounds the time).
+async fn read_body(mut response: reqwest::Response, status: u16) -> Result<String, JobError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport_failure(&e))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(
+                JobError::new(ErrorClass::ServerError, "the provider's answer was too large").with_status(status)
+            );
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 async fn post(request: reqwest::RequestBuilder) -> Result<(HeaderMap, Value), JobError> {
     let response = request.send().await.map_err(|e| transport_failure(&e))?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = response.text().await.map_err(|e| transport_failure(&e))?;
+    let body = read_body(response, status).await?;
     if !(200..300).contains(&status) {
         let retry_after = headers.get("retry-after").and_then(|v| v.to_str().ok());
         return Err(classify_http_failure(status, &body, retry_after, SystemTime::now()));

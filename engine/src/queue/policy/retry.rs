@@ -75,6 +75,11 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Up to this much is added at random, so retries of a burst do not arrive together.
     pub max_jitter: Duration,
+    /// A provider's `Retry-After` is honoured up to this; a larger one is hostile or broken.
+    pub max_retry_after: Duration,
+    /// A job that would still be retrying this long after it was accepted fails as
+    /// `retries_exhausted` (and is refunded) instead of holding the user's in-flight slot.
+    pub total_budget: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -84,6 +89,8 @@ impl Default for RetryPolicy {
             delays: vec![Duration::from_secs(30), Duration::from_secs(60), Duration::from_secs(120)],
             max_delay: Duration::from_secs(120),
             max_jitter: Duration::from_secs(2),
+            max_retry_after: MAX_RETRY_AFTER,
+            total_budget: Duration::from_secs(6 * 3600),
         }
     }
 }
@@ -98,6 +105,8 @@ pub struct Failure {
     pub retry_after: Option<Duration>,
     /// False while an operator has paused processing (the kill switch).
     pub processing_enabled: bool,
+    /// Since the job was accepted.
+    pub age: Duration,
 }
 
 /// What the policy decided after a failed attempt.
@@ -136,23 +145,37 @@ impl RetryPolicy {
                 _ => FailureKind::RetriesExhausted,
             });
         }
-        let floor = failure.retry_after.unwrap_or_default();
-        let jitter = self.max_jitter.mul_f64(jitter.clamp(0.0, 1.0));
+        // Every term is bounded, so nothing here can overflow whatever a provider sends.
+        let floor = failure.retry_after.unwrap_or_default().min(self.max_retry_after);
+        let jitter = self.max_jitter.mul_f64(if jitter.is_finite() { jitter.clamp(0.0, 1.0) } else { 0.0 });
         let delay = self.scheduled_delay(failure.attempt).max(floor) + jitter;
-        let at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        if failure.age.saturating_add(delay) > self.total_budget {
+            return Decision::Fail(FailureKind::RetriesExhausted);
+        }
+        let at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
         Decision::Retry { at, delay }
     }
 }
 
-/// Parse a `Retry-After` value: delta-seconds or an HTTP-date. A date in the past counts as
-/// zero; anything else (negative, fractional, garbage) is ignored.
+/// The longest `Retry-After` honoured (an hour): more is a hostile or broken answer.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// Parse a `Retry-After` value: delta-seconds or an HTTP-date, capped at [`MAX_RETRY_AFTER`].
+/// A date in the past counts as zero; anything else (negative, fractional, garbage, longer
+/// than 40 characters) is ignored.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return value.parse::<u64>().ok().map(Duration::from_secs);
+    if value.len() > 40 {
+        return None;
     }
-    let date = httpdate::parse_http_date(value).ok()?;
-    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+    let wait = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits past u64 are still "a very long time".
+        Duration::from_secs(value.parse::<u64>().unwrap_or(u64::MAX))
+    } else {
+        let date = httpdate::parse_http_date(value).ok()?;
+        date.duration_since(now).unwrap_or(Duration::ZERO)
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -161,7 +184,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn failure(attempt: u32, class: ErrorClass) -> Failure {
-        Failure { attempt, class, retry_after: None, processing_enabled: true }
+        Failure { attempt, class, retry_after: None, processing_enabled: true, age: Duration::ZERO }
     }
 
     fn no_jitter() -> RetryPolicy {
@@ -203,6 +226,7 @@ mod tests {
             delays: vec![Duration::from_secs(30), Duration::from_secs(600)],
             max_delay: Duration::from_secs(120),
             max_jitter: Duration::ZERO,
+            ..RetryPolicy::default()
         };
         assert_eq!(p.scheduled_delay(2), Duration::from_secs(120));
         assert_eq!(p.scheduled_delay(9), Duration::from_secs(120));
@@ -263,6 +287,21 @@ mod tests {
         for garbage in ["", "soon", "-5", "1.5", "Tue, 99 Foo 2020"] {
             assert_eq!(parse_retry_after(garbage, now), None, "{garbage:?}");
         }
+        // Hostile values are capped, not obeyed (and never overflow).
+        assert_eq!(parse_retry_after("18446744073709551615", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("99999999999999999999999", now), Some(MAX_RETRY_AFTER));
+        let far = httpdate::fmt_http_date(now + Duration::from_secs(10 * 365 * 86_400));
+        assert_eq!(parse_retry_after(&far, now), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn a_job_past_its_retry_budget_fails_and_is_not_parked() {
+        let p = RetryPolicy { max_attempts: 50, ..no_jitter() };
+        let mut f = failure(2, ErrorClass::RateLimited);
+        f.age = p.total_budget - Duration::from_secs(10);
+        assert_eq!(p.decide(&f, Utc::now(), 0.0), Decision::Fail(FailureKind::RetriesExhausted));
+        f.age = p.total_budget - Duration::from_secs(3600);
+        assert!(matches!(p.decide(&f, Utc::now(), 0.0), Decision::Retry { .. }));
     }
 
     fn any_class() -> impl Strategy<Value = ErrorClass> {
@@ -278,7 +317,13 @@ mod tests {
             jitter in 0.0f64..1.0,
         ) {
             let p = RetryPolicy::default();
-            let f = Failure { attempt, class, retry_after: retry_after.map(Duration::from_secs), processing_enabled: true };
+            let f = Failure {
+                attempt,
+                class,
+                retry_after: retry_after.map(Duration::from_secs),
+                processing_enabled: true,
+                age: Duration::ZERO,
+            };
             match p.decide(&f, Utc::now(), jitter) {
                 Decision::Retry { delay, .. } => {
                     prop_assert!(class.is_transient());
@@ -295,15 +340,47 @@ mod tests {
         #[test]
         fn never_more_than_max_attempts(max in 1u32..6, attempt in 1u32..10, class in any_class()) {
             let p = RetryPolicy { max_attempts: max, ..RetryPolicy::default() };
-            let f = Failure { attempt, class, retry_after: None, processing_enabled: true };
+            let f = Failure { attempt, class, retry_after: None, processing_enabled: true, age: Duration::ZERO };
             if attempt >= max {
                 prop_assert!(matches!(p.decide(&f, Utc::now(), 0.5), Decision::Fail(_)));
             }
         }
 
         #[test]
-        fn retry_after_never_panics(s in ".{0,40}") {
-            let _ = parse_retry_after(&s, SystemTime::now());
+        fn retry_after_is_capped_over_the_whole_u64_range(secs in any::<u64>(), attempt in 1u32..3, age in any::<u64>()) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+            let wait = parse_retry_after(&secs.to_string(), now).expect("digits parse");
+            prop_assert_eq!(wait, Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+            let p = RetryPolicy::default();
+            let f = Failure {
+                attempt,
+                class: ErrorClass::RateLimited,
+                retry_after: Some(wait),
+                processing_enabled: true,
+                age: Duration::from_secs(age),
+            };
+            let start = Utc::now();
+            match p.decide(&f, start, 0.99) {
+                Decision::Retry { at, delay } => {
+                    prop_assert!(delay <= MAX_RETRY_AFTER + p.max_jitter);
+                    prop_assert!(delay >= wait);
+                    prop_assert_eq!((at - start).to_std().unwrap(), delay);
+                    prop_assert!(Duration::from_secs(age) + delay <= p.total_budget);
+                }
+                Decision::Fail(kind) => {
+                    // Only because a retry would overrun the job's budget.
+                    prop_assert_eq!(kind, FailureKind::RetriesExhausted);
+                    let soonest = p.scheduled_delay(attempt).max(wait);
+                    prop_assert!(Duration::from_secs(age).saturating_add(soonest + p.max_jitter) > p.total_budget);
+                }
+                Decision::Requeue => prop_assert!(false, "not paused"),
+            }
+        }
+
+        #[test]
+        fn any_retry_after_text_parses_to_at_most_the_cap(s in ".{0,60}") {
+            let parsed = parse_retry_after(&s, SystemTime::now());
+            prop_assert!(parsed.is_none_or(|d| d <= MAX_RETRY_AFTER));
         }
     }
 }
