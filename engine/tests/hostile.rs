@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use engine::accounts::admission::{Admission, AdmissionConfig};
 use engine::accounts::{users, AccountHooks, Role};
-use engine::documents::intake::{self, Intake, UploadCheck, UploadOptions};
+use engine::documents::intake::{self, Intake, UploadOptions};
 use engine::documents::processor::DocumentProcessor;
 use engine::documents::providers::{self, ProviderConfig};
 use engine::documents::sandbox::{extract_in_child, SandboxConfig, TOO_COMPLEX};
@@ -92,15 +92,12 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
 }
 
 async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &[u8]) -> uuid::Uuid {
-    let mut check = UploadCheck::new(Some(name), 64 << 20);
-    for chunk in bytes.chunks(64 * 1024) {
-        check.push(chunk).unwrap();
-    }
+    let chunks = bytes.chunks(64 * 1024).map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)));
+    let stored = intake::receive(blobs, Some(name), 64 << 20, futures::stream::iter(chunks)).await.unwrap();
     let intake = Intake {
         user_id,
-        upload: check.finish().unwrap(),
+        stored,
         options: UploadOptions::default(),
-        chunks: bytes.chunks(64 * 1024).map(|c| bytes::Bytes::copy_from_slice(c)).collect(),
         client_key: None,
         admission: &AdmissionConfig::default(),
     };

@@ -118,6 +118,9 @@ pub struct Config {
     /// Largest upload accepted, in bytes.
     #[arg(long, env = "SLUICE_MAX_UPLOAD_BYTES", default_value_t = 50 * 1024 * 1024, global = true)]
     pub max_upload_bytes: u64,
+    /// Uploads read at once; more get 503 with Retry-After before their body is read.
+    #[arg(long, env = "SLUICE_MAX_CONCURRENT_UPLOADS", default_value_t = 32, global = true)]
+    pub max_concurrent_uploads: usize,
     /// Intake bound: refuse uploads (503) past this many waiting jobs.
     #[arg(long, env = "SLUICE_MAX_BACKLOG", default_value_t = 10_000, global = true)]
     pub max_backlog: i64,
@@ -224,10 +227,12 @@ impl Config {
                 ..Default::default()
             },
             max_upload_bytes: self.max_upload_bytes,
+            max_concurrent_uploads: self.max_concurrent_uploads,
             presets: {
                 let provider = providers::build(&self.provider_config());
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
             },
+            ..WebSettings::default()
         }
     }
 

@@ -76,7 +76,7 @@ impl Application {
                 delete_blobs_of(blobs.clone()),
             ))];
             let addr = listener.local_addr()?;
-            let ctx = ServerContext { pool: pool.clone(), settings: Arc::new(config.web_settings()), blobs };
+            let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
             // Building the router migrates the session store, which the cleanup then finds.
             let router = router(state, config.secure_cookies).await?;
@@ -123,7 +123,7 @@ impl Application {
 pub async fn spawn_web(pool: PgPool, settings: WebSettings, blobs: Blobs) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let ctx = ServerContext { pool, settings: Arc::new(settings), blobs };
+    let ctx = ServerContext::new(pool, settings, blobs);
     let app = router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?;
     tokio::spawn(async move {
         let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;

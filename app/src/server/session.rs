@@ -23,6 +23,16 @@ pub struct ServerContext {
     pub pool: PgPool,
     pub settings: Arc<WebSettings>,
     pub blobs: Blobs,
+    /// One permit per upload in progress (see [`WebSettings::max_concurrent_uploads`]).
+    pub uploads: Arc<tokio::sync::Semaphore>,
+}
+
+impl ServerContext {
+    /// The context for these settings, with its upload permits.
+    pub fn new(pool: PgPool, settings: WebSettings, blobs: Blobs) -> ServerContext {
+        let uploads = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_uploads.max(1)));
+        ServerContext { pool, settings: Arc::new(settings), blobs, uploads }
+    }
 }
 
 /// The web layer's configuration.
@@ -33,6 +43,10 @@ pub struct WebSettings {
     pub signup_grant: i64,
     pub login_limits: LoginLimits,
     pub max_upload_bytes: u64,
+    /// Uploads read at once; past it an upload waits (unread) for its turn, then gets 503.
+    pub max_concurrent_uploads: usize,
+    /// How long an upload waits for its turn (also the `Retry-After` of that 503).
+    pub busy_uploads_wait: std::time::Duration,
     /// The presets the configured provider can do (language-model presets need one).
     pub presets: Vec<Preset>,
 }
@@ -44,6 +58,8 @@ impl Default for WebSettings {
             signup_grant: 20,
             login_limits: LoginLimits::default(),
             max_upload_bytes: 50 * 1024 * 1024,
+            max_concurrent_uploads: 32,
+            busy_uploads_wait: std::time::Duration::from_secs(5),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
         }
     }

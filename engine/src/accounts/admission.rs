@@ -112,6 +112,35 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
 }
 
+/// Before an upload's body is read: would this user be refused now? Answers 402 / 429 / 503
+/// without the server reading, storing or hashing a byte. Only a hint: the conditional write
+/// in [`submit`] still decides (a check that passes here can still end 402 / 429 there).
+pub async fn precheck(pool: &PgPool, config: &AdmissionConfig, user_id: i64) -> Result<Option<Refusal>> {
+    let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;
+    if let Some(refusal) = intake_refusal(backlog, oldest, config) {
+        return Ok(Some(refusal));
+    }
+    let (balance, in_flight, limit): (i64, i32, i32) =
+        sqlx::query_as("SELECT balance, in_flight, max_in_flight FROM users WHERE id = $1")
+            .bind(user_id)
+            .fetch_optional(pool)
+            .await?
+            .ok_or(EngineError::NotFound)?;
+    let refused = balance < config.cost || in_flight >= limit;
+    Ok(refused.then(|| refusal_reason(balance, in_flight, limit, config.cost, config.retry_after_busy)))
+}
+
+/// Whether this user already has a job under this client `Idempotency-Key`: such a request is
+/// a retry (200 with that job) or a conflict (422), which only the body can tell, so it skips
+/// [`precheck`] and goes the whole way.
+pub async fn client_key_used(pool: &PgPool, user_id: i64, key: &str) -> Result<bool> {
+    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE owner_id = $1 AND client_key = $2)")
+        .bind(user_id)
+        .bind(key)
+        .fetch_one(pool)
+        .await?)
+}
+
 /// Admit a document: 202-worthy only after the commit.
 pub async fn submit(pool: &PgPool, config: &AdmissionConfig, submission: &Submission) -> Result<Admission> {
     let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;

@@ -5,8 +5,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectStore, PutPayload, WriteMultipart};
 
 use crate::error::{EngineError, Result};
 
@@ -14,6 +17,8 @@ use crate::error::{EngineError, Result};
 #[derive(Clone)]
 pub struct Blobs {
     store: Arc<dyn ObjectStore>,
+    /// Bytes buffered per upload before a part is written (S3 wants at least 5 MiB parts).
+    part_bytes: usize,
 }
 
 fn storage(e: object_store::Error) -> EngineError {
@@ -28,7 +33,7 @@ impl Blobs {
     pub fn local(folder: &Path) -> Result<Blobs> {
         std::fs::create_dir_all(folder).map_err(|e| EngineError::Storage(e.to_string()))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(folder).map_err(storage)?;
-        Ok(Blobs { store: Arc::new(store) })
+        Ok(Blobs { store: Arc::new(store), part_bytes: 1 << 20 })
     }
 
     /// `s3://bucket/prefix` and the like; credentials and endpoint from the usual `AWS_*`
@@ -43,7 +48,7 @@ impl Blobs {
         } else {
             Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
         };
-        Ok(Blobs { store })
+        Ok(Blobs { store, part_bytes: 5 << 20 })
     }
 
     /// A fresh, server-generated key.
@@ -59,10 +64,24 @@ impl Blobs {
         Ok(())
     }
 
-    /// Store a streamed upload's chunks without copying them into one buffer.
-    pub async fn put_chunks(&self, key: &str, chunks: Vec<Bytes>) -> Result<()> {
-        self.store.put(&ObjectPath::from(key), chunks.into_iter().collect::<PutPayload>()).await.map_err(storage)?;
-        Ok(())
+    /// Start writing a blob part by part: memory is bounded by a part, not by the blob, and
+    /// nothing is visible under `key` until [`BlobWriter::finish`].
+    pub async fn writer(&self, key: &str) -> Result<BlobWriter> {
+        let upload = self.store.put_multipart(&ObjectPath::from(key)).await.map_err(storage)?;
+        Ok(BlobWriter { inner: WriteMultipart::new_with_chunk_size(upload, self.part_bytes) })
+    }
+
+    /// The blob as a stream of chunks (downloads never hold a whole document).
+    pub async fn stream(&self, key: &str) -> Result<BoxStream<'static, Result<Bytes>>> {
+        let got = self.store.get(&ObjectPath::from(key)).await.map_err(storage)?;
+        Ok(got.into_stream().map_err(storage).boxed())
+    }
+
+    /// Documents stored before `before`, for the orphan sweep.
+    pub async fn documents_before(&self, before: DateTime<Utc>) -> Result<Vec<String>> {
+        let listed: Vec<object_store::ObjectMeta> =
+            self.store.list(Some(&ObjectPath::from("documents"))).try_collect().await.map_err(storage)?;
+        Ok(listed.into_iter().filter(|m| m.last_modified < before).map(|m| m.location.to_string()).collect())
     }
 
     /// The whole blob, or `NotFound`.
@@ -76,6 +95,33 @@ impl Blobs {
         match self.store.delete(&ObjectPath::from(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(storage(e)),
+        }
+    }
+}
+
+/// A blob being written (see [`Blobs::writer`]).
+pub struct BlobWriter {
+    inner: WriteMultipart,
+}
+
+impl BlobWriter {
+    /// Add bytes; waits while earlier parts are still being written, so memory stays bounded.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.inner.wait_for_capacity(2).await.map_err(storage)?;
+        self.inner.write(bytes);
+        Ok(())
+    }
+
+    /// Make the blob visible under its key.
+    pub async fn finish(self) -> Result<()> {
+        self.inner.finish().await.map_err(storage)?;
+        Ok(())
+    }
+
+    /// Throw away what was written; nothing is left under the key.
+    pub async fn abort(self) {
+        if let Err(e) = self.inner.abort().await {
+            tracing::warn!(error = %e, "could not abort a blob upload");
         }
     }
 }

@@ -3,12 +3,13 @@
 //! web UI both come through here; the HTTP layer only reads the request.
 
 use bytes::Bytes;
+use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use super::blobs::Blobs;
 use super::processor::{DocumentJob, DocumentRef};
-use super::sniff::{sniff, DocType, Utf8Stream, SNIFF_BYTES};
+use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
 use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use crate::error::{EngineError, Result};
 use crate::Preset;
@@ -25,6 +26,7 @@ pub struct UploadCheck {
     undecided: Vec<u8>,
     doc_type: Option<DocType>,
     utf8: Utf8Stream,
+    markup: MarkupScan,
 }
 
 /// An upload that passed every check.
@@ -49,6 +51,7 @@ impl UploadCheck {
             undecided: Vec::new(),
             doc_type: None,
             utf8: Utf8Stream::default(),
+            markup: MarkupScan::default(),
         }
     }
 
@@ -70,7 +73,7 @@ impl UploadCheck {
                 }
             }
             Some(DocType::Pdf) => {}
-            Some(_) => self.utf8.push(chunk).map_err(EngineError::UnsupportedType)?,
+            Some(_) => self.check_text(chunk)?,
         }
         Ok(())
     }
@@ -78,12 +81,18 @@ impl UploadCheck {
     /// Decide the type from the head, and check what came before as UTF-8 if it is text.
     fn decide(&mut self) -> Result<()> {
         let doc_type = sniff(&self.head).map_err(EngineError::UnsupportedType)?;
+        let undecided = std::mem::take(&mut self.undecided);
         if doc_type != DocType::Pdf {
-            self.utf8.push(&self.undecided).map_err(EngineError::UnsupportedType)?;
+            self.check_text(&undecided)?;
         }
-        self.undecided = Vec::new();
         self.doc_type = Some(doc_type);
         Ok(())
+    }
+
+    /// Text must be UTF-8 to its last byte and carry no markup anywhere.
+    fn check_text(&mut self, chunk: &[u8]) -> Result<()> {
+        self.utf8.push(chunk).map_err(EngineError::UnsupportedType)?;
+        self.markup.push(chunk).map_err(EngineError::UnsupportedType)
     }
 
     /// The upload ended: an empty file is `Invalid`; a text must not end mid-character.
@@ -165,36 +174,74 @@ impl UploadOptions {
     }
 }
 
-/// A checked upload on its way into the queue.
+/// An upload that passed every check and is stored under a fresh key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredUpload {
+    pub key: String,
+    pub upload: CheckedUpload,
+}
+
+/// Check an upload while streaming it into blob storage, so memory is bounded by a chunk and
+/// a blob part, never by the file. A refused or broken upload leaves no blob behind.
+pub async fn receive<S, E>(blobs: &Blobs, file_name: Option<&str>, limit: u64, mut body: S) -> Result<StoredUpload>
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let key = Blobs::new_key();
+    let mut check = UploadCheck::new(file_name, limit);
+    let mut writer = blobs.writer(&key).await?;
+    let streamed = async {
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| EngineError::Invalid(format!("the upload broke off: {e}")))?;
+            check.push(&chunk)?;
+            writer.write(&chunk).await?;
+        }
+        Ok::<_, EngineError>(())
+    }
+    .await;
+    if let Err(e) = streamed {
+        writer.abort().await;
+        return Err(e);
+    }
+    match check.finish() {
+        Ok(upload) => {
+            writer.finish().await?;
+            Ok(StoredUpload { key, upload })
+        }
+        Err(e) => {
+            writer.abort().await;
+            Err(e)
+        }
+    }
+}
+
+/// A stored upload on its way into the queue.
 pub struct Intake<'a> {
     pub user_id: i64,
-    pub upload: CheckedUpload,
+    pub stored: StoredUpload,
     pub options: UploadOptions,
-    /// The bytes as they arrived.
-    pub chunks: Vec<Bytes>,
     /// A REST client's `Idempotency-Key`, if sent.
     pub client_key: Option<String>,
     pub admission: &'a AdmissionConfig,
 }
 
-/// Store the document under a fresh key and admit it. A refused, failed or duplicate upload
-/// leaves no blob behind.
+/// Admit a stored upload. A refused, failed or duplicate upload's blob is deleted.
 pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<Admission> {
-    let key = Blobs::new_key();
-    let content_key = intake.options.content_key(&intake.upload);
+    let StoredUpload { key, upload } = intake.stored;
+    let content_key = intake.options.content_key(&upload);
     let job = DocumentJob {
         document: DocumentRef {
             key: key.clone(),
-            doc_type: intake.upload.doc_type,
-            sha256: intake.upload.sha256.clone(),
-            size: intake.upload.size,
-            name: intake.upload.name.clone(),
+            doc_type: upload.doc_type,
+            sha256: upload.sha256.clone(),
+            size: upload.size,
+            name: upload.name.clone(),
         },
         preset: intake.options.preset,
         language: intake.options.language.clone(),
     };
     let payload = serde_json::to_value(job).expect("a document job serialises");
-    blobs.put_chunks(&key, intake.chunks).await?;
     let submission = Submission {
         user_id: intake.user_id,
         payload,
@@ -251,6 +298,8 @@ mod tests {
         assert!(matches!(check_in_chunks(&[b'a'; 11], 4, 10), Err(EngineError::TooLarge { limit_bytes: 10 })));
         assert!(matches!(UploadCheck::new(None, 10).finish(), Err(EngineError::Invalid(_))));
         assert!(matches!(check_in_chunks(b"<html><body>", 4, 100), Err(EngineError::UnsupportedType(_))));
+        let late_svg = format!("{}\n<svg onload=alert(1)>", "plain notes ".repeat(2000));
+        assert!(matches!(check_in_chunks(late_svg.as_bytes(), 4096, 1 << 20), Err(EngineError::UnsupportedType(_))));
         let pdf = check_in_chunks(b"%PDF-1.7\n\xff\xfe binary", 5, 100).unwrap();
         assert_eq!(pdf.doc_type, DocType::Pdf);
     }

@@ -64,7 +64,8 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText })
 }
 
-const MARKUP_REFUSAL: &str = "HTML, SVG and XML files are not accepted; upload a PDF, text or Markdown document";
+/// The 415 reason for markup posing as text.
+pub const MARKUP_REFUSAL: &str = "HTML, SVG and XML files are not accepted; upload a PDF, text or Markdown document";
 
 /// HTML, SVG or XML (which browsers would render, scripts and all).
 fn looks_like_markup(text: &str) -> bool {
@@ -93,6 +94,31 @@ fn looks_like_markdown(text: &str) -> bool {
         }
     }
     signs >= 2
+}
+
+/// Finds markup anywhere in a streamed text (not only in its first bytes): `<script`, `<svg`,
+/// `<html` and `<iframe`, in any case, also when a chunk boundary cuts the tag.
+#[derive(Default)]
+pub struct MarkupScan {
+    /// The end of the previous chunk, lower-cased, long enough to hold a cut tag.
+    tail: Vec<u8>,
+}
+
+impl MarkupScan {
+    const TAGS: [&'static [u8]; 4] = [b"<script", b"<svg", b"<html", b"<iframe"];
+
+    /// Look at the next chunk; `Err` with the 415 reason once markup is seen.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), String> {
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend(chunk.iter().map(u8::to_ascii_lowercase));
+        let found = Self::TAGS.iter().any(|tag| window.windows(tag.len()).any(|w| w == *tag));
+        if found {
+            return Err(MARKUP_REFUSAL.into());
+        }
+        let keep = window.len().min(7);
+        self.tail = window.split_off(window.len() - keep);
+        Ok(())
+    }
 }
 
 /// Checks that a streamed text upload is UTF-8 throughout (chunks may split characters).
@@ -155,6 +181,18 @@ mod tests {
         let mut head = "Grüße ".repeat(10).into_bytes();
         head.extend_from_slice(&"ü".as_bytes()[..1]);
         assert_eq!(sniff(&head), Ok(DocType::PlainText));
+    }
+
+    #[test]
+    fn markup_is_found_anywhere_even_cut_by_a_chunk() {
+        let text = format!("{}<SvG onload=alert(1)>", "harmless words ".repeat(1000));
+        for chunk in [1, 3, 8192, 100_000] {
+            let mut scan = MarkupScan::default();
+            let found = text.as_bytes().chunks(chunk).map(|c| scan.push(c)).any(|r| r.is_err());
+            assert!(found, "chunks of {chunk}");
+        }
+        let mut clean = MarkupScan::default();
+        assert!(clean.push(b"a < b and <scri").is_ok() && clean.push(b"bble> is fine").is_ok());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! codes as the UI. Auth: `Authorization: Bearer <token>`, or the session cookie. This module
 //! only speaks HTTP: upload checks, storage and admission are the engine's intake.
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{FromRequestParts, Multipart, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -13,10 +13,12 @@ use tower_sessions::Session;
 use app::errors::AppError;
 use app::model::JobStatus;
 use app::server::session::{job_status, session_user, visible_job};
-use engine::accounts::admission::Admission;
+use axum::extract::multipart::Field;
+use engine::accounts::admission::{self, Admission};
 use engine::accounts::User;
-use engine::documents::intake::{self, CheckedUpload, Intake, UploadCheck, UploadOptions};
+use engine::documents::intake::{self, Intake, StoredUpload, UploadOptions};
 use engine::documents::processor::{DocumentJob, DocumentRef};
+use engine::documents::Blobs;
 use engine::queue::JobView;
 use engine::{JobState, Preset};
 
@@ -58,46 +60,76 @@ fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
     }
 }
 
-/// An upload read from the multipart body: the file checked while it streams, and the options.
-struct Upload {
-    checked: CheckedUpload,
-    options: UploadOptions,
-    chunks: Vec<Bytes>,
+/// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
+const MAX_FIELD_BYTES: usize = 200;
+/// A form is a file and two options; a form with more parts is refused.
+const MAX_PARTS: usize = 8;
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError(AppError::invalid(message))
 }
 
-/// Read the `file` part through the engine's [`UploadCheck`], keeping its chunks for storage.
-async fn read_file_field(
-    mut field: axum::extract::multipart::Field<'_>,
-    limit: u64,
-) -> Result<(CheckedUpload, Vec<Bytes>), ApiError> {
-    let mut check = UploadCheck::new(field.file_name(), limit);
-    let mut chunks = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| AppError::invalid(format!("the upload broke off: {e}")))? {
-        check.push(&chunk)?;
-        chunks.push(chunk);
+/// A side field's text, read up to [`MAX_FIELD_BYTES`].
+async fn read_short_field(mut field: Field<'_>) -> Result<String, ApiError> {
+    let name = field.name().unwrap_or("").to_string();
+    let mut value = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|e| invalid(format!("the upload broke off: {e}")))? {
+        if value.len() + chunk.len() > MAX_FIELD_BYTES {
+            return Err(invalid(format!("the `{name}` field is too long")));
+        }
+        value.extend_from_slice(&chunk);
     }
-    Ok((check.finish()?, chunks))
+    String::from_utf8(value).map_err(|_| invalid(format!("the `{name}` field is not UTF-8")))
 }
 
-async fn read_upload(mut multipart: Multipart, limit: u64, presets: &[Preset]) -> Result<Upload, ApiError> {
-    let bad = |m: String| ApiError(AppError::invalid(m));
-    let mut file: Option<(CheckedUpload, Vec<Bytes>)> = None;
+/// Read the form: the file streams through the engine's checks into blob storage, the options
+/// are short words. Unknown or surplus parts are refused. If anything is wrong after the file
+/// was stored, its blob is deleted again.
+async fn read_upload(
+    mut multipart: Multipart,
+    blobs: &Blobs,
+    limit: u64,
+    presets: &[Preset],
+) -> Result<(StoredUpload, UploadOptions), ApiError> {
+    let mut stored: Option<StoredUpload> = None;
     let mut options = UploadOptions::default();
-    while let Some(field) = multipart.next_field().await.map_err(|e| bad(format!("malformed multipart body: {e}")))? {
-        match field.name() {
-            Some("file") if file.is_none() => file = Some(read_file_field(field, limit).await?),
-            Some("preset") => {
-                options.preset = intake::parse_preset(&field.text().await.map_err(|e| bad(e.to_string()))?)?
+    let read = async {
+        let mut parts = 0;
+        while let Some(field) =
+            multipart.next_field().await.map_err(|e| invalid(format!("malformed multipart body: {e}")))?
+        {
+            parts += 1;
+            if parts > MAX_PARTS {
+                return Err(invalid("the form has too many parts"));
             }
-            Some("language") => {
-                options.language = intake::parse_language(&field.text().await.map_err(|e| bad(e.to_string()))?)?;
+            match field.name() {
+                Some("file") if stored.is_none() => {
+                    let name = field.file_name().map(str::to_string);
+                    stored = Some(intake::receive(blobs, name.as_deref(), limit, field).await?);
+                }
+                Some("file") => return Err(invalid("send one file per upload")),
+                Some("preset") => options.preset = intake::parse_preset(&read_short_field(field).await?)?,
+                Some("language") => options.language = intake::parse_language(&read_short_field(field).await?)?,
+                other => {
+                    let name = other.unwrap_or("").chars().take(40).collect::<String>();
+                    return Err(invalid(format!("unknown form field {name:?}; send `file`, `preset` and `language`")));
+                }
             }
-            _ => {}
+        }
+        options.check(presets)?;
+        Ok::<_, ApiError>(())
+    }
+    .await;
+    match (read, stored) {
+        (Ok(()), Some(stored)) => Ok((stored, options)),
+        (Ok(()), None) => Err(invalid("the form needs a `file` field")),
+        (Err(e), stored) => {
+            if let Some(stored) = stored {
+                let _ = blobs.delete(&stored.key).await;
+            }
+            Err(e)
         }
     }
-    let (checked, chunks) = file.ok_or_else(|| bad("the form needs a `file` field".into()))?;
-    options.check(presets)?;
-    Ok(Upload { checked, options, chunks })
 }
 
 fn job_location(id: &uuid::Uuid) -> String {
@@ -123,17 +155,27 @@ pub async fn create_job(
         }
         None => None,
     };
-    let settings = &state.ctx.settings;
-    let upload = read_upload(multipart, settings.max_upload_bytes, &settings.presets).await?;
-    let submission = Intake {
-        user_id: user.id,
-        upload: upload.checked,
-        options: upload.options,
-        chunks: upload.chunks,
-        client_key,
-        admission: &settings.admission,
+    let ctx = &state.ctx;
+    let settings = &ctx.settings;
+    // Uploads read at once are bounded: a request waits a little for its turn (reading
+    // nothing meanwhile), then gets 503.
+    let slot = tokio::time::timeout(settings.busy_uploads_wait, ctx.uploads.clone().acquire_owned()).await;
+    let Ok(Ok(_slot)) = slot else {
+        return Err(AppError::Overloaded { retry_after_secs: settings.busy_uploads_wait.as_secs().max(1) }.into());
     };
-    let admitted = intake::submit(&state.ctx.pool, &state.ctx.blobs, submission).await;
+    // Refuse before reading the file: a refused upload costs its headers, nothing more.
+    let retried = match &client_key {
+        Some(key) => admission::client_key_used(&ctx.pool, user.id, key).await?,
+        None => false,
+    };
+    if !retried {
+        if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id).await? {
+            return Err(AppError::from(refusal).into());
+        }
+    }
+    let (stored, options) = read_upload(multipart, &ctx.blobs, settings.max_upload_bytes, &settings.presets).await?;
+    let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission };
+    let admitted = intake::submit(&ctx.pool, &ctx.blobs, submission).await;
     let (status, job_id, duplicate) = match admitted? {
         Admission::Accepted { job_id } => (StatusCode::ACCEPTED, job_id, false),
         Admission::Existing { job_id } => (StatusCode::OK, job_id, true),
@@ -165,7 +207,7 @@ fn attachment(name: &str) -> String {
     format!("attachment; filename=\"{}\"", safe.trim())
 }
 
-fn download(content_type: &str, file_name: &str, body: Vec<u8>) -> Response {
+fn download(content_type: &str, file_name: &str, body: impl Into<Body>) -> Response {
     (
         [
             (header::CONTENT_TYPE, content_type.to_string()),
@@ -173,7 +215,7 @@ fn download(content_type: &str, file_name: &str, body: Vec<u8>) -> Response {
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
             (header::CACHE_CONTROL, "private, no-store".to_string()),
         ],
-        body,
+        body.into(),
     )
         .into_response()
 }
@@ -187,9 +229,10 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
 /// `GET /api/v1/jobs/{id}/original`: the uploaded document, as an attachment.
 pub async fn get_original(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
     let document = document_of(&job)?;
-    let bytes = state.ctx.blobs.get(&document.key).await?;
+    // Streamed from storage: memory per download is a chunk, not the document.
+    let chunks = state.ctx.blobs.stream(&document.key).await?;
     let stem = document.name.clone().unwrap_or_else(|| format!("document.{}", document.doc_type.extension()));
-    Ok(download(document.doc_type.mime(), &stem, bytes.to_vec()))
+    Ok(download(document.doc_type.mime(), &stem, Body::from_stream(chunks)))
 }
 
 /// `GET /api/v1/jobs/{id}/result.md`: a done job's result as a Markdown attachment.
