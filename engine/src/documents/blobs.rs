@@ -33,7 +33,7 @@ impl Blobs {
     pub fn local(folder: &Path) -> Result<Blobs> {
         std::fs::create_dir_all(folder).map_err(|e| EngineError::Storage(e.to_string()))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(folder).map_err(storage)?;
-        Ok(Blobs { store: Arc::new(store), part_bytes: 1 << 20 })
+        Ok(Blobs { store: Arc::new(store), part_bytes: 256 << 10 })
     }
 
     /// `s3://bucket/prefix` and the like; credentials and endpoint from the usual `AWS_*`
@@ -107,7 +107,7 @@ pub struct BlobWriter {
 impl BlobWriter {
     /// Add bytes; waits while earlier parts are still being written, so memory stays bounded.
     pub async fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.inner.wait_for_capacity(2).await.map_err(storage)?;
+        self.inner.wait_for_capacity(1).await.map_err(storage)?;
         self.inner.write(bytes);
         Ok(())
     }

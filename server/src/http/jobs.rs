@@ -3,11 +3,15 @@
 //! only speaks HTTP: upload checks, storage and admission are the engine's intake.
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Multipart, Path, State};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::extract::{FromRequest, FromRequestParts, Multipart, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures::Stream;
 use tower_sessions::Session;
 
 use app::errors::AppError;
@@ -58,6 +62,37 @@ fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
         (JobState::Done, Some(result)) => Ok(result),
         (state, _) => Err(AppError::NotReady { state: state.as_str().to_string() }.into()),
     }
+}
+
+/// The multipart parser (multer) pulls everything the connection has ready into its buffer
+/// each time it is polled; when the network is faster than storage, that buffer would grow
+/// towards the whole file. Handing it one chunk per poll keeps it to a chunk.
+struct OneChunkPerPoll<S> {
+    inner: S,
+    just_yielded: bool,
+}
+
+impl<S: Stream + Unpin> Stream for OneChunkPerPoll<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        if self.just_yielded {
+            self.just_yielded = false;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let next = Pin::new(&mut self.inner).poll_next(cx);
+        self.just_yielded = next.is_ready();
+        next
+    }
+}
+
+/// The request's multipart body, fed to the parser a chunk at a time.
+async fn paced_multipart(request: Request, state: &AppState) -> Result<Multipart, ApiError> {
+    let (parts, body) = request.into_parts();
+    let paced = OneChunkPerPoll { inner: body.into_data_stream(), just_yielded: false };
+    let request = Request::from_parts(parts, Body::from_stream(paced));
+    Multipart::from_request(request, state).await.map_err(|e| invalid(format!("malformed multipart body: {e}")))
 }
 
 /// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
@@ -142,7 +177,7 @@ pub async fn create_job(
     State(state): State<AppState>,
     session: Session,
     headers: HeaderMap,
-    multipart: Multipart,
+    request: Request,
 ) -> Result<Response, ApiError> {
     let user = caller(&state, &headers, &session).await?;
     let client_key = match headers.get("idempotency-key") {
@@ -173,6 +208,7 @@ pub async fn create_job(
             return Err(AppError::from(refusal).into());
         }
     }
+    let multipart = paced_multipart(request, &state).await?;
     let (stored, options) = read_upload(multipart, &ctx.blobs, settings.max_upload_bytes, &settings.presets).await?;
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission };
     let admitted = intake::submit(&ctx.pool, &ctx.blobs, submission).await;

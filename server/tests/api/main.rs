@@ -5,4 +5,5 @@ mod downloads;
 mod helpers;
 mod operator;
 mod sessions;
+mod untrusted;
 mod uploads;

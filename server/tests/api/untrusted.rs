@@ -1,0 +1,216 @@
+//! Uploads from strangers: refused before their body is read, read in bounded memory when
+//! accepted, with bounded side fields and parts, and a bounded number read at once.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use app::server::session::WebSettings;
+use reqwest::StatusCode;
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+const MIB: usize = 1 << 20;
+const BOUNDARY: &str = "sluice-test-boundary";
+
+/// The most this process has had resident (VmHWM), in MiB.
+fn peak_rss_mib() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<usize>().ok()).expect("a number") / 1024
+}
+
+/// What a raw upload got back, and how much of its body had been sent by then.
+struct RawAnswer {
+    status: u16,
+    sent: usize,
+    took: Duration,
+}
+
+/// Upload `size` bytes of `filler` (after `head`) over a plain socket, as a slow or hostile
+/// client would: the body is written in 64 KiB pieces, and the answer is read as soon as the
+/// server gives one, even mid-body. Memory on this side is one piece.
+fn raw_upload(addr: SocketAddr, token: &str, part_headers: &str, head: &[u8], filler: u8, size: usize) -> RawAnswer {
+    let opening = format!("--{BOUNDARY}\r\n{part_headers}\r\n\r\n");
+    let closing = format!("\r\n--{BOUNDARY}--\r\n");
+    let length = opening.len() + size + closing.len();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let started = Instant::now();
+    write!(
+        stream,
+        "POST /api/v1/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {length}\r\n\r\n{opening}"
+    )
+    .unwrap();
+    let piece = vec![filler; 64 * 1024];
+    let mut sent = 0;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut read_some = |stream: &mut TcpStream, answer: &mut Vec<u8>| match stream.read(&mut buf) {
+        Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+        _ => {}
+    };
+    let first = &head[..head.len().min(size)];
+    let mut writing = stream.write_all(first).is_ok();
+    sent += first.len();
+    while writing && sent < size && answer.is_empty() {
+        let n = piece.len().min(size - sent);
+        writing = stream.write_all(&piece[..n]).is_ok();
+        sent += n;
+        read_some(&mut stream, &mut answer);
+    }
+    if writing && sent == size {
+        let _ = stream.write_all(closing.as_bytes());
+    }
+    let took = started.elapsed();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let before = answer.len();
+        read_some(&mut stream, &mut answer);
+        if answer.len() == before {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    RawAnswer { status, sent, took }
+}
+
+fn file_part(name: &str) -> String {
+    format!("Content-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/pdf")
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_50_mib_upload_without_credits_is_refused_before_its_body_is_read(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("broke@example.com", 0, 5).await;
+    let addr = app.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        raw_upload(addr, &token, &file_part("big.pdf"), b"%PDF-1.7\n", b'0', 50 * MIB)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer.status, 402);
+    assert!(answer.sent < 50 * MIB, "the answer came while the client was still sending ({} bytes sent)", answer.sent);
+    eprintln!("refused after {:?}, {} KiB of 50 MiB sent", answer.took, answer.sent / 1024);
+    assert_eq!(app.stored_blobs(), 0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn twenty_refused_50_mib_uploads_at_once_leave_memory_flat(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("broke@example.com", 0, 5).await;
+    let before = peak_rss_mib();
+    let uploads: Vec<_> = (0..20)
+        .map(|_| {
+            let (addr, token) = (app.addr, token.clone());
+            tokio::task::spawn_blocking(move || {
+                raw_upload(addr, &token, &file_part("big.pdf"), b"%PDF-1.7\n", b'0', 50 * MIB)
+            })
+        })
+        .collect();
+    for upload in uploads {
+        let answer = upload.await.unwrap();
+        assert_eq!(answer.status, 402);
+        assert!(answer.sent < 50 * MIB);
+    }
+    let grew = peak_rss_mib().saturating_sub(before);
+    eprintln!("peak RSS grew by {grew} MiB");
+    assert!(grew < 64, "peak RSS grew by {grew} MiB for 20 refused uploads");
+    assert_eq!(app.stored_blobs(), 0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn twenty_accepted_50_mib_uploads_at_once_stream_in_bounded_memory(pool: PgPool) {
+    let app = Arc::new(TestApp::spawn(pool, WebSettings::default()).await);
+    let mut tokens = Vec::new();
+    for n in 0..20 {
+        tokens.push(app.user_with_token(&format!("rich{n}@example.com"), 5, 5).await.1);
+    }
+    // Measured from here: the users' password hashing (argon2, 19 MiB each) is not the uploads'.
+    let before = peak_rss_mib();
+    let mut uploads = Vec::new();
+    for (n, token) in tokens.into_iter().enumerate() {
+        let addr = app.addr;
+        uploads.push(tokio::task::spawn_blocking(move || {
+            // A different first line per upload, so no two are duplicates.
+            let head = format!("%PDF-1.7\n%{n}\n");
+            raw_upload(addr, &token, &file_part("big.pdf"), head.as_bytes(), b'0', 50 * MIB)
+        }));
+    }
+    for upload in uploads {
+        let answer = upload.await.unwrap();
+        assert_eq!((answer.status, answer.sent), (202, 50 * MIB));
+    }
+    let grew = peak_rss_mib().saturating_sub(before);
+    eprintln!("peak RSS grew by {grew} MiB for 20 x 50 MiB accepted");
+    assert!(grew < 100, "peak RSS grew by {grew} MiB");
+    assert_eq!(app.stored_blobs(), 20);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn side_fields_and_parts_are_bounded_and_unknown_parts_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("fields@example.com", 5, 5).await;
+    // A 300 MB `preset` is refused after its first few hundred bytes.
+    let addr = app.addr;
+    let secret = token.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        raw_upload(addr, &secret, "Content-Disposition: form-data; name=\"preset\"", b"", b'x', 300 * MIB)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer.status, 422);
+    assert!(answer.sent < 300 * MIB);
+
+    let send = |form: reqwest::multipart::Form| {
+        reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(&token).multipart(form).send()
+    };
+    let file = || reqwest::multipart::Part::bytes(b"Plain notes.".to_vec()).file_name("a.txt");
+    let unknown = send(reqwest::multipart::Form::new().part("file", file()).text("colour", "blue")).await.unwrap();
+    assert_eq!(unknown.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(unknown.text().await.unwrap().contains("unknown form field"));
+    let mut many = reqwest::multipart::Form::new().part("file", file());
+    for _ in 0..10 {
+        many = many.text("preset", "summarize");
+    }
+    assert_eq!(send(many).await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let two_files = reqwest::multipart::Form::new().part("file", file()).part("file", file());
+    assert_eq!(send(two_files).await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let late_svg = format!("{}\n<svg onload=alert(1)></svg>\n", "Plain notes. ".repeat(2000));
+    let svg = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::text(late_svg).file_name("a.txt"));
+    assert_eq!(send(svg).await.unwrap().status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(app.stored_blobs(), 0, "refused uploads leave no blob");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn uploads_past_the_concurrency_bound_wait_then_get_503(pool: PgPool) {
+    let settings = WebSettings {
+        max_concurrent_uploads: 1,
+        busy_uploads_wait: Duration::from_millis(500),
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, slow_token) = app.user_with_token("slow@example.com", 5, 5).await;
+    let (_, token) = app.user_with_token("next@example.com", 5, 5).await;
+    // Hold the only slot with an upload that is still sending.
+    let mut slow = TcpStream::connect(app.addr).unwrap();
+    let opening = format!("--{BOUNDARY}\r\n{}\r\n\r\n%PDF-1.7\n", file_part("slow.pdf"));
+    write!(
+        slow,
+        "POST /api/v1/jobs HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {slow_token}\r\n\
+         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 100000\r\n\r\n{opening}",
+        app.addr
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let busy = app.upload(&token, doc(1), None).await;
+    assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(busy.headers().get("retry-after").is_some());
+    drop(slow);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.upload(&token, doc(2), None).await.status(), StatusCode::ACCEPTED, "the slot is free again");
+}
