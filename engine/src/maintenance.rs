@@ -1,16 +1,18 @@
 //! Background upkeep, one loop per process: rescue jobs whose worker vanished, prune old jobs
-//! (and, through the caller, their blobs), and forget old failed logins. It spans the queue
-//! and accounts, so it lives beside them rather than in either.
+//! and their documents, sweep documents no job points at, and forget old failed logins. It
+//! spans the queue, documents and accounts, so it lives beside them rather than in any.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::documents::sweep::{delete_documents_of, sweep_orphans};
+use crate::documents::Blobs;
 use crate::queue::hooks::TerminalHooks;
 use crate::queue::policy::retry::RetryPolicy;
 use crate::queue::rescue::rescue_expired;
-use crate::queue::retention::{prune, PrunedJob, Retention};
+use crate::queue::retention::{prune, Retention};
 
 /// How often each upkeep task runs, and what retention keeps.
 #[derive(Clone, Copy, Debug)]
@@ -23,6 +25,9 @@ pub struct MaintenanceConfig {
     /// Forgetting failed logins older than `login_window`.
     pub account_upkeep_every: Duration,
     pub login_window: Duration,
+    /// The orphan-document sweep, and how old a document must be before it may be swept.
+    pub sweep_every: Duration,
+    pub sweep_grace: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -33,12 +38,11 @@ impl Default for MaintenanceConfig {
             retention: Retention::default(),
             account_upkeep_every: Duration::from_secs(3600),
             login_window: crate::accounts::login::LoginLimits::default().window,
+            sweep_every: Duration::from_secs(3600),
+            sweep_grace: Duration::from_secs(3600),
         }
     }
 }
-
-/// Called with the jobs retention deleted, to delete their blobs.
-pub type OnPruned = Arc<dyn Fn(Vec<PrunedJob>) + Send + Sync>;
 
 /// Run every upkeep task on its own schedule until aborted.
 pub async fn run(
@@ -46,11 +50,12 @@ pub async fn run(
     hooks: Arc<dyn TerminalHooks>,
     policy: RetryPolicy,
     config: MaintenanceConfig,
-    on_pruned: OnPruned,
+    blobs: Option<Blobs>,
 ) {
     let mut rescue_tick = tokio::time::interval(config.rescue_every);
     let mut prune_tick = tokio::time::interval(config.prune_every);
     let mut account_tick = tokio::time::interval(config.account_upkeep_every);
+    let mut sweep_tick = tokio::time::interval(config.sweep_every);
     loop {
         tokio::select! {
             _ = rescue_tick.tick() => {
@@ -62,10 +67,20 @@ pub async fn run(
                 match prune(&pool, config.retention).await {
                     Ok(jobs) if !jobs.is_empty() => {
                         tracing::info!(jobs = jobs.len(), "pruned old jobs");
-                        on_pruned(jobs);
+                        if let Some(blobs) = &blobs {
+                            delete_documents_of(blobs, &jobs).await;
+                        }
                     }
                     Ok(_) => {}
                     Err(e) => tracing::error!(error = %e, "retention pruning failed"),
+                }
+            }
+            _ = sweep_tick.tick(), if blobs.is_some() => {
+                let blobs = blobs.as_ref().expect("checked by the guard");
+                match sweep_orphans(&pool, blobs, config.sweep_grace).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(documents = n, "deleted documents no job points at"),
+                    Err(e) => tracing::warn!(error = %e, "sweeping orphan documents failed"),
                 }
             }
             _ = account_tick.tick() => {

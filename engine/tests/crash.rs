@@ -34,7 +34,7 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
         Arc::new(NoHooks),
         config.policy.clone(),
         maintenance,
-        Arc::new(|_| {}),
+        None,
     ));
     assert!(wait_for(Duration::from_secs(20), || async { count_in_state(&pool, JobState::Done).await >= 20 }).await);
 

@@ -158,3 +158,24 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
     let alice = users::get(&pool, alice.id).await.unwrap();
     assert_eq!((alice.balance, alice.in_flight), (8, 0));
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn documents_no_job_points_at_are_swept_after_their_grace(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("sluice-sweep-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let user = users::create_user(&pool, "sweep@example.com", "password123", Role::User, 5).await.unwrap();
+    let kept = submit(&pool, &blobs, user.id, "kept.txt", b"Notes that belong to a job.").await;
+    // What a crash between storing and admitting leaves: a stored document and no job.
+    let orphan = Blobs::new_key();
+    blobs.put(&orphan, bytes::Bytes::from_static(b"left behind")).await.unwrap();
+
+    let swept = engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(swept, 0, "nothing is younger than an upload in progress could be");
+    let swept = engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::ZERO).await.unwrap();
+    assert_eq!(swept, 1);
+    assert!(matches!(blobs.get(&orphan).await, Err(engine::EngineError::NotFound)));
+    let job = engine::queue::get(&pool, kept).await.unwrap();
+    let key = job.payload["document"]["key"].as_str().unwrap();
+    assert!(blobs.get(key).await.is_ok(), "a job's document stays");
+    let _ = std::fs::remove_dir_all(&dir);
+}

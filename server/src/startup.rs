@@ -15,9 +15,8 @@ use tower_sessions_sqlx_store::PostgresStore;
 
 use app::server::session::{ServerContext, WebSettings};
 use engine::accounts::AccountHooks;
-use engine::documents::processor::{blob_key, DocumentProcessor};
+use engine::documents::processor::DocumentProcessor;
 use engine::documents::Blobs;
-use engine::maintenance::OnPruned;
 use engine::queue::worker::WorkerPool;
 
 use crate::cli::Config;
@@ -73,7 +72,7 @@ impl Application {
                 hooks,
                 config.retry_policy(),
                 maintenance_config,
-                delete_blobs_of(blobs.clone()),
+                Some(blobs.clone()),
             ))];
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
@@ -143,22 +142,6 @@ fn spawn_session_cleanup(pool: PgPool, every: Duration) -> JoinHandle<()> {
                 tracing::warn!(error = %e, "deleting expired sessions failed");
             }
         }
-    })
-}
-
-/// Retention removes jobs; this removes their documents from blob storage.
-fn delete_blobs_of(blobs: Blobs) -> OnPruned {
-    Arc::new(move |jobs| {
-        let blobs = blobs.clone();
-        tokio::spawn(async move {
-            for job in jobs {
-                if let Some(key) = blob_key(&job.payload) {
-                    if let Err(e) = blobs.delete(key).await {
-                        tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's document");
-                    }
-                }
-            }
-        });
     })
 }
 

@@ -10,6 +10,7 @@ pub mod processor;
 pub mod providers;
 pub mod sandbox;
 pub mod sniff;
+pub mod sweep;
 
 pub use blobs::Blobs;
 pub use sniff::DocType;

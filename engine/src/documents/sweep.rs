@@ -1,0 +1,44 @@
+//! Blobs without a job: an upload is stored before its admission commits, so a crash between
+//! the two leaves a blob no job points at. The sweep finds such blobs once they are older
+//! than a grace period (an upload in progress is never that old) and deletes them.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use super::processor::blob_key;
+use super::Blobs;
+use crate::error::Result;
+use crate::queue::retention::PrunedJob;
+
+/// Delete stored documents older than `grace` that no job points at. Returns how many.
+pub async fn sweep_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Result<u64> {
+    let before = chrono::Utc::now() - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::hours(1));
+    let keys = blobs.documents_before(before).await?;
+    let mut removed = 0;
+    for batch in keys.chunks(500) {
+        let orphans: Vec<String> = sqlx::query_scalar(
+            "SELECT k FROM unnest($1::text[]) k
+             WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k)",
+        )
+        .bind(batch)
+        .fetch_all(pool)
+        .await?;
+        for key in orphans {
+            blobs.delete(&key).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Delete the documents of jobs retention removed.
+pub async fn delete_documents_of(blobs: &Blobs, jobs: &[PrunedJob]) {
+    for job in jobs {
+        if let Some(key) = blob_key(&job.payload) {
+            if let Err(e) = blobs.delete(key).await {
+                tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's document");
+            }
+        }
+    }
+}
