@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use app::server::session::WebSettings;
 use engine::accounts::admission::AdmissionConfig;
 use engine::accounts::login::LoginLimits;
+use engine::accounts::users::SignupLimits;
 use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
 use engine::documents::sandbox::SandboxConfig;
 use engine::documents::Blobs;
@@ -133,6 +134,16 @@ pub struct Config {
     /// Failed logins per client address within 15 minutes before 429.
     #[arg(long, env = "SLUICE_LOGIN_FAILURES_PER_ADDRESS", default_value_t = 20, global = true)]
     pub login_failures_per_address: i64,
+    /// Accounts one client address may make per hour.
+    #[arg(long, env = "SLUICE_SIGNUPS_PER_ADDRESS", default_value_t = 10, global = true)]
+    pub signups_per_address: i64,
+    /// Accounts that may be made per hour in all.
+    #[arg(long, env = "SLUICE_SIGNUPS_PER_HOUR", default_value_t = 300, global = true)]
+    pub signups_per_hour: i64,
+    /// Reverse proxies (IP addresses, comma-separated) whose X-Forwarded-For is believed for
+    /// the throttles; by default none is, and the peer address counts.
+    #[arg(long, env = "SLUICE_TRUSTED_PROXIES", value_delimiter = ',', global = true)]
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// Mark the session cookie `Secure` (serve over HTTPS when you set this).
     #[arg(long, env = "SLUICE_SECURE_COOKIES", default_value_t = false, global = true)]
     pub secure_cookies: bool,
@@ -226,6 +237,12 @@ impl Config {
                 per_address: self.login_failures_per_address,
                 ..Default::default()
             },
+            signup_limits: SignupLimits {
+                per_address: self.signups_per_address,
+                overall: self.signups_per_hour,
+                ..SignupLimits::default()
+            },
+            trusted_proxies: self.trusted_proxies.clone(),
             max_upload_bytes: self.max_upload_bytes,
             max_concurrent_uploads: self.max_concurrent_uploads,
             presets: {

@@ -7,13 +7,15 @@ use crate::model::UserInfo;
 #[cfg(feature = "ssr")]
 use crate::server::session::{answer, client_address, context, end_session, session, session_user, start_session};
 
-/// Create an account with the sign-up grant and log it in.
+/// Create an account with the sign-up grant and log it in (throttled per address and overall).
 #[server(endpoint = "sign_up")]
 pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppError> {
     answer(async move {
-        use engine::accounts::{users, Role};
         let ctx = context()?;
-        let user = users::create_user(&ctx.pool, &email, &password, Role::User, ctx.settings.signup_grant).await?;
+        let settings = &ctx.settings;
+        let client = client_address(&settings.trusted_proxies).await;
+        let (grant, limits) = (settings.signup_grant, settings.signup_limits);
+        let user = engine::accounts::users::sign_up(&ctx.pool, &email, &password, grant, &client, limits).await?;
         start_session(&session().await?, &user).await?;
         Ok(user.into())
     })
@@ -25,7 +27,7 @@ pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppErr
 pub async fn log_in(email: String, password: String) -> Result<UserInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let client = client_address().await;
+        let client = client_address(&ctx.settings.trusted_proxies).await;
         let limits = ctx.settings.login_limits;
         let user = engine::accounts::login::log_in(&ctx.pool, &email, &password, &client, limits).await?;
         start_session(&session().await?, &user).await?;

@@ -2,10 +2,12 @@
 //! provides as context, the session's user, the role checks, and which jobs a caller may see.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use engine::accounts::admission::AdmissionConfig;
 use engine::accounts::login::LoginLimits;
+use engine::accounts::users::SignupLimits;
 use engine::accounts::{users, User};
 use engine::documents::Blobs;
 use engine::queue::JobView;
@@ -42,6 +44,9 @@ pub struct WebSettings {
     /// Credits a new account starts with.
     pub signup_grant: i64,
     pub login_limits: LoginLimits,
+    pub signup_limits: SignupLimits,
+    /// Reverse proxies whose `X-Forwarded-For` is believed; anyone else's is ignored.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     pub max_upload_bytes: u64,
     /// Uploads read at once; past it an upload waits (unread) for its turn, then gets 503.
     pub max_concurrent_uploads: usize,
@@ -57,6 +62,8 @@ impl Default for WebSettings {
             admission: AdmissionConfig::default(),
             signup_grant: 20,
             login_limits: LoginLimits::default(),
+            signup_limits: SignupLimits::default(),
+            trusted_proxies: Vec::new(),
             max_upload_bytes: 50 * 1024 * 1024,
             max_concurrent_uploads: 32,
             busy_uploads_wait: std::time::Duration::from_secs(5),
@@ -126,14 +133,36 @@ pub async fn end_session(session: &Session) -> Result<(), AppError> {
     session.flush().await.map_err(session_error)
 }
 
-/// The peer's address, for the log-in throttle.
-pub async fn client_address() -> String {
+/// The client's address, for the throttles: the peer, or, when the peer is a trusted proxy,
+/// the address that proxy says it forwarded for.
+pub async fn client_address(trusted_proxies: &[IpAddr]) -> String {
     use axum::extract::ConnectInfo;
     use std::net::SocketAddr;
-    leptos_axum::extract::<ConnectInfo<SocketAddr>>()
-        .await
-        .map(|ConnectInfo(addr)| addr.ip().to_string())
-        .unwrap_or_else(|_| "unknown".into())
+    let Ok(ConnectInfo(peer)) = leptos_axum::extract::<ConnectInfo<SocketAddr>>().await else {
+        return "unknown".into();
+    };
+    let forwarded = leptos_axum::extract::<http::HeaderMap>().await.ok().and_then(|headers| {
+        let values: Vec<String> =
+            headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok().map(str::to_string)).collect();
+        (!values.is_empty()).then(|| values.join(","))
+    });
+    client_ip(peer.ip(), forwarded.as_deref(), trusted_proxies).to_string()
+}
+
+/// Pure: who the client is. `X-Forwarded-For` counts only when the peer is a trusted proxy;
+/// then the rightmost address that is not itself a trusted proxy is the client (entries
+/// further left were written by the client and prove nothing).
+pub fn client_ip(peer: IpAddr, forwarded_for: Option<&str>, trusted_proxies: &[IpAddr]) -> IpAddr {
+    if !trusted_proxies.contains(&peer) {
+        return peer;
+    }
+    let Some(header) = forwarded_for else { return peer };
+    header
+        .rsplit(',')
+        .map(str::trim)
+        .map_while(|hop| hop.parse::<IpAddr>().ok())
+        .find(|ip| !trusted_proxies.contains(ip))
+        .unwrap_or(peer)
 }
 
 /// A job the caller may see: their own (admins: any). Anything else is "not found".
@@ -170,4 +199,26 @@ pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Res
 /// One job as its owner sees it (see [`job_statuses`]).
 pub async fn job_status(pool: &PgPool, job: &JobView) -> Result<JobStatus, AppError> {
     Ok(job_statuses(pool, job.owner_id, std::slice::from_ref(job)).await?.remove(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_ip;
+    use std::net::IpAddr;
+
+    #[test]
+    fn forwarded_for_counts_only_from_trusted_proxies() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let proxy = ip("10.0.0.1");
+        let trusted = [proxy];
+        // A stranger's header is ignored.
+        assert_eq!(client_ip(ip("203.0.113.9"), Some("1.2.3.4"), &trusted), ip("203.0.113.9"));
+        // Behind the proxy: the rightmost untrusted hop, not what the client wrote further left.
+        assert_eq!(client_ip(proxy, Some("6.6.6.6, 198.51.100.7"), &trusted), ip("198.51.100.7"));
+        assert_eq!(client_ip(proxy, Some("198.51.100.7, 10.0.0.1"), &trusted), ip("198.51.100.7"));
+        // Garbage or nothing: the proxy itself.
+        assert_eq!(client_ip(proxy, Some("not-an-ip"), &trusted), proxy);
+        assert_eq!(client_ip(proxy, None, &trusted), proxy);
+        assert_eq!(client_ip(proxy, Some("1.2.3.4"), &[]), proxy, "no proxy is trusted by default");
+    }
 }

@@ -7,6 +7,7 @@ mod hooks;
 pub mod ledger;
 pub mod login;
 pub mod notices;
+pub mod throttle;
 pub mod tokens;
 pub mod users;
 

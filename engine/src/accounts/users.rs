@@ -1,11 +1,14 @@
 //! Users: sign-up, e-mail and password rules, password hashing (argon2id), roles.
 
+use std::time::Duration;
+
 use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use super::throttle;
 use crate::error::{EngineError, Result};
 
 /// What a user may do: admins also run the admin page and its actions.
@@ -78,8 +81,24 @@ pub fn check_password_rules(password: &str) -> Result<()> {
     Ok(())
 }
 
-/// argon2id with the crate's defaults. CPU-heavy: callers on an async runtime should run it
-/// on a blocking thread.
+/// Password hashes computed at once, across the process: argon2 takes CPU and 19 MiB each,
+/// so a burst of sign-ups or log-ins waits its turn instead of starving the machine.
+static HASHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Run argon2 work on a blocking thread, at most [`HASHING`]'s permits at once.
+async fn bounded_hashing<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    let _permit = HASHING.acquire().await.map_err(|_| EngineError::Invalid("the server is shutting down".into()))?;
+    tokio::task::spawn_blocking(work).await.map_err(|_| EngineError::Invalid("password hashing failed".into()))
+}
+
+/// Check `password` against `hash` on the bounded hashing pool.
+pub async fn verify_password_bounded(password: &str, hash: String) -> Result<bool> {
+    let password = password.to_string();
+    bounded_hashing(move || verify_password(&password, &hash)).await
+}
+
+/// argon2id with the crate's defaults. CPU-heavy: callers on an async runtime go through the
+/// bounded hashing pool.
 pub fn hash_password(password: &str) -> String {
     let salt = SaltString::generate(&mut OsRng);
     Argon2::default().hash_password(password.as_bytes(), &salt).expect("argon2 hashing").to_string()
@@ -95,7 +114,7 @@ pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role,
     let email = normalize_email(email)?;
     check_password_rules(password)?;
     let password = password.to_string();
-    let hash = tokio::task::spawn_blocking(move || hash_password(&password)).await.expect("hashing task");
+    let hash = bounded_hashing(move || hash_password(&password)).await?;
     let mut tx = pool.begin().await?;
     let user: User = sqlx::query_as(
         "INSERT INTO users (email, password_hash, role) VALUES ($1, $2, $3)
@@ -113,6 +132,43 @@ pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role,
     }
     tx.commit().await?;
     get(pool, user.id).await
+}
+
+/// How many accounts may be made, per client address and in all, within a window.
+#[derive(Clone, Copy, Debug)]
+pub struct SignupLimits {
+    pub per_address: i64,
+    pub overall: i64,
+    pub window: Duration,
+}
+
+impl Default for SignupLimits {
+    /// 10 per address and 300 in all per hour: each account gets free credits and costs an
+    /// argon2 hash, so a burst from one place must not be free.
+    fn default() -> Self {
+        SignupLimits { per_address: 10, overall: 300, window: Duration::from_secs(3600) }
+    }
+}
+
+/// Sign a stranger up: the input is checked first (free), then the throttles per client
+/// address and overall are taken (atomically), then the account is made with `grant` credits.
+pub async fn sign_up(
+    pool: &PgPool,
+    email: &str,
+    password: &str,
+    grant: i64,
+    client: &str,
+    limits: SignupLimits,
+) -> Result<User> {
+    normalize_email(email)?;
+    check_password_rules(password)?;
+    let by_address =
+        throttle::take(pool, &format!("signup:address:{client}"), limits.per_address, limits.window).await?;
+    if let Err(e) = throttle::take(pool, "signup:all", limits.overall, limits.window).await {
+        throttle::give_back(pool, by_address).await?;
+        return Err(e);
+    }
+    create_user(pool, email, password, Role::User, grant).await
 }
 
 /// One user, or `NotFound`.

@@ -1,5 +1,7 @@
 //! Server functions as the browser calls them: sessions, log-in throttling, ownership.
 
+use std::sync::Arc;
+
 use app::server::session::WebSettings;
 use engine::accounts::{users, Role};
 use reqwest::StatusCode;
@@ -93,4 +95,57 @@ async fn another_users_job_detail_is_404_through_server_functions(pool: PgPool) 
     call(&browser, &app, "sign_up", &[("email", "mallory@example.com"), ("password", "long password")]).await;
     let peek = call(&browser, &app, "job_detail", &[("id", job["id"].as_str().unwrap())]).await;
     assert_eq!(peek.status(), StatusCode::NOT_FOUND);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_hundred_parallel_guesses_check_at_most_the_limit(pool: PgPool) {
+    let app = Arc::new(TestApp::spawn(pool, WebSettings::default()).await);
+    users::create_user(&app.pool, "target@example.com", "right password", Role::User, 0).await.unwrap();
+    let guesses: Vec<_> = (0..100)
+        .map(|n| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let browser = reqwest::Client::new();
+                let guess = format!("wrong password {n}");
+                call(&browser, &app, "log_in", &[("email", "target@example.com"), ("password", &guess)]).await.status()
+            })
+        })
+        .collect();
+    let mut checked = 0;
+    for guess in guesses {
+        match guess.await.unwrap() {
+            StatusCode::UNAUTHORIZED => checked += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(checked, 5, "exactly the per-account limit was checked against the password");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn sign_ups_are_throttled_per_address_whatever_the_concurrency(pool: PgPool) {
+    let app = Arc::new(TestApp::spawn(pool, WebSettings::default()).await);
+    let limit = WebSettings::default().signup_limits.per_address;
+    let sign_ups: Vec<_> = (0..60)
+        .map(|n| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let email = format!("burst{n}@example.com");
+                call(&reqwest::Client::new(), &app, "sign_up", &[("email", &email), ("password", "long password")])
+                    .await
+                    .status()
+            })
+        })
+        .collect();
+    let mut made = 0;
+    for sign_up in sign_ups {
+        match sign_up.await.unwrap() {
+            StatusCode::OK => made += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(made, limit);
+    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM users").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(accounts, limit, "no account past the limit, no free credits past it");
 }
