@@ -57,6 +57,32 @@ pub enum Command {
     },
 }
 
+/// A setting that must never be printed (a database URL with its password, an API key):
+/// `Debug` shows only that it is set.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The value itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
 /// The `--provider` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProviderChoice {
@@ -73,7 +99,7 @@ pub struct Config {
     pub bind: SocketAddr,
     /// Postgres to use. When unset, a private cluster is started in <data-dir>/postgres.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Option<Secret>,
     /// Folder for the embedded Postgres cluster and local blobs.
     #[arg(long, env = "SLUICE_DATA_DIR", default_value = ".data", global = true)]
     pub data_dir: PathBuf,
@@ -156,7 +182,7 @@ pub struct Config {
     pub provider_url: String,
     /// The provider's API key (never logged).
     #[arg(long, env = "SLUICE_PROVIDER_API_KEY", hide_env_values = true, global = true)]
-    pub provider_api_key: Option<String>,
+    pub provider_api_key: Option<Secret>,
     /// The model to ask.
     #[arg(long, env = "SLUICE_PROVIDER_MODEL", default_value = "", global = true)]
     pub provider_model: String,
@@ -262,7 +288,7 @@ impl Config {
                 ProviderChoice::Openai => ProviderKind::Openai,
             },
             base_url: self.provider_url.clone(),
-            api_key: self.provider_api_key.clone(),
+            api_key: self.provider_api_key.as_ref().map(|k| k.expose().to_string()),
             model: self.provider_model.clone(),
             max_tokens: self.provider_max_tokens,
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
@@ -290,4 +316,23 @@ impl Config {
 
 fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let cli = Cli::parse_from([
+            "server",
+            "--database-url",
+            "postgres://sluice:hunter2@db.internal/sluice",
+            "--provider-api-key",
+            "sk-live-abcdef123456",
+        ]);
+        let printed = format!("{cli:?} {:?}", cli.config.provider_config());
+        assert!(!printed.contains("hunter2") && !printed.contains("sk-live"), "{printed}");
+        assert_eq!(cli.config.database_url.unwrap().expose(), "postgres://sluice:hunter2@db.internal/sluice");
+    }
 }

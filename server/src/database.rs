@@ -23,7 +23,7 @@ impl Database {
     /// The configured database, or the embedded cluster in `<data-dir>/postgres`.
     pub async fn open(config: &Config, mode: Cluster) -> anyhow::Result<Database> {
         if let Some(url) = &config.database_url {
-            return Ok(Database { url: url.clone(), cluster: None });
+            return Ok(Database { url: url.expose().to_string(), cluster: None });
         }
         let folder = config.data_dir.join("postgres");
         if mode == Cluster::Own {

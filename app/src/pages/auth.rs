@@ -20,10 +20,16 @@ fn error_text(e: &AppError) -> String {
 /// Pure: where to go after logging in. Only a path on this site (never `//host` or a URL),
 /// so a crafted link cannot send anyone elsewhere.
 pub fn after_login(next: Option<&str>) -> String {
+    // Only visible ASCII: browsers drop tabs and newlines from URLs, so "/\t/evil.example"
+    // would become "//evil.example", another site.
+    let local = |path: &str| {
+        path.starts_with('/')
+            && !path.starts_with("//")
+            && path.chars().all(|c| c.is_ascii_graphic() && c != '\\')
+            && path != "/login"
+    };
     match next {
-        Some(path) if path.starts_with('/') && !path.starts_with("//") && !path.contains('\\') && path != "/login" => {
-            path.to_string()
-        }
+        Some(path) if local(path) => path.to_string(),
         _ => "/jobs".to_string(),
     }
 }
@@ -110,5 +116,9 @@ mod tests {
         assert_eq!(after_login(Some("//evil.example/")), "/jobs");
         assert_eq!(after_login(Some("/\\evil.example")), "/jobs");
         assert_eq!(after_login(Some("/login")), "/jobs");
+        for sneaky in ["/\t/evil.example", "/\n/evil.example", "/\r/evil.example", "/ /evil.example", "/\u{7f}/x"] {
+            assert_eq!(after_login(Some(sneaky)), "/jobs", "{sneaky:?}");
+        }
+        assert_eq!(after_login(Some("/jobs?state=failed&page=2")), "/jobs?state=failed&page=2");
     }
 }

@@ -74,15 +74,19 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .with_state(state))
 }
 
-/// 200 with the Postgres version while the database answers, else 503.
+/// 200 with the Postgres version while the database answers, else 503 (no error text).
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     match engine::db::server_version(&state.ctx.pool).await {
         Ok(version) => {
             (StatusCode::OK, Json(serde_json::json!({ "status": "ok", "database": "ok", "postgres": version })))
         }
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "degraded", "database": "unreachable", "error": e.to_string() })),
-        ),
+        Err(e) => {
+            // The details go to the log, not to anonymous callers.
+            tracing::warn!(error = %e, "health check: the database does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({ "status": "degraded", "database": "unreachable" })),
+            )
+        }
     }
 }

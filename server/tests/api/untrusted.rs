@@ -214,3 +214,15 @@ async fn uploads_past_the_concurrency_bound_wait_then_get_503(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(app.upload(&token, doc(2), None).await.status(), StatusCode::ACCEPTED, "the slot is free again");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_health_check_tells_strangers_nothing_about_database_errors(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let healthy = reqwest::get(app.url("/healthz")).await.unwrap();
+    assert_eq!(healthy.status(), StatusCode::OK);
+    app.pool.close().await;
+    let down = reqwest::get(app.url("/healthz")).await.unwrap();
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: serde_json::Value = down.json().await.unwrap();
+    assert_eq!(body, serde_json::json!({ "status": "degraded", "database": "unreachable" }));
+}

@@ -64,8 +64,8 @@ pub enum ProviderKind {
     Openai,
 }
 
-/// How to reach the provider.
-#[derive(Clone, Debug)]
+/// How to reach the provider. `Debug` leaves the key out.
+#[derive(Clone)]
 pub struct ProviderConfig {
     pub kind: ProviderKind,
     /// For anthropic: `https://api.anthropic.com`; for openai: the base ending in `/v1`.
@@ -75,6 +75,19 @@ pub struct ProviderConfig {
     pub model: String,
     pub max_tokens: u32,
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderConfig")
+            .field("kind", &self.kind)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field("max_tokens", &self.max_tokens)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl Default for ProviderConfig {
