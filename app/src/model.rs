@@ -276,3 +276,11 @@ pub struct AuditInfo {
     pub old_value: Option<String>,
     pub new_value: Option<String>,
 }
+
+/// What a DLQ replay did, for the admin page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplayInfo {
+    pub replayed: usize,
+    /// (this job, the newer job of the same document): left failed, the owner uploaded again.
+    pub already_reuploaded: Vec<(String, String)>,
+}

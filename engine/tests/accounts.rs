@@ -110,8 +110,11 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
                             .await
                             .unwrap();
                     if let Some(id) = failed {
-                        // A live job with the same content key blocks the replay (unique index); skip then.
-                        let _ = dlq::replay(&pool, &hooks as &dyn TerminalHooks, &Selection::Job(id), "admin").await;
+                        // A live job with the same content key keeps it failed (reported, not an error).
+                        let replayed = dlq::replay(&pool, &hooks as &dyn TerminalHooks, &Selection::Job(id), "admin")
+                            .await
+                            .unwrap();
+                        assert_eq!(replayed.ids.len() + replayed.already_reuploaded.len(), 1);
                     }
                 }
             }

@@ -11,7 +11,7 @@ use engine::queue::policy::retry::ErrorClass;
 use engine::queue::switches;
 use engine::queue::worker::{work_once, WorkerPool};
 use engine::queue::{self, JobError, JobOutput, JobState, Recorded};
-use engine::testing::{count_in_state, enqueue_many, fast_worker, wait_for, wider_pool};
+use engine::testing::{count_in_state, enqueue_many, fast_worker, job, wait_for, wider_pool, JobOpts};
 use engine::FailureKind;
 use sluice_types::AttemptOutcome;
 use sqlx::{PgConnection, PgPool};
@@ -381,7 +381,7 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
         dlq::replay(&pool, &RecordingHooks, &one, "admin"),
         dlq::replay(&pool, &RecordingHooks, &one, "admin")
     );
-    assert_eq!(a.unwrap().len() + b.unwrap().len(), 1);
+    assert_eq!(a.unwrap().ids.len() + b.unwrap().ids.len(), 1);
     let job = queue::get(&pool, ids[0]).await.unwrap();
     assert_eq!((job.state, job.attempts, job.replays), (JobState::Queued, 0, 1));
     assert_eq!(RecordingHooks::calls(&pool, ids[0], "replayed").await, 1);
@@ -392,7 +392,7 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
         dlq::replay(&pool, &RecordingHooks, &group, "admin"),
         dlq::replay(&pool, &RecordingHooks, &group, "admin")
     );
-    assert_eq!(a.unwrap().len() + b.unwrap().len(), 2);
+    assert_eq!(a.unwrap().ids.len() + b.unwrap().ids.len(), 2);
     assert_eq!(dlq::depth(&pool).await.unwrap(), 0);
 
     // They run to done; discard takes a failed job out of the DLQ without deleting it.
@@ -471,6 +471,36 @@ async fn a_huge_retry_after_is_capped_and_never_panics_the_worker(pool: PgPool) 
     assert!(wait <= config.policy.max_retry_after && wait > config.policy.max_retry_after - Duration::from_secs(60));
     let job = queue::get(&pool, id).await.unwrap();
     assert_eq!(job.state, JobState::Retrying, "not stuck in running");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_group_replay_skips_documents_uploaded_again_and_requeues_the_rest(pool: PgPool) {
+    let failed = |key: &str| {
+        let (pool, key) = (pool.clone(), key.to_string());
+        async move {
+            let id =
+                job(&pool, &JobOpts { state: JobState::Failed, finished_ago: Some(10.0), ..Default::default() }).await;
+            sqlx::query("UPDATE jobs SET idempotency_key = $2 WHERE id = $1")
+                .bind(id)
+                .bind(key)
+                .execute(&pool)
+                .await
+                .unwrap();
+            id
+        }
+    };
+    let reuploaded = failed("doc-a").await;
+    let other = failed("doc-b").await;
+    // The owner uploaded doc-a again: a live job holds its key now.
+    let newer = job(&pool, &JobOpts::default()).await;
+    sqlx::query("UPDATE jobs SET idempotency_key = 'doc-a' WHERE id = $1").bind(newer).execute(&pool).await.unwrap();
+
+    let group = Selection::Group { kind: FailureKind::RetriesExhausted, reason: "provider overloaded".into() };
+    let replayed = dlq::replay(&pool, &NoHooks, &group, "admin").await.unwrap();
+    assert_eq!(replayed.ids, vec![other]);
+    assert_eq!(replayed.already_reuploaded, vec![(reuploaded, newer)]);
+    assert_eq!(queue::get(&pool, reuploaded).await.unwrap().state, JobState::Failed);
+    assert_eq!(queue::get(&pool, other).await.unwrap().state, JobState::Queued);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus};
+use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
 use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
 use crate::pages::polling::{every, tab_visible};
@@ -229,6 +229,8 @@ fn DlqCard(groups: LocalResource<Result<Vec<DlqGroupInfo>, AppError>>, actions: 
     view! {
         <section class="card">
             <h2>"Dead-letter queue"</h2>
+            <ReplayNote info=actions.replay_group.value()/>
+            <ReplayNote info=actions.replay_job.value()/>
             {move || {
                 let list = groups.get().and_then(|r| r.ok()).unwrap_or_default();
                 if list.is_empty() {
@@ -245,6 +247,23 @@ fn DlqCard(groups: LocalResource<Result<Vec<DlqGroupInfo>, AppError>>, actions: 
                 }.into_any()
             }}
         </section>
+    }
+}
+
+/// After a replay: jobs left failed because their owner uploaded the document again, each
+/// with a link to the newer job.
+#[component]
+fn ReplayNote(#[prop(into)] info: Signal<Option<Result<ReplayInfo, AppError>>>) -> impl IntoView {
+    move || {
+        let info = info.get().and_then(|r| r.ok()).filter(|i| !i.already_reuploaded.is_empty())?;
+        Some(view! {
+            <p class="hint" data-testid="replay-note">
+                {format!("{} replayed. Already re-uploaded, so left failed: ", info.replayed)}
+                {info.already_reuploaded.into_iter().map(|(job, newer)| view! {
+                    <a href=format!("/jobs/{newer}")>{format!("job {} (see the newer job)", &job[..8.min(job.len())])}</a>" "
+                }).collect_view()}
+            </p>
+        })
     }
 }
 

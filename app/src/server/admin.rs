@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AuditInfo, DlqGroupInfo, DlqJobInfo, QueueStatus};
+use crate::model::{AuditInfo, DlqGroupInfo, DlqJobInfo, QueueStatus, ReplayInfo};
 #[cfg(feature = "ssr")]
 use {
     crate::server::session::{answer, context, require_admin},
@@ -121,7 +121,7 @@ pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, A
 
 /// Replay a whole group (free for the owners: their refunds stand).
 #[server(endpoint = "admin/dlq_replay")]
-pub async fn dlq_replay(kind: String, reason: String) -> Result<usize, AppError> {
+pub async fn dlq_replay(kind: String, reason: String) -> Result<ReplayInfo, AppError> {
     answer(async move { replay(Selection::Group { kind: failure_kind(&kind)?, reason }).await }).await
 }
 
@@ -133,7 +133,7 @@ pub async fn dlq_discard(kind: String, reason: String) -> Result<u64, AppError> 
 
 /// Replay one job.
 #[server(endpoint = "admin/dlq_replay_job")]
-pub async fn dlq_replay_job(id: String) -> Result<usize, AppError> {
+pub async fn dlq_replay_job(id: String) -> Result<ReplayInfo, AppError> {
     answer(async move { replay(job_selection(&id)?).await }).await
 }
 
@@ -155,10 +155,14 @@ fn job_selection(id: &str) -> Result<Selection, AppError> {
 }
 
 #[cfg(feature = "ssr")]
-async fn replay(selection: Selection) -> Result<usize, AppError> {
+async fn replay(selection: Selection) -> Result<ReplayInfo, AppError> {
     let ctx = context()?;
     let admin = require_admin(&ctx).await?;
-    Ok(dlq::replay(&ctx.pool, &engine::accounts::AccountHooks, &selection, &admin.email).await?.len())
+    let done = dlq::replay(&ctx.pool, &engine::accounts::AccountHooks, &selection, &admin.email).await?;
+    Ok(ReplayInfo {
+        replayed: done.ids.len(),
+        already_reuploaded: done.already_reuploaded.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
+    })
 }
 
 #[cfg(feature = "ssr")]

@@ -75,22 +75,82 @@ impl Selection {
     }
 }
 
+/// A dead job a replay may requeue, with what decides whether it can be.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct ReplayCandidate {
+    pub id: Uuid,
+    pub owner_id: i64,
+    pub idempotency_key: Option<String>,
+    /// The owner's live (not failed) job with the same key: the document was uploaded again.
+    pub newer: Option<Uuid>,
+}
+
+/// What a replay did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Replayed {
+    /// Requeued.
+    pub ids: Vec<Uuid>,
+    /// Left failed because the owner uploaded the document again: (this job, the newer one).
+    pub already_reuploaded: Vec<(Uuid, Uuid)>,
+}
+
+/// Pure: which candidates to requeue. One with a live twin stays failed (requeueing it would
+/// make two live jobs for one document); of several candidates sharing an owner and a key,
+/// only the first is requeued and the others point at it.
+pub fn plan_replay(candidates: &[ReplayCandidate]) -> Replayed {
+    let mut plan = Replayed::default();
+    let mut taken: std::collections::HashMap<(i64, &str), Uuid> = std::collections::HashMap::new();
+    for c in candidates {
+        if let Some(newer) = c.newer {
+            plan.already_reuploaded.push((c.id, newer));
+            continue;
+        }
+        match c.idempotency_key.as_deref() {
+            Some(key) => match taken.get(&(c.owner_id, key)) {
+                Some(&first) => plan.already_reuploaded.push((c.id, first)),
+                None => {
+                    taken.insert((c.owner_id, key), c.id);
+                    plan.ids.push(c.id);
+                }
+            },
+            None => plan.ids.push(c.id),
+        }
+    }
+    plan
+}
+
 /// Replay: attempts reset, back to `queued`, the replayed hook in the same transaction.
-/// Only jobs still failed are touched, so two identical requests at once requeue once.
-/// Returns the ids replayed.
-pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Selection, actor: &str) -> Result<Vec<Uuid>> {
+/// Only jobs still failed are touched, so two identical requests at once requeue once. A job
+/// whose document its owner has since uploaded again is left failed and reported.
+pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Selection, actor: &str) -> Result<Replayed> {
     let (id, kind, reason) = selection.parameters();
     let mut tx = pool.begin().await?;
-    let replayed: Vec<TerminalJob> = sqlx::query_as(
-        "UPDATE dead_letters SET state = 'queued', attempts = 0, run_at = now(), failure_kind = NULL,
-             failure_reason = NULL, finished_at = NULL, replays = replays + 1, updated_at = now()
-         WHERE ($1::uuid IS NOT NULL AND id = $1)
-            OR ($1::uuid IS NULL AND failure_kind = $2 AND coalesce(failure_reason, '') = $3)
-         RETURNING id, owner_id, cost, attempts",
+    let candidates: Vec<ReplayCandidate> = sqlx::query_as(
+        "SELECT d.id, d.owner_id, d.idempotency_key, twin.id AS newer
+         FROM dead_letters d
+         LEFT JOIN LATERAL (
+             SELECT j.id FROM jobs j
+             WHERE j.owner_id = d.owner_id AND j.idempotency_key = d.idempotency_key AND j.state <> 'failed'
+             LIMIT 1
+         ) twin ON true
+         WHERE ($1::uuid IS NOT NULL AND d.id = $1)
+            OR ($1::uuid IS NULL AND d.failure_kind = $2 AND coalesce(d.failure_reason, '') = $3)
+         ORDER BY d.finished_at DESC, d.id
+         FOR UPDATE OF d",
     )
     .bind(id)
     .bind(kind)
     .bind(reason)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut plan = plan_replay(&candidates);
+    let replayed: Vec<TerminalJob> = sqlx::query_as(
+        "UPDATE dead_letters SET state = 'queued', attempts = 0, run_at = now(), failure_kind = NULL,
+             failure_reason = NULL, finished_at = NULL, replays = replays + 1, updated_at = now()
+         WHERE id = ANY($1)
+         RETURNING id, owner_id, cost, attempts",
+    )
+    .bind(&plan.ids)
     .fetch_all(&mut *tx)
     .await?;
     for job in &replayed {
@@ -102,7 +162,8 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
         super::notify_workers(&mut tx).await?;
     }
     tx.commit().await?;
-    Ok(replayed.into_iter().map(|job| job.id).collect())
+    plan.ids = replayed.into_iter().map(|job| job.id).collect();
+    Ok(plan)
 }
 
 /// Discard: the jobs stay `failed` (and refunded) for their owners but leave the DLQ.
@@ -126,4 +187,32 @@ pub async fn discard(pool: &PgPool, selection: &Selection, actor: &str) -> Resul
     }
     tx.commit().await?;
     Ok(discarded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(n: u128, owner: i64, key: Option<&str>, newer: Option<u128>) -> ReplayCandidate {
+        ReplayCandidate {
+            id: Uuid::from_u128(n),
+            owner_id: owner,
+            idempotency_key: key.map(str::to_string),
+            newer: newer.map(Uuid::from_u128),
+        }
+    }
+
+    #[test]
+    fn a_reuploaded_document_stays_failed_and_twins_replay_once() {
+        let plan = plan_replay(&[
+            candidate(1, 7, Some("a"), Some(99)),
+            candidate(2, 7, Some("b"), None),
+            candidate(3, 7, Some("b"), None),
+            candidate(4, 8, Some("b"), None),
+            candidate(5, 7, None, None),
+        ]);
+        let id = Uuid::from_u128;
+        assert_eq!(plan.ids, vec![id(2), id(4), id(5)]);
+        assert_eq!(plan.already_reuploaded, vec![(id(1), id(99)), (id(3), id(2))]);
+    }
 }
