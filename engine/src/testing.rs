@@ -348,3 +348,10 @@ pub fn pdf_with_pages(pages: usize) -> Vec<u8> {
     doc.save_to(&mut out).expect("write the PDF");
     out
 }
+
+/// The most this process has had resident so far (VmHWM), in MiB.
+pub fn peak_rss_mib() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<usize>().ok()).expect("a number") / 1024
+}

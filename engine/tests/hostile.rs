@@ -23,13 +23,6 @@ fn sandbox() -> SandboxConfig {
     config
 }
 
-/// The most this process has had resident (VmHWM), in MiB.
-fn peak_rss_mib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
-    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("a number") / 1024
-}
-
 /// What each hostile file is, with the reasons a user may be given for it.
 fn hostile_pdfs() -> Vec<(&'static str, Vec<u8>)> {
     vec![

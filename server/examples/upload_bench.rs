@@ -1,9 +1,14 @@
-//! Upload acceptance over real HTTP on loopback: `cargo xtask bench` (release build).
+//! Uploads over real HTTP on loopback: `cargo xtask bench` (release build). Three parts, in
+//! this order so the memory figure is this process's own:
 //!
-//! 32 concurrent clients post distinct 1 MiB PDFs through `POST /api/v1/jobs` (bearer token,
-//! multipart, streamed, hashed, admitted in one transaction). Credits and limits are ample,
-//! so every upload is accepted. Prints p50 / p95 / p99 latency and uploads per second for
-//! each run and their medians. Options: --runs N (3), --uploads N (2000), --clients N (32).
+//! 1. Peak RSS of the whole process (server and clients) while 20 clients each upload 50 MiB
+//!    at once and are accepted (streamed through the checks into the local blob store).
+//! 2. Refusal latency: 200 uploads of 50 MiB from an account with no credits, 8 at a time;
+//!    the time from the first byte sent until the 402 arrives (the client is still sending).
+//! 3. Acceptance: 32 concurrent clients post distinct 1 MiB PDFs through `POST /api/v1/jobs`;
+//!    p50 / p95 / p99 latency and uploads per second for each run and their medians.
+//!
+//! Options: --runs N (3), --uploads N (2000), --clients N (32).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +16,7 @@ use std::time::{Duration, Instant};
 use app::server::session::WebSettings;
 use engine::accounts::admission::AdmissionConfig;
 use engine::accounts::{users, Role};
+use server::testing::{file_part, raw_upload};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -32,6 +38,69 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// A user with `credits` and a token for it.
+async fn user_with_token(pool: &sqlx::PgPool, email: &str, credits: i64) -> String {
+    let user = users::create_user(pool, email, "bench password", Role::User, credits).await.unwrap();
+    engine::accounts::tokens::create(pool, user.id, "bench").await.unwrap().1
+}
+
+async fn big_uploads_in_bounded_memory(pool: &sqlx::PgPool, addr: std::net::SocketAddr) {
+    let mut tokens = Vec::new();
+    for n in 0..20 {
+        tokens.push(user_with_token(pool, &format!("big{n}@example.com"), 5).await);
+    }
+    let started = Instant::now();
+    let uploads: Vec<_> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(n, token)| {
+            tokio::task::spawn_blocking(move || {
+                let head = format!("%PDF-1.7\n%{n}\n");
+                raw_upload(addr, &token, &file_part("big.pdf"), head.as_bytes(), b'0', 50 << 20)
+            })
+        })
+        .collect();
+    for upload in uploads {
+        assert_eq!(upload.await.unwrap().status, 202);
+    }
+    println!(
+        "20 x 50 MiB accepted at once in {:.1} s: peak RSS of this process (server + clients) {} MiB",
+        started.elapsed().as_secs_f64(),
+        engine::testing::peak_rss_mib()
+    );
+}
+
+async fn refusals_before_the_body(pool: &sqlx::PgPool, addr: std::net::SocketAddr) {
+    let token = user_with_token(pool, "broke@example.com", 0).await;
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (token, next) = (token.clone(), next.clone());
+            tokio::task::spawn_blocking(move || {
+                let mut took = Vec::new();
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 200 {
+                    let answer = raw_upload(addr, &token, &file_part("big.pdf"), b"%PDF-1.7\n", b'0', 50 << 20);
+                    assert_eq!(answer.status, 402);
+                    assert!(answer.sent < 50 << 20);
+                    took.push(answer.took.as_secs_f64() * 1000.0);
+                }
+                took
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for client in clients {
+        latencies.extend(client.await.unwrap());
+    }
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "refusing 50 MiB uploads without credits (200, 8 at a time): p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.95),
+        percentile(&latencies, 0.99)
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let (runs, uploads, clients) = (arg("--runs", 3), arg("--uploads", 2000), arg("--clients", 32));
@@ -48,6 +117,8 @@ async fn main() {
     let blob_dir = std::env::temp_dir().join(format!("sluice-bench-blobs-{}", std::process::id()));
     let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
     let addr = server::spawn_web(pool.clone(), settings, blobs).await.unwrap();
+    big_uploads_in_bounded_memory(&pool, addr).await;
+    refusals_before_the_body(&pool, addr).await;
     let (mut p50s, mut p95s, mut p99s, mut rates) = (vec![], vec![], vec![], vec![]);
     for run in 1..=runs {
         sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE")
@@ -62,22 +133,22 @@ async fn main() {
             .await
             .unwrap();
         let (_, token) = engine::accounts::tokens::create(&pool, user.id, "bench").await.unwrap();
-        let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..uploads).map(|n| pdf(run * uploads + n)).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let client = reqwest::Client::new();
         let started = Instant::now();
         let tasks: Vec<_> = (0..clients)
             .map(|_| {
-                let (bodies, next, client, token) = (bodies.clone(), next.clone(), client.clone(), token.clone());
+                let (next, client, token) = (next.clone(), client.clone(), token.clone());
                 tokio::spawn(async move {
                     let mut latencies = Vec::new();
                     loop {
                         let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if n >= bodies.len() {
+                        if n >= uploads {
                             return latencies;
                         }
+                        let body = pdf(run * uploads + n);
                         let form = reqwest::multipart::Form::new()
-                            .part("file", reqwest::multipart::Part::bytes(bodies[n].clone()).file_name("bench.pdf"));
+                            .part("file", reqwest::multipart::Part::bytes(body).file_name("bench.pdf"));
                         let t = Instant::now();
                         let response = client
                             .post(format!("http://{addr}/api/v1/jobs"))

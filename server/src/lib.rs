@@ -8,5 +8,7 @@ pub mod http;
 pub mod operator;
 pub mod startup;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use startup::{spawn_web, Application};
