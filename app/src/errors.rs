@@ -28,6 +28,8 @@ pub enum AppError {
     TooManyInFlight { in_flight: i32, limit: i32, retry_after_secs: u64 },
     #[error("Sluice is not accepting new documents right now (nothing was stored); try again in {retry_after_secs} s")]
     Overloaded { retry_after_secs: u64 },
+    #[error("you have {limit} uploads in progress already; try again in {retry_after_secs} s")]
+    TooManyUploads { limit: usize, retry_after_secs: u64 },
     #[error("the file is larger than the limit of {limit_bytes} bytes")]
     TooLarge { limit_bytes: u64 },
     #[error("{message}")]
@@ -59,7 +61,7 @@ impl AppError {
             AppError::TooLarge { .. } => 413,
             AppError::UnsupportedType { .. } => 415,
             AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,
-            AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } => 429,
+            AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } | AppError::TooManyUploads { .. } => 429,
             AppError::Internal => 500,
             AppError::Overloaded { .. } => 503,
             AppError::ServerFn(ServerFnErrorErr::Args(_) | ServerFnErrorErr::Deserialization(_)) => 400,
@@ -72,6 +74,7 @@ impl AppError {
         match self {
             AppError::RateLimited { retry_after_secs }
             | AppError::TooManyInFlight { retry_after_secs, .. }
+            | AppError::TooManyUploads { retry_after_secs, .. }
             | AppError::Overloaded { retry_after_secs } => Some(*retry_after_secs),
             _ => None,
         }

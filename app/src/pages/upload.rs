@@ -32,6 +32,11 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
             num("cost"),
             num("balance")
         )),
+        429 if body["error"] == "too_many_uploads" => refused(format!(
+            "You are sending {} files at once already. Try again in {} s.",
+            num("limit"),
+            num("retry_after_secs")
+        )),
         429 => refused(format!(
             "You have {} of {} documents in progress. Try again in {} s, when one has finished.",
             num("in_flight"),
@@ -235,6 +240,8 @@ mod tests {
         assert!(outcome_for(402, &body).message.contains("balance is 0"));
         let body = serde_json::json!({"in_flight": 5, "limit": 5, "retry_after_secs": 15});
         assert!(outcome_for(429, &body).message.contains("5 of 5") && outcome_for(429, &body).message.contains("15 s"));
+        let busy = serde_json::json!({"error": "too_many_uploads", "limit": 8, "retry_after_secs": 5});
+        assert!(outcome_for(429, &busy).message.contains("8 files at once"));
         assert!(outcome_for(413, &serde_json::json!({"limit_bytes": 52428800})).message.contains("50 MB"));
         let body = serde_json::json!({"message": "HTML, SVG and XML files are not accepted"});
         assert!(outcome_for(415, &body).message.contains("HTML"));

@@ -27,13 +27,44 @@ pub struct ServerContext {
     pub blobs: Blobs,
     /// One permit per upload in progress (see [`WebSettings::max_concurrent_uploads`]).
     pub uploads: Arc<tokio::sync::Semaphore>,
+    /// Uploads in progress per user (see [`WebSettings::max_uploads_per_user`]).
+    uploads_by_user: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+}
+
+/// One of a user's uploads in progress; dropping it ends it.
+pub struct UserUpload {
+    user_id: i64,
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+}
+
+impl Drop for UserUpload {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&self.user_id) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.user_id);
+            }
+        }
+    }
 }
 
 impl ServerContext {
     /// The context for these settings, with its upload permits.
     pub fn new(pool: PgPool, settings: WebSettings, blobs: Blobs) -> ServerContext {
         let uploads = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_uploads.max(1)));
-        ServerContext { pool, settings: Arc::new(settings), blobs, uploads }
+        ServerContext { pool, settings: Arc::new(settings), blobs, uploads, uploads_by_user: Default::default() }
+    }
+
+    /// Start one of `user_id`'s uploads, unless they already have the most allowed at once.
+    pub fn begin_upload(&self, user_id: i64) -> Option<UserUpload> {
+        let mut counts = self.uploads_by_user.lock().unwrap_or_else(|e| e.into_inner());
+        let n = counts.entry(user_id).or_default();
+        if *n >= self.settings.max_uploads_per_user {
+            return None;
+        }
+        *n += 1;
+        Some(UserUpload { user_id, counts: self.uploads_by_user.clone() })
     }
 }
 
@@ -50,6 +81,9 @@ pub struct WebSettings {
     pub max_upload_bytes: u64,
     /// Uploads read at once; past it an upload waits (unread) for its turn, then gets 503.
     pub max_concurrent_uploads: usize,
+    /// Uploads one user may have in progress at once (the upload page sends several files
+    /// together); past it, 429.
+    pub max_uploads_per_user: usize,
     /// How long an upload waits for its turn (also the `Retry-After` of that 503).
     pub busy_uploads_wait: std::time::Duration,
     /// The presets the configured provider can do (language-model presets need one).
@@ -66,6 +100,7 @@ impl Default for WebSettings {
             trusted_proxies: Vec::new(),
             max_upload_bytes: 50 * 1024 * 1024,
             max_concurrent_uploads: 32,
+            max_uploads_per_user: 8,
             busy_uploads_wait: std::time::Duration::from_secs(5),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
         }

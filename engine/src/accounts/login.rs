@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 /// Limits on failed logins within a sliding window.
 #[derive(Clone, Copy, Debug)]
 pub struct LoginLimits {
-    /// Failures per account before 429.
+    /// Failures at one account from one address before 429 (ten times as many from anywhere).
     pub per_account: i64,
     /// Failures per client address before 429.
     pub per_address: i64,
@@ -23,6 +23,9 @@ impl Default for LoginLimits {
         LoginLimits { per_account: 5, per_address: 20, window: Duration::from_secs(15 * 60) }
     }
 }
+
+/// The account-wide window allows this many times the per-(account, address) limit.
+pub const ACCOUNT_WIDE_FACTOR: i64 = 10;
 
 /// A user with the password hash, only for the check.
 #[derive(sqlx::FromRow)]
@@ -36,18 +39,28 @@ struct Credentials {
 /// Unknown e-mail and wrong password answer the same, and cost the same argon2 work.
 pub async fn log_in(pool: &PgPool, email: &str, password: &str, client: &str, limits: LoginLimits) -> Result<User> {
     let email = normalize_email(email).map_err(|_| EngineError::BadCredentials)?;
-    let account_key = format!("login:account:{email}");
-    let address_key = format!("login:address:{client}");
-    // Every attempt takes its event before the password is checked (atomically), so at most
+    // Three windows: guesses at this account from this address (the tight one), at this
+    // account from anywhere (looser, so a stranger cannot lock its owner out with a few
+    // guesses), and from this address at any account.
+    let windows = [
+        (format!("login:account:{email}:from:{client}"), limits.per_account),
+        (format!("login:account:{email}"), limits.per_account * ACCOUNT_WIDE_FACTOR),
+        (format!("login:address:{client}"), limits.per_address),
+    ];
+    // Every attempt takes its place before the password is checked (atomically), so at most
     // the limit is ever checked, however many guesses race; a success gives them back.
-    let account = throttle::take(pool, &account_key, limits.per_account, limits.window).await?;
-    let address = match throttle::take(pool, &address_key, limits.per_address, limits.window).await {
-        Ok(taken) => taken,
-        Err(e) => {
-            throttle::give_back(pool, account).await?;
-            return Err(e);
+    let mut taken = Vec::with_capacity(windows.len());
+    for (key, limit) in &windows {
+        match throttle::take(pool, key, *limit, limits.window).await {
+            Ok(t) => taken.push(t),
+            Err(e) => {
+                for t in taken {
+                    throttle::give_back(pool, t).await?;
+                }
+                return Err(e);
+            }
         }
-    };
+    }
     let found: Option<Credentials> =
         sqlx::query_as("SELECT * FROM users WHERE email = $1").bind(&email).fetch_optional(pool).await?;
     // A fixed dummy hash keeps the timing of unknown accounts like that of known ones.
@@ -57,8 +70,11 @@ pub async fn log_in(pool: &PgPool, email: &str, password: &str, client: &str, li
     let ok = verify_password_bounded(password, hash).await?;
     match found {
         Some(credentials) if ok => {
-            throttle::clear(pool, &account_key).await?;
-            throttle::give_back(pool, address).await?;
+            // The owner is in: this address's guesses at the account are forgiven.
+            throttle::clear(pool, &windows[0].0).await?;
+            for t in taken {
+                throttle::give_back(pool, t).await?;
+            }
             Ok(credentials.user)
         }
         // The events taken stay: they are this failure.

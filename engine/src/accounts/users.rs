@@ -87,8 +87,15 @@ static HASHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 /// Run argon2 work on a blocking thread, at most [`HASHING`]'s permits at once.
 async fn bounded_hashing<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    let _permit = HASHING.acquire().await.map_err(|_| EngineError::Invalid("the server is shutting down".into()))?;
-    tokio::task::spawn_blocking(work).await.map_err(|_| EngineError::Invalid("password hashing failed".into()))
+    let permit = HASHING.acquire().await.map_err(|_| EngineError::Invalid("the server is shutting down".into()))?;
+    // The permit ('static: the semaphore is) lives as long as the hashing, even when the
+    // request that asked is dropped meanwhile.
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|_| EngineError::Invalid("password hashing failed".into()))
 }
 
 /// Check `password` against `hash` on the bounded hashing pool.

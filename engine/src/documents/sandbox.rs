@@ -8,6 +8,7 @@
 //! `sluice-extract` in the engine's tests); it runs [`child_main`].
 
 use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -132,11 +133,18 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
     };
     match status {
         Ok(status) if status.success() => {}
-        Ok(status) => {
-            tracing::warn!(?status, "document reader stopped abnormally");
+        // Killed by a signal: a limit (SIGKILL, SIGXCPU), a stack overflow (SIGSEGV) or an
+        // allocation past the address space (SIGABRT). The document did that.
+        Ok(status) if status.signal().is_some() => {
+            tracing::warn!(?status, "document reader stopped by a signal");
             return Err(invalid(TOO_COMPLEX));
         }
-        Err(_) => return Err(invalid(TOO_COMPLEX)),
+        // An exit code is the reader's own failure (no thread, no stdin): ours, so retried.
+        Ok(status) => {
+            tracing::error!(?status, "document reader failed");
+            return Err(JobError::new(ErrorClass::ServerError, "the document reader failed"));
+        }
+        Err(_) => return Err(JobError::new(ErrorClass::ServerError, "the document reader failed")),
     }
     match serde_json::from_slice::<Answer>(&output) {
         Ok(Answer::Text { text, pages }) => Ok(Extracted { text, pages }),
@@ -158,7 +166,6 @@ fn confine(memory_bytes: u64, cpu_secs: u64) {
     limit(libc::RLIMIT_CPU, cpu_secs, cpu_secs + 1);
     limit(libc::RLIMIT_CORE, 0, 0);
     limit(libc::RLIMIT_FSIZE, 0, 0);
-    limit(libc::RLIMIT_NPROC, 256, 256);
     // SAFETY: affects only this (child) process.
     unsafe { libc::unshare(libc::CLONE_NEWNET) };
 }

@@ -4,7 +4,10 @@
 
 use axum::body::Body;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::extract::{FromRequest, FromRequestParts, Multipart, Path, Request, State};
 use axum::http::request::Parts;
@@ -67,15 +70,42 @@ fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
 /// The multipart parser (multer) pulls everything the connection has ready into its buffer
 /// each time it is polled; when the network is faster than storage, that buffer would grow
 /// towards the whole file. Handing it one chunk per poll keeps it to a chunk.
+///
+/// It also bounds what the parser may buffer outside a field's data (the preamble and part
+/// headers, where it looks for a boundary): past [`MAX_OUTSIDE_FIELDS`] bytes the body fails.
 struct OneChunkPerPoll<S> {
     inner: S,
     just_yielded: bool,
+    /// Set while a field's data is being read (see [`FieldGate`]).
+    in_field: Arc<AtomicBool>,
+    /// Bytes handed over since the last field data.
+    outside: usize,
 }
 
-impl<S: Stream + Unpin> Stream for OneChunkPerPoll<S> {
-    type Item = S::Item;
+/// Bytes of preamble, boundaries and part headers allowed between two fields' data.
+const MAX_OUTSIDE_FIELDS: usize = 64 * 1024;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+/// Marks the stretch where a field's data is read, so the pacing wrapper counts the rest.
+#[derive(Clone)]
+struct FieldGate(Arc<AtomicBool>);
+
+impl FieldGate {
+    async fn reading<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        self.0.store(true, Ordering::Relaxed);
+        let out = work.await;
+        self.0.store(false, Ordering::Relaxed);
+        out
+    }
+}
+
+impl<S, E> Stream for OneChunkPerPoll<S>
+where
+    S: Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
+    E: Into<axum::BoxError>,
+{
+    type Item = Result<axum::body::Bytes, axum::BoxError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.just_yielded {
             self.just_yielded = false;
             cx.waker().wake_by_ref();
@@ -83,17 +113,55 @@ impl<S: Stream + Unpin> Stream for OneChunkPerPoll<S> {
         }
         let next = Pin::new(&mut self.inner).poll_next(cx);
         self.just_yielded = next.is_ready();
-        next
+        match next {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if self.in_field.load(Ordering::Relaxed) {
+                    self.outside = 0;
+                } else {
+                    self.outside += chunk.len();
+                    if self.outside > MAX_OUTSIDE_FIELDS {
+                        return Poll::Ready(Some(Err("too much data outside the form's fields".into())));
+                    }
+                }
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            other => other.map(|_| None),
+        }
     }
 }
 
-/// The request's multipart body, fed to the parser a chunk at a time.
-async fn paced_multipart(request: Request, state: &AppState) -> Result<Multipart, ApiError> {
+/// The request's multipart body, fed to the parser a chunk at a time, and the gate that
+/// tells the pacing which bytes are field data.
+async fn paced_multipart(request: Request, state: &AppState) -> Result<(Multipart, FieldGate), ApiError> {
     let (parts, body) = request.into_parts();
-    let paced = OneChunkPerPoll { inner: body.into_data_stream(), just_yielded: false };
+    let gate = FieldGate(Arc::new(AtomicBool::new(false)));
+    let paced =
+        OneChunkPerPoll { inner: body.into_data_stream(), just_yielded: false, in_field: gate.0.clone(), outside: 0 };
     let request = Request::from_parts(parts, Body::from_stream(paced));
-    Multipart::from_request(request, state).await.map_err(|e| invalid(format!("malformed multipart body: {e}")))
+    let multipart =
+        Multipart::from_request(request, state).await.map_err(|e| invalid(format!("malformed multipart body: {e}")))?;
+    Ok((multipart, gate))
 }
+
+/// A field's chunks, each within `idle` of the last: a client that stops sending loses its
+/// slot instead of holding it.
+fn with_idle_timeout(field: Field<'_>, idle: Duration) -> impl Stream<Item = Result<axum::body::Bytes, String>> + '_ {
+    Box::pin(futures::stream::unfold(Some(field), move |field| async move {
+        let mut field = field?;
+        match tokio::time::timeout(idle, field.chunk()).await {
+            Ok(Ok(Some(chunk))) => Some((Ok(chunk), Some(field))),
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => Some((Err(e.to_string()), None)),
+            Err(_) => Some((Err(format!("nothing arrived for {} s", idle.as_secs())), None)),
+        }
+    }))
+}
+
+/// The longest a client may pause while sending a file.
+const UPLOAD_IDLE: Duration = Duration::from_secs(30);
+/// The longest one upload may take in all (50 MiB at under 100 KB/s is not a client we serve).
+const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
 const MAX_FIELD_BYTES: usize = 200;
@@ -121,7 +189,7 @@ async fn read_short_field(mut field: Field<'_>) -> Result<String, ApiError> {
 /// are short words. Unknown or surplus parts are refused. If anything is wrong after the file
 /// was stored, its blob is deleted again.
 async fn read_upload(
-    mut multipart: Multipart,
+    (mut multipart, gate): (Multipart, FieldGate),
     blobs: &Blobs,
     limit: u64,
     presets: &[Preset],
@@ -140,11 +208,16 @@ async fn read_upload(
             match field.name() {
                 Some("file") if stored.is_none() => {
                     let name = field.file_name().map(str::to_string);
-                    stored = Some(intake::receive(blobs, name.as_deref(), limit, field).await?);
+                    let chunks = with_idle_timeout(field, UPLOAD_IDLE);
+                    stored = Some(gate.reading(intake::receive(blobs, name.as_deref(), limit, chunks)).await?);
                 }
                 Some("file") => return Err(invalid("send one file per upload")),
-                Some("preset") => options.preset = intake::parse_preset(&read_short_field(field).await?)?,
-                Some("language") => options.language = intake::parse_language(&read_short_field(field).await?)?,
+                Some("preset") => {
+                    options.preset = intake::parse_preset(&gate.reading(read_short_field(field)).await?)?;
+                }
+                Some("language") => {
+                    options.language = intake::parse_language(&gate.reading(read_short_field(field)).await?)?;
+                }
                 other => {
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(invalid(format!("unknown form field {name:?}; send `file`, `preset` and `language`")));
@@ -192,6 +265,22 @@ pub async fn create_job(
     };
     let ctx = &state.ctx;
     let settings = &ctx.settings;
+    // One user's uploads at once are bounded too, so one account cannot take every slot: an
+    // upload past it waits its turn (unread) like any other, then gets 429.
+    let waiting_since = tokio::time::Instant::now();
+    let _mine = loop {
+        if let Some(mine) = ctx.begin_upload(user.id) {
+            break mine;
+        }
+        if waiting_since.elapsed() >= settings.busy_uploads_wait {
+            return Err(AppError::TooManyUploads {
+                limit: settings.max_uploads_per_user,
+                retry_after_secs: settings.busy_uploads_wait.as_secs().max(1),
+            }
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     // Uploads read at once are bounded: a request waits a little for its turn (reading
     // nothing meanwhile), then gets 503.
     let slot = tokio::time::timeout(settings.busy_uploads_wait, ctx.uploads.clone().acquire_owned()).await;
@@ -208,8 +297,11 @@ pub async fn create_job(
             return Err(AppError::from(refusal).into());
         }
     }
-    let multipart = paced_multipart(request, &state).await?;
-    let (stored, options) = read_upload(multipart, &ctx.blobs, settings.max_upload_bytes, &settings.presets).await?;
+    let form = paced_multipart(request, &state).await?;
+    let reading = read_upload(form, &ctx.blobs, settings.max_upload_bytes, &settings.presets);
+    let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
+        .await
+        .map_err(|_| invalid("the upload took too long; try again on a faster connection"))??;
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission };
     let admitted = intake::submit(&ctx.pool, &ctx.blobs, submission).await;
     let (status, job_id, duplicate) = match admitted? {

@@ -149,3 +149,20 @@ async fn sign_ups_are_throttled_per_address_whatever_the_concurrency(pool: PgPoo
     let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM users").fetch_one(&app.pool).await.unwrap();
     assert_eq!(accounts, limit, "no account past the limit, no free credits past it");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_strangers_guesses_do_not_lock_the_owner_out(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    users::create_user(&app.pool, "owner@example.com", "right password", Role::User, 0).await.unwrap();
+    let from =
+        |ip: &str| reqwest::Client::builder().local_address(ip.parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let stranger = from("127.0.0.2");
+    for _ in 0..6 {
+        call(&stranger, &app, "log_in", &[("email", "owner@example.com"), ("password", "a guess")]).await;
+    }
+    let blocked = call(&stranger, &app, "log_in", &[("email", "owner@example.com"), ("password", "right password")]);
+    assert_eq!(blocked.await.status(), StatusCode::TOO_MANY_REQUESTS, "the stranger's address is throttled");
+    let owner = from("127.0.0.3");
+    let welcome = call(&owner, &app, "log_in", &[("email", "owner@example.com"), ("password", "right password")]);
+    assert_eq!(welcome.await.status(), StatusCode::OK, "the owner, elsewhere, still gets in");
+}

@@ -3,7 +3,6 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::sync::Arc;
 use std::time::Duration;
 
 use app::server::session::WebSettings;
@@ -11,7 +10,6 @@ use reqwest::StatusCode;
 use sqlx::PgPool;
 
 use crate::helpers::*;
-use engine::testing::peak_rss_mib;
 use server::testing::{raw_upload, BOUNDARY};
 
 const MIB: usize = 1 << 20;
@@ -34,58 +32,6 @@ async fn a_50_mib_upload_without_credits_is_refused_before_its_body_is_read(pool
     assert!(answer.sent < 50 * MIB, "the answer came while the client was still sending ({} bytes sent)", answer.sent);
     eprintln!("refused after {:?}, {} KiB of 50 MiB sent", answer.took, answer.sent / 1024);
     assert_eq!(app.stored_blobs(), 0);
-}
-
-#[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn twenty_refused_50_mib_uploads_at_once_leave_memory_flat(pool: PgPool) {
-    let app = TestApp::spawn(pool, WebSettings::default()).await;
-    let (_, token) = app.user_with_token("broke@example.com", 0, 5).await;
-    let before = peak_rss_mib();
-    let uploads: Vec<_> = (0..20)
-        .map(|_| {
-            let (addr, token) = (app.addr, token.clone());
-            tokio::task::spawn_blocking(move || {
-                raw_upload(addr, &token, &file_part("big.pdf"), b"%PDF-1.7\n", b'0', 50 * MIB)
-            })
-        })
-        .collect();
-    for upload in uploads {
-        let answer = upload.await.unwrap();
-        assert_eq!(answer.status, 402);
-        assert!(answer.sent < 50 * MIB);
-    }
-    let grew = peak_rss_mib().saturating_sub(before);
-    eprintln!("peak RSS grew by {grew} MiB");
-    assert!(grew < 64, "peak RSS grew by {grew} MiB for 20 refused uploads");
-    assert_eq!(app.stored_blobs(), 0);
-}
-
-#[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn twenty_accepted_50_mib_uploads_at_once_stream_in_bounded_memory(pool: PgPool) {
-    let app = Arc::new(TestApp::spawn(pool, WebSettings::default()).await);
-    let mut tokens = Vec::new();
-    for n in 0..20 {
-        tokens.push(app.user_with_token(&format!("rich{n}@example.com"), 5, 5).await.1);
-    }
-    // Measured from here: the users' password hashing (argon2, 19 MiB each) is not the uploads'.
-    let before = peak_rss_mib();
-    let mut uploads = Vec::new();
-    for (n, token) in tokens.into_iter().enumerate() {
-        let addr = app.addr;
-        uploads.push(tokio::task::spawn_blocking(move || {
-            // A different first line per upload, so no two are duplicates.
-            let head = format!("%PDF-1.7\n%{n}\n");
-            raw_upload(addr, &token, &file_part("big.pdf"), head.as_bytes(), b'0', 50 * MIB)
-        }));
-    }
-    for upload in uploads {
-        let answer = upload.await.unwrap();
-        assert_eq!((answer.status, answer.sent), (202, 50 * MIB));
-    }
-    let grew = peak_rss_mib().saturating_sub(before);
-    eprintln!("peak RSS grew by {grew} MiB for 20 x 50 MiB accepted");
-    assert!(grew < 100, "peak RSS grew by {grew} MiB");
-    assert_eq!(app.stored_blobs(), 20);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -162,4 +108,76 @@ async fn the_health_check_tells_strangers_nothing_about_database_errors(pool: Pg
     assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body: serde_json::Value = down.json().await.unwrap();
     assert_eq!(body, serde_json::json!({ "status": "degraded", "database": "unreachable" }));
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_body_with_no_boundary_is_refused_after_a_bounded_read(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("preamble@example.com", 5, 5).await;
+    let addr = app.addr;
+    let (status, sent) = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "POST /api/v1/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: multipart/form-data; boundary=never-sent\r\nContent-Length: {}\r\n\r\n",
+            100 * MIB
+        )
+        .unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        let (piece, mut sent, mut answer) = (vec![b'a'; 64 * 1024], 0, Vec::new());
+        let mut buf = [0u8; 1024];
+        while sent < 100 * MIB && answer.is_empty() {
+            if stream.write_all(&piece).is_err() {
+                break;
+            }
+            sent += piece.len();
+            if let Ok(n) = stream.read(&mut buf) {
+                answer.extend_from_slice(&buf[..n]);
+            }
+        }
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf) {
+                Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        let status: u16 =
+            String::from_utf8_lossy(&answer).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, sent)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 422);
+    assert!(sent < 100 * MIB, "refused while the client was still sending ({sent} bytes)");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn one_user_cannot_take_every_upload_slot(pool: PgPool) {
+    let settings = WebSettings {
+        max_uploads_per_user: 1,
+        busy_uploads_wait: Duration::from_millis(500),
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, greedy) = app.user_with_token("greedy@example.com", 5, 5).await;
+    let (_, other) = app.user_with_token("other@example.com", 5, 5).await;
+    let mut slow = TcpStream::connect(app.addr).unwrap();
+    let opening = format!("--{BOUNDARY}\r\n{}\r\n\r\n%PDF-1.7\n", file_part("slow.pdf"));
+    write!(
+        slow,
+        "POST /api/v1/jobs HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {greedy}\r\n\
+         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 100000\r\n\r\n{opening}",
+        app.addr
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = app.upload(&greedy, doc(1), None).await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(second.headers().get("retry-after").is_some());
+    assert_eq!(second.json::<serde_json::Value>().await.unwrap()["error"], "too_many_uploads");
+    assert_eq!(app.upload(&other, doc(2), None).await.status(), StatusCode::ACCEPTED, "others still upload");
+    drop(slow);
 }
