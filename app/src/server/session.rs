@@ -181,22 +181,36 @@ pub async fn client_address(trusted_proxies: &[IpAddr]) -> String {
             headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok().map(str::to_string)).collect();
         (!values.is_empty()).then(|| values.join(","))
     });
-    client_ip(peer.ip(), forwarded.as_deref(), trusted_proxies).to_string()
+    throttle_subject(client_ip(peer.ip(), forwarded.as_deref(), trusted_proxies))
+}
+
+/// Pure: the name the throttles count a client under: an IPv4 address, or an IPv6 /64 (one
+/// subscriber gets a whole /64, so single IPv6 addresses cost an attacker nothing).
+pub fn throttle_subject(ip: IpAddr) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+    }
 }
 
 /// Pure: who the client is. `X-Forwarded-For` counts only when the peer is a trusted proxy;
 /// then the rightmost address that is not itself a trusted proxy is the client (entries
 /// further left were written by the client and prove nothing).
 pub fn client_ip(peer: IpAddr, forwarded_for: Option<&str>, trusted_proxies: &[IpAddr]) -> IpAddr {
-    if !trusted_proxies.contains(&peer) {
+    let peer = peer.to_canonical();
+    let trusted = |ip: &IpAddr| trusted_proxies.iter().any(|t| t.to_canonical() == *ip);
+    if !trusted(&peer) {
         return peer;
     }
     let Some(header) = forwarded_for else { return peer };
     header
         .rsplit(',')
         .map(str::trim)
-        .map_while(|hop| hop.parse::<IpAddr>().ok())
-        .find(|ip| !trusted_proxies.contains(ip))
+        .map_while(|hop| hop.parse::<IpAddr>().ok().map(|ip| ip.to_canonical()))
+        .find(|ip| !trusted(ip))
         .unwrap_or(peer)
 }
 
@@ -238,7 +252,7 @@ pub async fn job_status(pool: &PgPool, job: &JobView) -> Result<JobStatus, AppEr
 
 #[cfg(test)]
 mod tests {
-    use super::client_ip;
+    use super::{client_ip, throttle_subject};
     use std::net::IpAddr;
 
     #[test]
@@ -255,5 +269,15 @@ mod tests {
         assert_eq!(client_ip(proxy, Some("not-an-ip"), &trusted), proxy);
         assert_eq!(client_ip(proxy, None, &trusted), proxy);
         assert_eq!(client_ip(proxy, Some("1.2.3.4"), &[]), proxy, "no proxy is trusted by default");
+        // A proxy seen as an IPv4-mapped IPv6 peer is still the trusted proxy.
+        assert_eq!(client_ip(ip("::ffff:10.0.0.1"), Some("198.51.100.7"), &trusted), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_per_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(throttle_subject(ip("2001:db8:1:2:aaaa::1")), throttle_subject(ip("2001:db8:1:2:bbbb::9")));
+        assert_ne!(throttle_subject(ip("2001:db8:1:2::1")), throttle_subject(ip("2001:db8:1:3::1")));
+        assert_eq!(throttle_subject(ip("::ffff:192.0.2.1")), "192.0.2.1");
     }
 }
