@@ -82,8 +82,10 @@ struct OneChunkPerPoll<S> {
     outside: usize,
 }
 
-/// Bytes of preamble, boundaries and part headers allowed between two fields' data.
-const MAX_OUTSIDE_FIELDS: usize = 64 * 1024;
+/// Bytes handed to the parser while no field's data is being read: the preamble, boundaries
+/// and part headers, plus the start of a field's data that arrives in the same network chunk
+/// (a chunk can be a few hundred KiB). What the parser may buffer looking for a boundary.
+const MAX_OUTSIDE_FIELDS: usize = 4 << 20;
 
 /// Marks the stretch where a field's data is read, so the pacing wrapper counts the rest.
 #[derive(Clone)]

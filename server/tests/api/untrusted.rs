@@ -181,3 +181,15 @@ async fn one_user_cannot_take_every_upload_slot(pool: PgPool) {
     assert_eq!(app.upload(&other, doc(2), None).await.status(), StatusCode::ACCEPTED, "others still upload");
     drop(slow);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_big_upload_sent_in_big_chunks_is_accepted(pool: PgPool) {
+    // An honest client may put the part headers and much of the file in one network chunk.
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("bulk@example.com", 5, 5).await;
+    let mut pdf = b"%PDF-1.7\n".to_vec();
+    pdf.resize(8 * MIB, b'0');
+    let form = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(pdf).file_name("big.pdf"));
+    let answer = reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(&token).multipart(form).send().await;
+    assert_eq!(answer.unwrap().status(), StatusCode::ACCEPTED);
+}
