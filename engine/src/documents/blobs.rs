@@ -33,7 +33,7 @@ impl Blobs {
     pub fn local(folder: &Path) -> Result<Blobs> {
         std::fs::create_dir_all(folder).map_err(|e| EngineError::Storage(e.to_string()))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(folder).map_err(storage)?;
-        Ok(Blobs { store: Arc::new(store), part_bytes: 256 << 10 })
+        Ok(Blobs { store: Arc::new(store), part_bytes: 1 << 20 })
     }
 
     /// `s3://bucket/prefix` and the like; credentials and endpoint from the usual `AWS_*`
