@@ -61,12 +61,14 @@ async fn hostile_pdfs_fail_in_the_child_with_plain_reasons_and_honest_big_ones_a
 
 #[tokio::test]
 async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
-    let mut sleeper = SandboxConfig::new("/bin/sleep".into(), vec!["30".into()]);
+    // The document type is appended as an argument: `sh -c CMD sh` takes it as $1 and ignores it.
+    let shell = |command: &str| vec!["-c".to_string(), command.to_string(), "sh".to_string()];
+    let mut sleeper = SandboxConfig::new("/bin/sh".into(), shell("/bin/sleep 30"));
     sleeper.wall_clock = Duration::from_millis(500);
     let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&sleeper, DocType::Pdf, b"%PDF-"));
     assert_eq!(within.await.expect("the wall clock stops it").unwrap_err().message, TOO_COMPLEX);
 
-    let mut spinner = SandboxConfig::new("/bin/sh".into(), vec!["-c".into(), "while :; do :; done".into()]);
+    let mut spinner = SandboxConfig::new("/bin/sh".into(), shell("while :; do :; done"));
     spinner.cpu_secs = 1;
     let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&spinner, DocType::Pdf, b"%PDF-"));
     assert_eq!(within.await.expect("the CPU limit stops it").unwrap_err().message, TOO_COMPLEX);
@@ -78,6 +80,11 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
         within.await.expect("the output limit stops it").unwrap_err().message,
         "the document's text is too large"
     );
+
+    // A reader that fails on its own (an exit code, not a signal) is our fault: transient.
+    let failing = SandboxConfig::new("/bin/sh".into(), shell("exit 3"));
+    let error = extract_in_child(&failing, DocType::Pdf, b"%PDF-").await.unwrap_err();
+    assert_eq!((error.class, error.message.as_str()), (ErrorClass::ServerError, "the document reader failed"));
 
     let missing = SandboxConfig::new("/nonexistent/reader".into(), Vec::new());
     let error = extract_in_child(&missing, DocType::Pdf, b"%PDF-").await.unwrap_err();
