@@ -39,19 +39,19 @@ const PLAIN_REASONS: [&str; 3] =
 #[tokio::test]
 async fn hostile_pdfs_fail_in_the_child_with_plain_reasons_and_honest_big_ones_are_read() {
     for (name, bytes) in hostile_pdfs() {
-        let error = extract_in_child(&sandbox(), DocType::Pdf, &bytes).await.expect_err(name);
+        let error = extract_in_child(&sandbox(), DocType::Pdf, bytes.into()).await.expect_err(name);
         assert_eq!(error.class, ErrorClass::InvalidInput, "{name}: never retried");
         assert!(PLAIN_REASONS.contains(&error.message.as_str()), "{name}: {}", error.message);
     }
     let bomb = pdf_decompression_bomb(1 << 30);
-    let error = extract_in_child(&sandbox(), DocType::Pdf, &bomb).await.unwrap_err();
+    let error = extract_in_child(&sandbox(), DocType::Pdf, bomb.into()).await.unwrap_err();
     assert_eq!(error.message, TOO_COMPLEX, "the bomb is stopped by the child's memory limit");
 
-    let honest = extract_in_child(&sandbox(), DocType::Pdf, &pdf_with_pages(3000)).await.unwrap();
+    let honest = extract_in_child(&sandbox(), DocType::Pdf, pdf_with_pages(3000).into()).await.unwrap();
     assert_eq!(honest.pages, Some(3000));
     assert!(honest.text.contains("Page 2999 says hello."));
     let line = "a. ".repeat(2_000_000);
-    let text = extract_in_child(&sandbox(), DocType::PlainText, line.as_bytes()).await.unwrap();
+    let text = extract_in_child(&sandbox(), DocType::PlainText, line.clone().into()).await.unwrap();
     assert_eq!(text.text.len(), line.len());
 
     // This process never parsed a hostile byte: its peak stays far below the bomb's gigabyte.
@@ -65,17 +65,26 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
     let shell = |command: &str| vec!["-c".to_string(), command.to_string(), "sh".to_string()];
     let mut sleeper = SandboxConfig::new("/bin/sh".into(), shell("/bin/sleep 30"));
     sleeper.wall_clock = Duration::from_millis(500);
-    let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&sleeper, DocType::Pdf, b"%PDF-"));
+    let within = tokio::time::timeout(
+        Duration::from_secs(20),
+        extract_in_child(&sleeper, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")),
+    );
     assert_eq!(within.await.expect("the wall clock stops it").unwrap_err().message, TOO_COMPLEX);
 
     let mut spinner = SandboxConfig::new("/bin/sh".into(), shell("while :; do :; done"));
     spinner.cpu_secs = 1;
-    let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&spinner, DocType::Pdf, b"%PDF-"));
+    let within = tokio::time::timeout(
+        Duration::from_secs(20),
+        extract_in_child(&spinner, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")),
+    );
     assert_eq!(within.await.expect("the CPU limit stops it").unwrap_err().message, TOO_COMPLEX);
 
     let mut talker = SandboxConfig::new("/usr/bin/yes".into(), Vec::new());
     talker.max_output_bytes = 1 << 20;
-    let within = tokio::time::timeout(Duration::from_secs(20), extract_in_child(&talker, DocType::Pdf, b"%PDF-"));
+    let within = tokio::time::timeout(
+        Duration::from_secs(20),
+        extract_in_child(&talker, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")),
+    );
     assert_eq!(
         within.await.expect("the output limit stops it").unwrap_err().message,
         "the document's text is too large"
@@ -83,11 +92,11 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
 
     // A reader that fails on its own (an exit code, not a signal) is our fault: transient.
     let failing = SandboxConfig::new("/bin/sh".into(), shell("exit 3"));
-    let error = extract_in_child(&failing, DocType::Pdf, b"%PDF-").await.unwrap_err();
+    let error = extract_in_child(&failing, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")).await.unwrap_err();
     assert_eq!((error.class, error.message.as_str()), (ErrorClass::ServerError, "the document reader failed"));
 
     let missing = SandboxConfig::new("/nonexistent/reader".into(), Vec::new());
-    let error = extract_in_child(&missing, DocType::Pdf, b"%PDF-").await.unwrap_err();
+    let error = extract_in_child(&missing, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")).await.unwrap_err();
     assert_eq!(error.class, ErrorClass::ServerError, "our own fault is transient, not the user's");
 }
 

@@ -77,11 +77,18 @@ impl Blobs {
         Ok(got.into_stream().map_err(storage).boxed())
     }
 
-    /// Documents stored before `before`, for the orphan sweep.
-    pub async fn documents_before(&self, before: DateTime<Utc>) -> Result<Vec<String>> {
-        let listed: Vec<object_store::ObjectMeta> =
-            self.store.list(Some(&ObjectPath::from("documents"))).try_collect().await.map_err(storage)?;
-        Ok(listed.into_iter().filter(|m| m.last_modified < before).map(|m| m.location.to_string()).collect())
+    /// Keys of documents stored before `before`, in batches of up to `batch`, as the store
+    /// lists them (a store of millions never sits in memory at once).
+    pub fn documents_before(&self, before: DateTime<Utc>, batch: usize) -> BoxStream<'static, Result<Vec<String>>> {
+        self.store
+            .list(Some(&ObjectPath::from("documents")))
+            .map_err(storage)
+            .try_filter_map(
+                move |meta| async move { Ok((meta.last_modified < before).then(|| meta.location.to_string())) },
+            )
+            .try_chunks(batch)
+            .map_err(|e| e.1)
+            .boxed()
     }
 
     /// The whole blob, or `NotFound`.

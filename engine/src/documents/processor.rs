@@ -63,7 +63,7 @@ impl DocumentProcessor {
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
         })?;
         let doc_type = spec.document.doc_type;
-        let extracted = extract_in_child(&self.sandbox, doc_type, &bytes).await?;
+        let extracted = extract_in_child(&self.sandbox, doc_type, bytes).await?;
         let task =
             Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
         let estimated = task.estimated_tokens();

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -69,7 +70,7 @@ fn invalid(message: impl Into<String>) -> JobError {
 /// Extract a document's text in a sandboxed child. A child that is killed, crashes, overruns
 /// a limit or answers nonsense fails the job as `invalid_input` (never retried: the same file
 /// would do the same again).
-pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: &[u8]) -> Result<Extracted, JobError> {
+pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: Bytes) -> Result<Extracted, JobError> {
     let mut command = tokio::process::Command::new(&config.program);
     command
         .args(&config.args)
@@ -93,10 +94,9 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
     })?;
     let mut stdin = child.stdin.take().expect("piped stdin");
     let mut stdout = child.stdout.take().expect("piped stdout");
-    let input = bytes.to_vec();
     let feed = async move {
         // A child that stops reading (it crashed) makes this fail; its exit status says why.
-        let _ = stdin.write_all(&input).await;
+        let _ = stdin.write_all(&bytes).await;
         drop(stdin);
     };
     let limit = config.max_output_bytes;

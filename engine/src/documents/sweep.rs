@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use sqlx::PgPool;
 
 use super::processor::blob_key;
@@ -14,14 +15,15 @@ use crate::queue::retention::PrunedJob;
 /// Delete stored documents older than `grace` that no job points at. Returns how many.
 pub async fn sweep_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Result<u64> {
     let before = chrono::Utc::now() - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::hours(1));
-    let keys = blobs.documents_before(before).await?;
+    let mut batches = blobs.documents_before(before, 500);
     let mut removed = 0;
-    for batch in keys.chunks(500) {
+    while let Some(batch) = batches.next().await {
+        let batch = batch?;
         let orphans: Vec<String> = sqlx::query_scalar(
             "SELECT k FROM unnest($1::text[]) k
              WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k)",
         )
-        .bind(batch)
+        .bind(&batch)
         .fetch_all(pool)
         .await?;
         for key in orphans {
