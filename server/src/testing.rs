@@ -23,9 +23,27 @@ pub struct RawAnswer {
     pub took: Duration,
 }
 
+/// Start a `POST /api/v1/jobs` of `length` body bytes and send the request head and
+/// `opening`; the caller decides how much more to send (nothing, to hold the upload open).
+pub fn open_upload(addr: SocketAddr, token: &str, content_type: &str, length: usize, opening: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /api/v1/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+    )
+    .unwrap();
+    stream.write_all(opening).unwrap();
+    stream
+}
+
+/// The multipart content type [`raw_upload`] sends.
+pub fn multipart_type() -> String {
+    format!("multipart/form-data; boundary={BOUNDARY}")
+}
+
 /// Upload `size` bytes of `filler` (after `head`) over a plain socket, as a slow or hostile
-/// client would: the body is written in 64 KiB pieces, and the answer is read as soon as the
-/// server gives one, even mid-body. Memory on this side is one piece.
+/// client would: see [`send_body`].
 pub fn raw_upload(
     addr: SocketAddr,
     token: &str,
@@ -37,15 +55,22 @@ pub fn raw_upload(
     let opening = format!("--{BOUNDARY}\r\n{part_headers}\r\n\r\n");
     let closing = format!("\r\n--{BOUNDARY}--\r\n");
     let length = opening.len() + size + closing.len();
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
     let started = Instant::now();
-    write!(
-        stream,
-        "POST /api/v1/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {length}\r\n\r\n{opening}"
-    )
-    .unwrap();
+    let stream = open_upload(addr, token, &multipart_type(), length, opening.as_bytes());
+    send_body(stream, started, head, filler, size, closing.as_bytes())
+}
+
+/// Send `head`, then `filler` up to `size` bytes in 64 KiB pieces, then `closing`, reading the
+/// answer as soon as the server gives one, even mid-body. Memory on this side is one piece.
+pub fn send_body(
+    mut stream: TcpStream,
+    started: Instant,
+    head: &[u8],
+    filler: u8,
+    size: usize,
+    closing: &[u8],
+) -> RawAnswer {
+    stream.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
     let piece = vec![filler; 64 * 1024];
     let mut sent = 0;
     let mut answer = Vec::new();
@@ -64,7 +89,7 @@ pub fn raw_upload(
         read_some(&mut stream, &mut answer);
     }
     if writing && sent == size {
-        let _ = stream.write_all(closing.as_bytes());
+        let _ = stream.write_all(closing);
     }
     let took = started.elapsed();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -14,7 +14,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tower_sessions::Session;
 
 use app::errors::AppError;
@@ -175,10 +175,12 @@ fn invalid(message: impl Into<String>) -> ApiError {
 }
 
 /// A side field's text, read up to [`MAX_FIELD_BYTES`].
-async fn read_short_field(mut field: Field<'_>) -> Result<String, ApiError> {
+async fn read_short_field(field: Field<'_>) -> Result<String, ApiError> {
     let name = field.name().unwrap_or("").to_string();
+    let mut chunks = with_idle_timeout(field, UPLOAD_IDLE);
     let mut value = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| invalid(format!("the upload broke off: {e}")))? {
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| invalid(format!("the upload broke off: {e}")))?;
         if value.len() + chunk.len() > MAX_FIELD_BYTES {
             return Err(invalid(format!("the `{name}` field is too long")));
         }

@@ -1,8 +1,6 @@
 //! Uploads from strangers: refused before their body is read, read in bounded memory when
 //! accepted, with bounded side fields and parts, and a bounded number read at once.
 
-use std::io::Write;
-use std::net::TcpStream;
 use std::time::Duration;
 
 use app::server::session::WebSettings;
@@ -10,7 +8,7 @@ use reqwest::StatusCode;
 use sqlx::PgPool;
 
 use crate::helpers::*;
-use server::testing::{raw_upload, BOUNDARY};
+use server::testing::{multipart_type, open_upload, raw_upload, send_body, BOUNDARY};
 
 const MIB: usize = 1 << 20;
 
@@ -80,15 +78,8 @@ async fn uploads_past_the_concurrency_bound_wait_then_get_503(pool: PgPool) {
     let (_, slow_token) = app.user_with_token("slow@example.com", 5, 5).await;
     let (_, token) = app.user_with_token("next@example.com", 5, 5).await;
     // Hold the only slot with an upload that is still sending.
-    let mut slow = TcpStream::connect(app.addr).unwrap();
     let opening = format!("--{BOUNDARY}\r\n{}\r\n\r\n%PDF-1.7\n", file_part("slow.pdf"));
-    write!(
-        slow,
-        "POST /api/v1/jobs HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {slow_token}\r\n\
-         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 100000\r\n\r\n{opening}",
-        app.addr
-    )
-    .unwrap();
+    let slow = open_upload(app.addr, &slow_token, &multipart_type(), 100_000, opening.as_bytes());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let busy = app.upload(&token, doc(1), None).await;
     assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -115,41 +106,14 @@ async fn a_body_with_no_boundary_is_refused_after_a_bounded_read(pool: PgPool) {
     let app = TestApp::spawn(pool, WebSettings::default()).await;
     let (_, token) = app.user_with_token("preamble@example.com", 5, 5).await;
     let addr = app.addr;
-    let (status, sent) = tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let mut stream = TcpStream::connect(addr).unwrap();
-        write!(
-            stream,
-            "POST /api/v1/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
-             Content-Type: multipart/form-data; boundary=never-sent\r\nContent-Length: {}\r\n\r\n",
-            100 * MIB
-        )
-        .unwrap();
-        stream.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-        let (piece, mut sent, mut answer) = (vec![b'a'; 64 * 1024], 0, Vec::new());
-        let mut buf = [0u8; 1024];
-        while sent < 100 * MIB && answer.is_empty() {
-            if stream.write_all(&piece).is_err() {
-                break;
-            }
-            sent += piece.len();
-            if let Ok(n) = stream.read(&mut buf) {
-                answer.extend_from_slice(&buf[..n]);
-            }
-        }
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            match stream.read(&mut buf) {
-                Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
-                _ => break,
-            }
-        }
-        let status: u16 =
-            String::from_utf8_lossy(&answer).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        (status, sent)
+    let answer = tokio::task::spawn_blocking(move || {
+        let content_type = "multipart/form-data; boundary=never-sent";
+        let stream = open_upload(addr, &token, content_type, 100 * MIB, b"");
+        send_body(stream, std::time::Instant::now(), b"", b'a', 100 * MIB, b"")
     })
     .await
     .unwrap();
+    let (status, sent) = (answer.status, answer.sent);
     assert_eq!(status, 422);
     assert!(sent < 100 * MIB, "refused while the client was still sending ({sent} bytes)");
 }
@@ -164,15 +128,9 @@ async fn one_user_cannot_take_every_upload_slot(pool: PgPool) {
     let app = TestApp::spawn(pool, settings).await;
     let (_, greedy) = app.user_with_token("greedy@example.com", 5, 5).await;
     let (_, other) = app.user_with_token("other@example.com", 5, 5).await;
-    let mut slow = TcpStream::connect(app.addr).unwrap();
+    // Hold the slot with an upload that is still sending.
     let opening = format!("--{BOUNDARY}\r\n{}\r\n\r\n%PDF-1.7\n", file_part("slow.pdf"));
-    write!(
-        slow,
-        "POST /api/v1/jobs HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {greedy}\r\n\
-         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: 100000\r\n\r\n{opening}",
-        app.addr
-    )
-    .unwrap();
+    let slow = open_upload(app.addr, &greedy, &multipart_type(), 100_000, opening.as_bytes());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let second = app.upload(&greedy, doc(1), None).await;
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
