@@ -46,7 +46,8 @@ impl fmt::Display for ClusterError {
             ClusterError::FolderNotReachable(path, user) => write!(
                 f,
                 "the data folder {} cannot be reached by the user `{user}` that runs Postgres \
-                 (a parent folder is not searchable); choose another data folder",
+                 (a parent folder is not searchable), and it could not be moved under {RELOCATION_BASE} \
+                 (it is not empty, or that folder cannot be made); choose another data folder",
                 path.display()
             ),
             ClusterError::InUse(path) => write!(
@@ -111,10 +112,8 @@ impl Cluster {
         // dies, so a killed server's cluster can be adopted, but a live server's cannot.
         let lock = if adopt_running { Some(lock_beside(data_dir)?) } else { None };
         let run_as = unprivileged_user()?;
-        fs::create_dir_all(data_dir)?;
-        let data_dir = data_dir.canonicalize()?;
+        let data_dir = place_data_dir(data_dir, run_as)?;
         if let Some(user) = run_as {
-            check_reachable(&data_dir, user)?;
             chown(&data_dir, Some(user.uid), Some(user.gid))?;
         }
         fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))?;
@@ -132,6 +131,7 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Where the cluster's files are (after following a relocation link).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
@@ -333,6 +333,63 @@ fn unprivileged_user() -> Result<Option<RunAs>, ClusterError> {
         .and_then(|f| Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? }))
         .map(Some)
         .ok_or(ClusterError::NoUnprivilegedUser(name))
+}
+
+/// Where clusters live whose requested folder the Postgres user cannot reach.
+pub const RELOCATION_BASE: &str = "/var/lib/sluice";
+
+/// The folder a cluster requested at `requested` (canonical path) lives in when the user that
+/// runs Postgres cannot reach it: under [`RELOCATION_BASE`], keyed by the requested path so each
+/// checkout keeps its own cluster and finds it again on the next run.
+pub fn relocated_dir(requested: &Path) -> PathBuf {
+    // FNV-1a: stable across Rust versions and machines, unlike std's hasher.
+    let hash = requested.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let slug: String = requested
+        .iter()
+        .rev()
+        .take(3)
+        .map(|c| c.to_string_lossy().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect::<String>())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("_");
+    Path::new(RELOCATION_BASE).join(format!("{slug}-{hash:016x}"))
+}
+
+/// The canonical folder the cluster's files go in. Root's home folder is `0700` on most
+/// machines, so a checkout there cannot be reached by the user that runs Postgres: the cluster
+/// then lives in [`relocated_dir`] and `requested` becomes a symlink to it, so the data folder
+/// still shows where the data is and the next run finds it.
+fn place_data_dir(requested: &Path, run_as: Option<RunAs>) -> Result<PathBuf, ClusterError> {
+    let is_link = fs::symlink_metadata(requested).map(|m| m.file_type().is_symlink()).unwrap_or(false);
+    if is_link {
+        // Relocated by an earlier run; the target may have been removed since.
+        if let Ok(target) = fs::read_link(requested) {
+            fs::create_dir_all(&target)?;
+        }
+    } else {
+        fs::create_dir_all(requested)?;
+    }
+    let canonical = requested.canonicalize()?;
+    let Some(user) = run_as else { return Ok(canonical) };
+    if check_reachable(&canonical, user).is_ok() {
+        return Ok(canonical);
+    }
+    let not_reachable = || ClusterError::FolderNotReachable(canonical.clone(), format!("uid {}", user.uid));
+    // Only an empty folder (what an earlier failed run left) is replaced by the link.
+    if is_link || fs::read_dir(&canonical)?.next().is_some() {
+        return Err(not_reachable());
+    }
+    let target = relocated_dir(&canonical);
+    fs::create_dir_all(&target)?;
+    fs::set_permissions(Path::new(RELOCATION_BASE), fs::Permissions::from_mode(0o755))?;
+    check_reachable(&target, user).map_err(|_| not_reachable())?;
+    fs::remove_dir(&canonical)?;
+    std::os::unix::fs::symlink(&target, &canonical)?;
+    Ok(target)
 }
 
 /// Every ancestor of `dir` must be searchable by `user` (others' x bit, or owned by them).

@@ -38,6 +38,13 @@ impl Database {
             Ok(cluster)
         })
         .await??;
+        if config.data_dir.join("postgres").is_symlink() {
+            tracing::info!(
+                folder = %cluster.data_dir().display(),
+                "the Postgres user cannot reach the data folder (a parent folder is private, like root's home), \
+                 so the embedded cluster lives here; the data folder links to it"
+            );
+        }
         Ok(Database { url: cluster.url("sluice"), cluster: Some(cluster) })
     }
 

@@ -166,3 +166,40 @@ fn a_second_server_on_the_same_data_folder_is_refused_and_the_first_keeps_its_da
     assert_eq!(postgres_processes(&data), 0);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// Root's home folder is `0700` on most machines, so the `postgres` user cannot reach a
+/// checkout there. The first run must still work: the cluster moves under /var/lib/sluice,
+/// the data folder links to it, and Ctrl-C, reuse and the one-server lock keep working.
+#[test]
+fn a_data_folder_under_a_private_parent_still_gets_a_cluster() {
+    let is_root = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false);
+    if !is_root {
+        eprintln!("skipped: only root runs Postgres as another user");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let private = temp_data_dir("private-home");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = private.join("checkout").join(".data");
+    std::fs::create_dir_all(&data).unwrap();
+    let relocated = pgcluster::relocated_dir(&data.canonicalize().unwrap().join("postgres"));
+    let _ = std::fs::remove_dir_all(&relocated);
+
+    let first = Server::start(&data);
+    first.wait_healthy();
+    assert!(data.join("postgres").is_symlink(), "the data folder links to where the cluster lives");
+    assert_eq!(std::fs::read_link(data.join("postgres")).unwrap(), relocated);
+    assert!(relocated.join("PG_VERSION").exists(), "the cluster lives in {}", relocated.display());
+    assert!(postgres_processes(&data) > 0, "the server runs its own Postgres");
+    assert_eq!(account(&first, "sign_up", "private@example.com"), 200);
+    assert!(first.interrupt_and_wait().success());
+    assert_eq!(postgres_processes(&data), 0, "no Postgres of ours is left after Ctrl-C");
+
+    let second = Server::start(&data);
+    second.wait_healthy();
+    assert_eq!(account(&second, "log_in", "private@example.com"), 200, "the second run finds the same cluster");
+    assert!(second.interrupt_and_wait().success());
+    assert_eq!(postgres_processes(&data), 0);
+    let _ = std::fs::remove_dir_all(&relocated);
+    let _ = std::fs::remove_dir_all(&private);
+}
