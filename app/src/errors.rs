@@ -38,6 +38,9 @@ pub enum AppError {
     IdempotencyConflict { message: String },
     #[error("the job is not done yet (it is {state})")]
     NotReady { state: String },
+    /// The database cannot be reached (a restart): nothing was changed, waiting helps.
+    #[error("Sluice is restarting, try again in a few seconds")]
+    Unavailable { retry_after_secs: u64 },
     #[error("something went wrong on our side")]
     Internal,
     #[error("{0}")]
@@ -45,6 +48,13 @@ pub enum AppError {
 }
 
 impl AppError {
+    /// Seconds a client is told to wait while the database restarts.
+    pub const RESTART_RETRY_SECS: u64 = 5;
+
+    pub fn unavailable() -> AppError {
+        AppError::Unavailable { retry_after_secs: Self::RESTART_RETRY_SECS }
+    }
+
     pub fn invalid(message: impl Into<String>) -> AppError {
         AppError::Invalid { message: message.into() }
     }
@@ -63,7 +73,7 @@ impl AppError {
             AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,
             AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } | AppError::TooManyUploads { .. } => 429,
             AppError::Internal => 500,
-            AppError::Overloaded { .. } => 503,
+            AppError::Overloaded { .. } | AppError::Unavailable { .. } => 503,
             AppError::ServerFn(ServerFnErrorErr::Args(_) | ServerFnErrorErr::Deserialization(_)) => 400,
             AppError::ServerFn(_) => 500,
         }
@@ -75,7 +85,8 @@ impl AppError {
             AppError::RateLimited { retry_after_secs }
             | AppError::TooManyInFlight { retry_after_secs, .. }
             | AppError::TooManyUploads { retry_after_secs, .. }
-            | AppError::Overloaded { retry_after_secs } => Some(*retry_after_secs),
+            | AppError::Overloaded { retry_after_secs }
+            | AppError::Unavailable { retry_after_secs } => Some(*retry_after_secs),
             _ => None,
         }
     }
@@ -97,6 +108,10 @@ mod ssr {
 
     impl From<EngineError> for AppError {
         fn from(e: EngineError) -> Self {
+            if e.is_unavailable() {
+                tracing::warn!(error = %e, "the database is unreachable; answering 503");
+                return AppError::unavailable();
+            }
             match e {
                 EngineError::NotFound => AppError::NotFound,
                 EngineError::Invalid(message) | EngineError::InvalidSetting(message) => AppError::Invalid { message },

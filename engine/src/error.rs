@@ -33,5 +33,46 @@ pub enum EngineError {
     IdempotencyConflict(String),
 }
 
+impl EngineError {
+    /// Whether the database cannot be reached right now (restarting, shutting down, refusing
+    /// connections): waiting helps, so callers answer 503 with `Retry-After`, not 500.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, EngineError::Database(e) if database_unavailable(e))
+    }
+}
+
+/// Whether a database error means the server is unreachable or going away, as during a
+/// restart, rather than a fault in the request or the query.
+pub fn database_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        // Class 08: connection exception; 57P01-57P03: admin/crash shutdown, cannot connect now.
+        sqlx::Error::Database(db) => {
+            db.code().is_some_and(|code| code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03"))
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_unavailable_and_query_faults_are_not() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(EngineError::Database(sqlx::Error::Io(refused)).is_unavailable());
+        assert!(EngineError::Database(sqlx::Error::PoolTimedOut).is_unavailable());
+        assert!(!EngineError::Database(sqlx::Error::RowNotFound).is_unavailable());
+        assert!(!EngineError::Database(sqlx::Error::ColumnNotFound("x".into())).is_unavailable());
+        assert!(!EngineError::NotFound.is_unavailable());
+    }
+}
+
 /// The engine's results.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

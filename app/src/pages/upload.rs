@@ -48,6 +48,9 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
             "Not a supported document: {}.",
             body["message"].as_str().unwrap_or("upload a PDF, text or Markdown file")
         )),
+        503 if body["error"] == "unavailable" => {
+            refused("Sluice is restarting, try again in a few seconds. Nothing was stored or charged.".into())
+        }
         503 => refused(format!(
             "Sluice is not accepting new documents right now, and nothing was stored. Try again in {} s.",
             num("retry_after_secs")
@@ -246,6 +249,8 @@ mod tests {
         let body = serde_json::json!({"message": "HTML, SVG and XML files are not accepted"});
         assert!(outcome_for(415, &body).message.contains("HTML"));
         assert!(outcome_for(503, &serde_json::json!({"retry_after_secs": 60})).message.contains("nothing was stored"));
+        let restarting = serde_json::json!({"error": "unavailable", "retry_after_secs": 5});
+        assert!(outcome_for(503, &restarting).message.contains("restarting"));
         let ok = outcome_for(202, &serde_json::json!({"id": "abc"}));
         assert_eq!((ok.kind, ok.job_id.as_deref()), ("ok", Some("abc")));
         assert_eq!(outcome_for(200, &serde_json::json!({"id": "abc"})).kind, "duplicate");

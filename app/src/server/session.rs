@@ -124,9 +124,11 @@ pub async fn session() -> Result<Session, AppError> {
     leptos_axum::extract::<Session>().await.map_err(|_| AppError::Internal)
 }
 
+/// The session store is Postgres, so its failures are almost always the database being
+/// unreachable (a restart): the caller should wait and retry.
 fn session_error(e: tower_sessions::session::Error) -> AppError {
-    tracing::error!(error = %e, "session store");
-    AppError::Internal
+    tracing::warn!(error = %e, "session store");
+    AppError::unavailable()
 }
 
 /// The logged-in user of a session, if any.

@@ -4,6 +4,7 @@
 pub mod csrf;
 pub mod error;
 pub mod jobs;
+pub mod unavailable;
 
 use std::net::SocketAddr;
 
@@ -53,6 +54,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .with_expiry(Expiry::OnInactivity(time::Duration::days(7)));
     let routes = generate_route_list(App);
     let ctx = state.ctx.clone();
+    let ctx_pool = state.ctx.pool.clone();
     let api = Router::new()
         .route("/api/v1/jobs", post(jobs::create_job))
         .route("/api/v1/jobs/{id}", get(jobs::get_job))
@@ -71,6 +73,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
         .layer(sessions)
+        .layer(middleware::from_fn_with_state(ctx_pool, unavailable::restarting_is_not_an_internal_error))
         .with_state(state))
 }
 

@@ -4,6 +4,7 @@
 mod downloads;
 mod helpers;
 mod operator;
+mod restart;
 mod sessions;
 mod untrusted;
 mod uploads;
