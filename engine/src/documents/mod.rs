@@ -8,6 +8,7 @@ pub mod extract;
 pub mod intake;
 pub mod processor;
 pub mod providers;
+pub mod render;
 pub mod sandbox;
 pub mod sniff;
 pub mod sweep;
