@@ -8,7 +8,7 @@ pub mod pages;
 pub mod server;
 
 use leptos::prelude::*;
-use leptos_meta::{provide_meta_context, MetaTags, Stylesheet, Title};
+use leptos_meta::{provide_meta_context, HashedStylesheet, MetaTags, Title};
 use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
 
@@ -21,6 +21,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta charset="utf-8"/>
                 <meta name="viewport" content="width=device-width, initial-scale=1"/>
                 <AutoReload options=options.clone()/>
+                <HashedStylesheet options=options.clone() id="leptos"/>
                 <HydrationScripts options/>
                 <link rel="icon" type="image/svg+xml" href="/favicon.svg"/>
                 <MetaTags/>
@@ -57,7 +58,6 @@ pub fn App() -> impl IntoView {
         }
     });
     view! {
-        <Stylesheet id="leptos" href="/pkg/sluice.css"/>
         <Title text="Sluice"/>
         <Router>
             <Session>

@@ -1,7 +1,7 @@
 //! What the browser and API clients see: plain serialisable types (no server-only crates).
 
 use serde::{Deserialize, Serialize};
-pub use sluice_types::{AttemptOutcome, CreditKind, FailureKind, JobState, Preset};
+pub use sluice_types::{AttemptOutcome, CreditKind, FailureKind, JobStage, JobState, Preset};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UserInfo {
@@ -11,6 +11,14 @@ pub struct UserInfo {
     pub balance: i64,
     pub in_flight: i32,
     pub max_in_flight: i32,
+}
+
+/// An accepted upload: the job (new, or the earlier one for a repeated key).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UploadReply {
+    pub id: String,
+    pub status_url: String,
+    pub duplicate: bool,
 }
 
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.
@@ -41,6 +49,22 @@ pub struct JobStatus {
     /// While waiting: the estimated seconds until it starts, when there is a rate to go by.
     #[serde(default)]
     pub starts_in_secs: Option<i64>,
+    /// While running: what the job is doing right now, and since when (RFC 3339).
+    #[serde(default)]
+    pub stage: Option<JobStage>,
+    #[serde(default)]
+    pub stage_since: Option<String>,
+    /// The document's pages, once read (PDFs).
+    #[serde(default)]
+    pub pages: Option<i32>,
+    /// Credits given back (a failed job's refund).
+    #[serde(default)]
+    pub refunded: i64,
+    /// Provider tokens in and out over all attempts, once known.
+    #[serde(default)]
+    pub input_tokens: Option<i64>,
+    #[serde(default)]
+    pub output_tokens: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -154,6 +178,12 @@ mod convert {
                 paused: false,
                 jobs_ahead: None,
                 starts_in_secs: None,
+                stage: j.current_stage().map(|(stage, _)| stage),
+                stage_since: j.current_stage().map(|(_, since)| time(since)),
+                pages: j.stage_pages,
+                refunded: j.refunded,
+                input_tokens: j.input_tokens,
+                output_tokens: j.output_tokens,
             }
         }
     }

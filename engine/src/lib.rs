@@ -24,4 +24,4 @@ pub mod queue;
 pub mod testing;
 
 pub use error::EngineError;
-pub use sluice_types::{FailureKind, JobState, Preset};
+pub use sluice_types::{FailureKind, JobStage, JobState, Preset};

@@ -181,6 +181,7 @@ fn workers(s: &Setup) -> WorkerPool {
         blobs: s.blobs.clone(),
         provider: provider(ProviderKind::Anthropic, &s.fake, Duration::from_secs(5)),
         sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::new(s.pool.clone()),
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -286,6 +287,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         blobs,
         provider: providers::build(&ProviderConfig::default()),
         sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::disabled(),
     };
     let job = queue::ClaimedJob {
         id: uuid::Uuid::nil(),
@@ -304,4 +306,33 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
     assert_eq!(out.result["provider"], "local");
     assert!(out.input_tokens.unwrap() > 0);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_running_job_shows_its_stage_and_only_its_lease_holder_can_move_it(pool: PgPool) {
+    let s = setup(pool, "stages").await;
+    s.fake.push([Reply::Hang { millis: 2_000 }]);
+    let job_id = submit_pdf(&s).await;
+    let pool_handle = workers(&s);
+    let waiting = wait_for(Duration::from_secs(10), || async {
+        queue::get(&s.pool, job_id).await.unwrap().current_stage().map(|(stage, _)| stage)
+            == Some(queue::JobStage::WaitingForProvider)
+    })
+    .await;
+    assert!(waiting, "while the provider thinks, the job says it is waiting for it");
+    let job = queue::get(&s.pool, job_id).await.unwrap();
+    assert_eq!(job.stage_pages, Some(1), "the pages read are known by then");
+    let (_, since) = job.current_stage().unwrap();
+    assert!(since >= job.started_at.unwrap());
+
+    // A worker without the lease cannot move the stage.
+    let moved =
+        queue::stages::set_stage(&s.pool, job_id, uuid::Uuid::from_u128(7), queue::JobStage::Writing, None).await.unwrap();
+    assert!(!moved);
+
+    let job = wait_terminal(&s.pool, job_id).await;
+    pool_handle.shutdown().await;
+    assert_eq!(job.state, JobState::Done);
+    assert_eq!(job.current_stage(), None, "a finished job has no stage");
+    assert_eq!(job.stage, Some(queue::JobStage::Writing), "the last stage it went through was writing the result");
 }

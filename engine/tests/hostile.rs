@@ -138,6 +138,7 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
         blobs: blobs.clone(),
         provider: providers::build(&ProviderConfig::default()),
         sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::new(pool.clone()),
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));

@@ -148,6 +148,9 @@ pub struct Config {
     /// Uploads read at once; more get 503 with Retry-After before their body is read.
     #[arg(long, env = "SLUICE_MAX_CONCURRENT_UPLOADS", default_value_t = 32, global = true)]
     pub max_concurrent_uploads: usize,
+    /// Seconds a request other than an upload or a download may take (slow clients too); 408 past it.
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", default_value_t = 30, global = true)]
+    pub request_timeout_secs: u64,
     /// Intake bound: refuse uploads (503) past this many waiting jobs.
     #[arg(long, env = "SLUICE_MAX_BACKLOG", default_value_t = 10_000, global = true)]
     pub max_backlog: i64,
@@ -271,6 +274,7 @@ impl Config {
             trusted_proxies: self.trusted_proxies.clone(),
             max_upload_bytes: self.max_upload_bytes,
             max_concurrent_uploads: self.max_concurrent_uploads,
+            request_timeout: Duration::from_secs(self.request_timeout_secs.max(1)),
             presets: {
                 let provider = providers::build(&self.provider_config());
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()

@@ -63,7 +63,12 @@ impl Application {
             let provider = engine::documents::providers::build(&config.provider_config());
             tracing::info!(provider = provider.name(), "documents go to this provider");
             let sandbox = Arc::new(config.sandbox_config()?);
-            let processor = Arc::new(DocumentProcessor { blobs: blobs.clone(), provider, sandbox });
+            let processor = Arc::new(DocumentProcessor {
+                blobs: blobs.clone(),
+                provider,
+                sandbox,
+                stages: engine::queue::stages::StageLog::new(pool.clone()),
+            });
             let workers = (config.workers > 0)
                 .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));
             let maintenance_config = config.maintenance_config();

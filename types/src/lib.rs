@@ -48,6 +48,38 @@ impl JobState {
     }
 }
 
+/// What a running job is doing right now, so people watching it see it move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "text", rename_all = "snake_case"))]
+#[serde(rename_all = "snake_case")]
+pub enum JobStage {
+    /// Fetching the document and extracting its text (in the sandbox).
+    Reading,
+    /// The provider has the text; waiting for its answer (usually the longest part).
+    WaitingForProvider,
+    /// The answer is in; storing the result.
+    Writing,
+}
+
+impl JobStage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStage::Reading => "reading",
+            JobStage::WaitingForProvider => "waiting_for_provider",
+            JobStage::Writing => "writing",
+        }
+    }
+
+    /// In words, for the job page and the list.
+    pub fn label(self) -> &'static str {
+        match self {
+            JobStage::Reading => "Reading the document",
+            JobStage::WaitingForProvider => "Waiting for the provider",
+            JobStage::Writing => "Writing the result",
+        }
+    }
+}
+
 /// Why a job ended in `failed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "text", rename_all = "snake_case"))]

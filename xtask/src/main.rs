@@ -5,6 +5,7 @@
 //!           (`--no-e2e` or `--e2e-only` run one half, for iterating)
 //! - `bench` the queue benchmarks (release build) against a private Postgres
 //! - `pg`    start a private Postgres for hacking, print its DATABASE_URL, stop on Enter
+//! - `dist`  the production build, and the WASM bundle's size raw and compressed
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -24,8 +25,9 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("pg") => pg(),
         Some("setup") => ensure_tools(),
+        Some("dist") => dist(),
         _ => {
-            eprintln!("usage: cargo xtask <run|test|bench|pg|setup>");
+            eprintln!("usage: cargo xtask <run|test|bench|pg|setup|dist>");
             return ExitCode::from(2);
         }
     };
@@ -109,13 +111,60 @@ fn ensure_tools() -> Result {
     Ok(())
 }
 
+/// Where `npm ci` puts Binaryen's `wasm-opt` (a pinned npm package: Debian's wasm-opt 108 is
+/// too old for wasm-bindgen 0.2.130's output, and the page then never hydrates).
+const WASM_OPT_DIR: &str = "tools/wasm-opt";
+
+fn ensure_wasm_opt() -> Result<PathBuf> {
+    let dir = Path::new(WASM_OPT_DIR);
+    let bin = dir.join("node_modules/.bin");
+    if !bin.join("wasm-opt").exists() {
+        eprintln!("xtask: installing Binaryen's wasm-opt from npm (for release builds)");
+        status(Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(dir), "npm ci (wasm-opt)")?;
+    }
+    std::fs::canonicalize(&bin).map_err(|e| format!("{}: {e}", bin.display()))
+}
+
 fn build_site(release: bool) -> Result {
     let mut cmd = Command::new("cargo-leptos");
     cmd.arg("build");
     if release {
         cmd.arg("--release");
+        // cargo-leptos takes wasm-opt from PATH; ours goes first.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let paths = std::iter::once(ensure_wasm_opt()?).chain(std::env::split_paths(&path));
+        cmd.env("PATH", std::env::join_paths(paths).map_err(|e| e.to_string())?);
     }
     status(&mut cmd, "cargo leptos build")
+}
+
+/// `cargo xtask dist`: the production build (release server, small WASM optimised by a current
+/// wasm-opt, content-named assets), and the bundle's size raw and compressed.
+fn dist() -> Result {
+    ensure_tools()?;
+    build_site(true)?;
+    let pkg = Path::new("target/site/pkg");
+    let wasm = std::fs::read_dir(pkg)
+        .map_err(|e| format!("{}: {e}", pkg.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "wasm"))
+        .ok_or("no .wasm in target/site/pkg")?;
+    // Node's zlib has both encodings the server uses (same quality as the server's layer).
+    let sizes = output_of(Command::new("node").args([
+        "-e",
+        "const z=require('zlib'),b=require('fs').readFileSync(process.argv[1]);\
+         const q=4;console.log(b.length,z.gzipSync(b,{level:q}).length,\
+         z.brotliCompressSync(b,{params:{[z.constants.BROTLI_PARAM_QUALITY]:q}}).length,\
+         z.brotliCompressSync(b).length)",
+        &wasm.to_string_lossy(),
+    ]))
+    .ok_or("measuring the bundle with node failed")?;
+    let kb: Vec<u64> = sizes.split_whitespace().filter_map(|n| n.parse::<u64>().ok()).map(|n| n.div_ceil(1000)).collect();
+    if let [raw, gzip, br, br_max] = kb[..] {
+        println!("{}: {raw} KB raw, {gzip} KB gzip (level 4), {br} KB brotli (quality 4, as served), {br_max} KB brotli (quality 11)", wasm.display());
+    }
+    println!("run it: target/release/server (with LEPTOS_SITE_ROOT=target/site; see the README's production section)");
+    Ok(())
 }
 
 fn run(args: &[String]) -> Result {
@@ -218,8 +267,11 @@ fn send_sigterm(pid: u32) {
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
 }
 
+/// The browser suite runs against the production build, so a bundle that does not hydrate
+/// (an old wasm-opt, a bad CSP) cannot land.
 fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
-    build_site(false)?;
+    build_site(true)?;
+    let server_bin = std::env::current_dir().map_err(|e| e.to_string())?.join("target/release/server");
     cluster.create_database("sluice_e2e").map_err(|e| e.to_string())?;
     let e2e = Path::new("end2end");
     if !e2e.join("node_modules/@playwright/test").exists() {
@@ -232,7 +284,7 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
     const ADMIN_EMAIL: &str = "admin@sluice.test";
     const ADMIN_PASSWORD: &str = "admin password for e2e";
     status(
-        Command::new("target/debug/server")
+        Command::new(&server_bin)
             .args(["create-admin", "--email", ADMIN_EMAIL])
             .env("DATABASE_URL", cluster.url("sluice_e2e"))
             .env("SLUICE_ADMIN_PASSWORD", ADMIN_PASSWORD)
@@ -252,7 +304,7 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let data_dir = std::env::temp_dir().join(format!("sluice-e2e-data-{}", std::process::id()));
-    let child = Command::new("target/debug/server")
+    let child = Command::new(&server_bin)
         .env("DATABASE_URL", cluster.url("sluice_e2e"))
         .env("SLUICE_BIND", format!("127.0.0.1:{port}"))
         .env("SLUICE_DATA_DIR", &data_dir)
@@ -278,7 +330,7 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
             .env("FAKE_PROVIDER_URL", &fake_url)
             .env("ADMIN_PASSWORD", ADMIN_PASSWORD)
             // For operator commands (`server grant-credits`) in the flows.
-            .env("SLUICE_SERVER_BIN", std::env::current_dir().map_err(|e| e.to_string())?.join("target/debug/server"))
+            .env("SLUICE_SERVER_BIN", &server_bin)
             .env("DATABASE_URL", cluster.url("sluice_e2e"))
             .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
         "playwright test",

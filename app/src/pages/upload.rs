@@ -83,6 +83,8 @@ pub fn UploadPage() -> impl IntoView {
     let preset = RwSignal::new("summarize".to_string());
     let rows = RwSignal::new(Vec::<UploadRow>::new());
     let dragging = RwSignal::new(false);
+    #[cfg(feature = "hydrate")]
+    let account = use_context::<crate::AccountChanged>();
 
     #[cfg(feature = "hydrate")]
     let start = move |files: web_sys::FileList| {
@@ -90,7 +92,7 @@ pub fn UploadPage() -> impl IntoView {
             if let Some(file) = files.get(i) {
                 let row = UploadRow { name: file.name(), progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
                 rows.update(|r| r.push(row.clone()));
-                send(file, preset.get_untracked(), row.progress, row.outcome);
+                send(file, preset.get_untracked(), row.progress, row.outcome, account);
             }
         }
     };
@@ -189,9 +191,18 @@ pub fn UploadPage() -> impl IntoView {
     }
 }
 
+/// Where the upload page sends files: the `upload_document` server function.
+pub const UPLOAD_URL: &str = "/api/upload_document";
+
 /// Upload one file with XMLHttpRequest, which reports upload progress (fetch does not).
 #[cfg(feature = "hydrate")]
-fn send(file: web_sys::File, preset: String, progress: RwSignal<f64>, outcome: RwSignal<Option<Outcome>>) {
+fn send(
+    file: web_sys::File,
+    preset: String,
+    progress: RwSignal<f64>,
+    outcome: RwSignal<Option<Outcome>>,
+    account: Option<crate::AccountChanged>,
+) {
     use wasm_bindgen::closure::Closure;
     use wasm_bindgen::JsCast;
 
@@ -199,7 +210,8 @@ fn send(file: web_sys::File, preset: String, progress: RwSignal<f64>, outcome: R
     let Ok(form) = web_sys::FormData::new() else { return };
     let _ = form.append_with_blob_and_filename("file", &file, &file.name());
     let _ = form.append_with_str("preset", &preset);
-    let _ = xhr.open("POST", "/api/v1/jobs");
+    // The upload server function (the same intake as the REST API's `POST /api/v1/jobs`).
+    let _ = xhr.open("POST", UPLOAD_URL);
 
     let on_progress = Closure::<dyn FnMut(web_sys::ProgressEvent)>::new(move |e: web_sys::ProgressEvent| {
         if e.length_computable() && e.total() > 0.0 {
@@ -217,6 +229,12 @@ fn send(file: web_sys::File, preset: String, progress: RwSignal<f64>, outcome: R
         let body = done.response_text().ok().flatten().unwrap_or_default();
         let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         progress.set(1.0);
+        if status == 202 {
+            // A credit was taken: the header's balance asks again.
+            if let Some(crate::AccountChanged(changed)) = account {
+                changed.update(|n| *n += 1);
+            }
+        }
         outcome.set(Some(outcome_for(status, &json)));
     });
     xhr.set_onload(Some(on_load.as_ref().unchecked_ref()));

@@ -1,8 +1,12 @@
 //! A user's jobs: the list and one job's details.
 
 use leptos::prelude::*;
+#[cfg(feature = "ssr")]
+use leptos::server_fn::codec::{ByteStream, Streaming};
 
 use crate::errors::AppError;
+#[cfg(feature = "ssr")]
+use crate::model::UploadReply;
 use crate::model::{JobDetails, JobStatus};
 #[cfg(feature = "ssr")]
 use crate::server::session::{answer, context, job_status, job_statuses, require_user, visible_job};
@@ -34,4 +38,77 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
         })
     })
     .await
+}
+
+/// The upload page's upload: a `multipart/form-data` body (`file`, `preset`, `language`),
+/// streamed. 202 with the new job; 200 with the earlier job for a repeated `Idempotency-Key`;
+/// 402, 429, 503 before any byte of the body is read; 413, 415, 422 while reading it. The same
+/// intake path as `POST /api/v1/jobs`.
+///
+/// The page calls it with an XMLHttpRequest (for upload progress; see
+/// `pages::upload::UPLOAD_URL`), so the browser build needs no client stub, and server_fn's
+/// streaming client would not take a form anyway.
+#[cfg(feature = "ssr")]
+#[server(prefix = "/api", endpoint = "upload_document", input = Streaming, impl_from = false)]
+pub async fn upload_document(body: UploadBody) -> Result<UploadReply, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        let headers: http::HeaderMap = leptos_axum::extract().await.map_err(|_| AppError::Internal)?;
+        let uploaded = crate::server::upload::upload(&ctx, &user, &headers, body).await?;
+        let status_url = format!("/api/v1/jobs/{}", uploaded.job_id);
+        if let Some(options) = use_context::<leptos_axum::ResponseOptions>() {
+            options.set_status(if uploaded.duplicate { http::StatusCode::OK } else { http::StatusCode::ACCEPTED });
+            if let Ok(location) = http::HeaderValue::from_str(&status_url) {
+                options.insert_header(http::header::LOCATION, location);
+            }
+        }
+        Ok(UploadReply { id: uploaded.job_id.to_string(), status_url, duplicate: uploaded.duplicate })
+    })
+    .await
+}
+
+/// The upload server function's request body, as the bytes arrive.
+#[cfg(feature = "ssr")]
+pub struct UploadBody(std::pin::Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, AppError>> + Send>>);
+
+#[cfg(feature = "ssr")]
+impl std::fmt::Debug for UploadBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UploadBody")
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl futures::Stream for UploadBody {
+    type Item = Result<bytes::Bytes, AppError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.as_mut().poll_next(cx)
+    }
+}
+
+/// How server_fn's `Streaming` input hands the body over.
+#[cfg(feature = "ssr")]
+impl From<ByteStream<AppError>> for UploadDocument {
+    fn from(body: ByteStream<AppError>) -> Self {
+        UploadDocument { body: UploadBody(Box::pin(body.into_inner())) }
+    }
+}
+
+/// server_fn's `Streaming` client sends the arguments as a byte stream (the browser sends a
+/// form with XMLHttpRequest instead); a failed chunk ends it.
+#[cfg(feature = "ssr")]
+impl futures::Stream for UploadDocument {
+    type Item = bytes::Bytes;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.body).poll_next(cx).map(|chunk| chunk.and_then(Result::ok))
+    }
 }

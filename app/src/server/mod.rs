@@ -9,3 +9,5 @@ pub mod auth;
 pub mod jobs;
 #[cfg(feature = "ssr")]
 pub mod session;
+#[cfg(feature = "ssr")]
+pub mod upload;

@@ -88,6 +88,9 @@ pub struct WebSettings {
     pub busy_uploads_wait: std::time::Duration,
     /// The presets the configured provider can do (language-model presets need one).
     pub presets: Vec<Preset>,
+    /// How long a request (other than an upload or a download) may take, slow clients
+    /// included; past it, 408.
+    pub request_timeout: std::time::Duration,
 }
 
 impl Default for WebSettings {
@@ -103,6 +106,7 @@ impl Default for WebSettings {
             max_uploads_per_user: 8,
             busy_uploads_wait: std::time::Duration::from_secs(5),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
+            request_timeout: std::time::Duration::from_secs(30),
         }
     }
 }

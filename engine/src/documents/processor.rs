@@ -14,7 +14,8 @@ use super::sniff::DocType;
 use crate::error::EngineError;
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::worker::Processor;
-use crate::queue::{ClaimedJob, JobError, JobOutput};
+use crate::queue::stages::StageLog;
+use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
 
 /// What a document job's payload holds (ids and metadata, never the bytes).
@@ -45,6 +46,8 @@ pub struct DocumentProcessor {
     pub provider: Arc<dyn Provider>,
     /// Where documents are parsed (never in this process).
     pub sandbox: Arc<SandboxConfig>,
+    /// Where the job's stage is recorded as it moves.
+    pub stages: StageLog,
 }
 
 impl DocumentProcessor {
@@ -58,6 +61,7 @@ impl DocumentProcessor {
                 format!("\"{}\" needs a language model, and none is configured", spec.preset.label()),
             ));
         }
+        self.stages.enter(&job, JobStage::Reading, None).await;
         let bytes = self.blobs.get(&spec.document.key).await.map_err(|e| match e {
             EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
@@ -67,7 +71,9 @@ impl DocumentProcessor {
         let task =
             Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
         let estimated = task.estimated_tokens();
+        self.stages.enter(&job, JobStage::WaitingForProvider, task.pages).await;
         let output = self.provider.run(&task).await?;
+        self.stages.enter(&job, JobStage::Writing, None).await;
         Ok(JobOutput {
             result: serde_json::json!({
                 "markdown": output.text,

@@ -9,6 +9,7 @@ pub mod hooks;
 pub mod policy;
 pub mod rescue;
 pub mod retention;
+pub mod stages;
 pub mod switches;
 mod transitions;
 mod views;
@@ -18,7 +19,7 @@ pub mod worker;
 
 pub use claim::{claim, heartbeat, next_due, ClaimedJob};
 pub use enqueue::{enqueue, NewJob};
-pub use sluice_types::{FailureKind, JobState};
+pub use sluice_types::{FailureKind, JobStage, JobState};
 pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
 pub use views::{attempts, get, list_for_owner, AttemptView, JobView};
 pub use waiting_line::{waiting_line, WaitingLine};

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::policy::retry::ErrorClass;
 use crate::error::{EngineError, Result};
-use crate::{FailureKind, JobState};
+use crate::{FailureKind, JobStage, JobState};
 
 /// A job as users and operators see it (read with `SELECT *`: extra columns are ignored).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
@@ -33,16 +33,49 @@ pub struct JobView {
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     pub replays: i32,
+    pub stage: Option<JobStage>,
+    pub stage_since: Option<DateTime<Utc>>,
+    pub stage_pages: Option<i32>,
+    /// Credits given back for this job (read where the owner sees costs; 0 elsewhere).
+    #[sqlx(default)]
+    pub refunded: i64,
+}
+
+impl JobView {
+    /// What the current attempt is doing, while running: a stage left by an earlier attempt
+    /// (older than this attempt's start) does not count.
+    pub fn current_stage(&self) -> Option<(JobStage, DateTime<Utc>)> {
+        match (self.state, self.stage, self.stage_since, self.started_at) {
+            (JobState::Running, Some(stage), Some(since), Some(started)) if since >= started => Some((stage, since)),
+            _ => None,
+        }
+    }
+}
+
+/// A query for [`JobView`]s: the job rows and the credits refunded for each (one index probe).
+macro_rules! select_jobs {
+    ($rest:literal) => {
+        concat!(
+            "SELECT jobs.*, coalesce((SELECT sum(amount) FROM ledger
+                    WHERE ledger.job_id = jobs.id AND ledger.kind = 'refund'), 0)::bigint AS refunded
+             FROM jobs ",
+            $rest
+        )
+    };
 }
 
 /// One job, or `NotFound`.
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<JobView> {
-    sqlx::query_as("SELECT * FROM jobs WHERE id = $1").bind(id).fetch_optional(pool).await?.ok_or(EngineError::NotFound)
+    sqlx::query_as(select_jobs!("WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(EngineError::NotFound)
 }
 
 /// A user's jobs, newest first.
 pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<Vec<JobView>> {
-    Ok(sqlx::query_as("SELECT * FROM jobs WHERE owner_id = $1 ORDER BY accepted_at DESC, id LIMIT $2")
+    Ok(sqlx::query_as(select_jobs!("WHERE owner_id = $1 ORDER BY accepted_at DESC, id LIMIT $2"))
         .bind(owner_id)
         .bind(limit)
         .fetch_all(pool)

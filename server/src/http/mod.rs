@@ -4,6 +4,7 @@
 pub mod csrf;
 pub mod error;
 pub mod jobs;
+pub mod layers;
 pub mod unavailable;
 
 use std::net::SocketAddr;
@@ -39,7 +40,15 @@ impl FromRef<AppState> for LeptosOptions {
 
 /// Leptos' options for a site served from `site_root` at `addr`.
 pub fn leptos_options(site_root: &str, addr: SocketAddr) -> LeptosOptions {
-    LeptosOptions::builder().output_name("sluice").site_root(site_root).site_pkg_dir("pkg").site_addr(addr).build()
+    // cargo-leptos writes `hash.txt` beside the server binary when it names assets by content.
+    let hashed = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.join("hash.txt").exists()));
+    LeptosOptions::builder()
+        .output_name("sluice")
+        .site_root(site_root)
+        .site_pkg_dir("pkg")
+        .site_addr(addr)
+        .hash_files(hashed.unwrap_or(false))
+        .build()
 }
 
 /// The router, with its session store migrated.
@@ -55,26 +64,35 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
     let routes = generate_route_list(App);
     let ctx = state.ctx.clone();
     let ctx_pool = state.ctx.pool.clone();
-    let api = Router::new()
+    let request_timeout = state.ctx.settings.request_timeout;
+    let app = Router::new()
+        .route("/healthz", get(healthz))
         .route("/api/v1/jobs", post(jobs::create_job))
         .route("/api/v1/jobs/{id}", get(jobs::get_job))
         .route("/api/v1/jobs/{id}/result", get(jobs::get_result))
         .route("/api/v1/jobs/{id}/result.md", get(jobs::get_result_markdown))
         .route("/api/v1/jobs/{id}/original", get(jobs::get_original))
-        // The upload handler enforces its own cap while streaming (413).
-        .layer(DefaultBodyLimit::disable());
-    Ok(Router::new()
-        .route("/healthz", get(healthz))
-        .merge(api)
-        .leptos_routes_with_context(&state, routes, move || provide_context(ctx.clone()), {
-            let options = state.leptos_options.clone();
-            move || shell(options.clone())
-        })
+        // The upload path enforces its own cap while streaming (413).
+        .layer(DefaultBodyLimit::disable())
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || {
+                provide_context(ctx.clone());
+                layers::page_security_policy();
+            },
+            {
+                let options = state.leptos_options.clone();
+                move || shell(options.clone())
+            },
+        )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(middleware::from_fn(move |request, next| layers::timeout_unless_transfer(request_timeout, request, next)))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
         .layer(sessions)
         .layer(middleware::from_fn_with_state(ctx_pool, unavailable::restarting_is_not_an_internal_error))
-        .with_state(state))
+        .with_state(state);
+    Ok(layers::around_every_request(app, secure_cookies))
 }
 
 /// 200 with the Postgres version while the database answers, else 503 (no error text).

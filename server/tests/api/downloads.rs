@@ -64,6 +64,7 @@ async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: P
         blobs,
         provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
         sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::new(app.pool.clone()),
     };
     let reports = engine::queue::worker::work_once(
         &app.pool,

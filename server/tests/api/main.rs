@@ -3,8 +3,10 @@
 
 mod downloads;
 mod helpers;
+mod http_layer;
 mod operator;
 mod restart;
 mod sessions;
 mod untrusted;
+mod upload_function;
 mod uploads;

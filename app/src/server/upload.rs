@@ -1,0 +1,273 @@
+//! The one upload path, for the upload server function and the REST API alike: per-user and
+//! overall bounds, admission refused before the body is read, the multipart form read in
+//! bounded memory and time, the file streamed through the engine's intake into storage, and
+//! the job admitted. Callers only authenticate and shape the answer.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use http::HeaderMap;
+
+use engine::accounts::admission::{self, Admission};
+use engine::accounts::User;
+use engine::documents::intake::{self, Intake, StoredUpload, UploadOptions};
+use engine::documents::Blobs;
+use engine::Preset;
+
+use super::session::ServerContext;
+use crate::errors::AppError;
+
+/// What an upload became.
+#[derive(Clone, Copy, Debug)]
+pub struct Uploaded {
+    pub job_id: uuid::Uuid,
+    /// The same client key was used before: this is the earlier job, nothing new was charged.
+    pub duplicate: bool,
+}
+
+/// The longest a client may pause while sending a file.
+const UPLOAD_IDLE: Duration = Duration::from_secs(30);
+/// The longest one upload may take in all (50 MiB at under 100 KB/s is not a client we serve).
+const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
+/// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
+const MAX_FIELD_BYTES: usize = 200;
+/// A form is a file and two options; a form with more parts is refused.
+const MAX_PARTS: usize = 8;
+/// Bytes handed to the parser while no field's data is being read: the preamble, boundaries
+/// and part headers, plus the start of a field's data that arrives in the same network chunk
+/// (a chunk can be a few hundred KiB). What the parser may buffer looking for a boundary.
+const MAX_OUTSIDE_FIELDS: usize = 4 << 20;
+
+/// The `Idempotency-Key` header, checked: 1 to 200 visible ASCII characters.
+pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, AppError> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value.to_str().map_err(|_| AppError::invalid("the Idempotency-Key must be visible ASCII"))?.trim();
+    if key.is_empty() || key.len() > 200 {
+        return Err(AppError::invalid("the Idempotency-Key must have 1 to 200 characters"));
+    }
+    Ok(Some(key.to_string()))
+}
+
+/// Take `user`'s upload from `body` (a `multipart/form-data` body, per `headers`) to an
+/// admitted job. Refusals that need no bytes (429, 402, 503) come before any is read.
+pub async fn upload<S, E>(
+    ctx: &ServerContext,
+    user: &User,
+    headers: &HeaderMap,
+    body: S,
+) -> Result<Uploaded, AppError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let client_key = client_key(headers)?;
+    let settings = &ctx.settings;
+    // One user's uploads at once are bounded too, so one account cannot take every slot: an
+    // upload past it waits its turn (unread) like any other, then gets 429.
+    let waiting_since = tokio::time::Instant::now();
+    let _mine = loop {
+        if let Some(mine) = ctx.begin_upload(user.id) {
+            break mine;
+        }
+        if waiting_since.elapsed() >= settings.busy_uploads_wait {
+            return Err(AppError::TooManyUploads {
+                limit: settings.max_uploads_per_user,
+                retry_after_secs: settings.busy_uploads_wait.as_secs().max(1),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Uploads read at once are bounded: a request waits a little for its turn (reading
+    // nothing meanwhile), then gets 503.
+    let slot = tokio::time::timeout(settings.busy_uploads_wait, ctx.uploads.clone().acquire_owned()).await;
+    let Ok(Ok(_slot)) = slot else {
+        return Err(AppError::Overloaded { retry_after_secs: settings.busy_uploads_wait.as_secs().max(1) });
+    };
+    // Refuse before reading the file: a refused upload costs its headers, nothing more.
+    let retried = match &client_key {
+        Some(key) => admission::client_key_used(&ctx.pool, user.id, key).await?,
+        None => false,
+    };
+    if !retried {
+        if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id).await? {
+            return Err(refusal.into());
+        }
+    }
+    let form = paced_multipart(headers, body)?;
+    let reading = read_form(form, &ctx.blobs, settings.max_upload_bytes, &settings.presets);
+    let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
+        .await
+        .map_err(|_| AppError::invalid("the upload took too long; try again on a faster connection"))??;
+    let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission };
+    match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
+        Admission::Accepted { job_id } => Ok(Uploaded { job_id, duplicate: false }),
+        Admission::Existing { job_id } => Ok(Uploaded { job_id, duplicate: true }),
+        Admission::Refused(refusal) => Err(refusal.into()),
+    }
+}
+
+/// The multipart parser (multer) pulls everything the connection has ready into its buffer
+/// each time it is polled; when the network is faster than storage, that buffer would grow
+/// towards the whole file. Handing it one chunk per poll keeps it to a chunk.
+///
+/// It also bounds what the parser may buffer outside a field's data (the preamble and part
+/// headers, where it looks for a boundary): past [`MAX_OUTSIDE_FIELDS`] bytes the body fails.
+struct OneChunkPerPoll<S> {
+    inner: S,
+    just_yielded: bool,
+    /// Set while a field's data is being read (see [`FieldGate`]).
+    in_field: Arc<AtomicBool>,
+    /// Bytes handed over since the last field data.
+    outside: usize,
+}
+
+impl<S, E> Stream for OneChunkPerPoll<S>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    type Item = Result<Bytes, String>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.just_yielded {
+            self.just_yielded = false;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let next = Pin::new(&mut self.inner).poll_next(cx);
+        self.just_yielded = next.is_ready();
+        match next {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if self.in_field.load(Ordering::Relaxed) {
+                    self.outside = 0;
+                } else {
+                    self.outside += chunk.len();
+                    if self.outside > MAX_OUTSIDE_FIELDS {
+                        return Poll::Ready(Some(Err("too much data outside the form's fields".into())));
+                    }
+                }
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.to_string()))),
+            other => other.map(|_| None),
+        }
+    }
+}
+
+/// Marks the stretch where a field's data is read, so the pacing wrapper counts the rest.
+#[derive(Clone)]
+struct FieldGate(Arc<AtomicBool>);
+
+impl FieldGate {
+    async fn reading<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        self.0.store(true, Ordering::Relaxed);
+        let out = work.await;
+        self.0.store(false, Ordering::Relaxed);
+        out
+    }
+}
+
+/// The body fed to the multipart parser a chunk at a time, and the gate that tells the pacing
+/// which bytes are field data.
+fn paced_multipart<S, E>(headers: &HeaderMap, body: S) -> Result<(multer::Multipart<'static>, FieldGate), AppError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let content_type = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let boundary = multer::parse_boundary(content_type)
+        .map_err(|_| AppError::invalid("send the document as multipart/form-data"))?;
+    let gate = FieldGate(Arc::new(AtomicBool::new(false)));
+    let paced = OneChunkPerPoll { inner: body, just_yielded: false, in_field: gate.0.clone(), outside: 0 };
+    Ok((multer::Multipart::new(paced, boundary), gate))
+}
+
+/// A field's chunks, each within `idle` of the last: a client that stops sending loses its
+/// slot instead of holding it.
+fn with_idle_timeout(field: multer::Field<'_>, idle: Duration) -> impl Stream<Item = Result<Bytes, String>> + '_ {
+    Box::pin(futures::stream::unfold(Some(field), move |field| async move {
+        let mut field = field?;
+        match tokio::time::timeout(idle, field.chunk()).await {
+            Ok(Ok(Some(chunk))) => Some((Ok(chunk), Some(field))),
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => Some((Err(e.to_string()), None)),
+            Err(_) => Some((Err(format!("nothing arrived for {} s", idle.as_secs())), None)),
+        }
+    }))
+}
+
+/// A side field's text, read up to [`MAX_FIELD_BYTES`].
+async fn read_short_field(field: multer::Field<'_>) -> Result<String, AppError> {
+    let name = field.name().unwrap_or("").to_string();
+    let mut chunks = with_idle_timeout(field, UPLOAD_IDLE);
+    let mut value = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| AppError::invalid(format!("the upload broke off: {e}")))?;
+        if value.len() + chunk.len() > MAX_FIELD_BYTES {
+            return Err(AppError::invalid(format!("the `{name}` field is too long")));
+        }
+        value.extend_from_slice(&chunk);
+    }
+    String::from_utf8(value).map_err(|_| AppError::invalid(format!("the `{name}` field is not UTF-8")))
+}
+
+/// Read the form: the file streams through the engine's checks into blob storage, the options
+/// are short words. Unknown or surplus parts are refused. If anything is wrong after the file
+/// was stored, its blob is deleted again.
+async fn read_form(
+    (mut multipart, gate): (multer::Multipart<'static>, FieldGate),
+    blobs: &Blobs,
+    limit: u64,
+    presets: &[Preset],
+) -> Result<(StoredUpload, UploadOptions), AppError> {
+    let malformed = |e: multer::Error| AppError::invalid(format!("malformed multipart body: {e}"));
+    let mut stored: Option<StoredUpload> = None;
+    let mut options = UploadOptions::default();
+    let read = async {
+        let mut parts = 0;
+        while let Some(field) = multipart.next_field().await.map_err(malformed)? {
+            parts += 1;
+            if parts > MAX_PARTS {
+                return Err(AppError::invalid("the form has too many parts"));
+            }
+            match field.name() {
+                Some("file") if stored.is_none() => {
+                    let name = field.file_name().map(str::to_string);
+                    let chunks = with_idle_timeout(field, UPLOAD_IDLE);
+                    stored = Some(gate.reading(intake::receive(blobs, name.as_deref(), limit, chunks)).await?);
+                }
+                Some("file") => return Err(AppError::invalid("send one file per upload")),
+                Some("preset") => {
+                    options.preset = intake::parse_preset(&gate.reading(read_short_field(field)).await?)?;
+                }
+                Some("language") => {
+                    options.language = intake::parse_language(&gate.reading(read_short_field(field)).await?)?;
+                }
+                other => {
+                    let name = other.unwrap_or("").chars().take(40).collect::<String>();
+                    return Err(AppError::invalid(format!(
+                        "unknown form field {name:?}; send `file`, `preset` and `language`"
+                    )));
+                }
+            }
+        }
+        options.check(presets)?;
+        Ok::<_, AppError>(())
+    }
+    .await;
+    match (read, stored) {
+        (Ok(()), Some(stored)) => Ok((stored, options)),
+        (Ok(()), None) => Err(AppError::invalid("the form needs a `file` field")),
+        (Err(e), stored) => {
+            if let Some(stored) = stored {
+                let _ = blobs.delete(&stored.key).await;
+            }
+            Err(e)
+        }
+    }
+}
