@@ -50,6 +50,9 @@ impl AccountChanged {
 pub fn App() -> impl IntoView {
     provide_meta_context();
     provide_context(AccountChanged(RwSignal::new(0)));
+    let unseen = RwSignal::new(0u32);
+    provide_context(pages::endings::UnseenEndings(unseen));
+    pages::polling::when_shown(move || unseen.set(0));
     // Marks the document once the client has hydrated; end-to-end tests wait for it.
     Effect::new(move |_| {
         #[cfg(feature = "hydrate")]
@@ -58,7 +61,7 @@ pub fn App() -> impl IntoView {
         }
     });
     view! {
-        <Title text="Sluice"/>
+        <Title text=move || pages::endings::tab_title(unseen.get())/>
         <Router>
             <Session>
                 <Header/>

@@ -85,6 +85,10 @@ pub struct AttemptInfo {
 pub struct JobDetails {
     pub job: JobStatus,
     pub result: Option<serde_json::Value>,
+    /// The result's Markdown rendered to sanitised HTML on the server (raw HTML escaped, only
+    /// http/https/mailto links, no images fetched).
+    #[serde(default)]
+    pub result_html: Option<String>,
     pub attempts: Vec<AttemptInfo>,
 }
 
@@ -101,6 +105,21 @@ pub struct LedgerLine {
 pub struct CreditSummary {
     pub balance: i64,
     pub history: Vec<LedgerLine>,
+    /// Newest month first.
+    #[serde(default)]
+    pub months: Vec<MonthTotals>,
+}
+
+/// One month's spending (UTC months).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MonthTotals {
+    /// `YYYY-MM`.
+    pub month: String,
+    pub documents: i64,
+    pub charged: i64,
+    pub refunded: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

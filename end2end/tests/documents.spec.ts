@@ -12,15 +12,28 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
   ]);
   await page.getByRole('link', { name: 'Upload documents' }).click();
   await expect(page).toHaveURL(/\/upload$/);
+  // The page uploads through the upload server function, not the REST endpoint.
+  const sent = page.waitForRequest((r) => r.method() === 'POST' && new URL(r.url()).pathname === '/api/upload_document');
   await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  expect((await sent).headers()['content-type']).toMatch(/^multipart\/form-data; boundary=/);
   const row = page.locator('.upload').first();
   await expect(row).toHaveAttribute('data-outcome', 'ok');
   await expect(row).toContainText('Accepted and queued.');
+  // The header's balance follows the accepted upload at once.
+  await expect(page.getByTestId('who')).toContainText('19 credits');
 
   await row.getByRole('link', { name: 'View the job' }).click();
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 15_000 });
-  await expect(page.locator('.result-text')).toContainText('Revenue grew by 12 percent.');
+  // The Markdown is rendered: a heading and a paragraph, not raw text.
+  const result = page.locator('article.result-rendered');
+  await expect(result.locator('h1')).toHaveText('Quarterly report');
+  await expect(result.locator('p')).toHaveText('Revenue grew by 12 percent.');
+  await expect(page.getByTestId('cost')).toHaveText('1 credit charged · 180 tokens in, 12 out');
   await expect(page.getByRole('link', { name: 'Download the result' })).toBeVisible();
+  await page.context().grantPermissions(['clipboard-read', 'clipboard-write']);
+  await page.getByRole('button', { name: 'Copy the result' }).click();
+  await expect(page.getByRole('button', { name: 'Copied' })).toBeVisible();
+  expect(await page.evaluate(() => navigator.clipboard.readText())).toContain('# Quarterly report');
 
   await page.getByRole('link', { name: '← All jobs' }).click();
   const job = page.locator('.job').first();
@@ -81,9 +94,13 @@ test('the provider failing shows retrying with a countdown, then failed with the
   await expect(page.getByTestId('unread')).toHaveText('1');
   await expect(page.getByTestId('who')).toContainText('20 credits');
   await expect(page.locator('.notices li.unread')).toContainText('1 credit refunded');
+  // The month's totals: one document, charged and refunded.
+  await open(page, '/credits');
+  const month = page.getByTestId('months').locator('tbody tr').first();
+  await expect(month.locator('td')).toHaveText([/^\d{4}-\d{2}$/, '1', '1', '1', /^\d+$/, /^\d+$/]);
 });
 
-test('the jobs list polls every 2 s while a job can change (without moving the layout), not while the tab is hidden, and stops when all are final', async ({ page, browser }) => {
+test('the jobs list polls every 2 s while a job can change (without moving the layout), every 10 s while the tab is hidden, and stops when all are final', async ({ page, browser }) => {
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
   await setProcessing(admin, false);
@@ -132,11 +149,14 @@ test('the jobs list polls every 2 s while a job can change (without moving the l
         document.dispatchEvent(new Event('visibilitychange'));
       }, state);
     await setVisibility('hidden');
-    for (let i = 0; i < 5; i++) await page.clock.runFor(2000);
+    for (let i = 0; i < 4; i++) await page.clock.runFor(2000);
     await pollsAfter(3);
+    // Hidden, it still asks every 10 s (so an ending can be told in the tab title).
+    await page.clock.runFor(2000);
+    await pollsAfter(4);
     // Shown again: it asks at once, with the clock standing still.
     await setVisibility('visible');
-    await pollsAfter(4);
+    await pollsAfter(5);
 
     await setProcessing(admin, true);
     await expect

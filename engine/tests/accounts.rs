@@ -57,6 +57,57 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
     assert_eq!(notices::list(&pool, user.id, 10).await.unwrap().len(), 1);
 }
 
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool) {
+    let user = users::create_user(&pool, "months@example.com", "password123", Role::User, 10).await.unwrap();
+    let mut jobs = Vec::new();
+    for n in 0..3 {
+        let submission = Submission {
+            user_id: user.id,
+            payload: serde_json::json!({ "n": n }),
+            content_key: format!("k{n}"),
+            client_key: None,
+            fingerprint: format!("k{n}"),
+        };
+        let Admission::Accepted { job_id } =
+            admission::submit(&pool, &AdmissionConfig::default(), &submission).await.unwrap()
+        else {
+            panic!("accepted")
+        };
+        jobs.push(job_id);
+    }
+    sqlx::query("UPDATE jobs SET input_tokens = 1000, output_tokens = 50 WHERE id = ANY($1)")
+        .bind(&jobs)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let failed = TerminalJob {
+        id: jobs[0],
+        owner_id: user.id,
+        cost: 1,
+        attempts: 3,
+        failure: Some((FailureKind::RetriesExhausted, "provider overloaded".into())),
+    };
+    let mut tx = pool.begin().await.unwrap();
+    assert!(ledger::refund_job(&mut tx, &failed).await.unwrap());
+    tx.commit().await.unwrap();
+    // Last month's activity is its own row.
+    sqlx::query("UPDATE ledger SET at = at - interval '40 days' WHERE job_id = $1 AND kind = 'debit'")
+        .bind(jobs[2])
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let months = ledger::monthly_totals(&pool, user.id, 12).await.unwrap();
+    assert_eq!(months.len(), 2, "{months:?}");
+    let (this, last) = (&months[0], &months[1]);
+    assert!(this.month > last.month, "newest first");
+    assert_eq!((this.documents, this.charged, this.refunded), (2, 2, 1));
+    assert_eq!((this.input_tokens, this.output_tokens), (3000, 150), "tokens follow the jobs' acceptance");
+    assert_eq!((last.documents, last.charged, last.refunded), (1, 1, 0));
+    assert!(ledger::monthly_totals(&pool, user.id, 1).await.unwrap().len() == 1);
+}
+
 /// Random sequences of submit / complete / fail / replay, checking after every step that the
 /// ledger sums to the balance, the balance is never negative, and in-flight equals the user's
 /// non-terminal jobs.

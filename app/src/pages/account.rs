@@ -30,6 +30,8 @@ pub fn CreditsPage() -> impl IntoView {
                                 crate::pages::credits_text(t.cost)
                             ))}
                         </p>
+                        <MonthlyTotals months=c.months/>
+                        <h2>"History"</h2>
                         <table class="ledger">
                             <thead><tr><th>"When"</th><th>"What"</th><th class="num">"Credits"</th></tr></thead>
                             <tbody>
@@ -51,6 +53,44 @@ pub fn CreditsPage() -> impl IntoView {
         </section>
         <TokensCard/>
     }
+}
+
+/// What was spent each month: documents, credits charged and refunded, provider tokens.
+#[component]
+fn MonthlyTotals(months: Vec<crate::model::MonthTotals>) -> impl IntoView {
+    use crate::pages::jobs::thousands;
+    (!months.is_empty()).then(|| {
+        view! {
+            <h2>"By month"</h2>
+            <table class="months" data-testid="months">
+                <thead>
+                    <tr>
+                        <th>"Month (UTC)"</th>
+                        <th class="num">"Documents"</th>
+                        <th class="num">"Charged"</th>
+                        <th class="num">"Refunded"</th>
+                        <th class="num">"Tokens in"</th>
+                        <th class="num">"Tokens out"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {months
+                        .into_iter()
+                        .map(|m| view! {
+                            <tr>
+                                <td>{m.month}</td>
+                                <td class="num">{m.documents}</td>
+                                <td class="num">{m.charged}</td>
+                                <td class="num">{m.refunded}</td>
+                                <td class="num">{thousands(m.input_tokens)}</td>
+                                <td class="num">{thousands(m.output_tokens)}</td>
+                            </tr>
+                        })
+                        .collect_view()}
+                </tbody>
+            </table>
+        }
+    })
 }
 
 #[component]

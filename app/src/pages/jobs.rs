@@ -4,22 +4,32 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
-use crate::model::{FailureKind, JobState, JobStatus};
+use crate::model::{FailureKind, JobStage, JobState, JobStatus};
 use crate::pages::clock::{local_time, now_ms, parse_ms};
+use crate::pages::endings::{self, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
 use crate::server::jobs::{job_detail, list_jobs};
 
-/// Ticks `now` every second and calls `refresh` every other tick while the tab is visible,
-/// and at once when a hidden tab is shown again.
+/// Ticks `now` every second and calls `refresh` every 2 s while the tab is visible, every
+/// 10 s while it is hidden, and at once when a hidden tab is shown again.
 fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
     let refresh = std::rc::Rc::new(refresh);
     let on_tick = refresh.clone();
-    let mut tick = 0u32;
+    let (mut seen_ticks, mut hidden_ticks) = (0u32, 0u32);
     every(1000, move || {
         now.set(now_ms());
-        tick += 1;
-        if tick % 2 == 0 && tab_visible() {
+        // Every 2 s while seen; every 10 s in the background, so an ending can still be told
+        // (tab title, notification) without hammering the server from forgotten tabs.
+        let due = if tab_visible() {
+            hidden_ticks = 0;
+            seen_ticks += 1;
+            seen_ticks % 2 == 0
+        } else {
+            hidden_ticks += 1;
+            hidden_ticks % 10 == 0
+        };
+        if due {
             on_tick();
         }
     });
@@ -61,7 +71,9 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         JobState::Queued => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
         JobState::Running => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
-            format!("Running for {}.", duration_text(seconds_between(since, now.get())))
+            let in_stage = job.stage_since.as_deref().map(|s| seconds_between(parse_ms(s), now.get()));
+            let stage_started = job.stage_since.as_deref().map(local_time);
+            running_text(job.stage, job.pages, stage_started.as_deref(), in_stage, seconds_between(since, now.get()))
         }
         JobState::Retrying => {
             let wait = seconds_between(now.get(), parse_ms(&job.run_at));
@@ -81,9 +93,67 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             None => "Done.".to_string(),
         },
     };
+    let stage = job.stage.map(|s| s.as_str());
     view! {
         <span class=format!("badge {}", state.as_str()) data-state=state.as_str()>{state_label(state)}</span>
-        <span class="state-detail">{detail}</span>
+        <span class="state-detail" data-stage=stage>{detail}</span>
+    }
+}
+
+/// Pure: the line under a running badge: what the job is doing and for how long.
+pub fn running_text(
+    stage: Option<JobStage>,
+    pages: Option<i32>,
+    stage_started: Option<&str>,
+    stage_secs: Option<i64>,
+    running_secs: i64,
+) -> String {
+    let pages_read = match pages {
+        Some(1) => "Read 1 page. ".to_string(),
+        Some(n) if n > 1 => format!("Read {n} pages. "),
+        _ => String::new(),
+    };
+    match (stage, stage_started, stage_secs) {
+        (Some(JobStage::WaitingForProvider), Some(at), Some(secs)) => {
+            format!("{pages_read}Waiting for the provider since {at} ({}).", duration_text(secs))
+        }
+        (Some(stage @ (JobStage::Reading | JobStage::Writing)), _, _) => format!("{}…", stage.label()),
+        (Some(JobStage::WaitingForProvider), _, _) => format!("{pages_read}Waiting for the provider."),
+        (None, _, _) => format!("Running for {}.", duration_text(running_secs)),
+    }
+}
+
+/// Pure: a count with thousands separated: 12,345.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+/// Pure: what a job cost: the credits charged (and refunded) and the provider's tokens.
+pub fn cost_text(cost: i32, refunded: i64, input_tokens: Option<i64>, output_tokens: Option<i64>) -> String {
+    let cost = i64::from(cost);
+    let money = match (cost, refunded) {
+        (0, _) => "No charge".to_string(),
+        (c, r) if r >= c => format!("{} charged and refunded", credits_text(c)),
+        (c, r) if r > 0 => format!("{} charged, {} refunded", credits_text(c), credits_text(r)),
+        (c, _) => format!("{} charged", credits_text(c)),
+    };
+    let tokens = |n: i64| format!("{} {}", thousands(n), if n == 1 { "token" } else { "tokens" });
+    match (input_tokens, output_tokens) {
+        (Some(i), Some(o)) => format!("{money} · {} in, {} out", tokens(i), thousands(o)),
+        (Some(i), None) => format!("{money} · {} in", tokens(i)),
+        _ => money,
     }
 }
 
@@ -150,21 +220,50 @@ pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoVie
     }
 }
 
+/// Copies `text` to the clipboard and says so.
+#[component]
+fn CopyButton(text: String) -> impl IntoView {
+    let copied = RwSignal::new(false);
+    let copy = move |_| {
+        #[cfg(feature = "hydrate")]
+        {
+            let clipboard = window().navigator().clipboard();
+            let promise = clipboard.write_text(&text);
+            leptos::task::spawn_local(async move {
+                if wasm_bindgen_futures::JsFuture::from(promise).await.is_ok() {
+                    copied.set(true);
+                }
+            });
+        }
+        #[cfg(not(feature = "hydrate"))]
+        let _ = &text;
+    };
+    view! {
+        <button class="button small" on:click=copy>
+            {move || if copied.get() { "Copied" } else { "Copy the result" }}
+        </button>
+    }
+}
+
 fn is_live(job: &JobStatus) -> bool {
     !job.state.is_terminal()
 }
 
-/// Tells the header to ask again when the number of ended jobs on screen changes (an ended
-/// job may have refunded credits or left a notice).
-fn watch_endings(ended: impl Fn() -> Option<usize> + 'static) {
-    Effect::new(move |before: Option<Option<usize>>| {
-        let now = ended();
-        if let (Some(Some(b)), Some(n)) = (before, now) {
-            if n != b {
+/// Watches the ended jobs on screen: when one ends, the header asks again (it may have
+/// refunded credits or left a notice) and, in a background tab, the ending is told
+/// ([`endings::job_ended`]).
+fn watch_endings(ended: impl Fn() -> Option<Vec<JobStatus>> + 'static) {
+    Effect::new(move |before: Option<Option<Vec<String>>>| {
+        let before = before.flatten();
+        let Some(now) = ended() else { return before };
+        if let Some(seen) = &before {
+            let fresh: Vec<&JobStatus> = now.iter().filter(|j| !seen.contains(&j.id)).collect();
+            if !fresh.is_empty() {
                 crate::AccountChanged::notify();
+                fresh.into_iter().for_each(endings::job_ended);
             }
         }
-        now
+        Some(now.into_iter().map(|j| j.id).collect())
     });
 }
 
@@ -178,13 +277,14 @@ pub fn JobsPage() -> impl IntoView {
             jobs.refetch();
         }
     });
-    watch_endings(move || jobs.get().and_then(|r| r.ok()).map(|js| js.iter().filter(|j| !is_live(j)).count()));
+    watch_endings(move || jobs.get().and_then(|r| r.ok()).map(|js| js.into_iter().filter(|j| !is_live(j)).collect()));
     view! {
         <section class="card">
             <div class="card-head">
                 <h1>"Your jobs"</h1>
                 <a class="button primary" href="/upload">"Upload documents"</a>
             </div>
+            <NotifyToggle/>
             <Transition fallback=|| view! { <p class="empty">"Loading your jobs…"</p> }>
                 {move || {
                     jobs.get()
@@ -206,6 +306,9 @@ pub fn JobsPage() -> impl IntoView {
                                                     <li class="job" data-job-id=id>
                                                         <a class="file-name" href=href.clone()>{name}</a>
                                                         {(job.state == JobState::Done).then(|| view! { <a class="open-result" href=href>"Open the result"</a> })}
+                                                        <span class="cost muted" data-testid="cost">
+                                                            {cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens)}
+                                                        </span>
                                                         <StateBadge job=job now=now/>
                                                     </li>
                                                 }
@@ -234,7 +337,7 @@ pub fn JobPage() -> impl IntoView {
             detail.refetch();
         }
     });
-    watch_endings(move || detail.get().and_then(|r| r.ok()).map(|d| usize::from(!is_live(&d.job))));
+    watch_endings(move || detail.get().and_then(|r| r.ok()).map(|d| [d.job].into_iter().filter(|j| !is_live(j)).collect()));
     view! {
         <section class="card">
             <p><a href="/jobs">"← All jobs"</a></p>
@@ -251,12 +354,18 @@ pub fn JobPage() -> impl IntoView {
                                     .result
                                     .as_ref()
                                     .and_then(|r| r["markdown"].as_str().map(str::to_string));
+                                let html = d.result_html.clone().unwrap_or_default();
+                                let cost = cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens);
                                 view! {
                                     <h1 class="file-name">{name}</h1>
                                     <p class="job-state"><StateBadge job=job.clone() now=now/></p>
+                                    <p class="cost" data-testid="cost">{cost}</p>
                                     {markdown.map(|m| view! {
-                                        <h2>"Result"</h2>
-                                        <pre class="result-text">{m}</pre>
+                                        <div class="card-head">
+                                            <h2>"Result"</h2>
+                                            <CopyButton text=m/>
+                                        </div>
+                                        <article class="result-rendered" inner_html=html></article>
                                         <p class="downloads">
                                             <a class="button" href=format!("/api/v1/jobs/{}/result.md", job.id) download>"Download the result"</a>
                                             " "
@@ -277,8 +386,33 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{duration_text, failed_text, queued_text};
-    use crate::model::FailureKind;
+    use super::{cost_text, duration_text, failed_text, queued_text, running_text, thousands};
+    use crate::model::{FailureKind, JobStage};
+
+    #[test]
+    fn costs_say_what_was_charged_refunded_and_used() {
+        assert_eq!(cost_text(1, 0, Some(12_345), Some(678)), "1 credit charged · 12,345 tokens in, 678 out");
+        assert_eq!(cost_text(2, 2, None, None), "2 credits charged and refunded");
+        assert_eq!(cost_text(3, 1, Some(1), Some(1)), "3 credits charged, 1 credit refunded · 1 token in, 1 out");
+        assert_eq!(cost_text(0, 0, None, None), "No charge");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
+    }
+
+    #[test]
+    fn running_lines_say_the_stage() {
+        assert_eq!(running_text(None, None, None, None, 75), "Running for 75 s.");
+        assert_eq!(running_text(Some(JobStage::Reading), None, Some("14:02:10"), Some(1), 1), "Reading the document…");
+        assert_eq!(
+            running_text(Some(JobStage::WaitingForProvider), Some(12), Some("14:02:10"), Some(130), 131),
+            "Read 12 pages. Waiting for the provider since 14:02:10 (2 min)."
+        );
+        assert_eq!(
+            running_text(Some(JobStage::WaitingForProvider), Some(1), Some("14:02:10"), Some(3), 4),
+            "Read 1 page. Waiting for the provider since 14:02:10 (3 s)."
+        );
+        assert_eq!(running_text(Some(JobStage::Writing), None, None, None, 9), "Writing the result…");
+    }
 
     #[test]
     fn durations_read_naturally() {

@@ -4,6 +4,7 @@ pub mod account;
 pub mod admin;
 pub mod auth;
 pub mod clock;
+pub mod endings;
 pub mod jobs;
 pub mod polling;
 pub mod upload;

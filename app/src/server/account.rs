@@ -47,7 +47,22 @@ pub async fn credits() -> Result<CreditSummary, AppError> {
         let ctx = context()?;
         let user = require_user(&ctx).await?;
         let history = engine::accounts::ledger::history(&ctx.pool, user.id, 200).await?;
-        Ok(CreditSummary { balance: user.balance, history: history.into_iter().map(Into::into).collect() })
+        let months = engine::accounts::ledger::monthly_totals(&ctx.pool, user.id, 12).await?;
+        Ok(CreditSummary {
+            balance: user.balance,
+            history: history.into_iter().map(Into::into).collect(),
+            months: months
+                .into_iter()
+                .map(|m| crate::model::MonthTotals {
+                    month: m.month,
+                    documents: m.documents,
+                    charged: m.charged,
+                    refunded: m.refunded,
+                    input_tokens: m.input_tokens,
+                    output_tokens: m.output_tokens,
+                })
+                .collect(),
+        })
     })
     .await
 }

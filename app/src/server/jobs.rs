@@ -31,8 +31,10 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
         let user = require_user(&ctx).await?;
         let job = visible_job(&ctx.pool, &user, &id).await?;
         let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
+        let markdown = job.result.as_ref().and_then(|r| r["markdown"].as_str());
         Ok(JobDetails {
             job: job_status(&ctx.pool, &job).await?,
+            result_html: markdown.map(engine::documents::render::markdown_to_safe_html),
             result: job.result.clone(),
             attempts: attempts.into_iter().map(Into::into).collect(),
         })

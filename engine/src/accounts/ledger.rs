@@ -74,6 +74,46 @@ pub async fn history(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<Ledg
     .await?)
 }
 
+/// What a user spent in one calendar month (UTC).
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct MonthTotals {
+    /// `YYYY-MM`.
+    pub month: String,
+    /// Documents charged for, and the credits charged and refunded.
+    pub documents: i64,
+    pub charged: i64,
+    pub refunded: i64,
+    /// Provider tokens of the jobs accepted that month (jobs past retention no longer count).
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+}
+
+/// A user's totals for the newest `months` months with any activity, newest first.
+pub async fn monthly_totals(pool: &PgPool, user_id: i64, months: i64) -> Result<Vec<MonthTotals>> {
+    Ok(sqlx::query_as(
+        "WITH money AS (
+             SELECT to_char(date_trunc('month', at AT TIME ZONE 'UTC'), 'YYYY-MM') AS month,
+                    count(*) FILTER (WHERE kind = 'debit') AS documents,
+                    coalesce(-sum(amount) FILTER (WHERE kind = 'debit'), 0) AS charged,
+                    coalesce(sum(amount) FILTER (WHERE kind = 'refund'), 0) AS refunded
+             FROM ledger WHERE user_id = $1 AND kind IN ('debit', 'refund') GROUP BY 1),
+         usage AS (
+             SELECT to_char(date_trunc('month', accepted_at AT TIME ZONE 'UTC'), 'YYYY-MM') AS month,
+                    coalesce(sum(input_tokens), 0) AS input_tokens,
+                    coalesce(sum(output_tokens), 0) AS output_tokens
+             FROM jobs WHERE owner_id = $1 GROUP BY 1)
+         SELECT month, coalesce(documents, 0)::bigint AS documents, coalesce(charged, 0)::bigint AS charged,
+                coalesce(refunded, 0)::bigint AS refunded, coalesce(input_tokens, 0)::bigint AS input_tokens,
+                coalesce(output_tokens, 0)::bigint AS output_tokens
+         FROM money FULL JOIN usage USING (month)
+         ORDER BY month DESC LIMIT $2",
+    )
+    .bind(user_id)
+    .bind(months)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// The debit for an admitted job, inside admission's transaction (which has already taken the
 /// balance in its conditional write). A second debit for the same job is refused by an index.
 pub(crate) async fn debit_for_job(conn: &mut PgConnection, user_id: i64, job_id: uuid::Uuid, cost: i64) -> Result<()> {
