@@ -110,26 +110,45 @@ fn Session(children: Children) -> impl IntoView {
 
 /// Shows its pages to a logged-in user; sends anyone else to the log-in page, and back here
 /// after logging in. It asks the server afresh when the page opens (the header's answer may
-/// be from before a log-in), and re-renders only if the logged-in state changes.
+/// be from before a log-in), and re-renders only if the logged-in state changes. While the
+/// server cannot tell (Postgres restarting), it says so and asks again every 5 s instead of
+/// sending a logged-in user to log in.
 #[component]
 fn SignedIn(children: ChildrenFn) -> impl IntoView {
+    #[derive(Clone, PartialEq)]
+    enum Seen {
+        Asking,
+        In,
+        Out,
+        Unanswered(String),
+    }
     let me = LocalResource::new(server::auth::me);
-    let signed_in = Memo::new(move |_| me.get().map(|r| matches!(r, Ok(Some(_)))));
+    let seen = Memo::new(move |_| match me.get() {
+        None => Seen::Asking,
+        Some(Ok(Some(_))) => Seen::In,
+        Some(Ok(None)) | Some(Err(errors::AppError::Unauthenticated)) => Seen::Out,
+        Some(Err(e)) => Seen::Unanswered(e.to_string()),
+    });
     let navigate = leptos_router::hooks::use_navigate();
     let location = leptos_router::hooks::use_location();
-    Effect::new(move |_| {
-        if signed_in.get() == Some(false) {
+    Effect::new(move |_| match seen.get() {
+        Seen::Out => {
             let next = location.pathname.get_untracked();
             navigate(
                 &format!("/login?next={next}"),
                 leptos_router::NavigateOptions { replace: true, ..Default::default() },
             );
         }
+        Seen::Unanswered(_) => {
+            set_timeout(move || me.refetch(), std::time::Duration::from_secs(5));
+        }
+        _ => {}
     });
-    move || match signed_in.get() {
-        Some(true) => children().into_any(),
-        Some(false) => view! { <p class="empty">"Log in to see this page…"</p> }.into_any(),
-        None => view! { <p class="empty">"Loading…"</p> }.into_any(),
+    move || match seen.get() {
+        Seen::In => children().into_any(),
+        Seen::Out => view! { <p class="empty">"Log in to see this page…"</p> }.into_any(),
+        Seen::Unanswered(message) => view! { <p class="form-error" role="alert">{message}</p> }.into_any(),
+        Seen::Asking => view! { <p class="empty">"Loading…"</p> }.into_any(),
     }
 }
 

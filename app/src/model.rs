@@ -1,7 +1,7 @@
 //! What the browser and API clients see: plain serialisable types (no server-only crates).
 
 use serde::{Deserialize, Serialize};
-pub use sluice_types::{AttemptOutcome, CreditKind, FailureKind, JobStage, JobState, Preset};
+pub use sluice_types::{AttemptOutcome, CreditKind, FailureKind, JobStage, JobState, MonthTotals, Preset};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UserInfo {
@@ -110,17 +110,6 @@ pub struct CreditSummary {
     pub months: Vec<MonthTotals>,
 }
 
-/// One month's spending (UTC months).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MonthTotals {
-    /// `YYYY-MM`.
-    pub month: String,
-    pub documents: i64,
-    pub charged: i64,
-    pub refunded: i64,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NoticeInfo {

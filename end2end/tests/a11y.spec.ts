@@ -1,6 +1,6 @@
 import AxeBuilder from '@axe-core/playwright';
 import { Page } from '@playwright/test';
-import { expect, logInAsAdmin, newPage, open, signUp, test, uniqueText } from './helpers';
+import { expect, logInAsAdmin, open, signUp, test, uniqueText, watchConsole } from './helpers';
 
 /** Serious and critical accessibility violations on the current page, by axe-core. */
 async function seriousViolations(page: Page) {
@@ -29,11 +29,15 @@ test('no page has a serious or critical accessibility violation', async ({ page,
     await open(page, url);
     expect(await seriousViolations(page), url).toEqual([]);
   }
-  const admin = await newPage(browser);
+  // Its own context: axe-core needs one (a bare browser.newPage() has none it can use).
+  const context = await browser.newContext();
+  const admin = await context.newPage();
+  watchConsole(admin);
   await logInAsAdmin(admin);
   await open(admin, '/admin');
   await expect(admin.getByTestId('processing-state')).toBeVisible();
   expect(await seriousViolations(admin), '/admin').toEqual([]);
+  await context.close();
 });
 
 test('the drop zone is reachable and usable from the keyboard, with visible focus', async ({ page }) => {

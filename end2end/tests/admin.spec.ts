@@ -44,7 +44,12 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   // The vital signs see the waiting job; the chart is drawn from the last hour's minutes.
   await admin.reload();
   await expect(admin.getByTestId('backlog')).toHaveText(/^[1-9]\d*$/);
-  await expect(admin.locator('svg.chart polyline.intake')).toHaveAttribute('points', /^0\.0,[\d.]+( [\d.]+,[\d.]+){59}$/);
+  await expect(admin.locator('svg.chart polyline.intake')).toHaveAttribute('points', /^40\.0,[\d.]+( [\d.]+,[\d.]+){59}$/);
+  // Axes with a scale and units, and each minute's values on hover.
+  await expect(admin.getByTestId('chart-max')).toHaveText(/^[1-9]\d*$/);
+  await expect(admin.locator('svg.chart .axis')).toContainText('jobs per minute');
+  await expect(admin.locator('svg.chart rect.hover title')).toHaveCount(60);
+  await expect(admin.locator('svg.chart rect.hover title').last()).toHaveText(/^this minute: \d+ accepted, \d+ finished$/);
 
   admin.once('dialog', (d) => d.accept());
   await admin.getByRole('button', { name: 'Resume processing' }).click();

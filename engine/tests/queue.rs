@@ -375,6 +375,8 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
     let groups = dlq::groups(&pool).await.unwrap();
     assert_eq!(groups.len(), 1);
     assert_eq!((groups[0].failure_kind, groups[0].jobs), (FailureKind::ProviderRejected, 3));
+    let listed = dlq::group_jobs(&pool, groups[0].failure_kind, &groups[0].failure_reason, 20).await.unwrap();
+    assert_eq!(listed.len(), 3, "the group's jobs can be listed");
 
     let one = Selection::Job(ids[0]);
     let (a, b) = tokio::join!(

@@ -219,12 +219,22 @@ impl Cluster {
         Ok(())
     }
 
-    fn pg_start(&self) -> Result<(), ClusterError> {
-        let opts = format!(
+    /// The server options this cluster runs with (`pg_ctl start -o ...`).
+    pub fn server_options(&self) -> String {
+        format!(
             "-c listen_addresses='' -c unix_socket_directories='{}' -p {PORT} -c max_connections=300 \
              -c shared_buffers=128MB -c fsync=on",
             self.socket_dir().display()
-        );
+        )
+    }
+
+    /// The folder with `pg_ctl` and the other server binaries.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    fn pg_start(&self) -> Result<(), ClusterError> {
+        let opts = self.server_options();
         let log = self.data_dir.join("server.log");
         let out = self.pg_ctl(&["start", "-w", "-t", "60", "-o", &opts, "-l", &log.to_string_lossy()])?;
         if !out.status.success() {

@@ -270,3 +270,18 @@ mod tests {
         assert_eq!(waiting, [JobState::Queued, JobState::Retrying]);
     }
 }
+
+/// What a user spent in one calendar month (UTC): the credits page's totals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+pub struct MonthTotals {
+    /// `YYYY-MM`.
+    pub month: String,
+    /// Documents charged for, and the credits charged and refunded.
+    pub documents: i64,
+    pub charged: i64,
+    pub refunded: i64,
+    /// Provider tokens of the jobs accepted that month (jobs past retention no longer count).
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+}

@@ -49,19 +49,44 @@ pub fn describe_audit(a: &AuditInfo) -> String {
     format!("{} {what}", a.actor)
 }
 
-/// Pure: the two polylines (intake, completions) of the chart, in a 600×120 box.
+/// The chart's plot area inside its 600×130 box (left, right, top, bottom), leaving room for
+/// the axis labels.
+const PLOT: (f64, f64, f64, f64) = (40.0, 592.0, 8.0, 108.0);
+
+/// Pure: the busiest minute of the chart (its y-axis top), at least 1.
+pub fn chart_max(history: &[(i64, i64)]) -> i64 {
+    history.iter().map(|(a, b)| (*a).max(*b)).max().unwrap_or(0).max(1)
+}
+
+/// Pure: where minute `i` of `n` sits on the x axis.
+fn chart_x(i: usize, n: usize) -> f64 {
+    let (left, right, _, _) = PLOT;
+    left + i as f64 * (right - left) / (n.max(2) - 1) as f64
+}
+
+/// Pure: the two polylines (intake, completions) of the chart, scaled to the busiest minute.
 pub fn chart_lines(history: &[(i64, i64)]) -> (String, String) {
-    let max = history.iter().map(|(a, b)| (*a).max(*b)).max().unwrap_or(0).max(1) as f64;
-    let step = 600.0 / (history.len().max(2) - 1) as f64;
+    let (_, _, top, bottom) = PLOT;
+    let max = chart_max(history) as f64;
     let line = |pick: fn(&(i64, i64)) -> i64| {
         history
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("{:.1},{:.1}", i as f64 * step, 115.0 - pick(p) as f64 / max * 110.0))
+            .map(|(i, p)| format!("{:.1},{:.1}", chart_x(i, history.len()), bottom - pick(p) as f64 / max * (bottom - top)))
             .collect::<Vec<_>>()
             .join(" ")
     };
     (line(|p| p.0), line(|p| p.1))
+}
+
+/// Pure: the hover text of minute `i` of `n` (oldest first, the last is now).
+pub fn chart_point_text(i: usize, n: usize, (intake, done): (i64, i64)) -> String {
+    let ago = match n - 1 - i {
+        0 => "this minute".to_string(),
+        1 => "1 minute ago".to_string(),
+        m => format!("{m} minutes ago"),
+    };
+    format!("{ago}: {intake} accepted, {done} finished")
 }
 
 #[component]
@@ -207,18 +232,40 @@ fn VitalsCard(status: QueueStatus) -> impl IntoView {
         <section class="card">
             <h2>"Vital signs"</h2>
             <dl class="vitals">
-                <div><dt>"Backlog"</dt><dd data-testid="backlog">{o.backlog}</dd></div>
+                <div><dt>"Backlog (jobs)"</dt><dd data-testid="backlog">{o.backlog}</dd></div>
                 <div><dt>"Oldest waiting"</dt><dd>{secs(o.oldest_waiting_secs)}</dd></div>
-                <div><dt>"In / out per min"</dt><dd>{format!("{:.1} / {:.1}", o.intake_per_min, o.completions_per_min)}</dd></div>
+                <div><dt>"Accepted / finished (jobs per min)"</dt><dd>{format!("{:.1} / {:.1}", o.intake_per_min, o.completions_per_min)}</dd></div>
                 <div><dt>"Time to done p50 / p95"</dt><dd>{format!("{} / {}", secs(o.time_to_done_p50_secs), secs(o.time_to_done_p95_secs))}</dd></div>
-                <div><dt>"Dead letters"</dt><dd>{o.dlq_depth}</dd></div>
+                <div><dt>"Dead letters (jobs)"</dt><dd>{o.dlq_depth}</dd></div>
                 <div><dt>"Drains in"</dt><dd class:warn=o.drain == "not draining">{o.drain.clone()}</dd></div>
             </dl>
-            <svg class="chart" viewBox="0 0 600 120" role="img" aria-label="Intake and completions per minute over the last hour">
+            <svg class="chart" viewBox="0 0 600 130" role="img" aria-label="Jobs accepted and finished per minute over the last hour">
+                <g class="axis">
+                    <line x1=PLOT.0 y1=PLOT.2 x2=PLOT.0 y2=PLOT.3/>
+                    <line x1=PLOT.0 y1=PLOT.3 x2=PLOT.1 y2=PLOT.3/>
+                    <text x=PLOT.0 - 6.0 y=PLOT.2 + 8.0 text-anchor="end" data-testid="chart-max">{chart_max(&o.history)}</text>
+                    <text x=PLOT.0 - 6.0 y=PLOT.3 text-anchor="end">"0"</text>
+                    <text x=PLOT.0 y=PLOT.3 + 18.0>"60 min ago"</text>
+                    <text x=PLOT.1 y=PLOT.3 + 18.0 text-anchor="end">"now"</text>
+                    <text x=(PLOT.0 + PLOT.1) / 2.0 y=PLOT.3 + 18.0 text-anchor="middle">"jobs per minute"</text>
+                </g>
                 <polyline class="intake" points=intake fill="none"/>
                 <polyline class="completions" points=done fill="none"/>
+                {
+                    let n = o.history.len();
+                    let width = (PLOT.1 - PLOT.0) / (n.max(2) - 1) as f64;
+                    o.history
+                        .iter()
+                        .enumerate()
+                        .map(|(i, point)| view! {
+                            <rect class="hover" x=chart_x(i, n) - width / 2.0 y=PLOT.2 width=width height=PLOT.3 - PLOT.2>
+                                <title>{chart_point_text(i, n, *point)}</title>
+                            </rect>
+                        })
+                        .collect_view()
+                }
             </svg>
-            <p class="legend"><span class="intake">"— intake"</span>" "<span class="completions">"— completions"</span>" per minute, last hour"</p>
+            <p class="legend"><span class="intake">"— accepted"</span>" "<span class="completions">"— finished"</span>" jobs per minute, last hour (hover for the values)"</p>
         </section>
     }
 }
@@ -381,7 +428,7 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{chart_lines, describe_audit};
+    use super::{chart_lines, chart_max, chart_point_text, describe_audit};
     use crate::model::AuditInfo;
 
     fn entry(action: &str, subject: Option<&str>, old: &str, new: &str) -> AuditInfo {
@@ -420,9 +467,18 @@ mod tests {
     #[test]
     fn chart_lines_scale_to_the_busiest_minute() {
         let (intake, done) = chart_lines(&[(0, 0), (10, 5), (5, 10)]);
-        assert_eq!(intake, "0.0,115.0 300.0,5.0 600.0,60.0");
-        assert_eq!(done, "0.0,115.0 300.0,60.0 600.0,5.0");
+        assert_eq!(intake, "40.0,108.0 316.0,8.0 592.0,58.0");
+        assert_eq!(done, "40.0,108.0 316.0,58.0 592.0,8.0");
+        assert_eq!(chart_max(&[(0, 0), (10, 5), (5, 10)]), 10);
         let (flat, _) = chart_lines(&[]);
         assert_eq!(flat, "");
+        assert_eq!(chart_max(&[]), 1, "an idle hour still has a scale");
+    }
+
+    #[test]
+    fn chart_points_say_when_and_how_many() {
+        assert_eq!(chart_point_text(59, 60, (3, 2)), "this minute: 3 accepted, 2 finished");
+        assert_eq!(chart_point_text(58, 60, (0, 1)), "1 minute ago: 0 accepted, 1 finished");
+        assert_eq!(chart_point_text(0, 60, (4, 4)), "59 minutes ago: 4 accepted, 4 finished");
     }
 }

@@ -51,17 +51,7 @@ pub async fn credits() -> Result<CreditSummary, AppError> {
         Ok(CreditSummary {
             balance: user.balance,
             history: history.into_iter().map(Into::into).collect(),
-            months: months
-                .into_iter()
-                .map(|m| crate::model::MonthTotals {
-                    month: m.month,
-                    documents: m.documents,
-                    charged: m.charged,
-                    refunded: m.refunded,
-                    input_tokens: m.input_tokens,
-                    output_tokens: m.output_tokens,
-                })
-                .collect(),
+            months,
         })
     })
     .await

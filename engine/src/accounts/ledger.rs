@@ -74,19 +74,7 @@ pub async fn history(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<Ledg
     .await?)
 }
 
-/// What a user spent in one calendar month (UTC).
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
-pub struct MonthTotals {
-    /// `YYYY-MM`.
-    pub month: String,
-    /// Documents charged for, and the credits charged and refunded.
-    pub documents: i64,
-    pub charged: i64,
-    pub refunded: i64,
-    /// Provider tokens of the jobs accepted that month (jobs past retention no longer count).
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-}
+pub use sluice_types::MonthTotals;
 
 /// A user's totals for the newest `months` months with any activity, newest first.
 pub async fn monthly_totals(pool: &PgPool, user_id: i64, months: i64) -> Result<Vec<MonthTotals>> {

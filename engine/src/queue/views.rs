@@ -33,8 +33,13 @@ pub struct JobView {
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     pub replays: i32,
+    // Defaults: the `dead_letters` view was made before these columns (a view keeps the
+    // columns `*` meant when it was made), and a dead job has no stage anyway.
+    #[sqlx(default)]
     pub stage: Option<JobStage>,
+    #[sqlx(default)]
     pub stage_since: Option<DateTime<Utc>>,
+    #[sqlx(default)]
     pub stage_pages: Option<i32>,
     /// Credits given back for this job (read where the owner sees costs; 0 elsewhere).
     #[sqlx(default)]

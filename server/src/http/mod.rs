@@ -86,6 +86,13 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
                 move || shell(options.clone())
             },
         )
+        // Built assets, precompressed by the release build where it could (`.br`, `.gz`).
+        .nest_service(
+            "/pkg",
+            tower_http::services::ServeDir::new(std::path::Path::new(&*state.leptos_options.site_root).join("pkg"))
+                .precompressed_br()
+                .precompressed_gzip(),
+        )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(middleware::from_fn(move |request, next| layers::timeout_unless_transfer(request_timeout, request, next)))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
