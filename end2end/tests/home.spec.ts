@@ -20,3 +20,16 @@ test('the first page hydrates, and an account made through a server function is 
   expect(health.status()).toBe(200);
   expect((await health.json()).database).toBe('ok');
 });
+
+test('the production bundle is content-named, cached for a year, sent precompressed, and allowed by the page CSP', async ({ page }) => {
+  const response = await page.goto('/');
+  await expect(page.locator('body')).toHaveAttribute('data-hydrated', 'true');
+  const csp = response!.headers()['content-security-policy'];
+  expect(csp).toMatch(/script-src 'self' 'nonce-[\w-]+' 'wasm-unsafe-eval'/);
+  const wasm = await page.locator('link[href$=".wasm"]').getAttribute('href');
+  expect(wasm).toMatch(/^\/pkg\/sluice\.[\w-]{8,}\.wasm$/);
+  const asset = await page.request.get(wasm!, { headers: { 'accept-encoding': 'br' } });
+  expect(asset.status()).toBe(200);
+  expect(asset.headers()['content-encoding']).toBe('br');
+  expect(asset.headers()['cache-control']).toBe('public, max-age=31536000, immutable');
+});
