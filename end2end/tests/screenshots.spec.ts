@@ -33,5 +33,5 @@ test('README screenshots: upload, jobs, a job, admin', async ({ page, browser })
   await logInAsAdmin(admin);
   await open(admin, '/admin');
   await expect(admin.getByTestId('chart-max')).toBeVisible();
-  await admin.screenshot({ path: path.join(shots, 'admin.png') });
+  await admin.screenshot({ path: path.join(shots, 'admin.png'), fullPage: true });
 });

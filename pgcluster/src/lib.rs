@@ -24,6 +24,8 @@ pub enum ClusterError {
     NoUnprivilegedUser(String),
     FolderNotReachable(PathBuf, String),
     InUse(PathBuf),
+    /// The data folder is a link, but not to the place this code relocates it to.
+    UnexpectedLink { link: PathBuf, target: PathBuf, expected: PathBuf },
     Command { what: String, detail: String },
     Io(io::Error),
 }
@@ -55,6 +57,14 @@ impl fmt::Display for ClusterError {
                 "another Sluice server is running with the Postgres data folder {}; stop it first, or give \
                  this one another --data-dir",
                 path.display()
+            ),
+            ClusterError::UnexpectedLink { link, target, expected } => write!(
+                f,
+                "the data folder {} is a link to {}, not to {} where Sluice keeps this checkout's \
+                 cluster; remove the link (or choose another data folder)",
+                link.display(),
+                target.display(),
+                expected.display()
             ),
             ClusterError::Command { what, detail } => write!(f, "{what} failed: {detail}"),
             ClusterError::Io(e) => write!(f, "{e}"),
@@ -376,10 +386,17 @@ pub fn relocated_dir(requested: &Path) -> PathBuf {
 fn place_data_dir(requested: &Path, run_as: Option<RunAs>) -> Result<PathBuf, ClusterError> {
     let is_link = fs::symlink_metadata(requested).map(|m| m.file_type().is_symlink()).unwrap_or(false);
     if is_link {
-        // Relocated by an earlier run; the target may have been removed since.
-        if let Ok(target) = fs::read_link(requested) {
-            fs::create_dir_all(&target)?;
+        // Relocated by an earlier run; the target may have been removed since. Only the link
+        // this code makes is followed: root must not create, chown and chmod whatever a link
+        // someone else placed points at (or share a cluster with a copied checkout).
+        let name = requested.file_name().ok_or_else(|| io::Error::other("the data folder has no name"))?;
+        let parent = requested.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let expected = relocated_dir(&parent.canonicalize()?.join(name));
+        let target = fs::read_link(requested)?;
+        if target != expected {
+            return Err(ClusterError::UnexpectedLink { link: requested.to_path_buf(), target, expected });
         }
+        fs::create_dir_all(&target)?;
     } else {
         fs::create_dir_all(requested)?;
     }
@@ -394,8 +411,12 @@ fn place_data_dir(requested: &Path, run_as: Option<RunAs>) -> Result<PathBuf, Cl
         return Err(not_reachable());
     }
     let target = relocated_dir(&canonical);
+    if !Path::new(RELOCATION_BASE).exists() {
+        // Made here: searchable by the Postgres user. An existing one keeps its owner's mode.
+        fs::create_dir_all(RELOCATION_BASE)?;
+        fs::set_permissions(Path::new(RELOCATION_BASE), fs::Permissions::from_mode(0o755))?;
+    }
     fs::create_dir_all(&target)?;
-    fs::set_permissions(Path::new(RELOCATION_BASE), fs::Permissions::from_mode(0o755))?;
     check_reachable(&target, user).map_err(|_| not_reachable())?;
     fs::remove_dir(&canonical)?;
     std::os::unix::fs::symlink(&target, &canonical)?;

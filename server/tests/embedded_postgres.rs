@@ -200,6 +200,22 @@ fn a_data_folder_under_a_private_parent_still_gets_a_cluster() {
     assert_eq!(account(&second, "log_in", "private@example.com"), 200, "the second run finds the same cluster");
     assert!(second.interrupt_and_wait().success());
     assert_eq!(postgres_processes(&data), 0);
+
+    // A link somewhere else (placed by someone, or copied with another checkout) is refused,
+    // and its target is left alone.
+    let elsewhere = private.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::remove_file(data.join("postgres")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, data.join("postgres")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_server"))
+        .env_remove("DATABASE_URL")
+        .env("SLUICE_DATA_DIR", &data)
+        .env("SLUICE_BIND", format!("127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a link to"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "nothing was made in the link's target");
     let _ = std::fs::remove_dir_all(&relocated);
     let _ = std::fs::remove_dir_all(&private);
 }

@@ -31,15 +31,30 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
         let user = require_user(&ctx).await?;
         let job = visible_job(&ctx.pool, &user, &id).await?;
         let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
-        let markdown = job.result.as_ref().and_then(|r| r["markdown"].as_str());
+        let markdown = job.result.as_ref().and_then(|r| r["markdown"].as_str()).map(str::to_string);
+        let result_html = match markdown {
+            Some(markdown) => Some(render_result(markdown).await?),
+            None => None,
+        };
         Ok(JobDetails {
             job: job_status(&ctx.pool, &job).await?,
-            result_html: markdown.map(engine::documents::render::markdown_to_safe_html),
+            result_html,
             result: job.result.clone(),
             attempts: attempts.into_iter().map(Into::into).collect(),
         })
     })
     .await
+}
+
+/// A result's Markdown as safe HTML, rendered off the async threads and at most two at once
+/// (a result can be 2 MiB of a provider's text, and anyone may ask for their job's page often).
+#[cfg(feature = "ssr")]
+async fn render_result(markdown: String) -> Result<String, AppError> {
+    static RENDERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let _turn = RENDERING.acquire().await.map_err(|_| AppError::Internal)?;
+    tokio::task::spawn_blocking(move || engine::documents::render::markdown_to_safe_html(&markdown))
+        .await
+        .map_err(|_| AppError::Internal)
 }
 
 /// The upload page's upload: a `multipart/form-data` body (`file`, `preset`, `language`),

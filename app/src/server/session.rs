@@ -86,6 +86,8 @@ pub struct WebSettings {
     pub max_uploads_per_user: usize,
     /// How long an upload waits for its turn (also the `Retry-After` of that 503).
     pub busy_uploads_wait: std::time::Duration,
+    /// The longest an upload may send nothing (between parts or inside one) before it is dropped.
+    pub upload_idle: std::time::Duration,
     /// The presets the configured provider can do (language-model presets need one).
     pub presets: Vec<Preset>,
     /// How long a request (other than an upload or a download) may take, slow clients
@@ -105,6 +107,7 @@ impl Default for WebSettings {
             max_concurrent_uploads: 32,
             max_uploads_per_user: 8,
             busy_uploads_wait: std::time::Duration::from_secs(5),
+            upload_idle: std::time::Duration::from_secs(30),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
             request_timeout: std::time::Duration::from_secs(30),
         }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use http::HeaderMap;
 
-use engine::accounts::admission::{self, Admission};
+use engine::accounts::admission::{self, Admission, Refusal};
 use engine::accounts::User;
 use engine::documents::intake::{self, Intake, StoredUpload, UploadOptions};
 use engine::documents::Blobs;
@@ -30,10 +30,17 @@ pub struct Uploaded {
     pub duplicate: bool,
 }
 
-/// The longest a client may pause while sending a file.
-const UPLOAD_IDLE: Duration = Duration::from_secs(30);
 /// The longest one upload may take in all (50 MiB at under 100 KB/s is not a client we serve).
 const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
+/// The slowest average an upload may keep (bytes per second), judged once it has run this long:
+/// 50 MiB at 10 KB/s is an hour and a half, longer than anyone waits.
+const MIN_RATE: u64 = 10_000;
+const MIN_RATE_AFTER: Duration = Duration::from_secs(60);
+
+/// Pure: whether `received` bytes in `elapsed` is below [`MIN_RATE`] (judged after [`MIN_RATE_AFTER`]).
+fn too_slow(received: u64, elapsed: Duration) -> bool {
+    elapsed > MIN_RATE_AFTER && received < MIN_RATE * elapsed.as_secs()
+}
 /// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
 const MAX_FIELD_BYTES: usize = 200;
 /// A form is a file and two options; a form with more parts is refused.
@@ -93,13 +100,15 @@ where
         Some(key) => admission::client_key_used(&ctx.pool, user.id, key).await?,
         None => false,
     };
-    if !retried {
-        if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id).await? {
+    if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id).await? {
+        // A retried key may get its earlier job back whatever the balance, so only an
+        // overloaded intake refuses it unread; everyone else is refused here.
+        if !retried || matches!(refusal, Refusal::Overloaded { .. }) {
             return Err(refusal.into());
         }
     }
     let form = paced_multipart(headers, body)?;
-    let reading = read_form(form, &ctx.blobs, settings.max_upload_bytes, &settings.presets);
+    let reading = read_form(form, &ctx.blobs, settings.max_upload_bytes, &settings.presets, settings.upload_idle);
     let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
         .await
         .map_err(|_| AppError::invalid("the upload took too long; try again on a faster connection"))??;
@@ -120,6 +129,10 @@ where
 struct OneChunkPerPoll<S> {
     inner: S,
     just_yielded: bool,
+    /// When reading began and the bytes read since: a client that trickles (a byte now and
+    /// then, never idle long enough to time out) fails [`MIN_RATE`] instead of holding a slot.
+    started: std::time::Instant,
+    received: u64,
     /// Set while a field's data is being read (see [`FieldGate`]).
     in_field: Arc<AtomicBool>,
     /// Bytes handed over since the last field data.
@@ -143,6 +156,13 @@ where
         self.just_yielded = next.is_ready();
         match next {
             Poll::Ready(Some(Ok(chunk))) => {
+                self.received += chunk.len() as u64;
+                if too_slow(self.received, self.started.elapsed()) {
+                    return Poll::Ready(Some(Err(format!(
+                        "the upload is too slow (under {} KB/s); try again on a faster connection",
+                        MIN_RATE / 1000
+                    ))));
+                }
                 if self.in_field.load(Ordering::Relaxed) {
                     self.outside = 0;
                 } else {
@@ -183,7 +203,14 @@ where
     let boundary = multer::parse_boundary(content_type)
         .map_err(|_| AppError::invalid("send the document as multipart/form-data"))?;
     let gate = FieldGate(Arc::new(AtomicBool::new(false)));
-    let paced = OneChunkPerPoll { inner: body, just_yielded: false, in_field: gate.0.clone(), outside: 0 };
+    let paced = OneChunkPerPoll {
+        inner: body,
+        just_yielded: false,
+        started: std::time::Instant::now(),
+        received: 0,
+        in_field: gate.0.clone(),
+        outside: 0,
+    };
     Ok((multer::Multipart::new(paced, boundary), gate))
 }
 
@@ -202,9 +229,9 @@ fn with_idle_timeout(field: multer::Field<'_>, idle: Duration) -> impl Stream<It
 }
 
 /// A side field's text, read up to [`MAX_FIELD_BYTES`].
-async fn read_short_field(field: multer::Field<'_>) -> Result<String, AppError> {
+async fn read_short_field(field: multer::Field<'_>, idle: Duration) -> Result<String, AppError> {
     let name = field.name().unwrap_or("").to_string();
-    let mut chunks = with_idle_timeout(field, UPLOAD_IDLE);
+    let mut chunks = with_idle_timeout(field, idle);
     let mut value = Vec::new();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| AppError::invalid(format!("the upload broke off: {e}")))?;
@@ -224,13 +251,19 @@ async fn read_form(
     blobs: &Blobs,
     limit: u64,
     presets: &[Preset],
+    idle: Duration,
 ) -> Result<(StoredUpload, UploadOptions), AppError> {
     let malformed = |e: multer::Error| AppError::invalid(format!("malformed multipart body: {e}"));
     let mut stored: Option<StoredUpload> = None;
     let mut options = UploadOptions::default();
     let read = async {
         let mut parts = 0;
-        while let Some(field) = multipart.next_field().await.map_err(malformed)? {
+        loop {
+            // The wait for the next part (its headers) is bounded like a field's data.
+            let next = tokio::time::timeout(idle, multipart.next_field()).await.map_err(|_| {
+                AppError::invalid(format!("the upload broke off: nothing arrived for {} s", idle.as_secs()))
+            })?;
+            let Some(field) = next.map_err(malformed)? else { break };
             parts += 1;
             if parts > MAX_PARTS {
                 return Err(AppError::invalid("the form has too many parts"));
@@ -238,15 +271,15 @@ async fn read_form(
             match field.name() {
                 Some("file") if stored.is_none() => {
                     let name = field.file_name().map(str::to_string);
-                    let chunks = with_idle_timeout(field, UPLOAD_IDLE);
+                    let chunks = with_idle_timeout(field, idle);
                     stored = Some(gate.reading(intake::receive(blobs, name.as_deref(), limit, chunks)).await?);
                 }
                 Some("file") => return Err(AppError::invalid("send one file per upload")),
                 Some("preset") => {
-                    options.preset = intake::parse_preset(&gate.reading(read_short_field(field)).await?)?;
+                    options.preset = intake::parse_preset(&gate.reading(read_short_field(field, idle)).await?)?;
                 }
                 Some("language") => {
-                    options.language = intake::parse_language(&gate.reading(read_short_field(field)).await?)?;
+                    options.language = intake::parse_language(&gate.reading(read_short_field(field, idle)).await?)?;
                 }
                 other => {
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
@@ -269,5 +302,18 @@ async fn read_form(
             }
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trickle_fails_after_a_minute_but_a_slow_honest_upload_does_not() {
+        assert!(!too_slow(10, Duration::from_secs(59)), "judged only after a minute");
+        assert!(too_slow(100, Duration::from_secs(61)), "a byte now and then");
+        assert!(!too_slow(50 << 20, Duration::from_secs(600)), "50 MiB in 10 minutes is 87 KB/s");
+        assert!(too_slow(500_000, Duration::from_secs(120)));
     }
 }

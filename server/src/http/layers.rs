@@ -14,6 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
 use tower_http::classify::ServerErrorsFailureClass;
+use tower_http::compression::predicate::{DefaultPredicate, NotForContentType, Predicate};
 use tower_http::compression::{CompressionLayer, CompressionLevel};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -24,8 +25,8 @@ use tracing::Span;
 /// carry a user's data and change as jobs move).
 pub fn cache_control_for(path: &str) -> &'static str {
     let Some(file) = path.strip_prefix("/pkg/") else {
-        let is_public_asset = !path.starts_with("/api/") && path.rsplit('/').next().is_some_and(|f| f.contains('.'));
-        return if is_public_asset { "public, max-age=3600" } else { "no-store" };
+        // Not by the look of the path (`/jobs/x.css` is a page): only the few public files.
+        return if PUBLIC_FILES.contains(&path) { "public, max-age=3600" } else { "no-store" };
     };
     if is_content_named(file) {
         "public, max-age=31536000, immutable"
@@ -33,6 +34,9 @@ pub fn cache_control_for(path: &str) -> &'static str {
         "no-cache"
     }
 }
+
+/// The files in `public/` (the rest of a site's paths are pages or the API).
+const PUBLIC_FILES: [&str; 1] = ["/favicon.svg"];
 
 /// cargo-leptos' `hash-files` names assets `<name>.<hash>.<ext>`.
 fn is_content_named(file: &str) -> bool {
@@ -116,8 +120,13 @@ pub async fn timeout_unless_transfer(timeout: Duration, request: Request, next: 
 pub fn around_every_request(router: Router, secure: bool) -> Router {
     router
         .layer(middleware::from_fn(move |request, next| security_and_cache_headers(secure, request, next)))
-        // Level 4 keeps brotli and gzip cheap enough to run per request on a 2 MB bundle.
-        .layer(CompressionLayer::new().quality(CompressionLevel::Precise(4)))
+        // Level 4 keeps brotli and gzip cheap per request. PDFs (already compressed, up to
+        // 50 MiB as downloads) are sent as they are; built assets come precompressed.
+        .layer(
+            CompressionLayer::new()
+                .quality(CompressionLevel::Precise(4))
+                .compress_when(DefaultPredicate::new().and(NotForContentType::const_new("application/pdf"))),
+        )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
             TraceLayer::new_for_http()
@@ -133,6 +142,22 @@ pub fn around_every_request(router: Router, secure: bool) -> Router {
                 }),
         )
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(middleware::from_fn(drop_unusable_request_id))
+}
+
+/// A proxy's request id is kept only when it looks like one (up to 64 letters, digits, `-`
+/// and `_`); anything else is replaced by our own, so clients cannot bloat or forge log lines.
+async fn drop_unusable_request_id(mut request: Request, next: Next) -> Response {
+    let usable = request.headers().get("x-request-id").map(|v| is_usable_request_id(v.as_bytes()));
+    if usable == Some(false) {
+        request.headers_mut().remove("x-request-id");
+    }
+    next.run(request).await
+}
+
+/// Pure: whether a client's request id may be kept.
+pub fn is_usable_request_id(id: &[u8]) -> bool {
+    (1..=64).contains(&id.len()) && id.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
 }
 
 /// A span per request with its method, route (the pattern, not the ids in it) and request id;
@@ -163,6 +188,16 @@ mod tests {
         assert_eq!(cache_control_for("/jobs/0b6e3c1a-1111-2222-3333-444455556666"), "no-store");
         assert_eq!(cache_control_for("/api/v1/jobs/x/result.md"), "no-store");
         assert_eq!(cache_control_for("/favicon.svg"), "public, max-age=3600");
+        assert_eq!(cache_control_for("/jobs/x.css"), "no-store", "a page is a page whatever its path looks like");
+    }
+
+    #[test]
+    fn only_short_plain_request_ids_are_kept() {
+        assert!(is_usable_request_id(b"from-the-proxy_01"));
+        assert!(!is_usable_request_id(b""));
+        assert!(!is_usable_request_id(&[b'a'; 65]));
+        assert!(!is_usable_request_id(b"id with spaces"));
+        assert!(!is_usable_request_id(b"id\"quote"));
     }
 
     #[test]

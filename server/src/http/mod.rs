@@ -97,7 +97,10 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .layer(middleware::from_fn(move |request, next| layers::timeout_unless_transfer(request_timeout, request, next)))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
         .layer(sessions)
-        .layer(middleware::from_fn_with_state(ctx_pool, unavailable::restarting_is_not_an_internal_error))
+        .layer(middleware::from_fn_with_state(
+            (ctx_pool, unavailable::DatabasePing::default()),
+            unavailable::restarting_is_not_an_internal_error,
+        ))
         .with_state(state);
     Ok(layers::around_every_request(app, secure_cookies))
 }

@@ -38,6 +38,8 @@ async fn pages_carry_a_nonce_csp_and_the_security_headers(pool: PgPool) {
     let again = reqwest::Client::new().get(app.url("/")).header("x-request-id", "from-the-proxy").send().await.unwrap();
     assert!(!header(&again, "content-security-policy").contains(&nonce), "nonces are not reused");
     assert_eq!(header(&again, "x-request-id"), "from-the-proxy");
+    let forged = reqwest::Client::new().get(app.url("/")).header("x-request-id", "x".repeat(500)).send().await.unwrap();
+    assert!(uuid::Uuid::parse_str(header(&forged, "x-request-id")).is_ok(), "an unusable id is replaced");
 
     // API answers get the strict policy and are not stored either.
     let api = reqwest::get(app.url("/api/v1/jobs/00000000-0000-0000-0000-000000000000")).await.unwrap();

@@ -151,3 +151,67 @@ async fn a_big_upload_sent_in_big_chunks_is_accepted(pool: PgPool) {
     let answer = reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(&token).multipart(form).send().await;
     assert_eq!(answer.unwrap().status(), StatusCode::ACCEPTED);
 }
+
+/// The status line of whatever the server answers on `stream` within `wait` (0 if none).
+fn answer_within(stream: &mut std::net::TcpStream, wait: Duration) -> u16 {
+    use std::io::Read;
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match stream.read(&mut buf) {
+            Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&answer).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_client_silent_between_parts_is_dropped_after_the_idle_time(pool: PgPool) {
+    let settings = WebSettings { upload_idle: Duration::from_secs(1), ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, token) = app.user_with_token("silent@example.com", 5, 5).await;
+    let addr = app.addr;
+    let (status, took) = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        // Half a part's headers, then nothing: the parser waits for the rest of them.
+        let opening = format!("--{BOUNDARY}\r\nContent-Disposition: form-da");
+        let mut stream = open_upload(addr, &token, &multipart_type(), 10 * MIB, opening.as_bytes());
+        (answer_within(&mut stream, Duration::from_secs(20)), started.elapsed())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 422, "dropped with a clear error");
+    assert!(took < Duration::from_secs(10), "after the idle time, not the 10-minute deadline: {took:?}");
+    assert_eq!(app.stored_blobs(), 0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_reused_idempotency_key_is_refused_unread_while_intake_is_overloaded(pool: PgPool) {
+    let mut settings = WebSettings::default();
+    settings.admission.max_backlog = 1;
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, token) = app.user_with_token("retry@example.com", 5, 5).await;
+    assert_eq!(app.upload(&token, doc(1), Some("key-1")).await.status(), 202, "the backlog is now full");
+    let addr = app.addr;
+    let status = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        // The same key again, with a body that never finishes: only a refusal before reading
+        // answers in time.
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "POST /api/v1/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nIdempotency-Key: key-1\r\n\
+             Content-Type: {}\r\nContent-Length: {}\r\n\r\n--{BOUNDARY}\r\n{}\r\n\r\n%PDF-1.7\n",
+            multipart_type(),
+            50 * MIB,
+            file_part("again.pdf"),
+        )
+        .unwrap();
+        answer_within(&mut stream, Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 503, "an overloaded intake refuses even a retry before reading it");
+}
