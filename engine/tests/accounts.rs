@@ -183,3 +183,41 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
         }
     }
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
+    use engine::queue::switches;
+    use std::time::Duration;
+    let user = users::create_user(&pool, "paused@example.com", "password123", Role::User, 10).await.unwrap();
+    let config = AdmissionConfig { max_oldest_wait: Duration::from_secs(30 * 60), ..AdmissionConfig::default() };
+    switches::set_processing(&pool, false, "ops@example.com").await.unwrap();
+    // Paused 45 minutes ago; a job has waited 40 minutes, all of them paused.
+    sqlx::query("UPDATE processing_pauses SET paused_at = now() - interval '45 minutes'").execute(&pool).await.unwrap();
+    let submission = Submission {
+        user_id: user.id,
+        payload: serde_json::json!({}),
+        content_key: "old".into(),
+        client_key: None,
+        fingerprint: "old".into(),
+    };
+    let Admission::Accepted { job_id } = admission::submit(&pool, &config, &submission).await.unwrap() else {
+        panic!("accepted")
+    };
+    sqlx::query("UPDATE jobs SET run_at = now() - interval '40 minutes' WHERE id = $1")
+        .bind(job_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(admission::precheck(&pool, &config, user.id).await.unwrap(), None, "paused time does not count");
+
+    // Resumed 35 minutes ago: the job has now waited 35 counted minutes, past the bound.
+    switches::set_processing(&pool, true, "ops@example.com").await.unwrap();
+    sqlx::query("UPDATE processing_pauses SET resumed_at = now() - interval '35 minutes', paused_at = now() - interval '45 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(
+        matches!(admission::precheck(&pool, &config, user.id).await.unwrap(), Some(admission::Refusal::Overloaded { .. })),
+        "time waited while processing runs still counts"
+    );
+}

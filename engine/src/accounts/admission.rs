@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -96,16 +98,49 @@ pub fn intake_refusal(backlog: i64, oldest_wait: Option<Duration>, config: &Admi
         .then(|| Refusal::Overloaded { retry_after_secs: config.retry_after_overloaded.as_secs().max(1) })
 }
 
-/// Backlog (counted up to the bound only) and the oldest waiting job's wait.
+/// Backlog (counted up to the bound only) and the oldest waiting job's wait, not counting
+/// the time processing was paused (seed 003: pause processing without refusing uploads).
 async fn intake_state(pool: &PgPool, bound: i64) -> Result<(i64, Option<Duration>)> {
-    let (backlog, oldest_secs): (i64, Option<f64>) = sqlx::query_as(
+    let (backlog, oldest, now): (i64, Option<DateTime<Utc>>, DateTime<Utc>) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM waiting_jobs WHERE run_at <= now() LIMIT $1) b),
-                (SELECT extract(epoch FROM now() - min(run_at))::float8 FROM waiting_jobs WHERE run_at <= now())",
+                (SELECT min(run_at) FROM waiting_jobs WHERE run_at <= now()), now()",
     )
     .bind(bound)
     .fetch_one(pool)
     .await?;
-    Ok((backlog, oldest_secs.map(|s| Duration::from_secs_f64(s.max(0.0)))))
+    let Some(oldest) = oldest else { return Ok((backlog, None)) };
+    let pauses: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+        "SELECT paused_at, resumed_at FROM processing_pauses WHERE resumed_at IS NULL OR resumed_at > $1",
+    )
+    .bind(oldest)
+    .fetch_all(pool)
+    .await?;
+    Ok((backlog, Some(wait_excluding_pauses(oldest, now, &pauses))))
+}
+
+/// Pure: the time from `since` to `now` that processing was not paused, given the pauses
+/// (start, end or `None` while still paused), which may overlap `since` or each other.
+pub fn wait_excluding_pauses(
+    since: DateTime<Utc>,
+    now: DateTime<Utc>,
+    pauses: &[(DateTime<Utc>, Option<DateTime<Utc>>)],
+) -> Duration {
+    let mut intervals: Vec<(DateTime<Utc>, DateTime<Utc>)> = pauses
+        .iter()
+        .map(|&(start, end)| (start.max(since), end.unwrap_or(now).min(now)))
+        .filter(|(start, end)| start < end)
+        .collect();
+    intervals.sort();
+    let mut paused = chrono::Duration::zero();
+    let mut covered_until = since;
+    for (start, end) in intervals {
+        let start = start.max(covered_until);
+        if end > start {
+            paused += end - start;
+            covered_until = end;
+        }
+    }
+    (now - since - paused).to_std().unwrap_or_default()
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
@@ -231,6 +266,35 @@ mod tests {
     fn enough_credits_at_the_limit_is_429() {
         let r = refusal_reason(3, 5, 5, 1, Duration::from_secs(15));
         assert_eq!(r, Refusal::TooManyInFlight { in_flight: 5, limit: 5, retry_after_secs: 15 });
+    }
+
+    fn at(minute: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap() + chrono::Duration::minutes(minute)
+    }
+
+    #[test]
+    fn paused_time_does_not_count_as_waiting() {
+        let mins = |d: Duration| d.as_secs() / 60;
+        // Waiting 40 minutes, 30 of them paused (still paused): 10 minutes count.
+        assert_eq!(mins(wait_excluding_pauses(at(0), at(40), &[(at(10), None)])), 10);
+        // A pause that began before the job arrived counts only from its arrival.
+        assert_eq!(mins(wait_excluding_pauses(at(0), at(40), &[(at(-20), Some(at(15)))])), 25);
+        // Overlapping and separate pauses are not counted twice.
+        let pauses = [(at(5), Some(at(15))), (at(10), Some(at(20))), (at(30), Some(at(35)))];
+        assert_eq!(mins(wait_excluding_pauses(at(0), at(40), &pauses)), 20);
+        // Pauses that ended before the job arrived do not matter.
+        assert_eq!(mins(wait_excluding_pauses(at(0), at(40), &[(at(-30), Some(at(-10)))])), 40);
+    }
+
+    proptest! {
+        #[test]
+        fn the_counted_wait_is_never_negative_nor_longer_than_the_wait(
+            pauses in proptest::collection::vec((-60i64..60, proptest::option::of(0i64..60)), 0..6),
+        ) {
+            let pauses: Vec<_> = pauses.into_iter().map(|(s, len)| (at(s), len.map(|l| at(s + l)))).collect();
+            let wait = wait_excluding_pauses(at(0), at(40), &pauses);
+            prop_assert!(wait <= Duration::from_secs(40 * 60));
+        }
     }
 
     #[test]

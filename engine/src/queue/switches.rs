@@ -49,6 +49,13 @@ pub async fn set_processing(pool: &PgPool, enabled: bool, actor: &str) -> Result
         .bind(actor)
         .execute(&mut *tx)
         .await?;
+        // The pauses are kept so that paused time does not count as waiting (admission).
+        let pause = if enabled {
+            "UPDATE processing_pauses SET resumed_at = now() WHERE resumed_at IS NULL"
+        } else {
+            "INSERT INTO processing_pauses (paused_at) VALUES (now())"
+        };
+        sqlx::query(pause).execute(&mut *tx).await?;
     }
     audit(&mut tx, actor, "processing", None, on_off(old), on_off(enabled)).await?;
     super::notify_workers(&mut tx).await?;
