@@ -35,6 +35,35 @@ pub struct Cli {
 pub enum Command {
     /// Serve the web app and run the workers (the default).
     Serve,
+    /// Serve the web app only (no workers); run workers elsewhere with `worker`.
+    Web,
+    /// Run the workers only; HTTP answers just `/healthz` (for the orchestrator's probes).
+    Worker,
+    /// Run the database migrations and exit (before rolling out new processes).
+    Migrate,
+    /// Pause processing (the kill switch): running jobs finish or are handed back, nothing new
+    /// starts, uploads are still accepted. Audited with the reason.
+    Pause {
+        #[arg(long)]
+        reason: String,
+    },
+    /// Resume processing. Audited with the reason.
+    Resume {
+        #[arg(long)]
+        reason: String,
+    },
+    /// Set the global concurrency gate (jobs running at once across every process, 1 to 70).
+    Gate { size: i32 },
+    /// The dead-letter queue: `dlq list`, or `dlq replay KIND REASON` for one group.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
+    /// Jobs: `jobs show ID`.
+    Jobs {
+        #[command(subcommand)]
+        action: JobsAction,
+    },
     /// Create an administrator (password from SLUICE_ADMIN_PASSWORD, else prompted).
     CreateAdmin {
         #[arg(long)]
@@ -55,6 +84,20 @@ pub enum Command {
         /// pdf, text or markdown
         doc_type: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// The failed jobs grouped by kind and reason, with counts.
+    List,
+    /// Replay one group (its kind and reason as `dlq list` prints them). Audited.
+    Replay { kind: String, reason: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsAction {
+    /// One job: its state, owner, cost and every attempt.
+    Show { id: String },
 }
 
 /// A setting that must never be printed (a database URL with its password, an API key):

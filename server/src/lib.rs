@@ -11,4 +11,4 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use startup::{spawn_web, Application};
+pub use startup::{spawn_web, Application, Role};

@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use server::cli::{Cli, Command};
+use server::Role;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,7 +24,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         match cli.command.unwrap_or(Command::Serve) {
-            Command::Serve => server::Application::build(&cli.config).await?.run_until_stopped().await,
+            Command::Serve => server::Application::build(&cli.config, Role::All).await?.run_until_stopped().await,
+            Command::Web => server::Application::build(&cli.config, Role::Web).await?.run_until_stopped().await,
+            Command::Worker => server::Application::build(&cli.config, Role::Worker).await?.run_until_stopped().await,
             operator => server::operator::run(cli.config, operator).await,
         }
     })

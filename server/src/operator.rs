@@ -1,10 +1,13 @@
-//! Operator commands beside `serve`: create an admin, grant credits, list users.
+//! Operator commands beside `serve`: accounts (create an admin, grant credits, list users),
+//! the queue (pause, resume, gate, dead letters, one job), and migrations.
 //! With the embedded default they use the running server's cluster, or start it briefly.
 
 use anyhow::Context;
-use engine::accounts::{users, Role};
+use engine::accounts::{users, AccountHooks, Role};
+use engine::queue::{self, dlq, switches};
+use engine::FailureKind;
 
-use crate::cli::{Command, Config};
+use crate::cli::{Command, Config, DlqAction, JobsAction};
 use crate::database::{Cluster, Database};
 
 /// Run one operator command against the configured database (or the embedded cluster).
@@ -57,8 +60,71 @@ async fn run_with(url: &str, command: Command) -> anyhow::Result<()> {
                 );
             }
         }
-        Command::Serve | Command::Extract { .. } => unreachable!("not an operator command"),
+        Command::Migrate => println!("migrations applied"), // connecting ran them
+        Command::Pause { reason } => {
+            let settings = switches::set_processing(&pool, false, &cli_actor(&reason)).await?;
+            println!("processing paused (gate {}); uploads are still accepted", settings.gate_size);
+        }
+        Command::Resume { reason } => {
+            switches::set_processing(&pool, true, &cli_actor(&reason)).await?;
+            println!("processing resumed");
+        }
+        Command::Gate { size } => {
+            let settings = switches::set_gate_size(&pool, size, "cli").await?;
+            println!("gate: {} jobs at once", settings.gate_size);
+        }
+        Command::Dlq { action: DlqAction::List } => {
+            println!("{:>6}  {:<18} {:<25} reason", "jobs", "kind", "newest");
+            for group in dlq::groups(&pool).await? {
+                println!(
+                    "{:>6}  {:<18} {:<25} {}",
+                    group.jobs,
+                    group.failure_kind.as_str(),
+                    group.newest.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+                    group.failure_reason
+                );
+            }
+        }
+        Command::Dlq { action: DlqAction::Replay { kind, reason } } => {
+            let kind = FailureKind::parse(&kind).with_context(|| format!("no failure kind {kind:?}"))?;
+            let selection = dlq::Selection::Group { kind, reason };
+            let replayed = dlq::replay(&pool, &AccountHooks, &selection, "cli").await?;
+            println!(
+                "replayed {} job(s); {} left failed because their owner uploaded the document again",
+                replayed.ids.len(),
+                replayed.already_reuploaded.len()
+            );
+        }
+        Command::Jobs { action: JobsAction::Show { id } } => {
+            let id: uuid::Uuid = id.parse().with_context(|| format!("{id:?} is not a job id"))?;
+            let job = queue::get(&pool, id).await.with_context(|| format!("no job {id}"))?;
+            let owner = users::get(&pool, job.owner_id).await?;
+            println!("job {}  {}  owner {} (id {})", job.id, job.state.as_str(), owner.email, owner.id);
+            println!("accepted {}  attempts {} of {}  cost {}", job.accepted_at, job.attempts, job.max_attempts, job.cost);
+            if let (Some(kind), Some(reason)) = (job.failure_kind, &job.failure_reason) {
+                println!("failed: {} ({reason})", kind.as_str());
+            }
+            for a in queue::attempts(&pool, id).await? {
+                println!(
+                    "  attempt {} on {} at {}: {}{}{}",
+                    a.attempt,
+                    a.worker,
+                    a.started_at,
+                    a.outcome.map_or("running", |o| o.words()),
+                    a.provider_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default(),
+                    a.error.map(|e| format!(": {e}")).unwrap_or_default()
+                );
+            }
+        }
+        Command::Serve | Command::Web | Command::Worker | Command::Extract { .. } => {
+            unreachable!("not an operator command")
+        }
     }
     pool.close().await;
     Ok(())
+}
+
+/// Who the audit log names for a command-line change, with the operator's reason.
+fn cli_actor(reason: &str) -> String {
+    format!("cli ({})", reason.trim())
 }

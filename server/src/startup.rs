@@ -33,14 +33,27 @@ pub struct Application {
     background: Vec<JoinHandle<()>>,
 }
 
+/// What a process runs: everything (`serve`), or one side, so the web and the workers can be
+/// scaled and placed apart (they meet only in Postgres: the gate, the kill switch and the fair
+/// claim are all in the claim's transaction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The web app, the workers and maintenance.
+    All,
+    /// The web app and maintenance; no workers.
+    Web,
+    /// The workers and maintenance; HTTP only for `/healthz`.
+    Worker,
+}
+
 impl Application {
     /// Take the port, open the database (the embedded default without `DATABASE_URL`), run
-    /// the migrations, and start the workers and maintenance.
-    pub async fn build(config: &Config) -> anyhow::Result<Application> {
+    /// the migrations, and start what `role` runs.
+    pub async fn build(config: &Config, role: Role) -> anyhow::Result<Application> {
         // Take the port first: if it is busy, fail before touching the database.
         let listener = TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
         let database = Database::open(config, Cluster::Own).await?;
-        match Self::start(config, listener, database).await {
+        match Self::start(config, role, listener, database).await {
             Ok(app) => Ok(app),
             Err((e, database)) => {
                 database.close().await;
@@ -51,6 +64,7 @@ impl Application {
 
     async fn start(
         config: &Config,
+        role: Role,
         listener: TcpListener,
         database: Database,
     ) -> Result<Application, (anyhow::Error, Database)> {
@@ -69,8 +83,9 @@ impl Application {
                 sandbox,
                 stages: engine::queue::stages::StageLog::new(pool.clone()),
             });
-            let workers = (config.workers > 0)
+            let workers = (config.workers > 0 && role != Role::Web)
                 .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));
+            tracing::info!(?role, workers = workers.is_some(), "this process's role");
             let maintenance_config = config.maintenance_config();
             let mut background = vec![tokio::spawn(engine::maintenance::run(
                 pool.clone(),
@@ -82,9 +97,14 @@ impl Application {
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
-            // Building the router migrates the session store, which the cleanup then finds.
-            let router = router(state, config.secure_cookies).await?;
-            background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
+            let router = if role == Role::Worker {
+                crate::http::health_only(state)
+            } else {
+                // Building the router migrates the session store, which the cleanup then finds.
+                let router = router(state, config.secure_cookies).await?;
+                background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
+                router
+            };
             anyhow::Ok((pool, workers, background, router))
         };
         match built.await {

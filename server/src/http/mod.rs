@@ -105,6 +105,11 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
     Ok(layers::around_every_request(app, secure_cookies))
 }
 
+/// A worker process's HTTP: `/healthz` only, for the orchestrator's probes.
+pub fn health_only(state: AppState) -> Router {
+    Router::new().route("/healthz", get(healthz)).with_state(state)
+}
+
 /// 200 with the Postgres version while the database answers, else 503 (no error text).
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     match engine::db::server_version(&state.ctx.pool).await {

@@ -1,0 +1,136 @@
+//! Process roles: two `server web` processes and one `server worker` on one Postgres. Uploads
+//! through either web process are worked off by the worker process; the kill switch, flipped
+//! from the command line, holds across all of them; the operator commands read and change the
+//! queue.
+
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A server process, killed when dropped so a failing assertion leaves nothing running.
+struct Process {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(role: &str, url: &str, data: &std::path::Path) -> Process {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_server"))
+        .arg(role)
+        .env("DATABASE_URL", url)
+        .env("SLUICE_BIND", format!("127.0.0.1:{port}"))
+        .env("SLUICE_DATA_DIR", data)
+        .env("SLUICE_WORKERS", "2")
+        .env("SLUICE_LOG", "warn")
+        .spawn()
+        .expect("start the server");
+    Process { child, port }
+}
+
+fn operator(url: &str, data: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_server"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("SLUICE_DATA_DIR", data)
+        .env("SLUICE_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn healthy(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("port {port} did not become healthy");
+}
+
+async fn state_of(client: &reqwest::Client, port: u16, id: &str) -> String {
+    let job: serde_json::Value =
+        client.get(format!("http://127.0.0.1:{port}/api/v1/jobs/{id}")).send().await.unwrap().json().await.unwrap();
+    job["state"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
+    let cluster = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-roles")).await.unwrap().unwrap();
+    cluster.cluster.create_database("sluice").unwrap();
+    let url = cluster.cluster.url("sluice");
+    let data = std::env::temp_dir().join(format!("sluice-roles-data-{}", std::process::id()));
+    std::fs::create_dir_all(&data).unwrap();
+
+    assert!(stdout(&operator(&url, &data, &["migrate"])).contains("migrations applied"));
+    let (web_a, web_b, worker) = (start("web", &url, &data), start("web", &url, &data), start("worker", &url, &data));
+    for port in [web_a.port, web_b.port, worker.port] {
+        healthy(port).await;
+    }
+    let page = reqwest::get(format!("http://127.0.0.1:{}/", worker.port)).await.unwrap();
+    assert_eq!(page.status(), 404, "a worker process serves no pages");
+
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let signed_up = browser
+        .post(format!("http://127.0.0.1:{}/api/sign_up", web_a.port))
+        .form(&[("email", "roles@example.com"), ("password", "a long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_up.status(), 200);
+    let upload = |port: u16, n: u32| {
+        let form = reqwest::multipart::Form::new()
+            .part(
+                "file",
+                reqwest::multipart::Part::bytes(format!("Document {n}. It has two sentences.\n").into_bytes())
+                    .file_name(format!("doc{n}.txt")),
+            )
+            .text("preset", "summarize");
+        browser.post(format!("http://127.0.0.1:{port}/api/v1/jobs")).multipart(form).send()
+    };
+
+    // Paused from the command line: uploads are still accepted, nothing runs.
+    assert!(stdout(&operator(&url, &data, &["pause", "--reason", "provider incident"])).contains("paused"));
+    let accepted = upload(web_a.port, 1).await.unwrap();
+    assert_eq!(accepted.status(), 202, "a pause does not refuse uploads");
+    let paused_job = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(state_of(&browser, web_b.port, &paused_job).await, "queued", "no process runs it while paused");
+
+    assert!(stdout(&operator(&url, &data, &["gate", "5"])).contains("gate: 5"));
+    assert!(stdout(&operator(&url, &data, &["resume", "--reason", "incident over"])).contains("resumed"));
+    let second = upload(web_b.port, 2).await.unwrap();
+    assert_eq!(second.status(), 202);
+    let second = second.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    for id in [&paused_job, &second] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while state_of(&browser, web_a.port, id).await != "done" {
+            assert!(Instant::now() < deadline, "job {id} was not done in time");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Only the worker process has workers, so it ran the job.
+        let shown = stdout(&operator(&url, &data, &["jobs", "show", id]));
+        assert!(shown.contains("done") && shown.contains("roles@example.com"), "{shown}");
+        assert!(shown.contains(&format!("-{} ", worker.child.id())), "run by the worker process: {shown}");
+    }
+    let listed = stdout(&operator(&url, &data, &["dlq", "list"]));
+    assert!(listed.lines().count() == 1, "no dead letters: {listed}");
+    let _ = std::fs::remove_dir_all(&data);
+}
