@@ -108,9 +108,10 @@ async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool
     assert!(ledger::monthly_totals(&pool, user.id, 1).await.unwrap().len() == 1);
 }
 
-/// Random sequences of submit / complete / fail / replay, checking after every step that the
-/// ledger sums to the balance, the balance is never negative, and in-flight equals the user's
-/// non-terminal jobs.
+/// Random sequences of submit / complete / fail / replay / cancel (waiting, or running with the
+/// attempt ending after the request), checking after every step that the ledger sums to the
+/// balance, the balance is never negative, in-flight equals the user's non-terminal jobs, and
+/// every canceled job was refunded exactly once.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool) {
     let hooks = AccountHooks;
@@ -128,7 +129,7 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
         .await
         .unwrap();
         for step in 0..40 {
-            match rng.random_range(0..4) {
+            match rng.random_range(0..5) {
                 0 => {
                     let key = format!("doc-{}", rng.random_range(0..8));
                     let s = Submission {
@@ -144,6 +145,11 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
                     if let Some(job) =
                         queue::claim(&pool, "prop", 1, std::time::Duration::from_secs(60)).await.unwrap().pop()
                     {
+                        if rng.random_bool(0.25) {
+                            // Canceled while running: the attempt's end makes it canceled.
+                            let asked = queue::cancel(&pool, &hooks, job.id, "owner", false).await.unwrap();
+                            assert_eq!(asked, queue::Canceled::Requested);
+                        }
                         if op == 1 {
                             queue::complete(&pool, &hooks, &job, &JobOutput::default()).await.unwrap();
                         } else {
@@ -151,6 +157,20 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
                                 if rng.random_bool(0.5) { ErrorClass::Rejected } else { ErrorClass::Overloaded };
                             queue::fail(&pool, &hooks, &policy, &job, &JobError::new(class, "boom")).await.unwrap();
                         }
+                    }
+                }
+                3 => {
+                    let waiting: Option<uuid::Uuid> = sqlx::query_scalar(
+                        "SELECT id FROM jobs WHERE owner_id = $1 AND state IN ('queued', 'retrying') LIMIT 1",
+                    )
+                    .bind(user.id)
+                    .fetch_optional(&pool)
+                    .await
+                    .unwrap();
+                    if let Some(id) = waiting {
+                        assert_eq!(queue::cancel(&pool, &hooks, id, "owner", false).await.unwrap(), queue::Canceled::Now);
+                        let again = queue::cancel(&pool, &hooks, id, "owner", false).await.unwrap();
+                        assert_eq!(again, queue::Canceled::AlreadyEnded(JobState::Canceled), "twice is once");
                     }
                 }
                 _ => {
@@ -173,10 +193,19 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
             let sum = ledger::ledger_sum(&pool, user.id).await.unwrap();
             let live: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE owner_id = $1 AND state <> ALL($2)")
                 .bind(user.id)
-                .bind([JobState::Done, JobState::Failed])
+                .bind([JobState::Done, JobState::Failed, JobState::Canceled])
                 .fetch_one(&pool)
                 .await
                 .unwrap();
+            let unrefunded_cancels: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM jobs j WHERE owner_id = $1 AND state = 'canceled' AND cost > 0
+                   AND (SELECT count(*) FROM ledger l WHERE l.job_id = j.id AND l.kind = 'refund') <> 1",
+            )
+            .bind(user.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(unrefunded_cancels, 0, "seed {seed} step {step}: each canceled job refunded exactly once");
             assert_eq!(sum, u.balance, "seed {seed} step {step}: ledger sum = balance");
             assert!(u.balance >= 0, "seed {seed} step {step}");
             assert_eq!(u.in_flight as i64, live, "seed {seed} step {step}: in-flight = non-terminal jobs");
@@ -220,4 +249,139 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
         matches!(admission::precheck(&pool, &config, user.id).await.unwrap(), Some(admission::Refusal::Overloaded { .. })),
         "time waited while processing runs still counts"
     );
+}
+
+/// Cancel and complete racing on the same running jobs, and cancel racing the claim on waiting
+/// ones: each job ends done (charged) or canceled (refunded once), never both, and the
+/// balance, the ledger and in-flight agree.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn cancel_racing_claim_and_complete_keeps_money_and_jobs_exact(pool: PgPool) {
+    let pool = wider_pool(&pool, 40).await;
+    let hooks = AccountHooks;
+    let user = users::create_user(&pool, "racer@example.com", "password123", Role::User, 60).await.unwrap();
+    sqlx::query("UPDATE users SET max_in_flight = 100 WHERE id = $1").bind(user.id).execute(&pool).await.unwrap();
+    let config = AdmissionConfig::default();
+    let mut ids = Vec::new();
+    for n in 0..40 {
+        let s = Submission {
+            user_id: user.id,
+            payload: serde_json::json!({ "n": n }),
+            content_key: format!("race-{n}"),
+            client_key: None,
+            fingerprint: format!("race-{n}"),
+        };
+        let Admission::Accepted { job_id } = admission::submit(&pool, &config, &s).await.unwrap() else { panic!() };
+        ids.push(job_id);
+    }
+    // Half are claimed (running); cancels race their completions. The other half race a claim.
+    let running = queue::claim(&pool, "racer", 20, std::time::Duration::from_secs(60)).await.unwrap();
+    let mut tasks = Vec::new();
+    for job in running {
+        let (pool, job) = (pool.clone(), job.clone());
+        tasks.push(tokio::spawn(async move {
+            let output = JobOutput::default();
+            let cancel = queue::cancel(&pool, &AccountHooks, job.id, "owner", false);
+            let complete = queue::complete(&pool, &AccountHooks, &job, &output);
+            let (c, d) = tokio::join!(cancel, complete);
+            c.unwrap();
+            d.unwrap();
+        }));
+    }
+    for _ in 0..20 {
+        let pool = pool.clone();
+        let waiting: Vec<uuid::Uuid> = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let claim = queue::claim(&pool, "racer2", 1, std::time::Duration::from_secs(60));
+            let cancels = async {
+                for id in &waiting {
+                    queue::cancel(&pool, &AccountHooks, *id, "owner", false).await.unwrap();
+                }
+            };
+            let (claimed, ()) = tokio::join!(claim, cancels);
+            for job in claimed.unwrap() {
+                // A claim that won the race ends its attempt; a canceled request turns it canceled.
+                queue::complete(&pool, &AccountHooks, &job, &JobOutput::default()).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let _ = hooks;
+    let states: Vec<(JobState, i64, i64)> = sqlx::query_as(
+        "SELECT state, (SELECT count(*) FROM ledger l WHERE l.job_id = j.id AND l.kind = 'refund'),
+                (SELECT count(*) FROM ledger l WHERE l.job_id = j.id AND l.kind = 'debit')
+         FROM jobs j WHERE owner_id = $1",
+    )
+    .bind(user.id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(states.len(), 40);
+    for (state, refunds, debits) in &states {
+        assert_eq!(*debits, 1);
+        match state {
+            JobState::Done => assert_eq!(*refunds, 0, "a done job is charged"),
+            JobState::Canceled => assert_eq!(*refunds, 1, "a canceled job is refunded once"),
+            other => panic!("every job ended: {other:?}"),
+        }
+    }
+    let u = users::get(&pool, user.id).await.unwrap();
+    let done = states.iter().filter(|s| s.0 == JobState::Done).count() as i64;
+    assert_eq!(u.balance, 60 - done, "charged exactly for the done jobs");
+    assert_eq!(ledger::ledger_sum(&pool, user.id).await.unwrap(), u.balance);
+    assert_eq!(u.in_flight, 0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_running_job_canceled_is_not_charged_for_a_result_that_arrives_anyway(pool: PgPool) {
+    let hooks = AccountHooks;
+    let user = users::create_user(&pool, "late@example.com", "password123", Role::User, 3).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let s = Submission {
+            user_id: user.id,
+            payload: serde_json::json!({ "n": n }),
+            content_key: format!("late-{n}"),
+            client_key: None,
+            fingerprint: format!("late-{n}"),
+        };
+        let Admission::Accepted { job_id } = admission::submit(&pool, &AdmissionConfig::default(), &s).await.unwrap()
+        else {
+            panic!()
+        };
+        ids.push(job_id);
+    }
+    let mut running = queue::claim(&pool, "w", 2, std::time::Duration::from_secs(60)).await.unwrap();
+    running.sort_by_key(|j| j.id);
+    for job in &running {
+        assert_eq!(queue::cancel(&pool, &hooks, job.id, "owner", false).await.unwrap(), queue::Canceled::Requested);
+    }
+    // One attempt brings a result, the other an error: both end canceled, neither charged.
+    let output = JobOutput { result: serde_json::json!({ "markdown": "late" }), ..JobOutput::default() };
+    assert_eq!(queue::complete(&pool, &hooks, &running[0], &output).await.unwrap(), queue::Recorded::Canceled);
+    let policy = RetryPolicy::default();
+    let error = JobError::new(ErrorClass::Overloaded, "busy");
+    assert_eq!(queue::fail(&pool, &hooks, &policy, &running[1], &error).await.unwrap(), queue::Recorded::Canceled);
+    for job in &running {
+        let view = queue::get(&pool, job.id).await.unwrap();
+        assert_eq!((view.state, view.result.is_none(), view.refunded), (JobState::Canceled, true, 1));
+    }
+    // The waiting one is canceled at once; a done job cannot be canceled.
+    let waiting = ids.iter().find(|id| !running.iter().any(|j| j.id == **id)).unwrap();
+    assert_eq!(queue::cancel(&pool, &hooks, *waiting, "owner", false).await.unwrap(), queue::Canceled::Now);
+    let u = users::get(&pool, user.id).await.unwrap();
+    assert_eq!((u.balance, u.in_flight), (3, 0), "everything refunded, nothing in flight");
+    assert_eq!(ledger::ledger_sum(&pool, user.id).await.unwrap(), 3);
+
+    // The same document uploaded again after a cancel is a new job (the key is free again).
+    let again = Submission {
+        user_id: user.id,
+        payload: serde_json::json!({ "n": 0 }),
+        content_key: "late-0".into(),
+        client_key: None,
+        fingerprint: "late-0".into(),
+    };
+    let admitted = admission::submit(&pool, &AdmissionConfig::default(), &again).await.unwrap();
+    assert!(matches!(admitted, Admission::Accepted { job_id } if !ids.contains(&job_id)), "{admitted:?}");
 }

@@ -55,6 +55,9 @@ impl TerminalHooks for RecordingHooks {
     fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         record(tx, job, "replayed")
     }
+    fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        record(tx, job, "canceled")
+    }
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -344,6 +347,9 @@ impl TerminalHooks for FailingHooks {
     }
     fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         NoHooks.on_replayed(tx, job)
+    }
+    fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        NoHooks.on_canceled(tx, job)
     }
 }
 

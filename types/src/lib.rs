@@ -19,12 +19,20 @@ pub enum JobState {
     Done,
     /// Terminal without a result; refunded.
     Failed,
+    /// Stopped by its owner or an admin before it finished; refunded.
+    Canceled,
 }
 
 impl JobState {
     /// Every state, in the order of a job's life.
-    pub const ALL: [JobState; 5] =
-        [JobState::Queued, JobState::Running, JobState::Retrying, JobState::Done, JobState::Failed];
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Done,
+        JobState::Failed,
+        JobState::Canceled,
+    ];
 
     /// The snake_case name used in the database, the JSON and the CSS classes.
     pub fn as_str(self) -> &'static str {
@@ -34,12 +42,13 @@ impl JobState {
             JobState::Retrying => "retrying",
             JobState::Done => "done",
             JobState::Failed => "failed",
+            JobState::Canceled => "canceled",
         }
     }
 
-    /// Done and failed jobs never change again.
+    /// Done, failed and canceled jobs never change again (a failed one may be replayed).
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Done | JobState::Failed)
+        matches!(self, JobState::Done | JobState::Failed | JobState::Canceled)
     }
 
     /// Queued and retrying jobs wait for a worker.
@@ -136,17 +145,20 @@ pub enum AttemptOutcome {
     HandedBack,
     /// Failed transiently while processing was paused: back to `queued`, attempt not used.
     PausedRequeue,
+    /// Its job was canceled while it ran.
+    Canceled,
 }
 
 impl AttemptOutcome {
     /// Every outcome.
-    pub const ALL: [AttemptOutcome; 6] = [
+    pub const ALL: [AttemptOutcome; 7] = [
         AttemptOutcome::Succeeded,
         AttemptOutcome::RetryScheduled,
         AttemptOutcome::Failed,
         AttemptOutcome::LeaseExpired,
         AttemptOutcome::HandedBack,
         AttemptOutcome::PausedRequeue,
+        AttemptOutcome::Canceled,
     ];
 
     /// In words, for the attempt timeline.
@@ -158,6 +170,7 @@ impl AttemptOutcome {
             AttemptOutcome::LeaseExpired => "lease expired",
             AttemptOutcome::HandedBack => "handed back",
             AttemptOutcome::PausedRequeue => "paused requeue",
+            AttemptOutcome::Canceled => "canceled",
         }
     }
 }

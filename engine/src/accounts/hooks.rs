@@ -1,5 +1,5 @@
-//! Accounts at the queue's terminal transitions: in-flight down on done and failed, the
-//! refund and the notice on failed; a replay from the DLQ counts in flight again (free: the
+//! Accounts at the queue's terminal transitions: in-flight down on done, failed and canceled,
+//! the refund on failed (with a notice) and on canceled; a replay from the DLQ counts in flight again (free: the
 //! refund stands).
 
 use sqlx::PgConnection;
@@ -37,5 +37,15 @@ impl TerminalHooks for AccountHooks {
 
     fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(change_in_flight(tx, job.owner_id, 1))
+    }
+
+    /// Canceled: out of flight and refunded (once, by the ledger's unique index). No notice:
+    /// the user (or an admin, whom the audit log names) asked for it.
+    fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async move {
+            change_in_flight(tx, job.owner_id, -1).await?;
+            ledger::refund_job(tx, job).await?;
+            Ok(())
+        })
     }
 }

@@ -61,7 +61,7 @@ impl DocumentProcessor {
                 format!("\"{}\" needs a language model, and none is configured", spec.preset.label()),
             ));
         }
-        self.stages.enter(&job, JobStage::Reading, None).await;
+        self.stages.enter(&job, JobStage::Reading, None).await?;
         let bytes = self.blobs.get(&spec.document.key).await.map_err(|e| match e {
             EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
@@ -71,9 +71,9 @@ impl DocumentProcessor {
         let task =
             Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
         let estimated = task.estimated_tokens();
-        self.stages.enter(&job, JobStage::WaitingForProvider, task.pages).await;
+        self.stages.enter(&job, JobStage::WaitingForProvider, task.pages).await?;
         let output = self.provider.run(&task).await?;
-        self.stages.enter(&job, JobStage::Writing, None).await;
+        self.stages.enter(&job, JobStage::Writing, None).await?;
         Ok(JobOutput {
             result: serde_json::json!({
                 "markdown": output.text,

@@ -130,7 +130,7 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
          FROM dead_letters d
          LEFT JOIN LATERAL (
              SELECT j.id FROM jobs j
-             WHERE j.owner_id = d.owner_id AND j.idempotency_key = d.idempotency_key AND j.state <> 'failed'
+             WHERE j.owner_id = d.owner_id AND j.idempotency_key = d.idempotency_key AND j.state NOT IN ('failed', 'canceled')
              LIMIT 1
          ) twin ON true
          WHERE ($1::uuid IS NOT NULL AND d.id = $1)

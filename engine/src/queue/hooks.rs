@@ -32,6 +32,8 @@ pub trait TerminalHooks: Send + Sync + 'static {
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a>;
     /// A failed job was replayed from the dead-letter queue and is live again.
     fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a>;
+    /// The job reached `canceled` (waiting, or running with a cancellation request).
+    fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a>;
 }
 
 /// Hooks that do nothing (the engine on its own, tests, benchmarks).
@@ -46,6 +48,9 @@ impl TerminalHooks for NoHooks {
         Box::pin(async { Ok(()) })
     }
     fn on_replayed<'a>(&'a self, _: &'a mut PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async { Ok(()) })
+    }
+    fn on_canceled<'a>(&'a self, _: &'a mut PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async { Ok(()) })
     }
 }

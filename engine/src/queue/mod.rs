@@ -2,6 +2,7 @@
 //! transaction as the debit), every transition is one transaction, results and failures are
 //! fenced by the attempt's lease token.
 
+pub mod cancel;
 mod claim;
 pub mod dlq;
 mod enqueue;
@@ -17,6 +18,7 @@ pub mod vitals;
 mod waiting_line;
 pub mod worker;
 
+pub use cancel::{cancel, Canceled};
 pub use claim::{claim, heartbeat, next_due, ClaimedJob};
 pub use enqueue::{enqueue, NewJob};
 pub use sluice_types::{FailureKind, JobStage, JobState};

@@ -20,7 +20,8 @@ pub async fn rescue_expired(
     loop {
         let mut tx = pool.begin().await?;
         let expired: Option<RunningJob> = sqlx::query_as(
-            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now
+            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now,
+                    j.cancel_requested_at IS NOT NULL AS cancel_requested
              FROM jobs j, queue_settings s
              WHERE j.state = 'running' AND j.lease_expires_at < now()
              ORDER BY j.lease_expires_at LIMIT 1 FOR UPDATE OF j SKIP LOCKED",
@@ -31,11 +32,13 @@ pub async fn rescue_expired(
         let error = JobError::new(ErrorClass::LeaseExpired, "the worker stopped answering (lease expired)");
         let decision = policy.decide(&job.failure(ErrorClass::LeaseExpired, None), job.now, rand::random::<f64>());
         let recorded = apply_failure(&mut tx, hooks, &job, &error, decision).await?;
-        sqlx::query("UPDATE job_attempts SET outcome = $2 WHERE id = $1")
-            .bind(job.lease_token)
-            .bind(AttemptOutcome::LeaseExpired)
-            .execute(&mut *tx)
-            .await?;
+        if recorded != Recorded::Canceled {
+            sqlx::query("UPDATE job_attempts SET outcome = $2 WHERE id = $1")
+                .bind(job.lease_token)
+                .bind(AttemptOutcome::LeaseExpired)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         tracing::warn!(job = %job.id, ?recorded, "rescued a job whose lease expired");
         rescued.push((job.id, recorded));

@@ -1,4 +1,4 @@
-//! Retention: done and failed jobs are deleted some days after they finish.
+//! Retention: finished jobs are deleted some days after they finish (canceled ones like done).
 
 use std::time::Duration;
 
@@ -38,7 +38,7 @@ pub async fn prune(pool: &PgPool, retention: Retention) -> Result<Vec<PrunedJob>
         let batch: Vec<PrunedJob> = sqlx::query_as(
             "DELETE FROM jobs WHERE id IN (
                 SELECT id FROM jobs WHERE finished_at IS NOT NULL AND (
-                    (state = 'done' AND finished_at < now() - make_interval(secs => $1))
+                    (state IN ('done', 'canceled') AND finished_at < now() - make_interval(secs => $1))
                  OR (state = 'failed' AND finished_at < now() - make_interval(secs => $2)))
                 LIMIT $3)
              RETURNING id, payload",

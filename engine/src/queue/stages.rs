@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use sluice_types::JobStage;
 
-use super::ClaimedJob;
-use crate::error::Result;
+use super::policy::retry::ErrorClass;
+use super::{ClaimedJob, JobError};
 
 /// Records a running job's stage. Only the attempt holding the lease writes (fenced by its
 /// token), so a worker that lost its lease cannot move someone else's attempt backwards.
@@ -26,33 +26,53 @@ impl StageLog {
         StageLog { pool: None }
     }
 
-    /// Record `stage` (and the page count, once known) for `job`'s current attempt. A failure
-    /// to record is logged, never the job's failure: the stage is for display.
-    pub async fn enter(&self, job: &ClaimedJob, stage: JobStage, pages: Option<u32>) {
-        let Some(pool) = &self.pool else { return };
-        if let Err(e) = set_stage(pool, job.id, job.lease_token, stage, pages).await {
-            tracing::debug!(job = %job.id, error = %e, "could not record the job's stage");
+    /// Record `stage` (and the page count, once known) for `job`'s current attempt. Also the
+    /// job's safe point: if its cancellation was asked for, the processor stops here (the
+    /// error ends the attempt, and the job becomes `canceled`). A failure to record is logged,
+    /// never the job's failure: the stage is for display.
+    pub async fn enter(&self, job: &ClaimedJob, stage: JobStage, pages: Option<u32>) -> Result<(), JobError> {
+        let Some(pool) = &self.pool else { return Ok(()) };
+        match set_stage(pool, job.id, job.lease_token, stage, pages).await {
+            Ok(StageWritten { cancel_requested: true, .. }) => {
+                Err(JobError::new(ErrorClass::Rejected, "canceled before it was finished"))
+            }
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::debug!(job = %job.id, error = %e, "could not record the job's stage");
+                Ok(())
+            }
         }
     }
 }
 
-/// `true` when the attempt with `lease_token` still holds `job_id` and the stage was written.
+/// What [`set_stage`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageWritten {
+    /// The attempt with that lease token still holds the job, and the stage was written.
+    pub written: bool,
+    /// The job's cancellation was asked for.
+    pub cancel_requested: bool,
+}
+
+/// Write the stage for the attempt holding `lease_token`; say whether it did, and whether the
+/// job's cancellation was asked for.
 pub async fn set_stage(
     pool: &PgPool,
     job_id: Uuid,
     lease_token: Uuid,
     stage: JobStage,
     pages: Option<u32>,
-) -> Result<bool> {
-    let updated = sqlx::query(
+) -> crate::error::Result<StageWritten> {
+    let requested: Option<bool> = sqlx::query_scalar(
         "UPDATE jobs SET stage = $3, stage_since = clock_timestamp(), stage_pages = coalesce($4, stage_pages)
-         WHERE id = $1 AND lease_token = $2 AND state = 'running'",
+         WHERE id = $1 AND lease_token = $2 AND state = 'running'
+         RETURNING cancel_requested_at IS NOT NULL",
     )
     .bind(job_id)
     .bind(lease_token)
     .bind(stage)
     .bind(pages.map(|p| p.min(i32::MAX as u32) as i32))
-    .execute(pool)
+    .fetch_optional(pool)
     .await?;
-    Ok(updated.rows_affected() == 1)
+    Ok(StageWritten { written: requested.is_some(), cancel_requested: requested.unwrap_or(false) })
 }

@@ -108,6 +108,8 @@ pub enum Recorded {
     },
     Requeued,
     Failed(FailureKind),
+    /// The job had a cancellation request: canceled and refunded, whatever the attempt did.
+    Canceled,
     /// The lease token no longer matches: another attempt owns the job. Nothing was written.
     Stale,
 }
@@ -151,6 +153,7 @@ pub async fn complete_many(
                  lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
              FROM input i
              WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
+               AND j.cancel_requested_at IS NULL
              RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens
          ),
          attempt_rows AS (
@@ -172,8 +175,23 @@ pub async fn complete_many(
         hooks.on_done(&mut tx, terminal).await?;
         written.insert(terminal.id);
     }
+    // A result for a job whose owner canceled it meanwhile is not charged: canceled instead.
+    let others: Vec<(Uuid, Uuid)> =
+        ids.iter().zip(&tokens).filter(|(id, _)| !written.contains(*id)).map(|(id, t)| (*id, *t)).collect();
+    let canceled: HashSet<Uuid> =
+        super::cancel::end_requested(&mut tx, hooks, &others, Some("canceled; the result that came is not charged"))
+            .await?
+            .into_iter()
+            .collect();
     tx.commit().await?;
-    Ok(ids.iter().map(|id| if written.contains(id) { Recorded::Done } else { Recorded::Stale }).collect())
+    Ok(ids
+        .iter()
+        .map(|id| match (written.contains(id), canceled.contains(id)) {
+            (true, _) => Recorded::Done,
+            (_, true) => Recorded::Canceled,
+            _ => Recorded::Stale,
+        })
+        .collect())
 }
 
 /// A running job as a failure sees it, locked for the transition.
@@ -185,6 +203,8 @@ pub(crate) struct RunningJob {
     pub processing_enabled: bool,
     pub accepted_at: DateTime<Utc>,
     pub now: DateTime<Utc>,
+    /// Its owner (or an admin) asked to cancel it while it ran.
+    pub cancel_requested: bool,
 }
 
 impl RunningJob {
@@ -212,7 +232,8 @@ pub async fn fail(
 ) -> Result<Recorded> {
     let mut tx = pool.begin().await?;
     let running: Option<RunningJob> = sqlx::query_as(
-        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now
+        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now,
+                j.cancel_requested_at IS NOT NULL AS cancel_requested
          FROM jobs j, queue_settings s
          WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'running' FOR UPDATE OF j",
     )
@@ -238,6 +259,11 @@ pub(crate) async fn apply_failure(
     error: &JobError,
     decision: Decision,
 ) -> Result<Recorded> {
+    if job.cancel_requested {
+        // No retry and no failure for a job its owner canceled: canceled and refunded.
+        super::cancel::end_requested(tx, hooks, &[(job.id, job.lease_token)], Some(&error.message)).await?;
+        return Ok(Recorded::Canceled);
+    }
     let (outcome, recorded) = match decision {
         Decision::Retry { at, .. } => {
             sqlx::query(

@@ -1,0 +1,112 @@
+//! Cancellation. A waiting job (`queued`, `retrying`) is canceled at once: `canceled`, out of
+//! flight and refunded in one transaction. A running job gets a request instead: its worker
+//! stops at the next safe point (before the provider call), and whatever its attempt ends with
+//! (a result, an error, an expired lease) it becomes `canceled` and refunded: a result that
+//! arrives anyway is not charged. Done, failed and canceled jobs stay as they are.
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::hooks::{TerminalHooks, TerminalJob};
+use crate::audit::audit;
+use crate::error::{EngineError, Result};
+use crate::JobState;
+
+/// What a cancellation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Canceled {
+    /// The job was waiting: it is canceled and refunded.
+    Now,
+    /// The job is running: it stops at its next safe point, then is canceled and refunded.
+    Requested,
+    /// The job had already ended (or a request was already made): nothing changed.
+    AlreadyEnded(JobState),
+}
+
+/// Cancel `job_id` for `actor`. `audited` puts it in the audit log (an admin acting on
+/// someone's job). Safe against a worker claiming or finishing the job at the same moment: the
+/// job row is locked, and the claim and the completions check the state they change.
+pub async fn cancel(
+    pool: &PgPool,
+    hooks: &dyn TerminalHooks,
+    job_id: Uuid,
+    actor: &str,
+    audited: bool,
+) -> Result<Canceled> {
+    let mut tx = pool.begin().await?;
+    let found: Option<(JobState, bool)> =
+        sqlx::query_as("SELECT state, cancel_requested_at IS NOT NULL FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(job_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let (state, requested) = found.ok_or(EngineError::NotFound)?;
+    let outcome = match state {
+        JobState::Queued | JobState::Retrying => {
+            let job: TerminalJob = sqlx::query_as(
+                "UPDATE jobs SET state = 'canceled', canceled_by = $2, cancel_requested_at = now(),
+                     finished_at = now(), updated_at = now()
+                 WHERE id = $1 RETURNING id, owner_id, cost, attempts",
+            )
+            .bind(job_id)
+            .bind(actor)
+            .fetch_one(&mut *tx)
+            .await?;
+            hooks.on_canceled(&mut tx, &job).await?;
+            Canceled::Now
+        }
+        JobState::Running if !requested => {
+            sqlx::query("UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, updated_at = now() WHERE id = $1")
+                .bind(job_id)
+                .bind(actor)
+                .execute(&mut *tx)
+                .await?;
+            Canceled::Requested
+        }
+        other => Canceled::AlreadyEnded(other),
+    };
+    if audited && outcome != Canceled::AlreadyEnded(state) {
+        audit(&mut tx, actor, "cancel", Some(&job_id.to_string()), state.as_str(), "canceled").await?;
+    }
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// End running attempts whose job has a cancellation request (`(job id, lease token)` pairs
+/// the caller holds): `canceled`, the attempt too, and the cancel hook for each. Returns the
+/// jobs it ended. Fenced by the lease token like every transition.
+pub(crate) async fn end_requested(
+    tx: &mut PgConnection,
+    hooks: &dyn TerminalHooks,
+    attempts: &[(Uuid, Uuid)],
+    error: Option<&str>,
+) -> Result<Vec<Uuid>> {
+    if attempts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = attempts.iter().map(|a| a.0).collect();
+    let tokens: Vec<Uuid> = attempts.iter().map(|a| a.1).collect();
+    let ended: Vec<TerminalJob> = sqlx::query_as(
+        "WITH ended AS (
+             UPDATE jobs j SET state = 'canceled', lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+                 finished_at = now(), updated_at = now()
+             FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
+             WHERE j.id = t.id AND j.lease_token = t.token AND j.state = 'running'
+               AND j.cancel_requested_at IS NOT NULL
+             RETURNING j.id, j.owner_id, j.cost, j.attempts, t.token
+         ),
+         attempt_rows AS (
+             UPDATE job_attempts a SET finished_at = now(), outcome = 'canceled', error = $3
+             FROM ended e WHERE a.id = e.token
+         )
+         SELECT id, owner_id, cost, attempts FROM ended",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(error)
+    .fetch_all(&mut *tx)
+    .await?;
+    for job in &ended {
+        hooks.on_canceled(&mut *tx, job).await?;
+    }
+    Ok(ended.into_iter().map(|j| j.id).collect())
+}
