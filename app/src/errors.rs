@@ -38,6 +38,8 @@ pub enum AppError {
     IdempotencyConflict { message: String },
     #[error("the job is not done yet (it is {state})")]
     NotReady { state: String },
+    #[error("the job has already ended (it is {state})")]
+    AlreadyEnded { state: String },
     /// The database cannot be reached (a restart): nothing was changed, waiting helps.
     #[error("Sluice is restarting, try again in a few seconds")]
     Unavailable { retry_after_secs: u64 },
@@ -66,7 +68,7 @@ impl AppError {
             AppError::OutOfCredits { .. } => 402,
             AppError::CrossSite => 403,
             AppError::NotFound => 404,
-            AppError::NotReady { .. } => 409,
+            AppError::NotReady { .. } | AppError::AlreadyEnded { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::TooLarge { .. } => 413,
             AppError::UnsupportedType { .. } => 415,

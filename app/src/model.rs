@@ -57,9 +57,12 @@ pub struct JobStatus {
     /// The document's pages, once read (PDFs).
     #[serde(default)]
     pub pages: Option<i32>,
-    /// Credits given back (a failed job's refund).
+    /// Credits given back (a failed or canceled job's refund).
     #[serde(default)]
     pub refunded: i64,
+    /// Its cancellation was asked for while it ran; it stops at its next safe point.
+    #[serde(default)]
+    pub cancel_requested: bool,
     /// Provider tokens in and out over all attempts, once known.
     #[serde(default)]
     pub input_tokens: Option<i64>,
@@ -190,6 +193,7 @@ mod convert {
                 stage_since: j.current_stage().map(|(_, since)| time(since)),
                 pages: j.stage_pages,
                 refunded: j.refunded,
+                cancel_requested: j.cancel_requested_at.is_some() && !j.state.is_terminal(),
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
             }

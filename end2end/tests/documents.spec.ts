@@ -172,3 +172,26 @@ test('the jobs list polls every 2 s while a job can change (without moving the l
     await setProcessing(admin, true);
   }
 });
+
+test('a waiting job is canceled from the jobs list and its credit comes back at once', async ({ page, browser }) => {
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
+  await setProcessing(admin, false);
+  try {
+    await signUp(page, 'cancel');
+    await open(page, '/upload');
+    await page.locator('#files').setInputFiles(uniqueText('not-needed.txt'));
+    await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
+    await expect(page.getByTestId('who')).toContainText('19 credits');
+    await open(page, '/jobs');
+    const job = page.locator('.job').first();
+    await expect(job.locator('.badge')).toHaveAttribute('data-state', 'queued');
+    await job.getByRole('button', { name: 'Cancel not-needed.txt' }).click();
+    await expect(job.locator('.badge')).toHaveAttribute('data-state', 'canceled');
+    await expect(job.locator('.state-detail')).toHaveText('Canceled. 1 credit refunded.');
+    await expect(job.getByRole('button', { name: /^Cancel / })).toHaveCount(0);
+    await expect(page.getByTestId('who')).toContainText('20 credits');
+  } finally {
+    await setProcessing(admin, true);
+  }
+});

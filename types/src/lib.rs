@@ -276,9 +276,9 @@ mod tests {
     }
 
     #[test]
-    fn only_done_and_failed_are_terminal() {
+    fn only_done_failed_and_canceled_are_terminal() {
         let terminal: Vec<JobState> = JobState::ALL.into_iter().filter(|s| s.is_terminal()).collect();
-        assert_eq!(terminal, [JobState::Done, JobState::Failed]);
+        assert_eq!(terminal, [JobState::Done, JobState::Failed, JobState::Canceled]);
         let waiting: Vec<JobState> = JobState::ALL.into_iter().filter(|s| s.is_waiting()).collect();
         assert_eq!(waiting, [JobState::Queued, JobState::Retrying]);
     }

@@ -9,7 +9,7 @@ use crate::pages::clock::{local_time, now_ms, parse_ms};
 use crate::pages::endings::{self, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
-use crate::server::jobs::{job_detail, list_jobs};
+use crate::server::jobs::{job_detail, list_jobs, CancelJob};
 
 /// Ticks `now` every second and calls `refresh` every 2 s while the tab is visible, every
 /// 10 s while it is hidden, and at once when a hidden tab is shown again.
@@ -60,6 +60,7 @@ pub fn state_label(state: JobState) -> &'static str {
         JobState::Retrying => "Retrying",
         JobState::Done => "Done",
         JobState::Failed => "Failed",
+        JobState::Canceled => "Canceled",
     }
 }
 
@@ -69,6 +70,10 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
     let state = job.state;
     let detail = move || match job.state {
         JobState::Queued => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
+        JobState::Running if job.cancel_requested => {
+            "Cancel requested: it stops at its next safe point, and nothing is charged.".to_string()
+        }
+        JobState::Canceled => canceled_text(job.refunded),
         JobState::Running => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             let in_stage = job.stage_since.as_deref().map(|s| seconds_between(parse_ms(s), now.get()));
@@ -98,6 +103,49 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         <span class=format!("badge {}", state.as_str()) data-state=state.as_str()>{state_label(state)}</span>
         <span class="state-detail" data-stage=stage>{detail}</span>
     }
+}
+
+/// Pure: the line under a canceled badge.
+pub fn canceled_text(refunded: i64) -> String {
+    if refunded > 0 {
+        format!("Canceled. {} refunded.", credits_text(refunded))
+    } else {
+        "Canceled. Nothing was charged.".into()
+    }
+}
+
+/// Cancels a job that has not ended (and has no request yet); `done` tells the page to ask
+/// again and the header to show the refund.
+#[component]
+fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
+    let can_cancel = !job.state.is_terminal() && !job.cancel_requested;
+    let cancel = ServerAction::<CancelJob>::new();
+    let id = job.id.clone();
+    Effect::new(move |_| {
+        if let Some(result) = cancel.value().get() {
+            if result.is_ok() {
+                crate::AccountChanged::notify();
+            }
+            done.run(());
+        }
+    });
+    can_cancel.then(|| {
+        let name = job.file_name.clone().unwrap_or_else(|| "this document".into());
+        view! {
+            <span class="cancel">
+                <button
+                    class="button small"
+                    aria-label=format!("Cancel {name}")
+                    on:click=move |_| {
+                        cancel.dispatch(CancelJob { id: id.clone() });
+                    }
+                >
+                    "Cancel"
+                </button>
+                <span class="form-error">{move || cancel.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
+            </span>
+        }
+    })
 }
 
 /// Pure: the line under a running badge: what the job is doing and for how long.
@@ -309,7 +357,8 @@ pub fn JobsPage() -> impl IntoView {
                                                         <span class="cost muted" data-testid="cost">
                                                             {cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens)}
                                                         </span>
-                                                        <StateBadge job=job now=now/>
+                                                        <StateBadge job=job.clone() now=now/>
+                                                        <CancelButton job=job done=Callback::new(move |_| jobs.refetch())/>
                                                     </li>
                                                 }
                                             })
@@ -358,7 +407,11 @@ pub fn JobPage() -> impl IntoView {
                                 let cost = cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens);
                                 view! {
                                     <h1 class="file-name">{name}</h1>
-                                    <p class="job-state"><StateBadge job=job.clone() now=now/></p>
+                                    <p class="job-state">
+                                        <StateBadge job=job.clone() now=now/>
+                                        " "
+                                        <CancelButton job=job.clone() done=Callback::new(move |_| detail.refetch())/>
+                                    </p>
                                     <p class="cost" data-testid="cost">{cost}</p>
                                     {markdown.map(|m| view! {
                                         <div class="card-head">
@@ -388,6 +441,12 @@ pub fn JobPage() -> impl IntoView {
 mod tests {
     use super::{cost_text, duration_text, failed_text, queued_text, running_text, thousands};
     use crate::model::{FailureKind, JobStage};
+
+    #[test]
+    fn canceled_lines_say_the_refund() {
+        assert_eq!(super::canceled_text(1), "Canceled. 1 credit refunded.");
+        assert_eq!(super::canceled_text(0), "Canceled. Nothing was charged.");
+    }
 
     #[test]
     fn costs_say_what_was_charged_refunded_and_used() {

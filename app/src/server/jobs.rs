@@ -9,7 +9,9 @@ use crate::errors::AppError;
 use crate::model::UploadReply;
 use crate::model::{JobDetails, JobStatus};
 #[cfg(feature = "ssr")]
-use crate::server::session::{answer, context, job_status, job_statuses, require_user, visible_job};
+use crate::server::session::{
+    answer, cancel_visible_job, context, job_status, job_statuses, require_user, visible_job,
+};
 
 /// The caller's newest jobs (200), each with its place in line while waiting.
 #[server(endpoint = "list_jobs")]
@@ -42,6 +44,18 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
             result: job.result.clone(),
             attempts: attempts.into_iter().map(Into::into).collect(),
         })
+    })
+    .await
+}
+
+/// Cancel one of the caller's jobs (admins: anyone's, audited): a waiting job at once, refunded;
+/// a running one at its next safe point. 409 when it has already ended.
+#[server(endpoint = "cancel_job")]
+pub async fn cancel_job(id: String) -> Result<JobStatus, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        cancel_visible_job(&ctx.pool, &user, &id).await
     })
     .await
 }

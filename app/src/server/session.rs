@@ -234,6 +234,21 @@ pub async fn visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<JobVi
     }
 }
 
+/// Cancel a job the caller may see (their own; admins any, which the audit log records).
+/// 409 when it has already ended. Returns the job as it is now.
+pub async fn cancel_visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<JobStatus, AppError> {
+    let job = visible_job(pool, caller, id).await?;
+    let someone_elses = job.owner_id != caller.id;
+    let outcome =
+        engine::queue::cancel(pool, &engine::accounts::AccountHooks, job.id, &caller.email, someone_elses).await?;
+    if let engine::queue::Canceled::AlreadyEnded(state) = outcome {
+        if state != engine::JobState::Running {
+            return Err(AppError::AlreadyEnded { state: state.as_str().to_string() });
+        }
+    }
+    job_status(pool, &engine::queue::get(pool, job.id).await?).await
+}
+
 /// Jobs as their owner sees them: paused while the kill switch is off, and, while waiting,
 /// their place in line and estimated start.
 pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Result<Vec<JobStatus>, AppError> {

@@ -41,6 +41,9 @@ pub struct JobView {
     pub stage_since: Option<DateTime<Utc>>,
     #[sqlx(default)]
     pub stage_pages: Option<i32>,
+    /// When its cancellation was asked for (a running job stops at its next safe point).
+    #[sqlx(default)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Credits given back for this job (read where the owner sees costs; 0 elsewhere).
     #[sqlx(default)]
     pub refunded: i64,

@@ -12,7 +12,7 @@ use tower_sessions::Session;
 
 use app::errors::AppError;
 use app::model::JobStatus;
-use app::server::session::{job_status, session_user, visible_job};
+use app::server::session::{cancel_visible_job, job_status, session_user, visible_job};
 use app::server::upload;
 use engine::accounts::User;
 use engine::documents::processor::{DocumentJob, DocumentRef};
@@ -77,6 +77,19 @@ pub async fn create_job(
     let body =
         serde_json::json!({ "id": uploaded.job_id.to_string(), "status_url": location, "duplicate": uploaded.duplicate });
     Ok((status, [(header::LOCATION, location)], Json(body)).into_response())
+}
+
+/// `POST /api/v1/jobs/{id}/cancel`: 200 with the job as it is now (`canceled`, or still
+/// `running` with `cancel_requested` until its next safe point); 409 once it has ended; another
+/// user's job is 404.
+pub async fn cancel_job(
+    State(state): State<AppState>,
+    session: Session,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    let user = caller(&state, &headers, &session).await?;
+    Ok(Json(cancel_visible_job(&state.ctx.pool, &user, &id).await?))
 }
 
 /// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.

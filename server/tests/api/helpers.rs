@@ -81,7 +81,7 @@ impl TestApp {
         let ledger_sum = ledger::ledger_sum(&self.pool, user_id).await.unwrap();
         let live: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE owner_id = $1 AND state <> ALL($2)")
             .bind(user_id)
-            .bind([JobState::Done, JobState::Failed])
+            .bind([JobState::Done, JobState::Failed, JobState::Canceled])
             .fetch_one(&self.pool)
             .await
             .unwrap();

@@ -1,6 +1,7 @@
 //! The server's API tests, laid out by what they test (zero2prod's `tests/api`): one binary,
 //! so the helpers are compiled once.
 
+mod cancel;
 mod downloads;
 mod helpers;
 mod http_layer;
