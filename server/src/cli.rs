@@ -86,6 +86,13 @@ pub enum Command {
     },
 }
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum DlqAction {
     /// The failed jobs grouped by kind and reason, with counts.
@@ -219,6 +226,18 @@ pub struct Config {
     /// Mark the session cookie `Secure` (serve over HTTPS when you set this).
     #[arg(long, env = "SLUICE_SECURE_COOKIES", default_value_t = false, global = true)]
     pub secure_cookies: bool,
+    /// Serve `/metrics` (Prometheus) on this separate address, without a token (bind it where
+    /// only the scraper reaches). Off by default.
+    #[arg(long, env = "SLUICE_METRICS_BIND", global = true)]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Serve `/metrics` on the main address to requests with `Authorization: Bearer <this>`.
+    /// Off by default: `/metrics` is never public unless you set one of the two.
+    #[arg(long, env = "SLUICE_METRICS_TOKEN", global = true)]
+    pub metrics_token: Option<Secret>,
+    /// Log lines as text (for people) or JSON (for log collectors; worker lines carry the
+    /// job id, the attempt and the user id).
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
     /// The AI provider: local (built in, no network), anthropic, or openai (any
     /// OpenAI-compatible server: Ollama, vLLM, llama.cpp).
     #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "local", global = true)]
@@ -318,6 +337,7 @@ impl Config {
             max_upload_bytes: self.max_upload_bytes,
             max_concurrent_uploads: self.max_concurrent_uploads,
             request_timeout: Duration::from_secs(self.request_timeout_secs.max(1)),
+            metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             presets: {
                 let provider = providers::build(&self.provider_config());
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()

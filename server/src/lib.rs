@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod database;
 pub mod http;
+pub mod metrics;
 pub mod operator;
 pub mod startup;
 pub mod telemetry;

@@ -10,7 +10,7 @@ fn main() -> ExitCode {
         // The sandboxed document reader: no logging, no runtime, nothing but the document.
         return engine::documents::sandbox::child_main(Some(doc_type));
     }
-    server::telemetry::init_tracing(&cli.config.log);
+    server::telemetry::init_tracing(&cli.config.log, cli.config.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

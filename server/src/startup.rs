@@ -97,6 +97,17 @@ impl Application {
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
+            if let Some(bind) = config.metrics_bind {
+                let listener =
+                    TcpListener::bind(bind).await.with_context(|| format!("binding the metrics address {bind}"))?;
+                tracing::info!(%bind, "serving /metrics");
+                let metrics = axum::Router::new()
+                    .route("/metrics", axum::routing::get(crate::metrics::scrape))
+                    .with_state(crate::metrics::MetricsState::new(pool.clone(), None));
+                background.push(tokio::spawn(async move {
+                    let _ = axum::serve(listener, metrics).await;
+                }));
+            }
             let router = if role == Role::Worker {
                 crate::http::health_only(state)
             } else {

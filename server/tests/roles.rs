@@ -14,6 +14,8 @@ fn free_port() -> u16 {
 struct Process {
     child: Child,
     port: u16,
+    /// Its separate `/metrics` address.
+    metrics_port: u16,
 }
 
 impl Drop for Process {
@@ -24,17 +26,24 @@ impl Drop for Process {
 }
 
 fn start(role: &str, url: &str, data: &std::path::Path) -> Process {
-    let port = free_port();
+    start_logging(role, url, data, "warn", std::process::Stdio::inherit())
+}
+
+fn start_logging(role: &str, url: &str, data: &std::path::Path, log: &str, stdout: std::process::Stdio) -> Process {
+    let (port, metrics_port) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_server"))
         .arg(role)
         .env("DATABASE_URL", url)
         .env("SLUICE_BIND", format!("127.0.0.1:{port}"))
+        .env("SLUICE_METRICS_BIND", format!("127.0.0.1:{metrics_port}"))
         .env("SLUICE_DATA_DIR", data)
         .env("SLUICE_WORKERS", "2")
-        .env("SLUICE_LOG", "warn")
+        .env("SLUICE_LOG", log)
+        .env("SLUICE_LOG_FORMAT", "json")
+        .stdout(stdout)
         .spawn()
         .expect("start the server");
-    Process { child, port }
+    Process { child, port, metrics_port }
 }
 
 fn operator(url: &str, data: &std::path::Path, args: &[&str]) -> Output {
@@ -80,7 +89,16 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
     std::fs::create_dir_all(&data).unwrap();
 
     assert!(stdout(&operator(&url, &data, &["migrate"])).contains("migrations applied"));
-    let (web_a, web_b, worker) = (start("web", &url, &data), start("web", &url, &data), start("worker", &url, &data));
+    // The worker logs JSON, with its job lines at debug, to a file this test reads.
+    let worker_log = data.join("worker.log");
+    let worker = start_logging(
+        "worker",
+        &url,
+        &data,
+        "warn,engine::queue::worker=debug",
+        std::fs::File::create(&worker_log).unwrap().into(),
+    );
+    let (web_a, web_b) = (start("web", &url, &data), start("web", &url, &data));
     for port in [web_a.port, web_b.port, worker.port] {
         healthy(port).await;
     }
@@ -130,6 +148,25 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
         assert!(shown.contains("done") && shown.contains("roles@example.com"), "{shown}");
         assert!(shown.contains(&format!("-{} ", worker.child.id())), "run by the worker process: {shown}");
     }
+    // Every worker line is JSON; the job's lines carry its id, attempt and owner.
+    let log = std::fs::read_to_string(&worker_log).unwrap();
+    let lines: Vec<serde_json::Value> =
+        log.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect(l)).collect();
+    let finished = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "attempt finished" && l["span"]["job_id"] == paused_job.as_str())
+        .unwrap_or_else(|| panic!("a line for job {paused_job}:\n{log}"));
+    assert_eq!((finished["span"]["attempt"].as_i64(), finished["span"]["user_id"].is_i64()), (Some(1), true));
+    // The worker's own metrics address: its attempts, and the queue's gauges from Postgres.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", worker.metrics_port)).await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("sluice_attempts_total{") && l.contains("outcome=\"succeeded\"")),
+        "{metrics}"
+    );
+    assert!(metrics.lines().any(|l| l == "sluice_gate_size 5"), "{metrics}");
+    let web_metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", web_a.metrics_port)).await.unwrap();
+    assert!(web_metrics.text().await.unwrap().lines().any(|l| l == "sluice_gate_size 5"), "the same gauge from every process");
     let listed = stdout(&operator(&url, &data, &["dlq", "list"]));
     assert!(listed.lines().count() == 1, "no dead letters: {listed}");
     let _ = std::fs::remove_dir_all(&data);

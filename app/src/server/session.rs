@@ -93,6 +93,8 @@ pub struct WebSettings {
     /// How long a request (other than an upload or a download) may take, slow clients
     /// included; past it, 408.
     pub request_timeout: std::time::Duration,
+    /// Serve `/metrics` on the main address to this bearer token (none: not served there).
+    pub metrics_token: Option<String>,
 }
 
 impl Default for WebSettings {
@@ -110,6 +112,7 @@ impl Default for WebSettings {
             upload_idle: std::time::Duration::from_secs(30),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
             request_timeout: std::time::Duration::from_secs(30),
+            metrics_token: None,
         }
     }
 }

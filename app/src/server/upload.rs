@@ -61,8 +61,32 @@ pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, AppError> {
 }
 
 /// Take `user`'s upload from `body` (a `multipart/form-data` body, per `headers`) to an
-/// admitted job. Refusals that need no bytes (429, 402, 503) come before any is read.
+/// admitted job. Refusals that need no bytes (429, 402, 503) come before any is read. Each
+/// outcome is counted (`sluice_uploads_total` by outcome: accepted, duplicate, or the status).
 pub async fn upload<S, E>(
+    ctx: &ServerContext,
+    user: &User,
+    headers: &HeaderMap,
+    body: S,
+) -> Result<Uploaded, AppError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let uploaded = admit_upload(ctx, user, headers, body).await;
+    let outcome = match &uploaded {
+        Ok(Uploaded { duplicate: false, .. }) => "accepted".to_string(),
+        Ok(Uploaded { duplicate: true, .. }) => "duplicate".to_string(),
+        Err(e) => e.status().to_string(),
+    };
+    metrics::counter!("sluice_uploads_total", "outcome" => outcome).increment(1);
+    if let (Ok(Uploaded { duplicate: false, .. }), cost) = (&uploaded, ctx.settings.admission.cost) {
+        metrics::counter!("sluice_credits_debited_total").increment(cost.max(0) as u64);
+    }
+    uploaded
+}
+
+async fn admit_upload<S, E>(
     ctx: &ServerContext,
     user: &User,
     headers: &HeaderMap,

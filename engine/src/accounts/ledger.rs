@@ -141,6 +141,8 @@ pub async fn refund_job(conn: &mut PgConnection, job: &TerminalJob) -> Result<bo
     .rows_affected()
         == 1;
     if inserted {
+        // Counted when written (a transaction rolled back later would over-count by one).
+        metrics::counter!("sluice_credits_refunded_total").increment(job.cost.max(0) as u64);
         sqlx::query("UPDATE users SET balance = balance + $2 WHERE id = $1")
             .bind(job.owner_id)
             .bind(job.cost as i64)

@@ -293,9 +293,32 @@ async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedR
     }
 }
 
+/// Run the processor in a span naming the job, its attempt and its owner (so every line it
+/// logs carries them), and count and time the attempt by outcome and provider status.
+async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
+    use tracing::Instrument;
+    let span = tracing::info_span!("job", job_id = %job.id, attempt = job.attempt, user_id = job.owner_id);
+    let started = std::time::Instant::now();
+    let result = run_within_deadline(shared, job).instrument(span.clone()).await;
+    let (outcome, status) = match &result {
+        Ok(output) => {
+            metrics::counter!("sluice_provider_tokens_total", "direction" => "in")
+                .increment(output.input_tokens.unwrap_or(0).max(0) as u64);
+            metrics::counter!("sluice_provider_tokens_total", "direction" => "out")
+                .increment(output.output_tokens.unwrap_or(0).max(0) as u64);
+            ("succeeded", "200".to_string())
+        }
+        Err(e) => (e.class.as_str(), e.provider_status.map_or_else(|| "none".to_string(), |s| s.to_string())),
+    };
+    metrics::counter!("sluice_attempts_total", "outcome" => outcome, "provider_status" => status).increment(1);
+    metrics::histogram!("sluice_attempt_duration_seconds", "outcome" => outcome).record(started.elapsed().as_secs_f64());
+    span.in_scope(|| tracing::debug!(outcome, "attempt finished"));
+    result
+}
+
 /// Run the processor within the attempt deadline. A processor past the deadline is dropped
 /// (a sandboxed child with it) and counts as a timeout; a panicking one as a server error.
-async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
+async fn run_within_deadline(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
     let deadline = shared.config.attempt_deadline;
     let attempt = AssertUnwindSafe(shared.processor.process(job.clone())).catch_unwind();
     let Ok(outcome) = tokio::time::timeout(deadline, attempt).await else {

@@ -95,6 +95,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
                 .precompressed_gzip(),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(middleware::from_fn(crate::metrics::record_http))
         .layer(middleware::from_fn(move |request, next| layers::timeout_unless_transfer(request_timeout, request, next)))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
         .layer(sessions)
@@ -102,13 +103,25 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
             (ctx_pool, unavailable::DatabasePing::default()),
             unavailable::restarting_is_not_an_internal_error,
         ))
-        .with_state(state);
+        .with_state(state.clone());
+    let app = app.merge(metrics_route(&state));
     Ok(layers::around_every_request(app, secure_cookies))
 }
 
-/// A worker process's HTTP: `/healthz` only, for the orchestrator's probes.
+/// A worker process's HTTP: `/healthz` for the orchestrator's probes (and `/metrics` with
+/// its token).
 pub fn health_only(state: AppState) -> Router {
-    Router::new().route("/healthz", get(healthz)).with_state(state)
+    Router::new().route("/healthz", get(healthz)).with_state(state.clone()).merge(metrics_route(&state))
+}
+
+/// `/metrics` on the main address, when a token is configured (else it does not exist here).
+fn metrics_route(state: &AppState) -> Router {
+    match &state.ctx.settings.metrics_token {
+        Some(token) => Router::new()
+            .route("/metrics", get(crate::metrics::scrape))
+            .with_state(crate::metrics::MetricsState::new(state.ctx.pool.clone(), Some(token.clone()))),
+        None => Router::new(),
+    }
 }
 
 /// 200 with the Postgres version while the database answers, else 503 (no error text).

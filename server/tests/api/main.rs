@@ -5,6 +5,7 @@ mod cancel;
 mod downloads;
 mod helpers;
 mod http_layer;
+mod metrics;
 mod operator;
 mod restart;
 mod sessions;
