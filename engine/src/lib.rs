@@ -20,6 +20,7 @@ pub mod documents;
 pub mod error;
 pub mod maintenance;
 pub mod queue;
+pub mod reconcile;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

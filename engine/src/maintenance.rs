@@ -28,6 +28,8 @@ pub struct MaintenanceConfig {
     /// The orphan-document sweep, and how old a document must be before it may be swept.
     pub sweep_every: Duration,
     pub sweep_grace: Duration,
+    /// Reconciliation runs (reports only; see [`crate::reconcile`]).
+    pub reconcile_every: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -40,6 +42,7 @@ impl Default for MaintenanceConfig {
             login_window: crate::accounts::login::LoginLimits::default().window,
             sweep_every: Duration::from_secs(3600),
             sweep_grace: Duration::from_secs(3600),
+            reconcile_every: Duration::from_secs(3600),
         }
     }
 }
@@ -56,6 +59,9 @@ pub async fn run(
     let mut prune_tick = tokio::time::interval(config.prune_every);
     let mut account_tick = tokio::time::interval(config.account_upkeep_every);
     let mut sweep_tick = tokio::time::interval(config.sweep_every);
+    let mut reconcile_tick = tokio::time::interval(config.reconcile_every);
+    // Not at start-up: a fleet restarting should not all reconcile at once.
+    reconcile_tick.reset();
     loop {
         tokio::select! {
             _ = rescue_tick.tick() => {
@@ -81,6 +87,11 @@ pub async fn run(
                     Ok(0) => {}
                     Ok(n) => tracing::warn!(documents = n, "deleted documents no job points at"),
                     Err(e) => tracing::warn!(error = %e, "sweeping orphan documents failed"),
+                }
+            }
+            _ = reconcile_tick.tick() => {
+                if let Err(e) = crate::reconcile::run(&pool, blobs.as_ref(), "maintenance").await {
+                    tracing::warn!(error = %e, "reconciliation failed");
                 }
             }
             _ = account_tick.tick() => {

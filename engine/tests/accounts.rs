@@ -385,3 +385,64 @@ async fn a_running_job_canceled_is_not_charged_for_a_result_that_arrives_anyway(
     let admitted = admission::submit(&pool, &AdmissionConfig::default(), &again).await.unwrap();
     assert!(matches!(admitted, Admission::Accepted { job_id } if !ids.contains(&job_id)), "{admitted:?}");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgPool) {
+    use engine::documents::Blobs;
+    use engine::reconcile;
+    let dir = std::env::temp_dir().join(format!("sluice-reconcile-{}", Blobs::new_key().replace("documents/", "")));
+    let blobs = Blobs::local(&dir).unwrap();
+    let user = users::create_user(&pool, "books@example.com", "password123", Role::User, 5).await.unwrap();
+    let mut jobs = Vec::new();
+    for n in 0..3 {
+        let key = Blobs::new_key();
+        blobs.put(&key, bytes::Bytes::from_static(b"text")).await.unwrap();
+        let s = Submission {
+            user_id: user.id,
+            payload: serde_json::json!({ "document": { "key": key } }),
+            content_key: format!("books-{n}"),
+            client_key: None,
+            fingerprint: format!("books-{n}"),
+        };
+        let Admission::Accepted { job_id } = admission::submit(&pool, &AdmissionConfig::default(), &s).await.unwrap()
+        else {
+            panic!()
+        };
+        jobs.push((job_id, key));
+    }
+    let clean = reconcile::run(&pool, Some(&blobs), "test").await.unwrap();
+    assert!(clean.discrepancies.is_empty(), "{:?}", clean.discrepancies);
+    assert_eq!(clean.checks.len(), 7);
+    assert!(clean.checks.iter().all(|c| c.found == 0 && c.examined >= 0));
+
+    // Break the books in every way a check looks for.
+    sqlx::query("UPDATE users SET balance = balance + 5, in_flight = in_flight + 1 WHERE id = $1")
+        .bind(user.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM ledger WHERE job_id = $1 AND kind = 'debit'").bind(jobs[0].0).execute(&pool).await.unwrap();
+    sqlx::query("UPDATE jobs SET kind = 'document', state = 'running', lease_token = gen_random_uuid(),
+                 lease_expires_at = now() + interval '1 day' WHERE id = $1")
+        .bind(jobs[1].0)
+        .execute(&pool)
+        .await
+        .unwrap();
+    blobs.delete(&jobs[2].1).await.unwrap();
+    let report = reconcile::run(&pool, Some(&blobs), "ops@example.com").await.unwrap();
+    let found = |check: &str| -> Vec<String> {
+        report.discrepancies.iter().filter(|d| d.check == check).map(|d| format!("{}: {}", d.subject, d.detail)).collect()
+    };
+    assert_eq!(found("balance_matches_ledger"), [format!("user {}: balance 7, the ledger sums to 3", user.id)]);
+    assert_eq!(found("in_flight_matches_open_jobs"), [format!("user {}: in flight 4, jobs not yet ended 3", user.id)]);
+    assert_eq!(found("one_debit_per_job"), [format!("job {}: 0 debits", jobs[0].0)]);
+    assert_eq!(found("no_lease_far_in_future").len(), 1);
+    assert!(found("no_lease_far_in_future")[0].starts_with(&format!("job {}", jobs[1].0)));
+    assert_eq!(found("live_jobs_have_documents"), [format!("job {}: its document {} is missing", jobs[2].0, jobs[2].1)]);
+
+    // Evidence is kept, and nothing was repaired.
+    let latest = reconcile::latest(&pool).await.unwrap().unwrap();
+    assert_eq!((latest.id, latest.actor.as_str(), latest.discrepancies.len()), (report.id, "ops@example.com", 5));
+    assert_eq!(users::get(&pool, user.id).await.unwrap().balance, 7, "a run fixes nothing");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -59,6 +59,11 @@ pub enum Command {
         #[command(subcommand)]
         action: DlqAction,
     },
+    /// Check that money and jobs add up, store the report, and print it (exit status 1 when
+    /// something does not add up). Fixes nothing.
+    Reconcile,
+    /// Cancel a job (waiting: at once, refunded; running: at its next safe point). Audited.
+    Cancel { id: String },
     /// Jobs: `jobs show ID`.
     Jobs {
         #[command(subcommand)]

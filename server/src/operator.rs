@@ -13,12 +13,12 @@ use crate::database::{Cluster, Database};
 /// Run one operator command against the configured database (or the embedded cluster).
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     let database = Database::open(&config, Cluster::Borrow).await?;
-    let result = run_with(&database.url, command).await;
+    let result = run_with(&database.url, command, config.blobs().ok()).await;
     database.close().await;
     result
 }
 
-async fn run_with(url: &str, command: Command) -> anyhow::Result<()> {
+async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::Blobs>) -> anyhow::Result<()> {
     let pool = engine::db::connect(url, 2).await.context("connecting to Postgres")?;
     match command {
         Command::CreateAdmin { email } => {
@@ -94,6 +94,28 @@ async fn run_with(url: &str, command: Command) -> anyhow::Result<()> {
                 replayed.ids.len(),
                 replayed.already_reuploaded.len()
             );
+        }
+        Command::Reconcile => {
+            let report = engine::reconcile::run(&pool, blobs.as_ref(), "cli").await?;
+            for check in &report.checks {
+                println!("{:<30} examined {:>8}  found {}", check.check, check.examined, check.found);
+            }
+            for d in &report.discrepancies {
+                println!("  {}: {}: {}", d.check, d.subject, d.detail);
+            }
+            println!("report {} stored", report.id);
+            if !report.discrepancies.is_empty() {
+                pool.close().await;
+                anyhow::bail!("reconciliation found {} discrepancies", report.checks.iter().map(|c| c.found).sum::<i64>());
+            }
+        }
+        Command::Cancel { id } => {
+            let id: uuid::Uuid = id.parse().with_context(|| format!("{id:?} is not a job id"))?;
+            match queue::cancel(&pool, &AccountHooks, id, "cli", true).await? {
+                queue::Canceled::Now => println!("job {id} canceled and refunded"),
+                queue::Canceled::Requested => println!("job {id} is running: it stops at its next safe point"),
+                queue::Canceled::AlreadyEnded(state) => println!("job {id} had already ended ({})", state.as_str()),
+            }
         }
         Command::Jobs { action: JobsAction::Show { id } } => {
             let id: uuid::Uuid = id.parse().with_context(|| format!("{id:?} is not a job id"))?;

@@ -91,6 +91,15 @@ impl Blobs {
             .boxed()
     }
 
+    /// Whether a blob is stored under `key` (its metadata only, not its bytes).
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        match self.store.head(&ObjectPath::from(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(storage(e)),
+        }
+    }
+
     /// The whole blob, or `NotFound`.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let got = self.store.get(&ObjectPath::from(key)).await.map_err(storage)?;

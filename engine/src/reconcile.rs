@@ -1,0 +1,207 @@
+//! Reconciliation (seed 001: someone is named to check, and evidence is kept). A run checks
+//! that money and jobs add up, stores a report (when, what was checked, every discrepancy with
+//! its ids), and fixes nothing: repairs are explicit, audited operator actions.
+//!
+//! The checks:
+//! - each user's balance equals the sum of their ledger;
+//! - each user's in-flight count equals their jobs not yet ended;
+//! - every job that cost something has exactly one debit;
+//! - every failed or canceled job that cost something has exactly one refund, and no other job
+//!   has one;
+//! - no job is `running` with a lease far in the future (a clock or a bug);
+//! - every job not yet ended still has its document; no stored document older than an hour
+//!   lacks a job (an upload stored before a crash).
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use sqlx::PgPool;
+
+use crate::documents::Blobs;
+use crate::error::Result;
+
+/// One check: what it looked at and what it found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckSummary {
+    pub check: String,
+    /// Rows (users, jobs, documents) the check looked at.
+    pub examined: i64,
+    pub found: i64,
+}
+
+/// One thing that does not add up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Discrepancy {
+    pub check: String,
+    /// What to look at: `user 12`, `job <uuid>`, `document <key>`.
+    pub subject: String,
+    pub detail: String,
+}
+
+/// A stored report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub id: i64,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub actor: String,
+    pub checks: Vec<CheckSummary>,
+    pub discrepancies: Vec<Discrepancy>,
+}
+
+/// At most this many discrepancies of one check are kept in a report (the count is exact).
+const KEEP_PER_CHECK: usize = 100;
+/// Documents younger than this may belong to an upload still in progress.
+const ORPHAN_GRACE: chrono::Duration = chrono::Duration::hours(1);
+
+/// The SQL checks: (name, what they examine, the query returning (subject, detail) rows).
+const SQL_CHECKS: [(&str, &str, &str); 5] = [
+    (
+        "balance_matches_ledger",
+        "SELECT count(*) FROM users",
+        "SELECT 'user ' || u.id, format('balance %s, the ledger sums to %s', u.balance, coalesce(l.sum, 0))
+         FROM users u LEFT JOIN (SELECT user_id, sum(amount) AS sum FROM ledger GROUP BY user_id) l ON l.user_id = u.id
+         WHERE u.balance <> coalesce(l.sum, 0) ORDER BY u.id",
+    ),
+    (
+        "in_flight_matches_open_jobs",
+        "SELECT count(*) FROM users",
+        "SELECT 'user ' || u.id, format('in flight %s, jobs not yet ended %s', u.in_flight, coalesce(j.open, 0))
+         FROM users u LEFT JOIN (SELECT owner_id, count(*) AS open FROM jobs
+                                 WHERE state IN ('queued', 'running', 'retrying') GROUP BY owner_id) j
+                ON j.owner_id = u.id
+         WHERE u.in_flight <> coalesce(j.open, 0) ORDER BY u.id",
+    ),
+    (
+        "one_debit_per_job",
+        "SELECT count(*) FROM jobs WHERE cost > 0",
+        "SELECT 'job ' || j.id, format('%s debits', coalesce(d.n, 0))
+         FROM jobs j LEFT JOIN (SELECT job_id, count(*) AS n FROM ledger WHERE kind = 'debit' GROUP BY job_id) d
+                ON d.job_id = j.id
+         WHERE j.cost > 0 AND coalesce(d.n, 0) <> 1 ORDER BY j.accepted_at",
+    ),
+    (
+        "refunds_match_state",
+        "SELECT count(*) FROM jobs",
+        "SELECT 'job ' || j.id, format('%s with %s refunds', j.state, coalesce(r.n, 0))
+         FROM jobs j LEFT JOIN (SELECT job_id, count(*) AS n FROM ledger WHERE kind = 'refund' GROUP BY job_id) r
+                ON r.job_id = j.id
+         WHERE (j.state IN ('failed', 'canceled') AND j.cost > 0 AND coalesce(r.n, 0) <> 1)
+            OR (j.state NOT IN ('failed', 'canceled') AND coalesce(r.n, 0) > 0)
+         ORDER BY j.accepted_at",
+    ),
+    // A lease further ahead than 10 minutes is not one a worker set (leases are a minute).
+    (
+        "no_lease_far_in_future",
+        "SELECT count(*) FROM jobs WHERE state = 'running'",
+        "SELECT 'job ' || id, format('running with its lease until %s', lease_expires_at)
+         FROM jobs WHERE state = 'running' AND lease_expires_at > now() + interval '10 minutes' ORDER BY id",
+    ),
+];
+
+/// Run every check, store the report, and return it. `blobs` adds the document checks.
+pub async fn run(pool: &PgPool, blobs: Option<&Blobs>, actor: &str) -> Result<Report> {
+    let started_at = Utc::now();
+    let mut checks = Vec::new();
+    let mut discrepancies = Vec::new();
+    for (name, examined_sql, found_sql) in SQL_CHECKS {
+        let examined: i64 = sqlx::query_scalar(examined_sql).fetch_one(pool).await?;
+        let rows: Vec<(String, String)> = sqlx::query_as(found_sql).fetch_all(pool).await?;
+        record(&mut checks, &mut discrepancies, name, examined, rows);
+    }
+    if let Some(blobs) = blobs {
+        let (examined, rows) = live_jobs_without_documents(pool, blobs).await?;
+        record(&mut checks, &mut discrepancies, "live_jobs_have_documents", examined, rows);
+        let (examined, rows) = documents_without_jobs(pool, blobs).await?;
+        record(&mut checks, &mut discrepancies, "documents_have_jobs", examined, rows);
+    }
+    let found: i64 = checks.iter().map(|c| c.found).sum();
+    let (id, finished_at): (i64, DateTime<Utc>) = sqlx::query_as(
+        "INSERT INTO reconciliation_reports (started_at, actor, checks, discrepancies, found)
+         VALUES ($1, $2, $3, $4, $5) RETURNING id, finished_at",
+    )
+    .bind(started_at)
+    .bind(actor)
+    .bind(Json(&checks))
+    .bind(Json(&discrepancies))
+    .bind(found.min(i32::MAX as i64) as i32)
+    .fetch_one(pool)
+    .await?;
+    if found > 0 {
+        tracing::warn!(report = id, found, "reconciliation found discrepancies");
+    }
+    Ok(Report { id, started_at, finished_at, actor: actor.to_string(), checks, discrepancies })
+}
+
+/// Add a check's result: its summary, and its first discrepancies.
+fn record(
+    checks: &mut Vec<CheckSummary>,
+    discrepancies: &mut Vec<Discrepancy>,
+    check: &str,
+    examined: i64,
+    rows: Vec<(String, String)>,
+) {
+    checks.push(CheckSummary { check: check.to_string(), examined, found: rows.len() as i64 });
+    discrepancies.extend(
+        rows.into_iter()
+            .take(KEEP_PER_CHECK)
+            .map(|(subject, detail)| Discrepancy { check: check.to_string(), subject, detail }),
+    );
+}
+
+/// Jobs not yet ended whose document is gone.
+async fn live_jobs_without_documents(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Vec<(String, String)>)> {
+    let live: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+        "SELECT id, payload #>> '{document,key}' FROM jobs
+         WHERE kind = 'document' AND state IN ('queued', 'running', 'retrying')
+           AND payload #>> '{document,key}' IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut missing = Vec::new();
+    for (id, key) in &live {
+        if !blobs.exists(key).await? {
+            missing.push((format!("job {id}"), format!("its document {key} is missing")));
+        }
+    }
+    Ok((live.len() as i64, missing))
+}
+
+/// Stored documents older than the grace period that no job points at.
+async fn documents_without_jobs(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Vec<(String, String)>)> {
+    let mut batches = blobs.documents_before(Utc::now() - ORPHAN_GRACE, 500);
+    let (mut examined, mut orphans) = (0i64, Vec::new());
+    while let Some(batch) = batches.next().await {
+        let batch = batch?;
+        examined += batch.len() as i64;
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT k FROM unnest($1::text[]) k
+             WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k)",
+        )
+        .bind(&batch)
+        .fetch_all(pool)
+        .await?;
+        orphans.extend(found.into_iter().map(|k| (format!("document {k}"), "no job points at it".to_string())));
+    }
+    Ok((examined, orphans))
+}
+
+/// The newest report, if any run was made.
+pub async fn latest(pool: &PgPool) -> Result<Option<Report>> {
+    type Row = (i64, DateTime<Utc>, DateTime<Utc>, String, Json<Vec<CheckSummary>>, Json<Vec<Discrepancy>>);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT id, started_at, finished_at, actor, checks, discrepancies
+         FROM reconciliation_reports ORDER BY finished_at DESC, id DESC LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(id, started_at, finished_at, actor, checks, discrepancies)| Report {
+        id,
+        started_at,
+        finished_at,
+        actor,
+        checks: checks.0,
+        discrepancies: discrepancies.0,
+    }))
+}
