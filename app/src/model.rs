@@ -319,6 +319,31 @@ pub struct AuditInfo {
     pub new_value: Option<String>,
 }
 
+/// A reconciliation report, for the admin page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReconciliationInfo {
+    pub id: i64,
+    pub finished_at: String,
+    pub actor: String,
+    /// (check, rows examined, discrepancies found).
+    pub checks: Vec<(String, i64, i64)>,
+    /// (check, subject, detail).
+    pub discrepancies: Vec<(String, String, String)>,
+}
+
+#[cfg(feature = "ssr")]
+impl From<engine::reconcile::Report> for ReconciliationInfo {
+    fn from(r: engine::reconcile::Report) -> Self {
+        ReconciliationInfo {
+            id: r.id,
+            finished_at: time_text(r.finished_at),
+            actor: r.actor,
+            checks: r.checks.into_iter().map(|c| (c.check, c.examined, c.found)).collect(),
+            discrepancies: r.discrepancies.into_iter().map(|d| (d.check, d.subject, d.detail)).collect(),
+        }
+    }
+}
+
 /// What a DLQ replay did, for the admin page.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplayInfo {

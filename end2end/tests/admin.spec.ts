@@ -123,3 +123,19 @@ test('with the gate at one, waiting jobs show their place in line, then all run'
     await setGate(24);
   }
 });
+
+test('an admin runs a reconciliation and reads the report', async ({ browser }) => {
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
+  await open(admin, '/admin');
+  const card = admin.getByTestId('reconciliation');
+  await card.getByRole('button', { name: 'Run a reconciliation now' }).click();
+  await expect(card.getByTestId('reconciliation-summary')).toHaveText(
+    new RegExp(`^Report \\d+ at .+ by ${operator.email.replace('.', '\\.')}: everything adds up\\.$`),
+  );
+  await expect(card.locator('tbody tr')).toHaveCount(7);
+  await expect(card.locator('tbody tr').first()).toContainText('Balances equal their ledgers');
+  // The run is kept: the page shows it again after a reload.
+  await admin.reload();
+  await expect(card.getByTestId('reconciliation-summary')).toContainText('everything adds up');
+});

@@ -9,8 +9,8 @@ use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
 use crate::pages::polling::{every, tab_visible};
 use crate::server::admin::{
-    audit_log, dlq_groups, dlq_jobs, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay, DlqReplayJob, SetGate,
-    SetProcessing,
+    audit_log, dlq_groups, dlq_jobs, latest_reconciliation, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay,
+    DlqReplayJob, ReconcileNow, SetGate, SetProcessing,
 };
 
 fn confirm(message: &str) -> bool {
@@ -152,6 +152,7 @@ pub fn AdminPage() -> impl IntoView {
                 {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
             </Transition>
             <DlqCard groups actions/>
+            <ReconciliationCard admitted/>
             <AuditCard audit/>
         }
     };
@@ -315,6 +316,78 @@ fn ReplayNote(#[prop(into)] info: Signal<Option<Result<ReplayInfo, AppError>>>) 
 }
 
 /// The newest audit entries, in words.
+/// Pure: a reconciliation check in words.
+pub fn check_label(check: &str) -> &'static str {
+    match check {
+        "balance_matches_ledger" => "Balances equal their ledgers",
+        "in_flight_matches_open_jobs" => "In-flight counts equal open jobs",
+        "one_debit_per_job" => "One debit per job",
+        "refunds_match_state" => "Refunds exactly for failed and canceled jobs",
+        "no_lease_far_in_future" => "No lease far in the future",
+        "live_jobs_have_documents" => "Open jobs have their documents",
+        "documents_have_jobs" => "Stored documents have jobs",
+        _ => "Other check",
+    }
+}
+
+/// The latest reconciliation report, and a button to run one now.
+#[component]
+fn ReconciliationCard(admitted: Memo<Option<bool>>) -> impl IntoView {
+    let run = ServerAction::<ReconcileNow>::new();
+    let latest = LocalResource::new(move || {
+        run.version().track();
+        let admin = admitted.get() == Some(true);
+        async move {
+            if admin {
+                latest_reconciliation().await
+            } else {
+                Ok(None)
+            }
+        }
+    });
+    view! {
+        <section class="card" data-testid="reconciliation">
+            <div class="card-head">
+                <h2>"Reconciliation"</h2>
+                <button class="button" disabled=move || run.pending().get() on:click=move |_| { run.dispatch(ReconcileNow {}); }>
+                    "Run a reconciliation now"
+                </button>
+            </div>
+            {move || match latest.get().and_then(|r| r.ok()).flatten() {
+                None => view! { <p class="hint">"No reconciliation has run yet (one runs every hour)."</p> }.into_any(),
+                Some(report) => {
+                    let found: i64 = report.checks.iter().map(|c| c.2).sum();
+                    view! {
+                        <p data-testid="reconciliation-summary" class:error-text={found > 0}>
+                            {format!(
+                                "Report {} at {} by {}: {}.",
+                                report.id,
+                                local_date_time(&report.finished_at),
+                                report.actor,
+                                if found == 0 { "everything adds up".to_string() } else { format!("{found} discrepancies") },
+                            )}
+                        </p>
+                        <table class="ledger">
+                            <thead><tr><th>"Check"</th><th class="num">"Examined"</th><th class="num">"Found"</th></tr></thead>
+                            <tbody>
+                                {report.checks.into_iter().map(|(check, examined, found)| view! {
+                                    <tr><td>{check_label(&check)}</td><td class="num">{examined}</td><td class="num">{found}</td></tr>
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                        <ul class="audit">
+                            {report.discrepancies.into_iter().map(|(check, subject, detail)| view! {
+                                <li>{format!("{}: {subject}: {detail}", check_label(&check))}</li>
+                            }).collect_view()}
+                        </ul>
+                    }
+                        .into_any()
+                }
+            }}
+        </section>
+    }
+}
+
 #[component]
 fn AuditCard(audit: LocalResource<Result<Vec<AuditInfo>, AppError>>) -> impl IntoView {
     view! {

@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AuditInfo, DlqGroupInfo, DlqJobInfo, QueueStatus, ReplayInfo};
+use crate::model::{AuditInfo, DlqGroupInfo, DlqJobInfo, QueueStatus, ReconciliationInfo, ReplayInfo};
 #[cfg(feature = "ssr")]
 use {
     crate::server::session::{answer, context, require_admin},
@@ -170,6 +170,28 @@ async fn discard(selection: Selection) -> Result<u64, AppError> {
     let ctx = context()?;
     let admin = require_admin(&ctx).await?;
     Ok(dlq::discard(&ctx.pool, &selection, &admin.email).await?)
+}
+
+/// The newest reconciliation report, if any run was made.
+#[server(endpoint = "admin/reconciliation")]
+pub async fn latest_reconciliation() -> Result<Option<ReconciliationInfo>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        Ok(engine::reconcile::latest(&ctx.pool).await?.map(Into::into))
+    })
+    .await
+}
+
+/// Run a reconciliation now (reports only; fixes nothing), named after the admin.
+#[server(endpoint = "admin/reconcile")]
+pub async fn reconcile_now() -> Result<ReconciliationInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let admin = require_admin(&ctx).await?;
+        Ok(engine::reconcile::run(&ctx.pool, Some(&ctx.blobs), &admin.email).await?.into())
+    })
+    .await
 }
 
 /// The newest audit entries.
