@@ -7,7 +7,7 @@
 //! - each user's in-flight count equals their jobs not yet ended;
 //! - every job that cost something has exactly one debit;
 //! - every failed or canceled job that cost something has exactly one refund, and no other job
-//!   has one;
+//!   has one (but a job replayed from the dead-letter queue keeps its refund: a replay is free);
 //! - no job is `running` with a lease far in the future (a clock or a bug);
 //! - every job not yet ended still has its document; no stored document older than an hour
 //!   lacks a job (an upload stored before a crash).
@@ -88,7 +88,8 @@ const SQL_CHECKS: [(&str, &str, &str); 5] = [
          FROM jobs j LEFT JOIN (SELECT job_id, count(*) AS n FROM ledger WHERE kind = 'refund' GROUP BY job_id) r
                 ON r.job_id = j.id
          WHERE (j.state IN ('failed', 'canceled') AND j.cost > 0 AND coalesce(r.n, 0) <> 1)
-            OR (j.state NOT IN ('failed', 'canceled') AND coalesce(r.n, 0) > 0)
+            -- A job replayed from the dead-letter queue runs again for free: its refund stands.
+            OR (j.state NOT IN ('failed', 'canceled') AND coalesce(r.n, 0) > CASE WHEN j.replays > 0 THEN 1 ELSE 0 END)
          ORDER BY j.accepted_at",
     ),
     // A lease further ahead than 10 minutes is not one a worker set (leases are a minute).

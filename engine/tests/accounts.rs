@@ -410,6 +410,33 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
         };
         jobs.push((job_id, key));
     }
+    // A job that failed (refunded), was replayed (free) and then finished is in order.
+    let extra = Submission {
+        user_id: user.id,
+        payload: serde_json::json!({}),
+        content_key: "books-replayed".into(),
+        client_key: None,
+        fingerprint: "books-replayed".into(),
+    };
+    admission::submit(&pool, &AdmissionConfig::default(), &extra).await.unwrap();
+    let policy = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
+    let claimed = queue::claim(&pool, "books", 10, std::time::Duration::from_secs(60)).await.unwrap();
+    let replayed = claimed.iter().find(|j| j.payload == serde_json::json!({})).unwrap().clone();
+    for job in claimed.iter().filter(|j| j.id != replayed.id) {
+        queue::hand_back(&pool, &[job.lease_token]).await.unwrap();
+    }
+    let boom = JobError::new(ErrorClass::Rejected, "boom");
+    queue::fail(&pool, &AccountHooks, &policy, &replayed, &boom).await.unwrap();
+    dlq::replay(&pool, &AccountHooks, &Selection::Job(replayed.id), "admin").await.unwrap();
+    let again = queue::claim(&pool, "books", 10, std::time::Duration::from_secs(60)).await.unwrap();
+    for job in &again {
+        if job.id == replayed.id {
+            queue::complete(&pool, &AccountHooks, job, &JobOutput::default()).await.unwrap();
+        } else {
+            queue::hand_back(&pool, &[job.lease_token]).await.unwrap();
+        }
+    }
+    assert_eq!(queue::get(&pool, replayed.id).await.unwrap().state, JobState::Done);
     let clean = reconcile::run(&pool, Some(&blobs), "test").await.unwrap();
     assert!(clean.discrepancies.is_empty(), "{:?}", clean.discrepancies);
     assert_eq!(clean.checks.len(), 7);
