@@ -13,6 +13,14 @@ pub struct UserInfo {
     pub max_in_flight: i32,
 }
 
+/// One page of a user's jobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobsPage {
+    pub jobs: Vec<JobStatus>,
+    /// Older jobs follow on the next page.
+    pub has_more: bool,
+}
+
 /// An accepted upload: the job (new, or the earlier one for a repeated key).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UploadReply {

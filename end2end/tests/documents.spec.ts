@@ -195,3 +195,23 @@ test('a waiting job is canceled from the jobs list and its credit comes back at 
     await setProcessing(admin, true);
   }
 });
+
+test('the jobs list filters by state and searches by file name', async ({ page }) => {
+  await signUp(page, 'filters');
+  await open(page, '/upload');
+  await page.locator('#files').setInputFiles([uniqueText('alpha-notes.txt'), uniqueText('beta-minutes.txt')]);
+  await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(2);
+  await open(page, '/jobs');
+  await expect(page.locator('.job')).toHaveCount(2);
+  await expect(page.locator('.job .badge[data-state="done"]')).toHaveCount(2, { timeout: 15_000 });
+  await page.getByLabel('File name').fill('BETA');
+  await expect(page.locator('.job')).toHaveCount(1);
+  await expect(page.locator('.job .file-name')).toHaveText('beta-minutes.txt');
+  await page.getByLabel('File name').fill('');
+  await page.getByLabel('State').selectOption('failed');
+  await expect(page.getByText('No jobs match.')).toBeVisible();
+  await page.getByLabel('State').selectOption('done');
+  await expect(page.locator('.job')).toHaveCount(2);
+  await expect(page.getByTestId('page')).toHaveText('Page 1');
+  await expect(page.getByRole('button', { name: 'Older' })).toBeDisabled();
+});

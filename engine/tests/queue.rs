@@ -602,3 +602,53 @@ async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     assert!(!paused.processing_enabled);
     assert_eq!(paused.estimated_start(waiting), None);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_users_jobs_come_a_page_at_a_time_filtered_by_state_and_name(pool: PgPool) {
+    use engine::queue::{page_for_owner, JobFilter};
+    // The queue needs no account: an owner is a number.
+    let owner: i64 = 7;
+    sqlx::query(
+        "INSERT INTO jobs (owner_id, payload, accepted_at, state, finished_at)
+         SELECT $1, jsonb_build_object('document', jsonb_build_object('name', 'report-' || g || '.pdf')),
+                now() - make_interval(secs => g), CASE WHEN g % 3 = 0 THEN 'done' ELSE 'queued' END,
+                CASE WHEN g % 3 = 0 THEN now() END
+         FROM generate_series(1, 120) g",
+    )
+    .bind(owner)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO jobs (owner_id, payload) VALUES ($1, '{\"document\": {\"name\": \"100%_Sure.TXT\"}}')",
+    )
+    .bind(owner)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let name = |j: &queue::JobView| j.payload["document"]["name"].as_str().unwrap().to_string();
+
+    let all = JobFilter::default();
+    let (first, more) = page_for_owner(&pool, owner, &all, 0, 50).await.unwrap();
+    assert_eq!((first.len(), more), (50, true));
+    assert_eq!(name(&first[0]), "100%_Sure.TXT", "newest first");
+    let (last, more) = page_for_owner(&pool, owner, &all, 100, 50).await.unwrap();
+    assert_eq!((last.len(), more), (21, false));
+
+    let done = JobFilter { state: Some(JobState::Done), ..JobFilter::default() };
+    let (jobs, _) = page_for_owner(&pool, owner, &done, 0, 100).await.unwrap();
+    assert_eq!(jobs.len(), 40);
+    assert!(jobs.iter().all(|j| j.state == JobState::Done));
+
+    let search = |text: &str| JobFilter { name_contains: Some(text.into()), ..JobFilter::default() };
+    let (jobs, _) = page_for_owner(&pool, owner, &search("REPORT-11"), 0, 50).await.unwrap();
+    let mut names: Vec<String> = jobs.iter().map(name).collect();
+    names.sort();
+    assert_eq!(names, ["report-11.pdf", "report-110.pdf", "report-111.pdf", "report-112.pdf", "report-113.pdf",
+        "report-114.pdf", "report-115.pdf", "report-116.pdf", "report-117.pdf", "report-118.pdf", "report-119.pdf"]);
+    // `%` and `_` are literal, not wildcards.
+    let (jobs, _) = page_for_owner(&pool, owner, &search("0%_s"), 0, 50).await.unwrap();
+    assert_eq!(jobs.iter().map(name).collect::<Vec<_>>(), ["100%_Sure.TXT"]);
+    let (jobs, _) = page_for_owner(&pool, owner, &search("%"), 0, 50).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+}

@@ -317,15 +317,27 @@ fn watch_endings(ended: impl Fn() -> Option<Vec<JobStatus>> + 'static) {
 
 #[component]
 pub fn JobsPage() -> impl IntoView {
-    let jobs = LocalResource::new(list_jobs);
+    let page = RwSignal::new(0u32);
+    let state = RwSignal::new(String::new());
+    let search = RwSignal::new(String::new());
+    let filtered = move || !state.get().is_empty() || !search.get().trim().is_empty();
+    let jobs = LocalResource::new(move || {
+        let (page, state, search) = (page.get(), state.get(), search.get());
+        async move {
+            let state = (!state.is_empty()).then_some(state);
+            let search = (!search.trim().is_empty()).then_some(search);
+            list_jobs(Some(page), state, search).await
+        }
+    });
     let now = RwSignal::new(now_ms());
     poll(now, move || {
-        let live = jobs.get_untracked().and_then(|r| r.ok()).is_some_and(|js| js.iter().any(is_live));
+        let live = jobs.get_untracked().and_then(|r| r.ok()).is_some_and(|p| p.jobs.iter().any(is_live));
         if live {
             jobs.refetch();
         }
     });
-    watch_endings(move || jobs.get().and_then(|r| r.ok()).map(|js| js.into_iter().filter(|j| !is_live(j)).collect()));
+    watch_endings(move || jobs.get().and_then(|r| r.ok()).map(|p| p.jobs.into_iter().filter(|j| !is_live(j)).collect()));
+    let has_more = move || jobs.get().and_then(|r| r.ok()).is_some_and(|p| p.has_more);
     view! {
         <section class="card">
             <div class="card-head">
@@ -333,11 +345,24 @@ pub fn JobsPage() -> impl IntoView {
                 <a class="button primary" href="/upload">"Upload documents"</a>
             </div>
             <NotifyToggle/>
+            <div class="filters">
+                <label for="job-state">"State"</label>
+                <select id="job-state" on:change=move |ev| { state.set(event_target_value(&ev)); page.set(0); }>
+                    <option value="">"All"</option>
+                    {JobState::ALL.into_iter().map(|s| view! { <option value=s.as_str()>{state_label(s)}</option> }).collect_view()}
+                </select>
+                <label for="job-search">"File name"</label>
+                <input id="job-search" type="search" placeholder="Search by file name"
+                    on:input=move |ev| { search.set(event_target_value(&ev)); page.set(0); }/>
+            </div>
             <Transition fallback=|| view! { <p class="empty">"Loading your jobs…"</p> }>
                 {move || {
                     jobs.get()
-                        .map(|result| match result {
+                        .map(|result| match result.map(|p| p.jobs) {
                             Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                            Ok(list) if list.is_empty() && filtered() => {
+                                view! { <p class="empty">"No jobs match."</p> }.into_any()
+                            }
                             Ok(list) if list.is_empty() => {
                                 view! { <p class="empty">"No jobs yet. Upload a document to start."</p> }.into_any()
                             }
@@ -370,6 +395,15 @@ pub fn JobsPage() -> impl IntoView {
                         })
                 }}
             </Transition>
+            <nav class="pager" aria-label="Pages of jobs">
+                <button class="button small" disabled=move || page.get() == 0 on:click=move |_| page.update(|p| *p = p.saturating_sub(1))>
+                    "Newer"
+                </button>
+                <span class="muted" data-testid="page">{move || format!("Page {}", page.get() + 1)}</span>
+                <button class="button small" disabled=move || !has_more() on:click=move |_| page.update(|p| *p += 1)>
+                    "Older"
+                </button>
+            </nav>
         </section>
     }
 }

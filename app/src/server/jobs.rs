@@ -7,20 +7,41 @@ use leptos::server_fn::codec::{ByteStream, Streaming};
 use crate::errors::AppError;
 #[cfg(feature = "ssr")]
 use crate::model::UploadReply;
-use crate::model::{JobDetails, JobStatus};
+use crate::model::{JobDetails, JobStatus, JobsPage};
 #[cfg(feature = "ssr")]
 use crate::server::session::{
     answer, cancel_visible_job, context, job_status, job_statuses, require_user, visible_job,
 };
 
-/// The caller's newest jobs (200), each with its place in line while waiting.
+/// Jobs on one page of the list.
+pub const JOBS_PER_PAGE: u32 = 50;
+
+/// One page of the caller's jobs, newest first, each with its place in line while waiting;
+/// optionally only one state, and only file names containing `search` (any case).
 #[server(endpoint = "list_jobs")]
-pub async fn list_jobs() -> Result<Vec<JobStatus>, AppError> {
+pub async fn list_jobs(
+    page: Option<u32>,
+    state: Option<String>,
+    search: Option<String>,
+) -> Result<JobsPage, AppError> {
     answer(async move {
         let ctx = context()?;
         let user = require_user(&ctx).await?;
-        let jobs = engine::queue::list_for_owner(&ctx.pool, user.id, 200).await?;
-        job_statuses(&ctx.pool, user.id, &jobs).await
+        let state = match state.as_deref().filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(
+                crate::model::JobState::ALL
+                    .into_iter()
+                    .find(|k| k.as_str() == s)
+                    .ok_or_else(|| AppError::invalid(format!("no such state: {s:?}")))?,
+            ),
+        };
+        let search = search.map(|s| s.trim().chars().take(200).collect::<String>()).filter(|s| !s.is_empty());
+        let filter = engine::queue::JobFilter { state, name_contains: search };
+        let offset = i64::from(page.unwrap_or(0).min(100_000)) * i64::from(JOBS_PER_PAGE);
+        let (jobs, has_more) =
+            engine::queue::page_for_owner(&ctx.pool, user.id, &filter, offset, i64::from(JOBS_PER_PAGE)).await?;
+        Ok(JobsPage { jobs: job_statuses(&ctx.pool, user.id, &jobs).await?, has_more })
     })
     .await
 }

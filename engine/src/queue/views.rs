@@ -90,6 +90,54 @@ pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<
         .await?)
 }
 
+/// Which of a user's jobs to list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    /// Part of the file name, any case.
+    pub name_contains: Option<String>,
+}
+
+/// Pure: `text` as a literal inside a `LIKE` pattern (`%`, `_` and the backslash match only
+/// themselves).
+pub fn like_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One page of a user's jobs, newest first: `limit` jobs after skipping `offset`, and whether
+/// there are more. A user with 10,000 jobs loads one page.
+pub async fn page_for_owner(
+    pool: &PgPool,
+    owner_id: i64,
+    filter: &JobFilter,
+    offset: i64,
+    limit: i64,
+) -> Result<(Vec<JobView>, bool)> {
+    let pattern = filter.name_contains.as_deref().map(|n| format!("%{}%", like_literal(n.trim())));
+    let mut jobs: Vec<JobView> = sqlx::query_as(select_jobs!(
+        "WHERE owner_id = $1 AND ($2::text IS NULL OR state = $2)
+           AND ($3::text IS NULL OR payload #>> '{document,name}' ILIKE $3)
+         ORDER BY accepted_at DESC, id LIMIT $4 OFFSET $5"
+    ))
+    .bind(owner_id)
+    .bind(filter.state)
+    .bind(pattern)
+    .bind(limit + 1)
+    .bind(offset.max(0))
+    .fetch_all(pool)
+    .await?;
+    let more = jobs.len() as i64 > limit;
+    jobs.truncate(limit.max(0) as usize);
+    Ok((jobs, more))
+}
+
 /// One attempt of a job, for the timeline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct AttemptView {
