@@ -176,13 +176,7 @@ async fn documents_without_jobs(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Ve
     while let Some(batch) = batches.next().await {
         let batch = batch?;
         examined += batch.len() as i64;
-        let found: Vec<String> = sqlx::query_scalar(
-            "SELECT k FROM unnest($1::text[]) k
-             WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k)",
-        )
-        .bind(&batch)
-        .fetch_all(pool)
-        .await?;
+        let found = crate::documents::sweep::without_jobs(pool, &batch).await?;
         orphans.extend(found.into_iter().map(|k| (format!("document {k}"), "no job points at it".to_string())));
     }
     Ok((examined, orphans))

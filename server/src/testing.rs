@@ -37,6 +37,20 @@ pub fn open_upload(addr: SocketAddr, token: &str, content_type: &str, length: us
     stream
 }
 
+/// The status of whatever the server answers on `stream` within `wait` (0 if nothing came).
+pub fn status_within(stream: &mut TcpStream, wait: Duration) -> u16 {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match stream.read(&mut buf) {
+            Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&answer).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
 /// The multipart content type [`raw_upload`] sends.
 pub fn multipart_type() -> String {
     format!("multipart/form-data; boundary={BOUNDARY}")

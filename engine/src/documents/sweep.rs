@@ -18,20 +18,23 @@ pub async fn sweep_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Res
     let mut batches = blobs.documents_before(before, 500);
     let mut removed = 0;
     while let Some(batch) = batches.next().await {
-        let batch = batch?;
-        let orphans: Vec<String> = sqlx::query_scalar(
-            "SELECT k FROM unnest($1::text[]) k
-             WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k)",
-        )
-        .bind(&batch)
-        .fetch_all(pool)
-        .await?;
-        for key in orphans {
+        for key in without_jobs(pool, &batch?).await? {
             blobs.delete(&key).await?;
             removed += 1;
         }
     }
     Ok(removed)
+}
+
+/// The keys among `keys` that no job points at.
+pub async fn without_jobs(pool: &PgPool, keys: &[String]) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT k FROM unnest($1::text[]) k
+         WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k)",
+    )
+    .bind(keys)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Delete the documents of jobs retention removed.

@@ -1,14 +1,14 @@
 //! The HTTP layer every response goes through: security headers with a per-page script nonce,
 //! caching rules, compression, request ids, and a timeout for slow clients that spares uploads.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use app::server::session::WebSettings;
 use sqlx::PgPool;
 
 use crate::helpers::*;
-use server::testing::{file_part, multipart_type, open_upload, BOUNDARY};
+use server::testing::{file_part, multipart_type, open_upload, status_within, BOUNDARY};
 
 fn header<'a>(response: &'a reqwest::Response, name: &str) -> &'a str {
     response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
@@ -60,20 +60,6 @@ async fn answers_are_compressed_for_clients_that_accept_it(pool: PgPool) {
     assert_eq!(header(&plain, "content-encoding"), "", "no encoding the client did not ask for");
 }
 
-/// Read an HTTP answer's status line from a raw socket.
-fn status_of(stream: &mut std::net::TcpStream) -> u16 {
-    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !answer.windows(2).any(|w| w == b"\r\n") {
-        match stream.read(&mut buf) {
-            Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&answer).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
-}
-
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_slow_client_times_out_but_a_slow_upload_does_not(pool: PgPool) {
     let settings = WebSettings { request_timeout: Duration::from_secs(1), ..WebSettings::default() };
@@ -90,7 +76,7 @@ async fn a_slow_client_times_out_but_a_slow_upload_does_not(pool: PgPool) {
              Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nemail="
         )
         .unwrap();
-        assert_eq!(status_of(&mut stream), 408);
+        assert_eq!(status_within(&mut stream, Duration::from_secs(20)), 408);
         assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
 
         // An upload that takes longer than the timeout is still accepted.
@@ -102,7 +88,7 @@ async fn a_slow_client_times_out_but_a_slow_upload_does_not(pool: PgPool) {
         std::thread::sleep(Duration::from_millis(1500));
         upload.write_all(content).unwrap();
         upload.write_all(closing.as_bytes()).unwrap();
-        assert_eq!(status_of(&mut upload), 202, "uploads are bounded by their own idle timeout instead");
+        assert_eq!(status_within(&mut upload, Duration::from_secs(20)), 202, "uploads are bounded by their own idle timeout instead");
     })
     .await
     .unwrap();

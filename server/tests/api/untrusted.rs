@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use sqlx::PgPool;
 
 use crate::helpers::*;
-use server::testing::{multipart_type, open_upload, raw_upload, send_body, BOUNDARY};
+use server::testing::{multipart_type, open_upload, raw_upload, send_body, status_within, BOUNDARY};
 
 const MIB: usize = 1 << 20;
 
@@ -152,21 +152,6 @@ async fn a_big_upload_sent_in_big_chunks_is_accepted(pool: PgPool) {
     assert_eq!(answer.unwrap().status(), StatusCode::ACCEPTED);
 }
 
-/// The status line of whatever the server answers on `stream` within `wait` (0 if none).
-fn answer_within(stream: &mut std::net::TcpStream, wait: Duration) -> u16 {
-    use std::io::Read;
-    stream.set_read_timeout(Some(wait)).unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !answer.windows(2).any(|w| w == b"\r\n") {
-        match stream.read(&mut buf) {
-            Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&answer).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
-}
-
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_client_silent_between_parts_is_dropped_after_the_idle_time(pool: PgPool) {
     let settings = WebSettings { upload_idle: Duration::from_secs(1), ..WebSettings::default() };
@@ -178,7 +163,7 @@ async fn a_client_silent_between_parts_is_dropped_after_the_idle_time(pool: PgPo
         // Half a part's headers, then nothing: the parser waits for the rest of them.
         let opening = format!("--{BOUNDARY}\r\nContent-Disposition: form-da");
         let mut stream = open_upload(addr, &token, &multipart_type(), 10 * MIB, opening.as_bytes());
-        (answer_within(&mut stream, Duration::from_secs(20)), started.elapsed())
+        (status_within(&mut stream, Duration::from_secs(20)), started.elapsed())
     })
     .await
     .unwrap();
@@ -209,7 +194,7 @@ async fn a_reused_idempotency_key_is_refused_unread_while_intake_is_overloaded(p
             file_part("again.pdf"),
         )
         .unwrap();
-        answer_within(&mut stream, Duration::from_secs(10))
+        status_within(&mut stream, Duration::from_secs(10))
     })
     .await
     .unwrap();
