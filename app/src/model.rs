@@ -121,7 +121,6 @@ pub struct CreditSummary {
     pub months: Vec<MonthTotals>,
 }
 
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NoticeInfo {
     pub id: i64,

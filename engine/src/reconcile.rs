@@ -144,11 +144,11 @@ fn record(
     rows: Vec<(String, String)>,
 ) {
     checks.push(CheckSummary { check: check.to_string(), examined, found: rows.len() as i64 });
-    discrepancies.extend(
-        rows.into_iter()
-            .take(KEEP_PER_CHECK)
-            .map(|(subject, detail)| Discrepancy { check: check.to_string(), subject, detail }),
-    );
+    discrepancies.extend(rows.into_iter().take(KEEP_PER_CHECK).map(|(subject, detail)| Discrepancy {
+        check: check.to_string(),
+        subject,
+        detail,
+    }));
 }
 
 /// Jobs not yet ended whose document is gone.

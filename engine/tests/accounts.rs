@@ -168,7 +168,10 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
                     .await
                     .unwrap();
                     if let Some(id) = waiting {
-                        assert_eq!(queue::cancel(&pool, &hooks, id, "owner", false).await.unwrap(), queue::Canceled::Now);
+                        assert_eq!(
+                            queue::cancel(&pool, &hooks, id, "owner", false).await.unwrap(),
+                            queue::Canceled::Now
+                        );
                         let again = queue::cancel(&pool, &hooks, id, "owner", false).await.unwrap();
                         assert_eq!(again, queue::Canceled::AlreadyEnded(JobState::Canceled), "twice is once");
                     }
@@ -246,7 +249,10 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
         .await
         .unwrap();
     assert!(
-        matches!(admission::precheck(&pool, &config, user.id).await.unwrap(), Some(admission::Refusal::Overloaded { .. })),
+        matches!(
+            admission::precheck(&pool, &config, user.id).await.unwrap(),
+            Some(admission::Refusal::Overloaded { .. })
+        ),
         "time waited while processing runs still counts"
     );
 }
@@ -448,24 +454,38 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
         .execute(&pool)
         .await
         .unwrap();
-    sqlx::query("DELETE FROM ledger WHERE job_id = $1 AND kind = 'debit'").bind(jobs[0].0).execute(&pool).await.unwrap();
-    sqlx::query("UPDATE jobs SET kind = 'document', state = 'running', lease_token = gen_random_uuid(),
-                 lease_expires_at = now() + interval '1 day' WHERE id = $1")
-        .bind(jobs[1].0)
+    sqlx::query("DELETE FROM ledger WHERE job_id = $1 AND kind = 'debit'")
+        .bind(jobs[0].0)
         .execute(&pool)
         .await
         .unwrap();
+    sqlx::query(
+        "UPDATE jobs SET kind = 'document', state = 'running', lease_token = gen_random_uuid(),
+                 lease_expires_at = now() + interval '1 day' WHERE id = $1",
+    )
+    .bind(jobs[1].0)
+    .execute(&pool)
+    .await
+    .unwrap();
     blobs.delete(&jobs[2].1).await.unwrap();
     let report = reconcile::run(&pool, Some(&blobs), "ops@example.com").await.unwrap();
     let found = |check: &str| -> Vec<String> {
-        report.discrepancies.iter().filter(|d| d.check == check).map(|d| format!("{}: {}", d.subject, d.detail)).collect()
+        report
+            .discrepancies
+            .iter()
+            .filter(|d| d.check == check)
+            .map(|d| format!("{}: {}", d.subject, d.detail))
+            .collect()
     };
     assert_eq!(found("balance_matches_ledger"), [format!("user {}: balance 7, the ledger sums to 3", user.id)]);
     assert_eq!(found("in_flight_matches_open_jobs"), [format!("user {}: in flight 4, jobs not yet ended 3", user.id)]);
     assert_eq!(found("one_debit_per_job"), [format!("job {}: 0 debits", jobs[0].0)]);
     assert_eq!(found("no_lease_far_in_future").len(), 1);
     assert!(found("no_lease_far_in_future")[0].starts_with(&format!("job {}", jobs[1].0)));
-    assert_eq!(found("live_jobs_have_documents"), [format!("job {}: its document {} is missing", jobs[2].0, jobs[2].1)]);
+    assert_eq!(
+        found("live_jobs_have_documents"),
+        [format!("job {}: its document {} is missing", jobs[2].0, jobs[2].1)]
+    );
 
     // Evidence is kept, and nothing was repaired.
     let latest = reconcile::latest(&pool).await.unwrap().unwrap();

@@ -326,8 +326,9 @@ async fn a_running_job_shows_its_stage_and_only_its_lease_holder_can_move_it(poo
     assert!(since >= job.started_at.unwrap());
 
     // A worker without the lease cannot move the stage.
-    let moved =
-        queue::stages::set_stage(&s.pool, job_id, uuid::Uuid::from_u128(7), queue::JobStage::Writing, None).await.unwrap();
+    let moved = queue::stages::set_stage(&s.pool, job_id, uuid::Uuid::from_u128(7), queue::JobStage::Writing, None)
+        .await
+        .unwrap();
     assert!(!moved.written);
 
     let job = wait_terminal(&s.pool, job_id).await;

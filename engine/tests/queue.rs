@@ -619,13 +619,11 @@ async fn a_users_jobs_come_a_page_at_a_time_filtered_by_state_and_name(pool: PgP
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query(
-        "INSERT INTO jobs (owner_id, payload) VALUES ($1, '{\"document\": {\"name\": \"100%_Sure.TXT\"}}')",
-    )
-    .bind(owner)
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::query("INSERT INTO jobs (owner_id, payload) VALUES ($1, '{\"document\": {\"name\": \"100%_Sure.TXT\"}}')")
+        .bind(owner)
+        .execute(&pool)
+        .await
+        .unwrap();
     let name = |j: &queue::JobView| j.payload["document"]["name"].as_str().unwrap().to_string();
 
     let all = JobFilter::default();
@@ -644,8 +642,22 @@ async fn a_users_jobs_come_a_page_at_a_time_filtered_by_state_and_name(pool: PgP
     let (jobs, _) = page_for_owner(&pool, owner, &search("REPORT-11"), 0, 50).await.unwrap();
     let mut names: Vec<String> = jobs.iter().map(name).collect();
     names.sort();
-    assert_eq!(names, ["report-11.pdf", "report-110.pdf", "report-111.pdf", "report-112.pdf", "report-113.pdf",
-        "report-114.pdf", "report-115.pdf", "report-116.pdf", "report-117.pdf", "report-118.pdf", "report-119.pdf"]);
+    assert_eq!(
+        names,
+        [
+            "report-11.pdf",
+            "report-110.pdf",
+            "report-111.pdf",
+            "report-112.pdf",
+            "report-113.pdf",
+            "report-114.pdf",
+            "report-115.pdf",
+            "report-116.pdf",
+            "report-117.pdf",
+            "report-118.pdf",
+            "report-119.pdf"
+        ]
+    );
     // `%` and `_` are literal, not wildcards.
     let (jobs, _) = page_for_owner(&pool, owner, &search("0%_s"), 0, 50).await.unwrap();
     assert_eq!(jobs.iter().map(name).collect::<Vec<_>>(), ["100%_Sure.TXT"]);

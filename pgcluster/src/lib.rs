@@ -25,8 +25,15 @@ pub enum ClusterError {
     FolderNotReachable(PathBuf, String),
     InUse(PathBuf),
     /// The data folder is a link, but not to the place this code relocates it to.
-    UnexpectedLink { link: PathBuf, target: PathBuf, expected: PathBuf },
-    Command { what: String, detail: String },
+    UnexpectedLink {
+        link: PathBuf,
+        target: PathBuf,
+        expected: PathBuf,
+    },
+    Command {
+        what: String,
+        detail: String,
+    },
     Io(io::Error),
 }
 
@@ -363,9 +370,11 @@ pub const RELOCATION_BASE: &str = "/var/lib/sluice";
 /// checkout keeps its own cluster and finds it again on the next run.
 pub fn relocated_dir(requested: &Path) -> PathBuf {
     // FNV-1a: stable across Rust versions and machines, unlike std's hasher.
-    let hash = requested.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = requested
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3));
     let slug: String = requested
         .iter()
         .rev()

@@ -19,10 +19,7 @@ fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         let buckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
-        let recorder = PrometheusBuilder::new()
-            .set_buckets(&buckets)
-            .expect("bucket bounds")
-            .build_recorder();
+        let recorder = PrometheusBuilder::new().set_buckets(&buckets).expect("bucket bounds").build_recorder();
         let handle = recorder.handle();
         // Another recorder may be installed already (a test harness); ours still renders.
         let _ = metrics::set_global_recorder(recorder);
@@ -56,7 +53,8 @@ const GAUGES_FOR: Duration = Duration::from_secs(1);
 /// `GET /metrics`: 401 without the configured bearer token.
 pub async fn scrape(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
     if let Some(token) = &state.token {
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         if !given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), token.as_bytes())) {
             return (StatusCode::UNAUTHORIZED, "a bearer token is needed for /metrics").into_response();
         }
@@ -94,20 +92,24 @@ async fn record_queue_gauges(pool: &PgPool) -> engine::error::Result<()> {
     metrics::gauge!("sluice_processing_enabled").set(if settings.processing_enabled { 1.0 } else { 0.0 });
     metrics::gauge!("sluice_oldest_waiting_seconds").set(vitals.oldest_waiting_secs.unwrap_or(0.0));
     metrics::gauge!("sluice_dlq_depth_jobs").set(vitals.dlq_depth as f64);
-    metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.5").set(vitals.time_to_done_p50_secs.unwrap_or(0.0));
-    metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.95").set(vitals.time_to_done_p95_secs.unwrap_or(0.0));
+    metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.5")
+        .set(vitals.time_to_done_p50_secs.unwrap_or(0.0));
+    metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.95")
+        .set(vitals.time_to_done_p95_secs.unwrap_or(0.0));
     Ok(())
 }
 
 /// Counts and times every request by route pattern (never the ids in a path), method and status.
 pub async fn record_http(request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "(other)".into());
+    let route =
+        request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "(other)".into());
     let method = request.method().as_str().to_owned();
     let started = Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
     metrics::counter!("sluice_http_requests_total", "route" => route.clone(), "method" => method, "status" => status)
         .increment(1);
-    metrics::histogram!("sluice_http_request_duration_seconds", "route" => route).record(started.elapsed().as_secs_f64());
+    metrics::histogram!("sluice_http_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
     response
 }

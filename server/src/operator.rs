@@ -106,7 +106,10 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             println!("report {} stored", report.id);
             if !report.discrepancies.is_empty() {
                 pool.close().await;
-                anyhow::bail!("reconciliation found {} discrepancies", report.checks.iter().map(|c| c.found).sum::<i64>());
+                anyhow::bail!(
+                    "reconciliation found {} discrepancies",
+                    report.checks.iter().map(|c| c.found).sum::<i64>()
+                );
             }
         }
         Command::Cancel { id } => {
@@ -122,7 +125,10 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             let job = queue::get(&pool, id).await.with_context(|| format!("no job {id}"))?;
             let owner = users::get(&pool, job.owner_id).await?;
             println!("job {}  {}  owner {} (id {})", job.id, job.state.as_str(), owner.email, owner.id);
-            println!("accepted {}  attempts {} of {}  cost {}", job.accepted_at, job.attempts, job.max_attempts, job.cost);
+            println!(
+                "accepted {}  attempts {} of {}  cost {}",
+                job.accepted_at, job.attempts, job.max_attempts, job.cost
+            );
             if let (Some(kind), Some(reason)) = (job.failure_kind, &job.failure_reason) {
                 println!("failed: {} ({reason})", kind.as_str());
             }

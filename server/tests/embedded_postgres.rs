@@ -172,7 +172,8 @@ fn a_second_server_on_the_same_data_folder_is_refused_and_the_first_keeps_its_da
 /// the data folder links to it, and Ctrl-C, reuse and the one-server lock keep working.
 #[test]
 fn a_data_folder_under_a_private_parent_still_gets_a_cluster() {
-    let is_root = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false);
+    let is_root =
+        std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false);
     if !is_root {
         eprintln!("skipped: only root runs Postgres as another user");
         return;

@@ -166,7 +166,10 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
     );
     assert!(metrics.lines().any(|l| l == "sluice_gate_size 5"), "{metrics}");
     let web_metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", web_a.metrics_port)).await.unwrap();
-    assert!(web_metrics.text().await.unwrap().lines().any(|l| l == "sluice_gate_size 5"), "the same gauge from every process");
+    assert!(
+        web_metrics.text().await.unwrap().lines().any(|l| l == "sluice_gate_size 5"),
+        "the same gauge from every process"
+    );
     // The books add up after all that, and a finished job cannot be canceled.
     let reconciled = stdout(&operator(&url, &data, &["reconcile"]));
     assert!(reconciled.contains("balance_matches_ledger") && reconciled.contains("stored"), "{reconciled}");

@@ -25,14 +25,8 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in the order of a job's life.
-    pub const ALL: [JobState; 6] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Retrying,
-        JobState::Done,
-        JobState::Failed,
-        JobState::Canceled,
-    ];
+    pub const ALL: [JobState; 6] =
+        [JobState::Queued, JobState::Running, JobState::Retrying, JobState::Done, JobState::Failed, JobState::Canceled];
 
     /// The snake_case name used in the database, the JSON and the CSS classes.
     pub fn as_str(self) -> &'static str {

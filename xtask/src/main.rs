@@ -177,7 +177,8 @@ fn dist() -> Result {
         &wasm.to_string_lossy(),
     ]))
     .ok_or("measuring the bundle with node failed")?;
-    let kb: Vec<u64> = sizes.split_whitespace().filter_map(|n| n.parse::<u64>().ok()).map(|n| n.div_ceil(1000)).collect();
+    let kb: Vec<u64> =
+        sizes.split_whitespace().filter_map(|n| n.parse::<u64>().ok()).map(|n| n.div_ceil(1000)).collect();
     if let [raw, gzip, br, br_max] = kb[..] {
         println!(
             "{}: {raw} KB raw; {gzip} KB gzip and {br} KB brotli at the on-the-fly level (4); \

@@ -72,7 +72,9 @@ pub fn chart_lines(history: &[(i64, i64)]) -> (String, String) {
         history
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("{:.1},{:.1}", chart_x(i, history.len()), bottom - pick(p) as f64 / max * (bottom - top)))
+            .map(|(i, p)| {
+                format!("{:.1},{:.1}", chart_x(i, history.len()), bottom - pick(p) as f64 / max * (bottom - top))
+            })
             .collect::<Vec<_>>()
             .join(" ")
     };

@@ -336,7 +336,9 @@ pub fn JobsPage() -> impl IntoView {
             jobs.refetch();
         }
     });
-    watch_endings(move || jobs.get().and_then(|r| r.ok()).map(|p| p.jobs.into_iter().filter(|j| !is_live(j)).collect()));
+    watch_endings(move || {
+        jobs.get().and_then(|r| r.ok()).map(|p| p.jobs.into_iter().filter(|j| !is_live(j)).collect())
+    });
     let has_more = move || jobs.get().and_then(|r| r.ok()).is_some_and(|p| p.has_more);
     view! {
         <section class="card">
@@ -420,7 +422,9 @@ pub fn JobPage() -> impl IntoView {
             detail.refetch();
         }
     });
-    watch_endings(move || detail.get().and_then(|r| r.ok()).map(|d| [d.job].into_iter().filter(|j| !is_live(j)).collect()));
+    watch_endings(move || {
+        detail.get().and_then(|r| r.ok()).map(|d| [d.job].into_iter().filter(|j| !is_live(j)).collect())
+    });
     view! {
         <section class="card">
             <p><a href="/jobs">"← All jobs"</a></p>

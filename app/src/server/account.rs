@@ -48,11 +48,7 @@ pub async fn credits() -> Result<CreditSummary, AppError> {
         let user = require_user(&ctx).await?;
         let history = engine::accounts::ledger::history(&ctx.pool, user.id, 200).await?;
         let months = engine::accounts::ledger::monthly_totals(&ctx.pool, user.id, 12).await?;
-        Ok(CreditSummary {
-            balance: user.balance,
-            history: history.into_iter().map(Into::into).collect(),
-            months,
-        })
+        Ok(CreditSummary { balance: user.balance, history: history.into_iter().map(Into::into).collect(), months })
     })
     .await
 }

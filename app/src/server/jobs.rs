@@ -19,11 +19,7 @@ pub const JOBS_PER_PAGE: u32 = 50;
 /// One page of the caller's jobs, newest first, each with its place in line while waiting;
 /// optionally only one state, and only file names containing `search` (any case).
 #[server(endpoint = "list_jobs")]
-pub async fn list_jobs(
-    page: Option<u32>,
-    state: Option<String>,
-    search: Option<String>,
-) -> Result<JobsPage, AppError> {
+pub async fn list_jobs(page: Option<u32>, state: Option<String>, search: Option<String>) -> Result<JobsPage, AppError> {
     answer(async move {
         let ctx = context()?;
         let user = require_user(&ctx).await?;

@@ -63,12 +63,7 @@ pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, AppError> {
 /// Take `user`'s upload from `body` (a `multipart/form-data` body, per `headers`) to an
 /// admitted job. Refusals that need no bytes (429, 402, 503) come before any is read. Each
 /// outcome is counted (`sluice_uploads_total` by outcome: accepted, duplicate, or the status).
-pub async fn upload<S, E>(
-    ctx: &ServerContext,
-    user: &User,
-    headers: &HeaderMap,
-    body: S,
-) -> Result<Uploaded, AppError>
+pub async fn upload<S, E>(ctx: &ServerContext, user: &User, headers: &HeaderMap, body: S) -> Result<Uploaded, AppError>
 where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
     E: std::fmt::Display + Send + 'static,

@@ -207,12 +207,13 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
             return Ok(Admission::Existing { job_id });
         }
     }
-    let live: Option<Uuid> =
-        sqlx::query_scalar("SELECT id FROM jobs WHERE owner_id = $1 AND idempotency_key = $2 AND state NOT IN ('failed', 'canceled')")
-            .bind(s.user_id)
-            .bind(&s.content_key)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let live: Option<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE owner_id = $1 AND idempotency_key = $2 AND state NOT IN ('failed', 'canceled')",
+    )
+    .bind(s.user_id)
+    .bind(&s.content_key)
+    .fetch_optional(&mut *tx)
+    .await?;
     if let Some(job_id) = live {
         return Ok(Admission::Existing { job_id });
     }

@@ -13,8 +13,8 @@ use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
 use crate::error::EngineError;
 use crate::queue::policy::retry::ErrorClass;
-use crate::queue::worker::Processor;
 use crate::queue::stages::StageLog;
+use crate::queue::worker::Processor;
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
 

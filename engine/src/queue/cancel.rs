@@ -55,11 +55,13 @@ pub async fn cancel(
             Canceled::Now
         }
         JobState::Running if !requested => {
-            sqlx::query("UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, updated_at = now() WHERE id = $1")
-                .bind(job_id)
-                .bind(actor)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, updated_at = now() WHERE id = $1",
+            )
+            .bind(job_id)
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
             Canceled::Requested
         }
         other => Canceled::AlreadyEnded(other),

@@ -74,11 +74,7 @@ macro_rules! select_jobs {
 
 /// One job, or `NotFound`.
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<JobView> {
-    sqlx::query_as(select_jobs!("WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
-        .ok_or(EngineError::NotFound)
+    sqlx::query_as(select_jobs!("WHERE id = $1")).bind(id).fetch_optional(pool).await?.ok_or(EngineError::NotFound)
 }
 
 /// A user's jobs, newest first.

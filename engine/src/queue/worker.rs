@@ -311,7 +311,8 @@ async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, J
         Err(e) => (e.class.as_str(), e.provider_status.map_or_else(|| "none".to_string(), |s| s.to_string())),
     };
     metrics::counter!("sluice_attempts_total", "outcome" => outcome, "provider_status" => status).increment(1);
-    metrics::histogram!("sluice_attempt_duration_seconds", "outcome" => outcome).record(started.elapsed().as_secs_f64());
+    metrics::histogram!("sluice_attempt_duration_seconds", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::debug!(outcome, "attempt finished"));
     result
 }

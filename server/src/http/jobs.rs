@@ -74,8 +74,7 @@ pub async fn create_job(
     let uploaded = upload::upload(&state.ctx, &user, &headers, request.into_body().into_data_stream()).await?;
     let status = if uploaded.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
     let location = job_location(&uploaded.job_id);
-    let body =
-        serde_json::json!({ "id": uploaded.job_id.to_string(), "status_url": location, "duplicate": uploaded.duplicate });
+    let body = serde_json::json!({ "id": uploaded.job_id.to_string(), "status_url": location, "duplicate": uploaded.duplicate });
     Ok((status, [(header::LOCATION, location)], Json(body)).into_response())
 }
 

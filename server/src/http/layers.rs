@@ -63,8 +63,7 @@ const STRICT_CSP: &str = "default-src 'none'; frame-ancestors 'none'; base-uri '
 /// hydration script.
 pub fn page_security_policy() {
     use leptos::prelude::use_context;
-    let (Some(nonce), Some(options)) =
-        (leptos::nonce::use_nonce(), use_context::<leptos_axum::ResponseOptions>())
+    let (Some(nonce), Some(options)) = (leptos::nonce::use_nonce(), use_context::<leptos_axum::ResponseOptions>())
     else {
         return;
     };

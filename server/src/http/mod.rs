@@ -96,7 +96,9 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(middleware::from_fn(crate::metrics::record_http))
-        .layer(middleware::from_fn(move |request, next| layers::timeout_unless_transfer(request_timeout, request, next)))
+        .layer(middleware::from_fn(move |request, next| {
+            layers::timeout_unless_transfer(request_timeout, request, next)
+        }))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
         .layer(sessions)
         .layer(middleware::from_fn_with_state(

@@ -43,8 +43,11 @@ async fn a_waiting_job_is_canceled_and_refunded_once_and_only_by_its_owner_or_an
     let admin = users::create_user(&app.pool, "ops@example.com", "password123", Role::Admin, 0).await.unwrap();
     let (_, admin_token) = engine::accounts::tokens::create(&app.pool, admin.id, "ops").await.unwrap();
     assert_eq!(cancel(&app, &admin_token, &second).await.status(), 200);
-    let audited: (String, String) =
-        sqlx::query_as("SELECT actor, action FROM audit_log WHERE subject = $1").bind(&second).fetch_one(&app.pool).await.unwrap();
+    let audited: (String, String) = sqlx::query_as("SELECT actor, action FROM audit_log WHERE subject = $1")
+        .bind(&second)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
     assert_eq!(audited, ("ops@example.com".to_string(), "cancel".to_string()));
     assert_eq!(app.user_state(user_id).await, (3, 0, 3, 0));
 }

@@ -80,7 +80,8 @@ async fn a_slow_client_times_out_but_a_slow_upload_does_not(pool: PgPool) {
         assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
 
         // An upload that takes longer than the timeout is still accepted.
-        let opening = format!("--{BOUNDARY}\r\n{}\r\n\r\n", file_part("slow.txt").replace("application/pdf", "text/plain"));
+        let opening =
+            format!("--{BOUNDARY}\r\n{}\r\n\r\n", file_part("slow.txt").replace("application/pdf", "text/plain"));
         let content = b"a document that arrives slowly\n";
         let closing = format!("\r\n--{BOUNDARY}--\r\n");
         let length = opening.len() + content.len() + closing.len();
@@ -88,7 +89,11 @@ async fn a_slow_client_times_out_but_a_slow_upload_does_not(pool: PgPool) {
         std::thread::sleep(Duration::from_millis(1500));
         upload.write_all(content).unwrap();
         upload.write_all(closing.as_bytes()).unwrap();
-        assert_eq!(status_within(&mut upload, Duration::from_secs(20)), 202, "uploads are bounded by their own idle timeout instead");
+        assert_eq!(
+            status_within(&mut upload, Duration::from_secs(20)),
+            202,
+            "uploads are bounded by their own idle timeout instead"
+        );
     })
     .await
     .unwrap();

@@ -14,7 +14,8 @@ async fn status_and_retry(response: reqwest::Response) -> (u16, Option<String>, 
 #[tokio::test]
 async fn requests_during_a_postgres_restart_get_503_with_retry_after_then_work_again() {
     // This test stops its own cluster, so it cannot share the suite's.
-    let mut temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-restart")).await.unwrap().unwrap();
+    let mut temp =
+        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-restart")).await.unwrap().unwrap();
     temp.cluster.create_database("sluice").unwrap();
     let pool = engine::db::connect(&temp.cluster.url("sluice"), 20).await.unwrap();
     let app = TestApp::spawn(pool, WebSettings::default()).await;
