@@ -50,7 +50,8 @@ pub struct Report {
     pub discrepancies: Vec<Discrepancy>,
 }
 
-/// At most this many discrepancies of one check are kept in a report (the count is exact).
+/// At most this many discrepancies of one check are kept in a report (the count is exact, and
+/// memory stays bounded however broken the books are).
 const KEEP_PER_CHECK: usize = 100;
 /// Documents younger than this may belong to an upload still in progress.
 const ORPHAN_GRACE: chrono::Duration = chrono::Duration::hours(1);
@@ -108,14 +109,19 @@ pub async fn run(pool: &PgPool, blobs: Option<&Blobs>, actor: &str) -> Result<Re
     let mut discrepancies = Vec::new();
     for (name, examined_sql, found_sql) in SQL_CHECKS {
         let examined: i64 = sqlx::query_scalar(examined_sql).fetch_one(pool).await?;
-        let rows: Vec<(String, String)> = sqlx::query_as(found_sql).fetch_all(pool).await?;
-        record(&mut checks, &mut discrepancies, name, examined, rows);
+        // Streamed: broken books can mean a row per job, and memory holds only the kept ones.
+        let mut found = Found::new(name);
+        let mut rows = sqlx::query_as::<_, (String, String)>(found_sql).fetch(pool);
+        while let Some((subject, detail)) = rows.next().await.transpose()? {
+            found.push(subject, detail);
+        }
+        found.record(&mut checks, &mut discrepancies, examined);
     }
     if let Some(blobs) = blobs {
-        let (examined, rows) = live_jobs_without_documents(pool, blobs).await?;
-        record(&mut checks, &mut discrepancies, "live_jobs_have_documents", examined, rows);
-        let (examined, rows) = documents_without_jobs(pool, blobs).await?;
-        record(&mut checks, &mut discrepancies, "documents_have_jobs", examined, rows);
+        let (examined, found) = live_jobs_without_documents(pool, blobs).await?;
+        found.record(&mut checks, &mut discrepancies, examined);
+        let (examined, found) = documents_without_jobs(pool, blobs).await?;
+        found.record(&mut checks, &mut discrepancies, examined);
     }
     let found: i64 = checks.iter().map(|c| c.found).sum();
     let (id, finished_at): (i64, DateTime<Utc>) = sqlx::query_as(
@@ -135,49 +141,61 @@ pub async fn run(pool: &PgPool, blobs: Option<&Blobs>, actor: &str) -> Result<Re
     Ok(Report { id, started_at, finished_at, actor: actor.to_string(), checks, discrepancies })
 }
 
-/// Add a check's result: its summary, and its first discrepancies.
-fn record(
-    checks: &mut Vec<CheckSummary>,
-    discrepancies: &mut Vec<Discrepancy>,
-    check: &str,
-    examined: i64,
-    rows: Vec<(String, String)>,
-) {
-    checks.push(CheckSummary { check: check.to_string(), examined, found: rows.len() as i64 });
-    discrepancies.extend(rows.into_iter().take(KEEP_PER_CHECK).map(|(subject, detail)| Discrepancy {
-        check: check.to_string(),
-        subject,
-        detail,
-    }));
+/// What one check found: the exact count, and the first [`KEEP_PER_CHECK`] discrepancies.
+struct Found {
+    check: &'static str,
+    count: i64,
+    kept: Vec<Discrepancy>,
+}
+
+impl Found {
+    fn new(check: &'static str) -> Found {
+        Found { check, count: 0, kept: Vec::new() }
+    }
+
+    fn push(&mut self, subject: String, detail: String) {
+        self.count += 1;
+        if self.kept.len() < KEEP_PER_CHECK {
+            self.kept.push(Discrepancy { check: self.check.to_string(), subject, detail });
+        }
+    }
+
+    /// Add this check's summary and its kept discrepancies to the report.
+    fn record(self, checks: &mut Vec<CheckSummary>, discrepancies: &mut Vec<Discrepancy>, examined: i64) {
+        checks.push(CheckSummary { check: self.check.to_string(), examined, found: self.count });
+        discrepancies.extend(self.kept);
+    }
 }
 
 /// Jobs not yet ended whose document is gone.
-async fn live_jobs_without_documents(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Vec<(String, String)>)> {
-    let live: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+async fn live_jobs_without_documents(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Found)> {
+    let mut live = sqlx::query_as::<_, (uuid::Uuid, String)>(
         "SELECT id, payload #>> '{document,key}' FROM jobs
          WHERE kind = 'document' AND state IN ('queued', 'running', 'retrying')
            AND payload #>> '{document,key}' IS NOT NULL",
     )
-    .fetch_all(pool)
-    .await?;
-    let mut missing = Vec::new();
-    for (id, key) in &live {
-        if !blobs.exists(key).await? {
-            missing.push((format!("job {id}"), format!("its document {key} is missing")));
+    .fetch(pool);
+    let (mut examined, mut missing) = (0i64, Found::new("live_jobs_have_documents"));
+    while let Some((id, key)) = live.next().await.transpose()? {
+        examined += 1;
+        if !blobs.exists(&key).await? {
+            missing.push(format!("job {id}"), format!("its document {key} is missing"));
         }
     }
-    Ok((live.len() as i64, missing))
+    Ok((examined, missing))
 }
 
 /// Stored documents older than the grace period that no job points at.
-async fn documents_without_jobs(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Vec<(String, String)>)> {
+async fn documents_without_jobs(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Found)> {
     let mut batches = blobs.documents_before(Utc::now() - ORPHAN_GRACE, 500);
-    let (mut examined, mut orphans) = (0i64, Vec::new());
+    let (mut examined, mut orphans) = (0i64, Found::new("documents_have_jobs"));
     while let Some(batch) = batches.next().await {
         let batch = batch?;
         examined += batch.len() as i64;
         let found = crate::documents::sweep::without_jobs(pool, &batch).await?;
-        orphans.extend(found.into_iter().map(|k| (format!("document {k}"), "no job points at it".to_string())));
+        for key in found {
+            orphans.push(format!("document {key}"), "no job points at it".to_string());
+        }
     }
     Ok((examined, orphans))
 }

@@ -491,5 +491,15 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     let latest = reconcile::latest(&pool).await.unwrap().unwrap();
     assert_eq!((latest.id, latest.actor.as_str(), latest.discrepancies.len()), (report.id, "ops@example.com", 5));
     assert_eq!(users::get(&pool, user.id).await.unwrap().balance, 7, "a run fixes nothing");
+
+    // Badly broken books: the count is exact, the report keeps the first hundred.
+    sqlx::query("INSERT INTO users (email, password_hash, balance) SELECT 'broken' || g || '@example.com', 'x', 1 FROM generate_series(1, 150) g")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let broken = reconcile::run(&pool, None, "test").await.unwrap();
+    let balances = broken.checks.iter().find(|c| c.check == "balance_matches_ledger").unwrap();
+    assert_eq!(balances.found, 151);
+    assert_eq!(broken.discrepancies.iter().filter(|d| d.check == "balance_matches_ledger").count(), 100);
     let _ = std::fs::remove_dir_all(&dir);
 }

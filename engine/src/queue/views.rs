@@ -77,15 +77,6 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<JobView> {
     sqlx::query_as(select_jobs!("WHERE id = $1")).bind(id).fetch_optional(pool).await?.ok_or(EngineError::NotFound)
 }
 
-/// A user's jobs, newest first.
-pub async fn list_for_owner(pool: &PgPool, owner_id: i64, limit: i64) -> Result<Vec<JobView>> {
-    Ok(sqlx::query_as(select_jobs!("WHERE owner_id = $1 ORDER BY accepted_at DESC, id LIMIT $2"))
-        .bind(owner_id)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
-}
-
 /// Which of a user's jobs to list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobFilter {
