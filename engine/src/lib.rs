@@ -10,19 +10,25 @@
 //! - [`documents`]: type sniffing, text extraction, blob storage, upload intake, the document
 //!   processor and the AI providers.
 //! - [`audit`]: the audit log every admin action writes to.
+//! - [`alerts`]: alert rules, evaluated by one process at a time, and their firings.
+//! - [`webhooks`]: the signed, retried outgoing webhooks (alerts, job endings).
+//! - [`hooks`]: the terminal hooks the server runs the queue with (accounts + webhooks).
 //! - [`db`]: connecting and migrating.
 //! - `testing` (feature `testing`): helpers for tests and benchmarks, like River's `rivertest`.
 
 pub mod accounts;
+pub mod alerts;
 pub mod audit;
 pub mod db;
 pub mod documents;
 pub mod error;
+pub mod hooks;
 pub mod maintenance;
 pub mod queue;
 pub mod reconcile;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod webhooks;
 
 pub use error::EngineError;
 pub use sluice_types::{FailureKind, JobStage, JobState, Preset};

@@ -109,6 +109,7 @@ async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &
         options: UploadOptions::default(),
         client_key: None,
         admission: &AdmissionConfig::default(),
+        callback: None,
     };
     match intake::submit(pool, blobs, intake).await.unwrap() {
         Admission::Accepted { job_id } => job_id,

@@ -6,6 +6,8 @@
 //! end-to-end run) is scripted over HTTP: `POST /_script` with a JSON list of replies,
 //! `GET /_calls` for the number of provider calls so far.
 
+pub mod receiver;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

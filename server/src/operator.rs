@@ -3,7 +3,8 @@
 //! With the embedded default they use the running server's cluster, or start it briefly.
 
 use anyhow::Context;
-use engine::accounts::{users, AccountHooks, Role};
+use engine::accounts::{users, Role};
+use engine::hooks::SluiceHooks;
 use engine::queue::{self, dlq, switches};
 use engine::FailureKind;
 
@@ -88,7 +89,7 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
         Command::Dlq { action: DlqAction::Replay { kind, reason } } => {
             let kind = FailureKind::parse(&kind).with_context(|| format!("no failure kind {kind:?}"))?;
             let selection = dlq::Selection::Group { kind, reason };
-            let replayed = dlq::replay(&pool, &AccountHooks, &selection, "cli").await?;
+            let replayed = dlq::replay(&pool, &SluiceHooks, &selection, "cli").await?;
             println!(
                 "replayed {} job(s); {} left failed because their owner uploaded the document again",
                 replayed.ids.len(),
@@ -114,7 +115,7 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
         }
         Command::Cancel { id } => {
             let id: uuid::Uuid = id.parse().with_context(|| format!("{id:?} is not a job id"))?;
-            match queue::cancel(&pool, &AccountHooks, id, "cli", true).await? {
+            match queue::cancel(&pool, &SluiceHooks, id, "cli", true).await? {
                 queue::Canceled::Now => println!("job {id} canceled and refunded"),
                 queue::Canceled::Requested => println!("job {id} is running: it stops at its next safe point"),
                 queue::Canceled::AlreadyEnded(state) => println!("job {id} had already ended ({})", state.as_str()),

@@ -14,7 +14,6 @@ use tower_sessions::session_store::ExpiredDeletion;
 use tower_sessions_sqlx_store::PostgresStore;
 
 use app::server::session::{ServerContext, WebSettings};
-use engine::accounts::AccountHooks;
 use engine::documents::processor::DocumentProcessor;
 use engine::documents::Blobs;
 use engine::queue::worker::WorkerPool;
@@ -72,7 +71,7 @@ impl Application {
             let pool = engine::db::connect(&database.url, (config.workers as u32 + 16).max(20))
                 .await
                 .context("connecting to Postgres and running migrations")?;
-            let hooks = Arc::new(AccountHooks);
+            let hooks = Arc::new(engine::hooks::SluiceHooks);
             let blobs = config.blobs()?;
             let provider = engine::documents::providers::build(&config.provider_config());
             tracing::info!(provider = provider.name(), "documents go to this provider");
@@ -94,6 +93,10 @@ impl Application {
                 maintenance_config,
                 Some(blobs.clone()),
             ))];
+            // Every process evaluates alerts (an advisory lock lets one at a time) and sends
+            // due webhooks (claims keep senders apart), whatever its role.
+            background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alert_config()?)));
+            background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.delivery_config())));
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };

@@ -158,7 +158,7 @@ fn job_selection(id: &str) -> Result<Selection, AppError> {
 async fn replay(selection: Selection) -> Result<ReplayInfo, AppError> {
     let ctx = context()?;
     let admin = require_admin(&ctx).await?;
-    let done = dlq::replay(&ctx.pool, &engine::accounts::AccountHooks, &selection, &admin.email).await?;
+    let done = dlq::replay(&ctx.pool, &engine::hooks::SluiceHooks, &selection, &admin.email).await?;
     Ok(ReplayInfo {
         replayed: done.ids.len(),
         already_reuploaded: done.already_reuploaded.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),

@@ -103,7 +103,7 @@ pub async fn upload_document(body: UploadBody) -> Result<UploadReply, AppError> 
         let ctx = context()?;
         let user = require_user(&ctx).await?;
         let headers: http::HeaderMap = leptos_axum::extract().await.map_err(|_| AppError::Internal)?;
-        let uploaded = crate::server::upload::upload(&ctx, &user, &headers, body).await?;
+        let uploaded = crate::server::upload::upload(&ctx, &user, None, &headers, body).await?;
         let status_url = format!("/api/v1/jobs/{}", uploaded.job_id);
         if let Some(options) = use_context::<leptos_axum::ResponseOptions>() {
             options.set_status(if uploaded.duplicate { http::StatusCode::OK } else { http::StatusCode::ACCEPTED });

@@ -95,6 +95,8 @@ pub struct WebSettings {
     pub request_timeout: std::time::Duration,
     /// Serve `/metrics` on the main address to this bearer token (none: not served there).
     pub metrics_token: Option<String>,
+    /// Where completion callbacks may go.
+    pub webhook_policy: engine::webhooks::TargetPolicy,
 }
 
 impl Default for WebSettings {
@@ -113,6 +115,7 @@ impl Default for WebSettings {
             presets: vec![Preset::Summarize, Preset::KeyFacts],
             request_timeout: std::time::Duration::from_secs(30),
             metrics_token: None,
+            webhook_policy: engine::webhooks::TargetPolicy::default(),
         }
     }
 }
@@ -243,7 +246,7 @@ pub async fn cancel_visible_job(pool: &PgPool, caller: &User, id: &str) -> Resul
     let job = visible_job(pool, caller, id).await?;
     let someone_elses = job.owner_id != caller.id;
     let outcome =
-        engine::queue::cancel(pool, &engine::accounts::AccountHooks, job.id, &caller.email, someone_elses).await?;
+        engine::queue::cancel(pool, &engine::hooks::SluiceHooks, job.id, &caller.email, someone_elses).await?;
     if let engine::queue::Canceled::AlreadyEnded(state) = outcome {
         if state != engine::JobState::Running {
             return Err(AppError::AlreadyEnded { state: state.as_str().to_string() });

@@ -63,12 +63,18 @@ pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, AppError> {
 /// Take `user`'s upload from `body` (a `multipart/form-data` body, per `headers`) to an
 /// admitted job. Refusals that need no bytes (429, 402, 503) come before any is read. Each
 /// outcome is counted (`sluice_uploads_total` by outcome: accepted, duplicate, or the status).
-pub async fn upload<S, E>(ctx: &ServerContext, user: &User, headers: &HeaderMap, body: S) -> Result<Uploaded, AppError>
+pub async fn upload<S, E>(
+    ctx: &ServerContext,
+    user: &User,
+    token_id: Option<i64>,
+    headers: &HeaderMap,
+    body: S,
+) -> Result<Uploaded, AppError>
 where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
     E: std::fmt::Display + Send + 'static,
 {
-    let uploaded = admit_upload(ctx, user, headers, body).await;
+    let uploaded = admit_upload(ctx, user, token_id, headers, body).await;
     let outcome = match &uploaded {
         Ok(Uploaded { duplicate: false, .. }) => "accepted".to_string(),
         Ok(Uploaded { duplicate: true, .. }) => "duplicate".to_string(),
@@ -84,6 +90,7 @@ where
 async fn admit_upload<S, E>(
     ctx: &ServerContext,
     user: &User,
+    token_id: Option<i64>,
     headers: &HeaderMap,
     body: S,
 ) -> Result<Uploaded, AppError>
@@ -131,7 +138,23 @@ where
     let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
         .await
         .map_err(|_| AppError::invalid("the upload took too long; try again on a faster connection"))??;
-    let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission };
+    // The callback (sent with the upload, or registered on the token) is checked before the
+    // job exists; a refused one leaves no blob behind.
+    let callback = engine::webhooks::completion::for_upload(
+        &ctx.pool,
+        &settings.webhook_policy,
+        token_id,
+        options.callback_url.as_deref(),
+    )
+    .await;
+    let callback = match callback {
+        Ok(callback) => callback,
+        Err(e) => {
+            let _ = ctx.blobs.delete(&stored.key).await;
+            return Err(e.into());
+        }
+    };
+    let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
     match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
         Admission::Accepted { job_id } => Ok(Uploaded { job_id, duplicate: false }),
         Admission::Existing { job_id } => Ok(Uploaded { job_id, duplicate: true }),
@@ -247,14 +270,14 @@ fn with_idle_timeout(field: multer::Field<'_>, idle: Duration) -> impl Stream<It
     }))
 }
 
-/// A side field's text, read up to [`MAX_FIELD_BYTES`].
-async fn read_short_field(field: multer::Field<'_>, idle: Duration) -> Result<String, AppError> {
+/// A side field's text, read up to `max` bytes.
+async fn read_short_field(field: multer::Field<'_>, idle: Duration, max: usize) -> Result<String, AppError> {
     let name = field.name().unwrap_or("").to_string();
     let mut chunks = with_idle_timeout(field, idle);
     let mut value = Vec::new();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| AppError::invalid(format!("the upload broke off: {e}")))?;
-        if value.len() + chunk.len() > MAX_FIELD_BYTES {
+        if value.len() + chunk.len() > max {
             return Err(AppError::invalid(format!("the `{name}` field is too long")));
         }
         value.extend_from_slice(&chunk);
@@ -295,15 +318,21 @@ async fn read_form(
                 }
                 Some("file") => return Err(AppError::invalid("send one file per upload")),
                 Some("preset") => {
-                    options.preset = intake::parse_preset(&gate.reading(read_short_field(field, idle)).await?)?;
+                    options.preset =
+                        intake::parse_preset(&gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?)?;
                 }
                 Some("language") => {
-                    options.language = intake::parse_language(&gate.reading(read_short_field(field, idle)).await?)?;
+                    options.language =
+                        intake::parse_language(&gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?)?;
+                }
+                Some("callback_url") => {
+                    let max = engine::webhooks::target::MAX_URL_LEN;
+                    options.callback_url = Some(gate.reading(read_short_field(field, idle, max)).await?);
                 }
                 other => {
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(AppError::invalid(format!(
-                        "unknown form field {name:?}; send `file`, `preset` and `language`"
+                        "unknown form field {name:?}; send `file`, `preset`, `language` and `callback_url`"
                     )));
                 }
             }

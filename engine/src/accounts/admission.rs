@@ -100,7 +100,7 @@ pub fn intake_refusal(backlog: i64, oldest_wait: Option<Duration>, config: &Admi
 
 /// Backlog (counted up to the bound only) and the oldest waiting job's wait, not counting
 /// the time processing was paused (seed 003: pause processing without refusing uploads).
-async fn intake_state(pool: &PgPool, bound: i64) -> Result<(i64, Option<Duration>)> {
+pub(crate) async fn intake_state(pool: &PgPool, bound: i64) -> Result<(i64, Option<Duration>)> {
     let (backlog, oldest, now): (i64, Option<DateTime<Utc>>, DateTime<Utc>) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM waiting_jobs WHERE run_at <= now() LIMIT $1) b),
                 (SELECT min(run_at) FROM waiting_jobs WHERE run_at <= now()), now()",

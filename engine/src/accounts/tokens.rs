@@ -77,17 +77,22 @@ pub async fn revoke(pool: &PgPool, user_id: i64, id: i64) -> Result<()> {
 
 /// The user a bearer token belongs to, if it is valid and not revoked.
 pub async fn authenticate(pool: &PgPool, secret: &str) -> Result<Option<User>> {
+    Ok(authenticate_token(pool, secret).await?.map(|(user, _)| user))
+}
+
+/// The user and the token's id, if the token is valid and not revoked.
+pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(User, i64)>> {
     if !secret.starts_with(PREFIX) {
         return Ok(None);
     }
-    let user_id: Option<i64> = sqlx::query_scalar(
-        "UPDATE api_tokens SET last_used_at = now() WHERE token_sha256 = $1 AND revoked_at IS NULL RETURNING user_id",
+    let found: Option<(i64, i64)> = sqlx::query_as(
+        "UPDATE api_tokens SET last_used_at = now() WHERE token_sha256 = $1 AND revoked_at IS NULL RETURNING id, user_id",
     )
     .bind(digest(secret))
     .fetch_optional(pool)
     .await?;
-    match user_id {
-        Some(id) => Ok(Some(users::get(pool, id).await?)),
+    match found {
+        Some((token_id, user_id)) => Ok(Some((users::get(pool, user_id).await?, token_id))),
         None => Ok(None),
     }
 }

@@ -12,6 +12,7 @@ use super::processor::{DocumentJob, DocumentRef};
 use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
 use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use crate::error::{EngineError, Result};
+use crate::webhooks::completion::Callback;
 use crate::Preset;
 
 /// Checks an upload chunk by chunk, so a refusal comes as soon as the bytes decide it.
@@ -128,11 +129,14 @@ pub struct UploadOptions {
     pub preset: Preset,
     /// Target language for `translate`.
     pub language: Option<String>,
+    /// Where to report the job's ending (checked by [`crate::webhooks::completion::for_upload`];
+    /// not part of the idempotency key: it says where to tell, not what to do).
+    pub callback_url: Option<String>,
 }
 
 impl Default for UploadOptions {
     fn default() -> Self {
-        UploadOptions { preset: Preset::Summarize, language: None }
+        UploadOptions { preset: Preset::Summarize, language: None, callback_url: None }
     }
 }
 
@@ -224,6 +228,8 @@ pub struct Intake<'a> {
     /// A REST client's `Idempotency-Key`, if sent.
     pub client_key: Option<String>,
     pub admission: &'a AdmissionConfig,
+    /// Where to report the job's ending, already checked.
+    pub callback: Option<Callback>,
 }
 
 /// Admit a stored upload. A refused, failed or duplicate upload's blob is deleted.
@@ -241,7 +247,10 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         preset: intake.options.preset,
         language: intake.options.language.clone(),
     };
-    let payload = serde_json::to_value(job).expect("a document job serialises");
+    let mut payload = serde_json::to_value(job).expect("a document job serialises");
+    if let Some(callback) = &intake.callback {
+        payload["callback"] = serde_json::to_value(callback).expect("a callback serialises");
+    }
     let submission = Submission {
         user_id: intake.user_id,
         payload,
@@ -308,7 +317,7 @@ mod tests {
     fn options_are_checked_against_what_the_server_offers() {
         let local = [Preset::Summarize, Preset::KeyFacts];
         assert!(UploadOptions::default().check(&local).is_ok());
-        let translate = UploadOptions { preset: Preset::Translate, language: None };
+        let translate = UploadOptions { preset: Preset::Translate, ..UploadOptions::default() };
         assert!(translate.check(&local).is_err());
         assert!(translate.check(&Preset::ALL).is_err(), "needs a language");
         assert!(UploadOptions { language: Some("German".into()), ..translate }.check(&Preset::ALL).is_ok());

@@ -24,13 +24,24 @@ use super::AppState;
 
 /// The caller from a bearer token or the session; 401 otherwise.
 async fn caller(state: &AppState, headers: &HeaderMap, session: &Session) -> Result<User, ApiError> {
+    Ok(caller_and_token(state, headers, session).await?.0)
+}
+
+/// The caller, and the id of the token they used (none with a session).
+async fn caller_and_token(
+    state: &AppState,
+    headers: &HeaderMap,
+    session: &Session,
+) -> Result<(User, Option<i64>), ApiError> {
     if let Some(auth) = headers.get(header::AUTHORIZATION) {
         let token = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or(AppError::Unauthenticated)?;
-        return engine::accounts::tokens::authenticate(&state.ctx.pool, token.trim())
+        let (user, token_id) = engine::accounts::tokens::authenticate_token(&state.ctx.pool, token.trim())
             .await?
-            .ok_or(ApiError(AppError::Unauthenticated));
+            .ok_or(ApiError(AppError::Unauthenticated))?;
+        return Ok((user, Some(token_id)));
     }
-    session_user(&state.ctx.pool, session).await?.ok_or(ApiError(AppError::Unauthenticated))
+    let user = session_user(&state.ctx.pool, session).await?.ok_or(ApiError(AppError::Unauthenticated))?;
+    Ok((user, None))
 }
 
 /// The job named in the path, when the caller may see it (their own; admins any). Anyone
@@ -70,8 +81,9 @@ pub async fn create_job(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let user = caller(&state, &headers, &session).await?;
-    let uploaded = upload::upload(&state.ctx, &user, &headers, request.into_body().into_data_stream()).await?;
+    let (user, token_id) = caller_and_token(&state, &headers, &session).await?;
+    let body = request.into_body().into_data_stream();
+    let uploaded = upload::upload(&state.ctx, &user, token_id, &headers, body).await?;
     let status = if uploaded.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
     let location = job_location(&uploaded.job_id);
     let body = serde_json::json!({ "id": uploaded.job_id.to_string(), "status_url": location, "duplicate": uploaded.duplicate });
@@ -157,4 +169,47 @@ mod tests {
         assert_eq!(attachment("re\"port\r\n.pdf"), "attachment; filename=\"re_port__.pdf\"");
         assert_eq!(attachment("Grüße.md"), "attachment; filename=\"Gr__e.md\"");
     }
+}
+
+/// The token a webhook request is about: it must come with one (a session has no token).
+async fn calling_token(state: &AppState, headers: &HeaderMap, session: &Session) -> Result<(User, i64), ApiError> {
+    match caller_and_token(state, headers, session).await? {
+        (user, Some(token_id)) => Ok((user, token_id)),
+        (_, None) => {
+            Err(AppError::invalid("a completion webhook belongs to an API token: call with Authorization: Bearer")
+                .into())
+        }
+    }
+}
+
+/// The body of `PUT /api/v1/webhook`.
+#[derive(serde::Deserialize)]
+pub struct WebhookRequest {
+    url: String,
+}
+
+/// `PUT /api/v1/webhook`: register (or replace) the calling token's completion callback. The
+/// answer holds the signing secret, shown this once (a new PUT makes a new one).
+pub async fn put_webhook(
+    State(state): State<AppState>,
+    session: Session,
+    headers: HeaderMap,
+    Json(request): Json<WebhookRequest>,
+) -> Result<Response, ApiError> {
+    let (user, token_id) = calling_token(&state, &headers, &session).await?;
+    let policy = &state.ctx.settings.webhook_policy;
+    let registered =
+        engine::webhooks::completion::register(&state.ctx.pool, policy, user.id, token_id, &request.url).await?;
+    Ok(Json(registered).into_response())
+}
+
+/// `DELETE /api/v1/webhook`: the calling token's job endings are no longer sent.
+pub async fn delete_webhook(
+    State(state): State<AppState>,
+    session: Session,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let (user, token_id) = calling_token(&state, &headers, &session).await?;
+    engine::webhooks::completion::unregister(&state.ctx.pool, user.id, token_id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -73,6 +73,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .route("/api/v1/jobs/{id}/result", get(jobs::get_result))
         .route("/api/v1/jobs/{id}/result.md", get(jobs::get_result_markdown))
         .route("/api/v1/jobs/{id}/original", get(jobs::get_original))
+        .route("/api/v1/webhook", axum::routing::put(jobs::put_webhook).delete(jobs::delete_webhook))
         // The upload path enforces its own cap while streaming (413).
         .layer(DefaultBodyLimit::disable())
         .leptos_routes_with_context(

@@ -1,0 +1,198 @@
+//! Alerts: the [`rules`] evaluated every half minute by one process at a time (an advisory
+//! lock), each firing kept as a row (since when, value, threshold) for the admin page, and
+//! sent to the operator's webhook once when it fires and once when it resolves (through the
+//! [`crate::webhooks`] outbox, in the same transaction as the firing row).
+
+pub mod rules;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::webhooks::outbox;
+pub use rules::{Observation, Rule, Thresholds};
+
+/// How alerts are evaluated and where they go.
+#[derive(Clone, Debug)]
+pub struct AlertConfig {
+    pub thresholds: Thresholds,
+    pub every: Duration,
+    /// The operator's receiver (signed with the delivery config's alert secret).
+    pub webhook_url: Option<String>,
+}
+
+impl Default for AlertConfig {
+    fn default() -> Self {
+        AlertConfig { thresholds: Thresholds::default(), every: Duration::from_secs(30), webhook_url: None }
+    }
+}
+
+/// The advisory lock that makes one process at a time the evaluator (`pg_try_advisory_xact_lock`).
+pub const EVALUATOR_LOCK: i64 = 0x5_1CE_A1E4;
+
+/// Calls that fail because of the provider (not the document, not a crashed worker).
+const PROVIDER_FAILURES: &str = "('rate_limited', 'overloaded', 'server_error', 'timeout', 'connection', 'rejected')";
+
+/// Read what the rules look at.
+pub async fn observe(pool: &PgPool) -> Result<Observation> {
+    let (backlog, oldest_wait) = crate::accounts::admission::intake_state(pool, i64::MAX).await?;
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        processing_enabled: bool,
+        stalled_secs: Option<f64>,
+        dlq_added_last_hour: i64,
+        provider_calls: i64,
+        provider_failures: i64,
+        drift: Option<i32>,
+    }
+    let row: Row = sqlx::query_as(&format!(
+        "SELECT (SELECT processing_enabled FROM queue_settings WHERE id = 1) AS processing_enabled,
+                extract(epoch FROM now() - greatest(
+                    (SELECT max(finished_at) FROM jobs WHERE finished_at IS NOT NULL),
+                    (SELECT max(resumed_at) FROM processing_pauses),
+                    (SELECT min(run_at) FROM waiting_jobs WHERE run_at <= now())))::float8 AS stalled_secs,
+                (SELECT count(*) FROM jobs WHERE state = 'failed' AND finished_at > now() - interval '1 hour')
+                    AS dlq_added_last_hour,
+                a.calls AS provider_calls, a.failures AS provider_failures,
+                (SELECT found FROM reconciliation_reports ORDER BY finished_at DESC, id DESC LIMIT 1) AS drift
+         FROM (SELECT count(*) FILTER (WHERE outcome = 'succeeded' OR error_class IN {PROVIDER_FAILURES}) AS calls,
+                      count(*) FILTER (WHERE error_class IN {PROVIDER_FAILURES}) AS failures
+               FROM job_attempts WHERE finished_at > now() - interval '15 minutes') a"
+    ))
+    .fetch_one(pool)
+    .await?;
+    Ok(Observation {
+        backlog,
+        oldest_wait_secs: oldest_wait.map(|w| w.as_secs_f64()),
+        processing_enabled: row.processing_enabled,
+        stalled_secs: row.stalled_secs,
+        dlq_depth: crate::queue::dlq::depth(pool).await?,
+        dlq_added_last_hour: row.dlq_added_last_hour,
+        provider_calls: row.provider_calls,
+        provider_failures: row.provider_failures,
+        drift: row.drift.map(i64::from),
+    })
+}
+
+/// A firing, as the admin page and the webhook show it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Firing {
+    pub id: i64,
+    pub rule: String,
+    pub fired_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+    pub value: f64,
+    pub threshold: f64,
+    pub detail: String,
+}
+
+impl Firing {
+    fn webhook_body(&self, event: &str) -> serde_json::Value {
+        serde_json::json!({ "event": event, "alert": self })
+    }
+}
+
+/// Evaluate the rules once and record what changed; `None` when another process is
+/// evaluating right now.
+pub async fn evaluate_once(pool: &PgPool, config: &AlertConfig) -> Result<Option<rules::Transitions>> {
+    let mut tx = pool.begin().await?;
+    let ours: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(EVALUATOR_LOCK).fetch_one(&mut *tx).await?;
+    if !ours {
+        return Ok(None);
+    }
+    let observation = observe(pool).await?;
+    let open: Vec<String> =
+        sqlx::query_scalar("SELECT rule FROM alert_firings WHERE resolved_at IS NULL").fetch_all(&mut *tx).await?;
+    let before: Vec<Rule> = open.iter().filter_map(|r| Rule::parse(r)).collect();
+    let readings = rules::evaluate(&observation, &config.thresholds);
+    for reading in &readings {
+        metrics::gauge!("sluice_alert_firing", "rule" => reading.rule.as_str()).set(if reading.firing {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    let changes = rules::transitions(&before, readings);
+    for reading in &changes.fired {
+        let firing: Firing = sqlx::query_as(
+            "INSERT INTO alert_firings (rule, value, threshold, detail) VALUES ($1, $2, $3, $4) RETURNING *",
+        )
+        .bind(reading.rule.as_str())
+        .bind(reading.value)
+        .bind(reading.threshold)
+        .bind(&reading.detail)
+        .fetch_one(&mut *tx)
+        .await?;
+        tracing::warn!(rule = firing.rule, value = firing.value, threshold = firing.threshold, "alert firing");
+        if let Some(url) = &config.webhook_url {
+            outbox::enqueue(
+                &mut tx,
+                &format!("alert:{}:fired", firing.id),
+                url,
+                None,
+                &firing.webhook_body("alert.fired"),
+            )
+            .await?;
+        }
+    }
+    for reading in &changes.still {
+        sqlx::query("UPDATE alert_firings SET value = $2, detail = $3 WHERE rule = $1 AND resolved_at IS NULL")
+            .bind(reading.rule.as_str())
+            .bind(reading.value)
+            .bind(&reading.detail)
+            .execute(&mut *tx)
+            .await?;
+    }
+    for rule in &changes.resolved {
+        let firing: Firing = sqlx::query_as(
+            "UPDATE alert_firings SET resolved_at = now() WHERE rule = $1 AND resolved_at IS NULL RETURNING *",
+        )
+        .bind(rule.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        tracing::info!(rule = firing.rule, "alert resolved");
+        if let Some(url) = &config.webhook_url {
+            outbox::enqueue(
+                &mut tx,
+                &format!("alert:{}:resolved", firing.id),
+                url,
+                None,
+                &firing.webhook_body("alert.resolved"),
+            )
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(Some(changes))
+}
+
+/// The alerts firing now, oldest first.
+pub async fn firing(pool: &PgPool) -> Result<Vec<Firing>> {
+    Ok(sqlx::query_as("SELECT * FROM alert_firings WHERE resolved_at IS NULL ORDER BY fired_at, id")
+        .fetch_all(pool)
+        .await?)
+}
+
+/// The newest `limit` firings, resolved or not.
+pub async fn recent(pool: &PgPool, limit: i64) -> Result<Vec<Firing>> {
+    Ok(sqlx::query_as("SELECT * FROM alert_firings ORDER BY fired_at DESC, id DESC LIMIT $1")
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Evaluate on schedule until aborted (every process runs this; the lock picks one per round).
+pub async fn run(pool: PgPool, config: AlertConfig) {
+    let mut tick = tokio::time::interval(config.every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = evaluate_once(&pool, &config).await {
+            tracing::warn!(error = %e, "evaluating alerts failed");
+        }
+    }
+}

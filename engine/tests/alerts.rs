@@ -1,0 +1,276 @@
+//! Alerts and outgoing webhooks on scripted data, with a real HTTP receiver: each rule fires
+//! once and resolves once, each transition is delivered once, signed; failed deliveries are
+//! retried with backoff and given up; one evaluator at a time; callbacks cannot reach private
+//! addresses.
+
+use std::time::Duration;
+
+use engine::alerts::{self, AlertConfig, Rule};
+use engine::webhooks::outbox::{self, deliver_due, DeliveryConfig};
+use engine::webhooks::signing::verify;
+use engine::webhooks::TargetPolicy;
+use fakeprovider::receiver::{Received, WebhookReceiver};
+use sqlx::PgPool;
+
+const SECRET: &str = "alert-secret";
+
+async fn exec(pool: &PgPool, statements: &[&str]) {
+    for sql in statements {
+        sqlx::query(sql).execute(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+fn delivery_config() -> DeliveryConfig {
+    DeliveryConfig {
+        alert_secret: Some(SECRET.into()),
+        timeout: Duration::from_millis(500),
+        ..DeliveryConfig::default()
+    }
+}
+
+/// The signature checks out with the secret, and the body is the alert event.
+fn assert_signed_alert(received: &Received, event: &str, rule: Rule) -> serde_json::Value {
+    let now = chrono::Utc::now().timestamp();
+    assert_eq!(verify(SECRET, &received.header("sluice-signature"), &received.body, now, 300), Ok(()));
+    let body = received.json();
+    assert_eq!(body["event"], event);
+    assert_eq!(body["alert"]["rule"], rule.as_str());
+    let suffix = if event == "alert.fired" { "fired" } else { "resolved" };
+    assert_eq!(received.header("sluice-delivery"), format!("alert:{}:{suffix}", body["alert"]["id"]));
+    body
+}
+
+/// (rule, statements that make it fire and nothing else, statements that resolve it).
+fn scripts() -> Vec<(Rule, Vec<&'static str>, Vec<&'static str>)> {
+    vec![
+        (
+            Rule::OldestWait,
+            vec![
+                "INSERT INTO jobs (owner_id, state, payload, accepted_at, run_at, finished_at)
+                 VALUES (1, 'done', '{}', now(), now(), now())",
+                "INSERT INTO jobs (owner_id, payload, accepted_at, run_at)
+                 VALUES (1, '{}', now() - interval '16 minutes', now() - interval '16 minutes')",
+            ],
+            vec!["DELETE FROM jobs"],
+        ),
+        (
+            Rule::NotDraining,
+            vec![
+                "INSERT INTO jobs (owner_id, state, payload, accepted_at, run_at, finished_at)
+                 VALUES (1, 'done', '{}', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour')",
+                "INSERT INTO jobs (owner_id, payload, accepted_at, run_at)
+                 VALUES (1, '{}', now() - interval '11 minutes', now() - interval '11 minutes')",
+            ],
+            vec!["DELETE FROM jobs WHERE state = 'queued'"],
+        ),
+        (
+            Rule::DlqDepth,
+            vec!["INSERT INTO jobs (owner_id, state, payload, accepted_at, run_at, finished_at, failure_kind, failure_reason)
+                  SELECT 1, 'failed', '{}', now() - interval '3 hours', now() - interval '3 hours',
+                         now() - interval '2 hours', 'retries_exhausted', 'provider overloaded'
+                  FROM generate_series(1, 101)"],
+            vec!["UPDATE jobs SET discarded_at = now() WHERE state = 'failed'"],
+        ),
+        (
+            Rule::DlqGrowth,
+            vec!["INSERT INTO jobs (owner_id, state, payload, accepted_at, run_at, finished_at, failure_kind, failure_reason)
+                  SELECT 1, 'failed', '{}', now() - interval '20 minutes', now() - interval '20 minutes',
+                         now() - interval '10 minutes', 'invalid_input', 'not a document'
+                  FROM generate_series(1, 21)"],
+            vec!["UPDATE jobs SET finished_at = now() - interval '2 hours' WHERE state = 'failed'"],
+        ),
+        (
+            Rule::ProviderFailures,
+            vec![
+                "INSERT INTO job_attempts (id, job_id, attempt, worker, finished_at, outcome, error_class)
+                 SELECT gen_random_uuid(), (SELECT id FROM jobs LIMIT 1), g, 'w', now() - interval '1 minute',
+                        CASE WHEN g <= 11 THEN 'retry_scheduled' ELSE 'succeeded' END,
+                        CASE WHEN g <= 11 THEN 'overloaded' END
+                 FROM generate_series(1, 20) g",
+                // A document's own fault is not the provider's: these do not count.
+                "INSERT INTO job_attempts (id, job_id, attempt, worker, finished_at, outcome, error_class)
+                 SELECT gen_random_uuid(), (SELECT id FROM jobs LIMIT 1), g, 'w', now(), 'failed', 'invalid_input'
+                 FROM generate_series(1, 50) g",
+            ],
+            vec!["UPDATE job_attempts SET finished_at = now() - interval '1 hour'"],
+        ),
+        (
+            Rule::ReconciliationDrift,
+            vec!["INSERT INTO reconciliation_reports (started_at, actor, checks, discrepancies, found)
+                  VALUES (now(), 'test', '[]', '[]', 3)"],
+            vec!["INSERT INTO reconciliation_reports (started_at, actor, checks, discrepancies, found)
+                  VALUES (now(), 'test', '[]', '[]', 0)"],
+        ),
+    ]
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn each_rule_fires_once_and_resolves_once_with_a_signed_webhook_each_time(pool: PgPool) {
+    let receiver = WebhookReceiver::start().await;
+    let config = AlertConfig { webhook_url: Some(receiver.url("/alerts")), ..AlertConfig::default() };
+    let delivery = delivery_config();
+    let quiet = alerts::evaluate_once(&pool, &config).await.unwrap().expect("no one else evaluates");
+    assert!(quiet.fired.is_empty() && quiet.resolved.is_empty(), "an empty queue fires nothing: {quiet:?}");
+
+    let mut expected_deliveries = 0;
+    for (rule, fire, resolve) in scripts() {
+        exec(&pool, &fire).await;
+        let first = alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+        let fired: Vec<Rule> = first.fired.iter().map(|r| r.rule).collect();
+        assert_eq!(fired, vec![rule], "{rule:?}'s script fires it alone");
+        let firing = alerts::firing(&pool).await.unwrap();
+        assert_eq!(firing.len(), 1);
+        assert_eq!((firing[0].rule.as_str(), firing[0].threshold), (rule.as_str(), first.fired[0].threshold));
+        assert!(firing[0].value > firing[0].threshold, "{rule:?}: shows the value past the threshold");
+
+        let again = alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+        assert!(again.fired.is_empty() && again.still.len() == 1, "{rule:?} fires once, not on every round");
+
+        exec(&pool, &resolve).await;
+        let resolved = alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+        assert_eq!(resolved.resolved, vec![rule]);
+        assert!(alerts::firing(&pool).await.unwrap().is_empty());
+        let quiet = alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+        assert!(quiet.fired.is_empty() && quiet.resolved.is_empty(), "{rule:?} resolves once");
+
+        // Delivered: once on firing, once on resolving, in that order, signed.
+        while deliver_due(&pool, &delivery, 10).await.unwrap() > 0 {}
+        expected_deliveries += 2;
+        let received = receiver.wait_for(expected_deliveries, Duration::from_secs(5)).await;
+        assert_eq!(received.len(), expected_deliveries, "{rule:?}: exactly one delivery per transition");
+        let fired = assert_signed_alert(&received[expected_deliveries - 2], "alert.fired", rule);
+        let resolved = assert_signed_alert(&received[expected_deliveries - 1], "alert.resolved", rule);
+        assert_eq!(fired["alert"]["id"], resolved["alert"]["id"]);
+        assert!(resolved["alert"]["resolved_at"].is_string());
+    }
+    let history = alerts::recent(&pool, 20).await.unwrap();
+    assert_eq!(history.len(), 6);
+    assert!(history.iter().all(|f| f.resolved_at.is_some()));
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn one_process_evaluates_at_a_time(pool: PgPool) {
+    exec(&pool, &scripts()[5].1).await;
+    let mut other = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(alerts::EVALUATOR_LOCK).execute(&mut *other).await.unwrap();
+    assert!(alerts::evaluate_once(&pool, &AlertConfig::default()).await.unwrap().is_none());
+    assert!(alerts::firing(&pool).await.unwrap().is_empty(), "the round that did not get the lock wrote nothing");
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(alerts::EVALUATOR_LOCK).execute(&mut *other).await.unwrap();
+    // Many at once: exactly one firing row (the partial unique index backs the lock up).
+    let rounds: Vec<_> = (0..8)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { alerts::evaluate_once(&pool, &AlertConfig::default()).await })
+        })
+        .collect();
+    for round in rounds {
+        round.await.unwrap().unwrap();
+    }
+    assert_eq!(alerts::recent(&pool, 10).await.unwrap().len(), 1);
+}
+
+async fn enqueue(pool: &PgPool, key: &str, url: &str, token_id: Option<i64>) {
+    let mut tx = pool.begin().await.unwrap();
+    outbox::enqueue(&mut tx, key, url, token_id, &serde_json::json!({ "event": "test", "key": key })).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn delivery(pool: &PgPool, key: &str) -> (i32, Option<i32>, bool, bool, f64) {
+    sqlx::query_as(
+        "SELECT attempts, last_status, delivered_at IS NOT NULL, gave_up_at IS NOT NULL,
+                extract(epoch FROM next_attempt_at - now())::float8
+         FROM webhook_deliveries WHERE event_key = $1",
+    )
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn failed_deliveries_are_retried_with_backoff_and_given_up_in_the_end(pool: PgPool) {
+    let receiver = WebhookReceiver::start().await;
+    let config = DeliveryConfig { max_attempts: 3, ..delivery_config() };
+    receiver.answer_with([500, 503]);
+    enqueue(&pool, "e1", &receiver.url("/a"), None).await;
+    enqueue(&pool, "e1", &receiver.url("/a"), None).await; // the same event again: ignored
+
+    assert_eq!(deliver_due(&pool, &config, 10).await.unwrap(), 1);
+    let (attempts, status, delivered, gave_up, wait) = delivery(&pool, "e1").await;
+    assert_eq!((attempts, status, delivered, gave_up), (1, Some(500), false, false));
+    assert!((8.0..=10.5).contains(&wait), "the first retry waits about 10 s, not {wait}");
+    assert_eq!(deliver_due(&pool, &config, 10).await.unwrap(), 0, "not due yet");
+
+    // Time passes (or the sender crashed and its lease ran out): another sender takes it.
+    exec(&pool, &["UPDATE webhook_deliveries SET next_attempt_at = now()"]).await;
+    deliver_due(&pool, &config, 10).await.unwrap();
+    let (attempts, _, _, _, wait) = delivery(&pool, "e1").await;
+    assert!((18.0..=20.5).contains(&wait) && attempts == 2, "then about 20 s, not {wait}");
+    exec(&pool, &["UPDATE webhook_deliveries SET next_attempt_at = now()"]).await;
+    deliver_due(&pool, &config, 10).await.unwrap();
+    let (attempts, status, delivered, _, _) = delivery(&pool, "e1").await;
+    assert_eq!((attempts, status, delivered), (3, Some(200), true), "the third attempt got 200");
+    let received = receiver.received();
+    assert_eq!(received.len(), 3);
+    assert!(received.iter().all(|r| r.header("sluice-delivery") == "e1"), "one event key on every retry");
+
+    // A receiver that never answers costs one timeout per attempt, then the delivery is given up.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", silent.local_addr().unwrap());
+    enqueue(&pool, "e2", &url, None).await;
+    for _ in 0..3 {
+        exec(&pool, &["UPDATE webhook_deliveries SET next_attempt_at = now() WHERE event_key = 'e2'"]).await;
+        let started = std::time::Instant::now();
+        deliver_due(&pool, &config, 10).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3), "bounded by the timeout");
+    }
+    let (attempts, _, delivered, gave_up, _) = delivery(&pool, "e2").await;
+    assert_eq!((attempts, delivered, gave_up), (3, false, true));
+    exec(&pool, &["UPDATE webhook_deliveries SET next_attempt_at = now() WHERE event_key = 'e2'"]).await;
+    assert_eq!(deliver_due(&pool, &config, 10).await.unwrap(), 0, "given up for good");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn callbacks_never_reach_private_addresses_unless_allowed(pool: PgPool) {
+    let receiver = WebhookReceiver::start().await;
+    let user =
+        engine::accounts::users::create_user(&pool, "cb@example.com", "password123", engine::accounts::Role::User, 5)
+            .await
+            .unwrap();
+    let (token, _) = engine::accounts::tokens::create(&pool, user.id, "ci").await.unwrap();
+    let lab = TargetPolicy { allow_private: true, ..TargetPolicy::default() };
+    let registered =
+        engine::webhooks::completion::register(&pool, &lab, user.id, token.id, &receiver.url("/done")).await.unwrap();
+    assert!(registered.secret.starts_with("whsec_"));
+    // Registering a private address under the default policy is refused.
+    let refused =
+        engine::webhooks::completion::register(&pool, &TargetPolicy::default(), user.id, token.id, &receiver.url("/x"))
+            .await;
+    assert!(matches!(refused, Err(engine::EngineError::Invalid(_))), "{refused:?}");
+
+    // A name that resolves to loopback is refused where it resolves, at delivery time.
+    let by_name = format!("http://localhost:{}/done", receiver.addr.port());
+    enqueue(&pool, "to-localhost", &by_name, Some(token.id)).await;
+    deliver_due(&pool, &DeliveryConfig { policy: TargetPolicy::default(), ..delivery_config() }, 10).await.unwrap();
+    let (_, _, delivered, gave_up, _) = delivery(&pool, "to-localhost").await;
+    assert_eq!((delivered, gave_up), (false, true));
+    assert!(receiver.received().is_empty(), "nothing reached the private address");
+
+    // Allowed (a lab): delivered, signed with the token's secret.
+    enqueue(&pool, "allowed", &by_name, Some(token.id)).await;
+    deliver_due(&pool, &DeliveryConfig { policy: lab.clone(), ..delivery_config() }, 10).await.unwrap();
+    let received = receiver.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(received.len(), 1);
+    let now = chrono::Utc::now().timestamp();
+    assert_eq!(
+        verify(&registered.secret, &received[0].header("sluice-signature"), &received[0].body, now, 300),
+        Ok(())
+    );
+
+    // A revoked token's deliveries are not sent.
+    engine::accounts::tokens::revoke(&pool, user.id, token.id).await.unwrap();
+    enqueue(&pool, "revoked", &by_name, Some(token.id)).await;
+    deliver_due(&pool, &DeliveryConfig { policy: lab, ..delivery_config() }, 10).await.unwrap();
+    assert!(delivery(&pool, "revoked").await.3, "given up");
+    assert_eq!(receiver.received().len(), 1);
+}
