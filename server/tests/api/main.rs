@@ -12,3 +12,4 @@ mod sessions;
 mod untrusted;
 mod upload_function;
 mod uploads;
+mod webhooks;
