@@ -40,6 +40,9 @@ pub enum AppError {
     NotReady { state: String },
     #[error("the job has already ended (it is {state})")]
     AlreadyEnded { state: String },
+    /// A job's document is no longer kept (retention), so it cannot be run again.
+    #[error("the original document is no longer kept; upload it again")]
+    Gone,
     /// The database cannot be reached (a restart): nothing was changed, waiting helps.
     #[error("Sluice is restarting, try again in a few seconds")]
     Unavailable { retry_after_secs: u64 },
@@ -70,6 +73,7 @@ impl AppError {
             AppError::NotFound => 404,
             AppError::NotReady { .. } | AppError::AlreadyEnded { .. } => 409,
             AppError::EmailTaken => 409,
+            AppError::Gone => 410,
             AppError::TooLarge { .. } => 413,
             AppError::UnsupportedType { .. } => 415,
             AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,

@@ -351,6 +351,48 @@ impl From<engine::reconcile::Report> for ReconciliationInfo {
     }
 }
 
+/// An alert firing (or fired and resolved), for the admin page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertInfo {
+    pub rule: String,
+    pub fired_at: String,
+    pub resolved_at: Option<String>,
+    pub value: f64,
+    pub threshold: f64,
+    pub detail: String,
+}
+
+#[cfg(feature = "ssr")]
+impl From<engine::alerts::Firing> for AlertInfo {
+    fn from(f: engine::alerts::Firing) -> Self {
+        AlertInfo {
+            rule: f.rule,
+            fired_at: time_text(f.fired_at),
+            resolved_at: f.resolved_at.map(time_text),
+            value: f.value,
+            threshold: f.threshold,
+            detail: f.detail,
+        }
+    }
+}
+
+/// The alerts card: what fires now, and the latest firings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertsInfo {
+    pub firing: Vec<AlertInfo>,
+    pub recent: Vec<AlertInfo>,
+    /// Whether firings are also sent to a webhook.
+    pub webhook: bool,
+}
+
+/// One page of an admin's job search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSearchPage {
+    /// (the job, its owner's e-mail)
+    pub jobs: Vec<(JobStatus, String)>,
+    pub has_more: bool,
+}
+
 /// What a DLQ replay did, for the admin page.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplayInfo {

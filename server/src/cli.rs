@@ -417,6 +417,7 @@ impl Config {
             request_timeout: Duration::from_secs(self.request_timeout_secs.max(1)),
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),
+            alert_webhook: self.alert_webhook_url.is_some(),
             presets: {
                 let provider = providers::build(&self.provider_config());
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()

@@ -1,10 +1,11 @@
-//! The admin page: the kill switch, the gate, vital signs with a chart, the dead-letter queue
-//! and the audit log. Every call is checked on the server; others get "not found".
+//! The admin page: alerts, the kill switch, the gate, vital signs with a chart, the dead-letter
+//! queue, finding jobs and users ([`super::admin_support`]), reconciliation and the audit log. Every call is checked on the server; others get "not found".
 
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
+use crate::model::{AlertsInfo, AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
+use crate::pages::admin_support::{AlertsCard, JobSearchCard, UserCard};
 use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
 use crate::pages::polling::{every, tab_visible};
@@ -40,6 +41,9 @@ pub fn describe_audit(a: &AuditInfo) -> String {
         "dlq_replay" => format!("replayed {subject} from the dead-letter queue ({new})"),
         "dlq_discard" => format!("discarded {subject} from the dead-letter queue ({new})"),
         // The entry holds the amount and the balance after it.
+        "in_flight_limit" => format!("set the in-flight limit of {subject} from {old} to {new}"),
+        "cancel" => format!("canceled job {subject} ({old})"),
+        "download_original" => format!("downloaded the original document of {subject}"),
         "credits" => match old.parse::<i64>() {
             Ok(n) if n < 0 => format!("took {} credits from {subject} (balance {new})", -n),
             _ => format!("granted {old} credits to {subject} (balance {new})"),
@@ -121,6 +125,17 @@ pub fn AdminPage() -> impl IntoView {
             }
         }
     });
+    let alerts = LocalResource::new(move || {
+        changed();
+        let admin = admitted.get() == Some(true);
+        async move {
+            if admin {
+                crate::server::admin::alerts().await
+            } else {
+                Ok(AlertsInfo { firing: Vec::new(), recent: Vec::new(), webhook: false })
+            }
+        }
+    });
     let audit = LocalResource::new(move || {
         changed();
         let admin = admitted.get() == Some(true);
@@ -150,10 +165,13 @@ pub fn AdminPage() -> impl IntoView {
     let page = move || {
         view! {
             <h1>"Operations"</h1>
+            <AlertsCard alerts/>
             <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
             </Transition>
             <DlqCard groups actions/>
+            <JobSearchCard replay=actions.replay_job/>
+            <UserCard/>
             <ReconciliationCard admitted/>
             <AuditCard audit/>
         }

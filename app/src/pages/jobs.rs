@@ -117,7 +117,7 @@ pub fn canceled_text(refunded: i64) -> String {
 /// Cancels a job that has not ended (and has no request yet); `done` tells the page to ask
 /// again and the header to show the refund.
 #[component]
-fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
+pub fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
     let can_cancel = !job.state.is_terminal() && !job.cancel_requested;
     let cancel = ServerAction::<CancelJob>::new();
     let id = job.id.clone();
@@ -410,6 +410,40 @@ pub fn JobsPage() -> impl IntoView {
     }
 }
 
+/// "Run again": the same document as a new job (charged again), with a preset to choose;
+/// the page moves to the new job.
+#[component]
+fn RunAgain(job: JobStatus) -> impl IntoView {
+    let terms = LocalResource::new(crate::server::account::terms);
+    let preset = RwSignal::new(job.preset.map(|p| p.as_str().to_string()).unwrap_or_default());
+    let again = ServerAction::<crate::server::jobs::RunAgain>::new();
+    let navigate = leptos_router::hooks::use_navigate();
+    Effect::new(move |_| {
+        if let Some(Ok(reply)) = again.value().get() {
+            crate::AccountChanged::notify();
+            navigate(&format!("/jobs/{}", reply.id), Default::default());
+        }
+    });
+    let id = job.id.clone();
+    view! {
+        <form class="filters run-again" on:submit=move |ev| {
+            ev.prevent_default();
+            again.dispatch(crate::server::jobs::RunAgain { id: id.clone(), preset: Some(preset.get_untracked()) });
+        }>
+            <label for="again-preset">"Process this document again as"</label>
+            <select id="again-preset" on:change=move |ev| preset.set(event_target_value(&ev))>
+                {move || terms.get().and_then(|r| r.ok()).map(|t| t.presets).unwrap_or_default().into_iter().map(|p| {
+                    let selected = p.id.as_str() == preset.get_untracked();
+                    view! { <option value=p.id.as_str() selected=selected>{p.label}</option> }
+                }).collect_view()}
+            </select>
+            <button class="button" type="submit" disabled=move || again.pending().get()>"Run again"</button>
+            <span class="hint">"A new job, charged again."</span>
+            <span class="form-error">{move || again.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
+        </form>
+    }
+}
+
 #[component]
 pub fn JobPage() -> impl IntoView {
     let params = use_params_map();
@@ -463,6 +497,7 @@ pub fn JobPage() -> impl IntoView {
                                             <a class="button" href=format!("/api/v1/jobs/{}/original", job.id) download>"Download the original"</a>
                                         </p>
                                     })}
+                                    {job.state.is_terminal().then(|| view! { <RunAgain job=job.clone()/> })}
                                     <h2>"Attempts"</h2>
                                     <AttemptTimeline attempts=d.attempts/>
                                 }

@@ -4,7 +4,10 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AuditInfo, DlqGroupInfo, DlqJobInfo, QueueStatus, ReconciliationInfo, ReplayInfo};
+use crate::model::{
+    AlertsInfo, AuditInfo, DlqGroupInfo, DlqJobInfo, JobSearchPage, QueueStatus, ReconciliationInfo, ReplayInfo,
+    UserInfo,
+};
 #[cfg(feature = "ssr")]
 use {
     crate::server::session::{answer, context, require_admin},
@@ -212,6 +215,114 @@ pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {
                 new_value: a.new_value,
             })
             .collect())
+    })
+    .await
+}
+
+/// The alerts firing now and the latest firings.
+#[server(endpoint = "admin/alerts")]
+pub async fn alerts() -> Result<AlertsInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let firing = engine::alerts::firing(&ctx.pool).await?;
+        let recent = engine::alerts::recent(&ctx.pool, 10).await?;
+        Ok(AlertsInfo {
+            firing: firing.into_iter().map(Into::into).collect(),
+            recent: recent.into_iter().map(Into::into).collect(),
+            webhook: ctx.settings.alert_webhook,
+        })
+    })
+    .await
+}
+
+/// Jobs shown per page of an admin search.
+#[cfg(feature = "ssr")]
+const SEARCH_PAGE: i64 = 25;
+
+/// Every user's jobs by job id, e-mail or file name (`text`), state, failure kind and the
+/// days they were accepted (`from` and `until`, `YYYY-MM-DD`, both included), newest first.
+#[server(endpoint = "admin/search_jobs")]
+pub async fn search_jobs(
+    text: Option<String>,
+    state: Option<String>,
+    kind: Option<String>,
+    from: Option<String>,
+    until: Option<String>,
+    page: Option<u32>,
+) -> Result<JobSearchPage, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let search = engine::queue::JobSearch {
+            text: text.filter(|t| !t.trim().is_empty()),
+            state: match state.as_deref().filter(|s| !s.is_empty()) {
+                Some(s) => Some(
+                    engine::JobState::ALL
+                        .into_iter()
+                        .find(|j| j.as_str() == s)
+                        .ok_or_else(|| AppError::invalid("unknown state"))?,
+                ),
+                None => None,
+            },
+            failure_kind: match kind.as_deref().filter(|k| !k.is_empty()) {
+                Some(k) => Some(failure_kind(k)?),
+                None => None,
+            },
+            from: day_start(from.as_deref(), 0)?,
+            until: day_start(until.as_deref(), 1)?,
+        };
+        let offset = i64::from(page.unwrap_or(0).min(10_000)) * SEARCH_PAGE;
+        let (found, has_more) = engine::queue::search(&ctx.pool, &search, offset, SEARCH_PAGE).await?;
+        Ok(JobSearchPage { jobs: found.into_iter().map(|f| ((&f.job).into(), f.owner_email)).collect(), has_more })
+    })
+    .await
+}
+
+/// The start of a `YYYY-MM-DD` day (UTC) plus `days_after` days; empty is none.
+#[cfg(feature = "ssr")]
+fn day_start(day: Option<&str>, days_after: i64) -> Result<Option<chrono::DateTime<chrono::Utc>>, AppError> {
+    let Some(day) = day.map(str::trim).filter(|d| !d.is_empty()) else { return Ok(None) };
+    let date =
+        chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").map_err(|_| AppError::invalid("dates are YYYY-MM-DD"))?;
+    let start = date.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc();
+    Ok(Some(start + chrono::Duration::days(days_after)))
+}
+
+/// A user by e-mail, with their balance and limits.
+#[server(endpoint = "admin/find_user")]
+pub async fn find_user(email: String) -> Result<UserInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        Ok(engine::accounts::users::find_by_email(&ctx.pool, &email).await?.into())
+    })
+    .await
+}
+
+/// Set a user's in-flight limit (audited).
+#[server(endpoint = "admin/set_in_flight_limit")]
+pub async fn set_in_flight_limit(user_id: i64, limit: i32) -> Result<UserInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let admin = require_admin(&ctx).await?;
+        Ok(engine::accounts::users::set_max_in_flight(&ctx.pool, user_id, limit, &admin.email).await?.into())
+    })
+    .await
+}
+
+/// Grant credits to a user, or take them back with a negative amount (audited, in the ledger).
+#[server(endpoint = "admin/grant_credits")]
+pub async fn grant_credits(user_id: i64, amount: i64) -> Result<UserInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let admin = require_admin(&ctx).await?;
+        if amount == 0 || amount.abs() > 1_000_000 {
+            return Err(AppError::invalid("grant between 1 and 1,000,000 credits (negative takes them back)"));
+        }
+        engine::accounts::ledger::admin_adjust(&ctx.pool, user_id, amount, &admin.email, "granted on the admin page")
+            .await?;
+        Ok(engine::accounts::users::get(&ctx.pool, user_id).await?.into())
     })
     .await
 }

@@ -5,9 +5,7 @@ use leptos::prelude::*;
 use leptos::server_fn::codec::{ByteStream, Streaming};
 
 use crate::errors::AppError;
-#[cfg(feature = "ssr")]
-use crate::model::UploadReply;
-use crate::model::{JobDetails, JobStatus, JobsPage};
+use crate::model::{JobDetails, JobStatus, JobsPage, UploadReply};
 #[cfg(feature = "ssr")]
 use crate::server::session::{
     answer, cancel_visible_job, context, job_status, job_statuses, require_user, visible_job,
@@ -77,6 +75,19 @@ pub async fn cancel_job(id: String) -> Result<JobStatus, AppError> {
     .await
 }
 
+/// "Run again": one of the caller's jobs as a new job (and a new debit), with the same
+/// document and the given preset (or the earlier one).
+#[server(endpoint = "run_again")]
+pub async fn run_again(id: String, preset: Option<String>) -> Result<UploadReply, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        let again = crate::server::upload::run_again(&ctx, &user, &id, preset.as_deref(), None).await?;
+        Ok(again.reply())
+    })
+    .await
+}
+
 /// A result's Markdown as safe HTML, rendered off the async threads and at most two at once
 /// (a result can be 2 MiB of a provider's text, and anyone may ask for their job's page often).
 #[cfg(feature = "ssr")]
@@ -104,14 +115,14 @@ pub async fn upload_document(body: UploadBody) -> Result<UploadReply, AppError> 
         let user = require_user(&ctx).await?;
         let headers: http::HeaderMap = leptos_axum::extract().await.map_err(|_| AppError::Internal)?;
         let uploaded = crate::server::upload::upload(&ctx, &user, None, &headers, body).await?;
-        let status_url = format!("/api/v1/jobs/{}", uploaded.job_id);
+        let status_url = uploaded.status_url();
         if let Some(options) = use_context::<leptos_axum::ResponseOptions>() {
             options.set_status(if uploaded.duplicate { http::StatusCode::OK } else { http::StatusCode::ACCEPTED });
             if let Ok(location) = http::HeaderValue::from_str(&status_url) {
                 options.insert_header(http::header::LOCATION, location);
             }
         }
-        Ok(UploadReply { id: uploaded.job_id.to_string(), status_url, duplicate: uploaded.duplicate })
+        Ok(uploaded.reply())
     })
     .await
 }

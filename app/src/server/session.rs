@@ -97,6 +97,8 @@ pub struct WebSettings {
     pub metrics_token: Option<String>,
     /// Where completion callbacks may go.
     pub webhook_policy: engine::webhooks::TargetPolicy,
+    /// Whether alerts are also sent to the operator's webhook (the admin page says so).
+    pub alert_webhook: bool,
 }
 
 impl Default for WebSettings {
@@ -116,6 +118,7 @@ impl Default for WebSettings {
             request_timeout: std::time::Duration::from_secs(30),
             metrics_token: None,
             webhook_policy: engine::webhooks::TargetPolicy::default(),
+            alert_webhook: false,
         }
     }
 }

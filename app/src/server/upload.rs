@@ -30,6 +30,22 @@ pub struct Uploaded {
     pub duplicate: bool,
 }
 
+impl Uploaded {
+    /// Where its state is read.
+    pub fn status_url(&self) -> String {
+        format!("/api/v1/jobs/{}", self.job_id)
+    }
+
+    /// The answer the UI and programs get.
+    pub fn reply(&self) -> crate::model::UploadReply {
+        crate::model::UploadReply {
+            id: self.job_id.to_string(),
+            status_url: self.status_url(),
+            duplicate: self.duplicate,
+        }
+    }
+}
+
 /// The longest one upload may take in all (50 MiB at under 100 KB/s is not a client we serve).
 const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
 /// The slowest average an upload may keep (bytes per second), judged once it has run this long:
@@ -159,6 +175,44 @@ where
         Admission::Accepted { job_id } => Ok(Uploaded { job_id, duplicate: false }),
         Admission::Existing { job_id } => Ok(Uploaded { job_id, duplicate: true }),
         Admission::Refused(refusal) => Err(refusal.into()),
+    }
+}
+
+/// "Run again": one of `user`'s jobs as a new job (new debit) with the same document, and the
+/// given preset and language or else the earlier ones. Another user's job is not found (an
+/// admin does not spend a user's credits); 410 when the document is no longer kept.
+pub async fn run_again(
+    ctx: &ServerContext,
+    user: &User,
+    id: &str,
+    preset: Option<&str>,
+    language: Option<&str>,
+) -> Result<Uploaded, AppError> {
+    let earlier = crate::server::session::visible_job(&ctx.pool, user, id).await?;
+    if earlier.owner_id != user.id {
+        return Err(AppError::NotFound);
+    }
+    let spec: Option<engine::documents::processor::DocumentJob> = serde_json::from_value(earlier.payload.clone()).ok();
+    let options = UploadOptions {
+        preset: match preset.filter(|p| !p.trim().is_empty()) {
+            Some(p) => intake::parse_preset(p)?,
+            None => spec.as_ref().map(|s| s.preset).unwrap_or(engine::Preset::Summarize),
+        },
+        language: match language {
+            Some(l) => intake::parse_language(l)?,
+            None => spec.and_then(|s| s.language),
+        },
+        callback_url: None,
+    };
+    options.check(&ctx.settings.presets)?;
+    let admitted =
+        intake::run_again(&ctx.pool, &ctx.blobs, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
+    match admitted {
+        Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false }),
+        Ok(Admission::Existing { job_id }) => Ok(Uploaded { job_id, duplicate: true }),
+        Ok(Admission::Refused(refusal)) => Err(refusal.into()),
+        Err(engine::EngineError::NotFound) => Err(AppError::Gone),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -208,6 +208,36 @@ pub async fn set_role(pool: &PgPool, id: i64, role: Role) -> Result<()> {
     Ok(())
 }
 
+/// Set how many jobs a user may have in flight (1 to 1000), audited. Jobs already in flight
+/// stay; the new limit applies to the next upload.
+pub async fn set_max_in_flight(pool: &PgPool, id: i64, limit: i32, actor: &str) -> Result<User> {
+    if !(1..=1000).contains(&limit) {
+        return Err(EngineError::Invalid("the in-flight limit must be between 1 and 1000".into()));
+    }
+    let mut tx = pool.begin().await?;
+    let old: i32 = sqlx::query_scalar("SELECT max_in_flight FROM users WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(EngineError::NotFound)?;
+    let user: User = sqlx::query_as("UPDATE users SET max_in_flight = $2 WHERE id = $1 RETURNING *")
+        .bind(id)
+        .bind(limit)
+        .fetch_one(&mut *tx)
+        .await?;
+    crate::audit::audit(
+        &mut tx,
+        actor,
+        "in_flight_limit",
+        Some(&format!("user {id}")),
+        &old.to_string(),
+        &limit.to_string(),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(user)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -266,6 +266,55 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
     admitted
 }
 
+/// "Run again": the user means to process a document of theirs again (another preset, or
+/// after a cancel), so this is a new job with a new debit, never a duplicate of the earlier one
+/// (DESIGN: idempotency). The document is copied under a new key, so each job owns its blob
+/// and retention can prune them apart. `Err(NotFound)` when the original is no longer kept.
+pub async fn run_again(
+    pool: &PgPool,
+    blobs: &Blobs,
+    admission: &AdmissionConfig,
+    user_id: i64,
+    earlier: &serde_json::Value,
+    options: &UploadOptions,
+) -> Result<Admission> {
+    let job: DocumentJob = serde_json::from_value(earlier.clone())
+        .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
+    let key = Blobs::new_key();
+    let mut reading = blobs.stream(&job.document.key).await?;
+    let mut writer = blobs.writer(&key).await?;
+    let copied = async {
+        while let Some(chunk) = reading.next().await {
+            writer.write(&chunk?).await?;
+        }
+        Ok::<_, EngineError>(())
+    }
+    .await;
+    if let Err(e) = copied {
+        writer.abort().await;
+        return Err(e);
+    }
+    writer.finish().await?;
+    let again = DocumentJob {
+        document: DocumentRef { key: key.clone(), ..job.document },
+        preset: options.preset,
+        language: options.language.clone(),
+    };
+    let submission = Submission {
+        user_id,
+        payload: serde_json::to_value(&again).expect("a document job serialises"),
+        // Its own key: asked for explicitly, so never the earlier job again.
+        content_key: format!("again:{key}"),
+        fingerprint: format!("again:{key}"),
+        client_key: None,
+    };
+    let admitted = admission::submit(pool, admission, &submission).await;
+    if !matches!(admitted, Ok(Admission::Accepted { .. })) {
+        let _ = blobs.delete(&key).await;
+    }
+    admitted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

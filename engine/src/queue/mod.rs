@@ -23,7 +23,9 @@ pub use claim::{claim, heartbeat, next_due, ClaimedJob};
 pub use enqueue::{enqueue, NewJob};
 pub use sluice_types::{FailureKind, JobStage, JobState};
 pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
-pub use views::{attempts, get, page_for_owner, AttemptView, JobFilter, JobView};
+pub use views::{
+    attempts, get, page_for_owner, search, search_terms, AttemptView, FoundJob, JobFilter, JobSearch, JobView,
+};
 pub use waiting_line::{waiting_line, WaitingLine};
 
 /// The NOTIFY channel workers listen on.

@@ -60,13 +60,18 @@ impl JobView {
     }
 }
 
-/// A query for [`JobView`]s: the job rows and the credits refunded for each (one index probe).
+/// A query for [`JobView`]s: the job rows and the credits refunded for each (one index probe),
+/// plus any `extra` columns.
 macro_rules! select_jobs {
     ($rest:literal) => {
+        select_jobs!("", $rest)
+    };
+    ($extra:literal, $rest:literal) => {
         concat!(
             "SELECT jobs.*, coalesce((SELECT sum(amount) FROM ledger
-                    WHERE ledger.job_id = jobs.id AND ledger.kind = 'refund'), 0)::bigint AS refunded
-             FROM jobs ",
+                    WHERE ledger.job_id = jobs.id AND ledger.kind = 'refund'), 0)::bigint AS refunded",
+            $extra,
+            " FROM jobs ",
             $rest
         )
     };
@@ -123,6 +128,70 @@ pub async fn page_for_owner(
     let more = jobs.len() as i64 > limit;
     jobs.truncate(limit.max(0) as usize);
     Ok((jobs, more))
+}
+
+/// What an admin searches jobs by (every part optional).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobSearch {
+    /// A job id, part of an owner's e-mail (with `@`), or part of a file name.
+    pub text: Option<String>,
+    pub state: Option<JobState>,
+    pub failure_kind: Option<FailureKind>,
+    /// Accepted at or after, and before.
+    pub from: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// Pure: how the search box is read: (job id, e-mail pattern, file-name pattern).
+pub fn search_terms(text: Option<&str>) -> (Option<Uuid>, Option<String>, Option<String>) {
+    let text = text.map(str::trim).filter(|t| !t.is_empty());
+    match text {
+        None => (None, None, None),
+        Some(t) => match Uuid::parse_str(t) {
+            Ok(id) => (Some(id), None, None),
+            Err(_) if t.contains('@') => (None, Some(format!("%{}%", like_literal(t))), None),
+            Err(_) => (None, None, Some(format!("%{}%", like_literal(t)))),
+        },
+    }
+}
+
+/// A job found by an admin's search, with its owner's e-mail.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct FoundJob {
+    #[sqlx(flatten)]
+    pub job: JobView,
+    pub owner_email: String,
+}
+
+/// One page of every user's jobs matching `search`, newest first, and whether there are more.
+pub async fn search(pool: &PgPool, search: &JobSearch, offset: i64, limit: i64) -> Result<(Vec<FoundJob>, bool)> {
+    let (id, email, name) = search_terms(search.text.as_deref());
+    let mut found: Vec<FoundJob> = sqlx::query_as(select_jobs!(
+        ", u.email AS owner_email",
+        "JOIN users u ON u.id = jobs.owner_id
+         WHERE ($1::uuid IS NULL OR jobs.id = $1)
+           AND ($2::text IS NULL OR u.email ILIKE $2)
+           AND ($3::text IS NULL OR jobs.payload #>> '{document,name}' ILIKE $3)
+           AND ($4::text IS NULL OR jobs.state = $4)
+           AND ($5::text IS NULL OR jobs.failure_kind = $5)
+           AND ($6::timestamptz IS NULL OR jobs.accepted_at >= $6)
+           AND ($7::timestamptz IS NULL OR jobs.accepted_at < $7)
+         ORDER BY jobs.accepted_at DESC, jobs.id LIMIT $8 OFFSET $9"
+    ))
+    .bind(id)
+    .bind(email)
+    .bind(name)
+    .bind(search.state)
+    .bind(search.failure_kind)
+    .bind(search.from)
+    .bind(search.until)
+    .bind(limit + 1)
+    .bind(offset.max(0))
+    .fetch_all(pool)
+    .await?;
+    let more = found.len() as i64 > limit;
+    found.truncate(limit.max(0) as usize);
+    Ok((found, more))
 }
 
 /// One attempt of a job, for the timeline.

@@ -46,7 +46,7 @@ async fn caller_and_token(
 
 /// The job named in the path, when the caller may see it (their own; admins any). Anyone
 /// else's job, or a malformed id, is 404.
-pub struct VisibleJob(pub JobView);
+pub struct VisibleJob(pub JobView, pub User);
 
 impl FromRequestParts<AppState> for VisibleJob {
     type Rejection = ApiError;
@@ -56,7 +56,7 @@ impl FromRequestParts<AppState> for VisibleJob {
             Path::<String>::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::NotFound))?;
         let session = Session::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::Internal))?;
         let user = caller(state, &parts.headers, &session).await?;
-        Ok(VisibleJob(visible_job(&state.ctx.pool, &user, &id).await?))
+        Ok(VisibleJob(visible_job(&state.ctx.pool, &user, &id).await?, user))
     }
 }
 
@@ -66,10 +66,6 @@ fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
         (JobState::Done, Some(result)) => Ok(result),
         (state, _) => Err(AppError::NotReady { state: state.as_str().to_string() }.into()),
     }
-}
-
-fn job_location(id: &uuid::Uuid) -> String {
-    format!("/api/v1/jobs/{id}")
 }
 
 /// `POST /api/v1/jobs`: 202 with `Location` once the job is committed; 200 with the earlier
@@ -84,10 +80,34 @@ pub async fn create_job(
     let (user, token_id) = caller_and_token(&state, &headers, &session).await?;
     let body = request.into_body().into_data_stream();
     let uploaded = upload::upload(&state.ctx, &user, token_id, &headers, body).await?;
+    Ok(accepted(uploaded))
+}
+
+/// 202 with `Location` for a new job; 200 with the earlier job for a duplicate.
+fn accepted(uploaded: upload::Uploaded) -> Response {
     let status = if uploaded.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
-    let location = job_location(&uploaded.job_id);
-    let body = serde_json::json!({ "id": uploaded.job_id.to_string(), "status_url": location, "duplicate": uploaded.duplicate });
-    Ok((status, [(header::LOCATION, location)], Json(body)).into_response())
+    (status, [(header::LOCATION, uploaded.status_url())], Json(uploaded.reply())).into_response()
+}
+
+/// The body of `POST /api/v1/jobs/{id}/run-again` (all optional).
+#[derive(Default, serde::Deserialize)]
+pub struct RunAgain {
+    preset: Option<String>,
+    language: Option<String>,
+}
+
+/// `POST /api/v1/jobs/{id}/run-again`: the same document as a new job and a new debit
+/// (202 + `Location`), with another preset if given; 402/429/503 like an upload, 410 when the
+/// document is no longer kept.
+pub async fn run_again(
+    State(state): State<AppState>,
+    VisibleJob(job, caller): VisibleJob,
+    body: Option<Json<RunAgain>>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body.unwrap_or_default();
+    let id = job.id.to_string();
+    let again = upload::run_again(&state.ctx, &caller, &id, body.preset.as_deref(), body.language.as_deref()).await?;
+    Ok(accepted(again))
 }
 
 /// `POST /api/v1/jobs/{id}/cancel`: 200 with the job as it is now (`canceled`, or still
@@ -104,12 +124,15 @@ pub async fn cancel_job(
 }
 
 /// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
-pub async fn get_job(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Json<JobStatus>, ApiError> {
+pub async fn get_job(
+    State(state): State<AppState>,
+    VisibleJob(job, _): VisibleJob,
+) -> Result<Json<JobStatus>, ApiError> {
     Ok(Json(job_status(&state.ctx.pool, &job).await?))
 }
 
 /// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.
-pub async fn get_result(VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_result(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
     let result = done_result(&job)?;
     let body = Json(serde_json::json!({ "id": job.id.to_string(), "result": result }));
     Ok(([(header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body).into_response())
@@ -144,8 +167,18 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
 }
 
 /// `GET /api/v1/jobs/{id}/original`: the uploaded document, as an attachment.
-pub async fn get_original(State(state): State<AppState>, VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_original(
+    State(state): State<AppState>,
+    VisibleJob(job, caller): VisibleJob,
+) -> Result<Response, ApiError> {
     let document = document_of(&job)?;
+    if caller.id != job.owner_id {
+        // An admin opening a user's document (to see why it failed) is on the record.
+        let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
+        let subject = format!("job {}", job.id);
+        engine::audit::audit(&mut conn, &caller.email, "download_original", Some(&subject), job.state.as_str(), "")
+            .await?;
+    }
     // Streamed from storage: memory per download is a chunk, not the document.
     let chunks = state.ctx.blobs.stream(&document.key).await?;
     let stem = document.name.clone().unwrap_or_else(|| format!("document.{}", document.doc_type.extension()));
@@ -153,22 +186,11 @@ pub async fn get_original(State(state): State<AppState>, VisibleJob(job): Visibl
 }
 
 /// `GET /api/v1/jobs/{id}/result.md`: a done job's result as a Markdown attachment.
-pub async fn get_result_markdown(VisibleJob(job): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
     let markdown = done_result(&job)?["markdown"].as_str().unwrap_or_default().to_string();
     let stem = document_of(&job).ok().and_then(|d| d.name).unwrap_or_else(|| "document".into());
     let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-result.md"), markdown.into_bytes()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::attachment;
-
-    #[test]
-    fn attachment_names_are_ascii_and_quoted_safely() {
-        assert_eq!(attachment("re\"port\r\n.pdf"), "attachment; filename=\"re_port__.pdf\"");
-        assert_eq!(attachment("Grüße.md"), "attachment; filename=\"Gr__e.md\"");
-    }
 }
 
 /// The token a webhook request is about: it must come with one (a session has no token).
@@ -212,4 +234,15 @@ pub async fn delete_webhook(
     let (user, token_id) = calling_token(&state, &headers, &session).await?;
     engine::webhooks::completion::unregister(&state.ctx.pool, user.id, token_id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attachment;
+
+    #[test]
+    fn attachment_names_are_ascii_and_quoted_safely() {
+        assert_eq!(attachment("re\"port\r\n.pdf"), "attachment; filename=\"re_port__.pdf\"");
+        assert_eq!(attachment("Grüße.md"), "attachment; filename=\"Gr__e.md\"");
+    }
 }

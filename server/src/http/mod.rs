@@ -70,6 +70,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
         .route("/api/v1/jobs", post(jobs::create_job))
         .route("/api/v1/jobs/{id}", get(jobs::get_job))
         .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel_job))
+        .route("/api/v1/jobs/{id}/run-again", post(jobs::run_again))
         .route("/api/v1/jobs/{id}/result", get(jobs::get_result))
         .route("/api/v1/jobs/{id}/result.md", get(jobs::get_result_markdown))
         .route("/api/v1/jobs/{id}/original", get(jobs::get_original))

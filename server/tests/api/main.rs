@@ -9,6 +9,7 @@ mod metrics;
 mod operator;
 mod restart;
 mod sessions;
+mod support;
 mod untrusted;
 mod upload_function;
 mod uploads;

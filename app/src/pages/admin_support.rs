@@ -1,0 +1,261 @@
+//! The admin page's support tools: the alerts card, finding any job (by id, e-mail, file
+//! name, state, failure kind and date) to open, cancel, replay or inspect, and a user's
+//! credits and in-flight limit. Every call is checked on the server.
+
+use leptos::prelude::*;
+
+use crate::errors::AppError;
+use crate::model::{AlertInfo, AlertsInfo, FailureKind, JobState, UserInfo};
+use crate::pages::clock::local_date_time;
+use crate::pages::clock::now_ms;
+use crate::pages::jobs::{state_label, CancelButton, StateBadge};
+use crate::server::admin::{find_user, search_jobs, DlqReplayJob, GrantCredits, SetInFlightLimit};
+
+/// Pure: a rule's name for people.
+pub fn rule_label(rule: &str) -> &'static str {
+    match rule {
+        "oldest_wait" => "A job has waited too long",
+        "not_draining" => "The queue is not draining",
+        "dlq_depth" => "The dead-letter queue is deep",
+        "dlq_growth" => "Jobs are failing fast",
+        "provider_failures" => "The provider is failing",
+        "reconciliation_drift" => "The books do not add up",
+        _ => "Alert",
+    }
+}
+
+/// Pure: a rule's value (or threshold) in its unit.
+pub fn alert_value_text(rule: &str, value: f64) -> String {
+    match rule {
+        "oldest_wait" => format!("{:.0} min", value / 60.0),
+        "not_draining" => format!("{value:.0} min"),
+        "provider_failures" => format!("{:.0} %", value * 100.0),
+        _ => format!("{value:.0}"),
+    }
+}
+
+fn alert_line(a: &AlertInfo) -> String {
+    format!(
+        "{} (now {}, threshold {})",
+        a.detail,
+        alert_value_text(&a.rule, a.value),
+        alert_value_text(&a.rule, a.threshold)
+    )
+}
+
+/// What fires now (since when, value, threshold), and the latest resolved firings.
+#[component]
+pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>) -> impl IntoView {
+    view! {
+        <section class="card" data-testid="alerts">
+            <h2>"Alerts"</h2>
+            {move || alerts.get().and_then(|r| r.ok()).map(|a| {
+                let resolved: Vec<AlertInfo> = a.recent.into_iter().filter(|f| f.resolved_at.is_some()).take(5).collect();
+                view! {
+                    {if a.firing.is_empty() {
+                        view! { <p class="ok-text" data-testid="no-alerts">"Nothing is firing."</p> }.into_any()
+                    } else {
+                        view! {
+                            <ul class="alerts">
+                                {a.firing.into_iter().map(|f| view! {
+                                    <li class="alert-firing" data-testid="alert-firing" data-rule=f.rule.clone()>
+                                        <strong>{rule_label(&f.rule)}</strong>
+                                        <span class="when">{format!(" since {}: ", local_date_time(&f.fired_at))}</span>
+                                        {alert_line(&f)}
+                                    </li>
+                                }).collect_view()}
+                            </ul>
+                        }.into_any()
+                    }}
+                    <p class="hint">
+                        {if a.webhook {
+                            "Each firing and each resolve is also sent to the alert webhook."
+                        } else {
+                            "No alert webhook is set (--alert-webhook-url): alerts show here and in /metrics."
+                        }}
+                    </p>
+                    {(!resolved.is_empty()).then(|| view! {
+                        <details>
+                            <summary>"Recently resolved"</summary>
+                            <ul class="audit">
+                                {resolved.into_iter().map(|f| view! {
+                                    <li>
+                                        <span class="when">{local_date_time(&f.fired_at)}</span>
+                                        {format!(" {} until {}: {}", rule_label(&f.rule),
+                                            f.resolved_at.as_deref().map(local_date_time).unwrap_or_default(), f.detail)}
+                                    </li>
+                                }).collect_view()}
+                            </ul>
+                        </details>
+                    })}
+                }
+            })}
+        </section>
+    }
+}
+
+/// Find any job: the search box reads a job id, an e-mail (with `@`) or a file name.
+#[component]
+pub fn JobSearchCard(replay: ServerAction<DlqReplayJob>) -> impl IntoView {
+    let text = RwSignal::new(String::new());
+    let state = RwSignal::new(String::new());
+    let kind = RwSignal::new(String::new());
+    let from = RwSignal::new(String::new());
+    let until = RwSignal::new(String::new());
+    let page = RwSignal::new(0u32);
+    let searched = RwSignal::new(false);
+    let reload = RwSignal::new(0u32);
+    let results = LocalResource::new(move || {
+        reload.track();
+        replay.version().track();
+        let go = searched.get();
+        let args = (text.get(), state.get(), kind.get(), from.get(), until.get(), page.get());
+        async move {
+            if !go {
+                return Ok(None);
+            }
+            let some = |s: String| (!s.trim().is_empty()).then_some(s);
+            search_jobs(some(args.0), some(args.1), some(args.2), some(args.3), some(args.4), Some(args.5))
+                .await
+                .map(Some)
+        }
+    });
+    let now = RwSignal::new(now_ms());
+    let has_more = move || results.get().and_then(|r| r.ok()).flatten().is_some_and(|p| p.has_more);
+    view! {
+        <section class="card" data-testid="job-search">
+            <h2>"Find a job"</h2>
+            <form class="filters" on:submit=move |ev| { ev.prevent_default(); page.set(0); searched.set(true); reload.update(|n| *n += 1); }>
+                <label for="search-text">"Job id, e-mail or file name"</label>
+                <input id="search-text" type="search" prop:value=text on:input=move |ev| text.set(event_target_value(&ev))/>
+                <label for="search-state">"State"</label>
+                <select id="search-state" on:change=move |ev| state.set(event_target_value(&ev))>
+                    <option value="">"Any"</option>
+                    {JobState::ALL.into_iter().map(|s| view! { <option value=s.as_str()>{state_label(s)}</option> }).collect_view()}
+                </select>
+                <label for="search-kind">"Failure"</label>
+                <select id="search-kind" on:change=move |ev| kind.set(event_target_value(&ev))>
+                    <option value="">"Any"</option>
+                    {FailureKind::ALL.into_iter().map(|k| view! { <option value=k.as_str()>{k.as_str().replace('_', " ")}</option> }).collect_view()}
+                </select>
+                <label for="search-from">"From"</label>
+                <input id="search-from" type="date" on:input=move |ev| from.set(event_target_value(&ev))/>
+                <label for="search-until">"Until"</label>
+                <input id="search-until" type="date" on:input=move |ev| until.set(event_target_value(&ev))/>
+                <button class="button primary" type="submit">"Search"</button>
+            </form>
+            {move || results.get().map(|r| match r {
+                Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                Ok(None) => ().into_any(),
+                Ok(Some(p)) if p.jobs.is_empty() => view! { <p class="empty">"No jobs match."</p> }.into_any(),
+                Ok(Some(p)) => view! {
+                    <ul class="jobs">
+                        {p.jobs.into_iter().map(|(job, owner)| {
+                            let id = job.id.clone();
+                            let failed = job.state == JobState::Failed;
+                            let replay_id = id.clone();
+                            view! {
+                                <li class="job" data-testid="found-job" data-job-id=id.clone()>
+                                    <a class="file-name" href=format!("/jobs/{id}")>{job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
+                                    <span class="muted">{format!("{owner} · {} attempts · {}", job.attempts, local_date_time(&job.accepted_at))}</span>
+                                    <StateBadge job=job.clone() now=now/>
+                                    {failed.then(|| view! {
+                                        <a class="button small" href=format!("/api/v1/jobs/{id}/original") rel="external">"Download the original"</a>
+                                        <button class="button small" on:click=move |_| { replay.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
+                                    })}
+                                    <CancelButton job=job done=Callback::new(move |_| reload.update(|n| *n += 1))/>
+                                </li>
+                            }
+                        }).collect_view()}
+                    </ul>
+                }.into_any(),
+            })}
+            <nav class="pager" aria-label="Pages of found jobs">
+                <button class="button small" disabled=move || page.get() == 0 on:click=move |_| page.update(|p| *p = p.saturating_sub(1))>"Newer"</button>
+                <span class="muted">{move || format!("Page {}", page.get() + 1)}</span>
+                <button class="button small" disabled=move || !has_more() on:click=move |_| page.update(|p| *p += 1)>"Older"</button>
+            </nav>
+        </section>
+    }
+}
+
+/// A user's balance and limits, with the two audited changes an admin makes for them.
+#[component]
+pub fn UserCard() -> impl IntoView {
+    let email = RwSignal::new(String::new());
+    let found = RwSignal::new(None::<Result<UserInfo, AppError>>);
+    let limit = RwSignal::new(String::new());
+    let credits = RwSignal::new(String::new());
+    let set_limit = ServerAction::<SetInFlightLimit>::new();
+    let grant = ServerAction::<GrantCredits>::new();
+    // Each change answers with the user as they are now.
+    Effect::new(move |_| {
+        if let Some(user) = set_limit.value().get() {
+            found.set(Some(user));
+        }
+    });
+    Effect::new(move |_| {
+        if let Some(user) = grant.value().get() {
+            found.set(Some(user));
+        }
+    });
+    let look_up = move || {
+        let email = email.get_untracked();
+        leptos::task::spawn_local(async move { found.set(Some(find_user(email).await)) });
+    };
+    view! {
+        <section class="card" data-testid="user-admin">
+            <h2>"A user's credits and limit"</h2>
+            <form class="filters" on:submit=move |ev| { ev.prevent_default(); look_up(); }>
+                <label for="user-email">"E-mail"</label>
+                <input id="user-email" type="email" prop:value=email on:input=move |ev| email.set(event_target_value(&ev))/>
+                <button class="button" type="submit">"Look up"</button>
+            </form>
+            {move || found.get().map(|r| match r {
+                Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                Ok(user) => {
+                    let id = user.id;
+                    view! {
+                        <p data-testid="user-summary">
+                            {format!("{}: {} credits, {} of {} jobs in flight.", user.email, user.balance, user.in_flight, user.max_in_flight)}
+                        </p>
+                        <form class="filters" on:submit=move |ev| {
+                            ev.prevent_default();
+                            if let Ok(n) = limit.get_untracked().trim().parse::<i32>() {
+                                set_limit.dispatch(SetInFlightLimit { user_id: id, limit: n });
+                            }
+                        }>
+                            <label for="user-limit">"In-flight limit"</label>
+                            <input id="user-limit" type="number" min="1" max="1000" on:input=move |ev| limit.set(event_target_value(&ev))/>
+                            <button class="button" type="submit">"Set the limit"</button>
+                        </form>
+                        <form class="filters" on:submit=move |ev| {
+                            ev.prevent_default();
+                            if let Ok(n) = credits.get_untracked().trim().parse::<i64>() {
+                                grant.dispatch(GrantCredits { user_id: id, amount: n });
+                            }
+                        }>
+                            <label for="user-credits">"Credits (negative takes back)"</label>
+                            <input id="user-credits" type="number" on:input=move |ev| credits.set(event_target_value(&ev))/>
+                            <button class="button" type="submit">"Grant"</button>
+                        </form>
+                    }.into_any()
+                }
+            })}
+        </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alert_values_read_in_their_units() {
+        assert_eq!(alert_value_text("oldest_wait", 960.0), "16 min");
+        assert_eq!(alert_value_text("provider_failures", 0.55), "55 %");
+        assert_eq!(alert_value_text("dlq_depth", 101.0), "101");
+        assert_eq!(rule_label("not_draining"), "The queue is not draining");
+        assert_eq!(rule_label("no such rule"), "Alert");
+    }
+}

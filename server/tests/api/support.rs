@@ -1,0 +1,171 @@
+//! The admin's support tools and "run again", through the same calls the pages make: search
+//! any job (by id, e-mail, file name, state, failure kind, dates; paginated), set a user's
+//! in-flight limit and grant credits (audited), download a user's original (audited), and run
+//! a document again as a new, charged job. To anyone but an admin the admin calls are 404.
+
+use app::server::session::WebSettings;
+use engine::accounts::{users, Role};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+/// A browser logged in as `email`.
+async fn browser(app: &TestApp, email: &str) -> reqwest::Client {
+    let client = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let answer = call(&client, app, "log_in", &[("email", email), ("password", "password123")]).await;
+    assert!(answer.status().is_success(), "log in: {}", answer.status());
+    client
+}
+
+async fn search(client: &reqwest::Client, app: &TestApp, form: &[(&str, &str)]) -> (u16, serde_json::Value) {
+    let answer = call(client, app, "admin/search_jobs", form).await;
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or_default())
+}
+
+fn ids(page: &serde_json::Value) -> Vec<String> {
+    page["jobs"].as_array().unwrap().iter().map(|pair| pair[0]["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn admins_find_any_job_and_change_users_on_the_record(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    users::create_user(&app.pool, "ops@example.com", "password123", Role::Admin, 0).await.unwrap();
+    let (alice, alice_token) = app.user_with_token("alice@example.com", 40, 40).await;
+    let (_, bob_token) = app.user_with_token("bob@example.com", 40, 40).await;
+    let mut alices = Vec::new();
+    for n in 0..30 {
+        let body: serde_json::Value = upload_file(&app, &alice_token, &format!("invoice-{n}.txt"), doc(n), "summarize")
+            .await
+            .json()
+            .await
+            .unwrap();
+        alices.push(body["id"].as_str().unwrap().to_string());
+    }
+    let bobs: serde_json::Value =
+        upload_file(&app, &bob_token, "contract.txt", doc(99), "summarize").await.json().await.unwrap();
+    let bobs = bobs["id"].as_str().unwrap().to_string();
+    sqlx::query(
+        "UPDATE jobs SET state = 'failed', failure_kind = 'invalid_input', failure_reason = 'no text', finished_at = now(),
+                         accepted_at = '2026-01-15T10:00:00Z'
+         WHERE id = $1::uuid",
+    )
+    .bind(&bobs)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let ops = browser(&app, "ops@example.com").await;
+
+    let (status, page) = search(&ops, &app, &[("text", &bobs)]).await;
+    assert_eq!((status, ids(&page)), (200, vec![bobs.clone()]), "by id");
+    assert_eq!(page["jobs"][0][1], "bob@example.com", "with its owner");
+    let (_, page) = search(&ops, &app, &[("text", "ALICE@example")]).await;
+    assert_eq!(ids(&page).len(), 25, "by e-mail, a page of 25");
+    assert_eq!(page["has_more"], true);
+    let (_, page2) = search(&ops, &app, &[("text", "alice@"), ("page", "1")]).await;
+    assert_eq!((ids(&page2).len(), page2["has_more"].as_bool()), (5, Some(false)));
+    let (_, page) = search(&ops, &app, &[("text", "invoice-1")]).await;
+    assert_eq!(ids(&page).len(), 11, "by file name: invoice-1 and invoice-10..19");
+    let (_, page) = search(&ops, &app, &[("text", "100%_")]).await;
+    assert!(ids(&page).is_empty(), "wildcards in the box are literal");
+    let (_, page) = search(&ops, &app, &[("state", "failed"), ("kind", "invalid_input")]).await;
+    assert_eq!(ids(&page), vec![bobs.clone()], "by state and failure kind");
+    let (_, page) = search(&ops, &app, &[("from", "2026-01-15"), ("until", "2026-01-15")]).await;
+    assert_eq!(ids(&page), vec![bobs.clone()], "by day, both ends included");
+    let (_, page) = search(&ops, &app, &[("until", "2026-01-14")]).await;
+    assert!(ids(&page).is_empty());
+    let (status, _) = search(&ops, &app, &[("from", "15/01/2026")]).await;
+    assert_eq!(status, 422);
+
+    // A user's limit and credits, both audited.
+    let answer =
+        call(&ops, &app, "admin/set_in_flight_limit", &[("user_id", &alice.to_string()), ("limit", "7")]).await;
+    assert_eq!(answer.status(), 200);
+    let answer =
+        call(&ops, &app, "admin/set_in_flight_limit", &[("user_id", &alice.to_string()), ("limit", "0")]).await;
+    assert_eq!(answer.status(), 422);
+    let answer = call(&ops, &app, "admin/grant_credits", &[("user_id", &alice.to_string()), ("amount", "-5")]).await;
+    let user: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!((user["max_in_flight"].as_i64(), user["balance"].as_i64()), (Some(7), Some(5)));
+    let audited: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, action, new_value FROM audit_log WHERE action IN ('in_flight_limit', 'credits') ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audited,
+        vec![
+            ("ops@example.com".into(), "in_flight_limit".into(), "7".into()),
+            ("ops@example.com".into(), "credits".into(), "5".into())
+        ]
+    );
+
+    // A failed job's original, for inspection: downloaded by an admin, on the record.
+    let original = ops.get(app.url(&format!("/api/v1/jobs/{bobs}/original"))).send().await.unwrap();
+    assert_eq!(original.status(), 200);
+    assert_eq!(original.bytes().await.unwrap().as_ref(), doc(99).as_slice());
+    let subject: String = sqlx::query_scalar("SELECT subject FROM audit_log WHERE action = 'download_original'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(subject, format!("job {bobs}"));
+
+    // None of it for anyone else.
+    let alice_browser = browser(&app, "alice@example.com").await;
+    for name in ["admin/search_jobs", "admin/find_user", "admin/alerts"] {
+        let answer = call(&alice_browser, &app, name, &[("email", "bob@example.com")]).await;
+        assert_eq!(answer.status(), 404, "{name}");
+    }
+    let answer =
+        call(&alice_browser, &app, "admin/grant_credits", &[("user_id", &alice.to_string()), ("amount", "99")]).await;
+    assert_eq!(answer.status(), 404);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn run_again_makes_a_new_charged_job_of_the_same_document(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (user, token) = app.user_with_token("again@example.com", 2, 5).await;
+    let first: serde_json::Value = app.upload(&token, doc(1), None).await.json().await.unwrap();
+    let first = first["id"].as_str().unwrap().to_string();
+    let client = reqwest::Client::new();
+    let run_again = |id: &str, body: serde_json::Value| {
+        client.post(app.url(&format!("/api/v1/jobs/{id}/run-again"))).bearer_auth(&token).json(&body).send()
+    };
+    // Uploading the same document again is the same job; running it again is a new one.
+    let duplicate = app.upload(&token, doc(1), None).await;
+    assert_eq!(duplicate.status(), 200);
+    let again = run_again(&first, serde_json::json!({ "preset": "key_facts" })).await.unwrap();
+    assert_eq!(again.status(), 202);
+    let location = again.headers()["location"].to_str().unwrap().to_string();
+    let again: serde_json::Value = again.json().await.unwrap();
+    let second = again["id"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    assert_eq!(location, format!("/api/v1/jobs/{second}"));
+    assert_eq!(app.user_state(user).await, (0, 2, 0, 2), "charged again: two debits, two in flight");
+    let job = engine::queue::get(&app.pool, second.parse().unwrap()).await.unwrap();
+    assert_eq!(job.payload["preset"], "key_facts");
+    let key = job.payload["document"]["key"].as_str().unwrap().to_string();
+    let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
+    assert_eq!(blobs.get(&key).await.unwrap().as_ref(), doc(1).as_slice(), "its own copy of the document");
+    assert_eq!(app.stored_blobs(), 2);
+
+    // Out of credits now: 402, and nothing stored.
+    let broke = run_again(&first, serde_json::json!({})).await.unwrap();
+    assert_eq!(broke.status(), 402);
+    assert_eq!(app.stored_blobs(), 2);
+    // Another user's job does not exist for them; a job whose document is gone is 410.
+    let (_, stranger) = app.user_with_token("stranger@example.com", 5, 5).await;
+    let answer = client
+        .post(app.url(&format!("/api/v1/jobs/{first}/run-again")))
+        .bearer_auth(&stranger)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 404);
+    sqlx::query("UPDATE users SET balance = balance + 1 WHERE id = $1").bind(user).execute(&app.pool).await.unwrap();
+    blobs.delete(&key).await.unwrap();
+    let gone = run_again(&second, serde_json::json!({})).await.unwrap();
+    assert_eq!(gone.status(), 410);
+}
