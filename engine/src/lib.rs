@@ -12,6 +12,8 @@
 //! - [`audit`]: the audit log every admin action writes to.
 //! - [`alerts`]: alert rules, evaluated by one process at a time, and their firings.
 //! - [`webhooks`]: the signed, retried outgoing webhooks (alerts, job endings).
+//! - [`reconcile`] and [`repair`]: checking that money and jobs add up (reports only), and the
+//!   explicit, audited repair of a user's counters.
 //! - [`hooks`]: the terminal hooks the server runs the queue with (accounts + webhooks).
 //! - [`db`]: connecting and migrating.
 //! - `testing` (feature `testing`): helpers for tests and benchmarks, like River's `rivertest`.
@@ -26,6 +28,7 @@ pub mod hooks;
 pub mod maintenance;
 pub mod queue;
 pub mod reconcile;
+pub mod repair;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod webhooks;

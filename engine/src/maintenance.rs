@@ -1,5 +1,5 @@
 //! Background upkeep, one loop per process: rescue jobs whose worker vanished, prune old jobs
-//! and their documents, sweep documents no job points at, and forget old failed logins. It
+//! and their documents, reconcile the books (reporting only), and forget old failed logins. It
 //! spans the queue, documents and accounts, so it lives beside them rather than in any.
 
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::documents::sweep::{delete_documents_of, sweep_orphans};
+use crate::documents::sweep::delete_documents_of;
 use crate::documents::Blobs;
 use crate::queue::hooks::TerminalHooks;
 use crate::queue::policy::retry::RetryPolicy;
@@ -25,9 +25,6 @@ pub struct MaintenanceConfig {
     /// Forgetting failed logins older than `login_window`.
     pub account_upkeep_every: Duration,
     pub login_window: Duration,
-    /// The orphan-document sweep, and how old a document must be before it may be swept.
-    pub sweep_every: Duration,
-    pub sweep_grace: Duration,
     /// Reconciliation runs (reports only; see [`crate::reconcile`]).
     pub reconcile_every: Duration,
 }
@@ -40,8 +37,6 @@ impl Default for MaintenanceConfig {
             retention: Retention::default(),
             account_upkeep_every: Duration::from_secs(3600),
             login_window: crate::accounts::login::LoginLimits::default().window,
-            sweep_every: Duration::from_secs(3600),
-            sweep_grace: Duration::from_secs(3600),
             reconcile_every: Duration::from_secs(3600),
         }
     }
@@ -58,7 +53,6 @@ pub async fn run(
     let mut rescue_tick = tokio::time::interval(config.rescue_every);
     let mut prune_tick = tokio::time::interval(config.prune_every);
     let mut account_tick = tokio::time::interval(config.account_upkeep_every);
-    let mut sweep_tick = tokio::time::interval(config.sweep_every);
     let mut reconcile_tick = tokio::time::interval(config.reconcile_every);
     // Not at start-up: a fleet restarting should not all reconcile at once.
     reconcile_tick.reset();
@@ -79,14 +73,6 @@ pub async fn run(
                     }
                     Ok(_) => {}
                     Err(e) => tracing::error!(error = %e, "retention pruning failed"),
-                }
-            }
-            _ = sweep_tick.tick(), if blobs.is_some() => {
-                let blobs = blobs.as_ref().expect("checked by the guard");
-                match sweep_orphans(&pool, blobs, config.sweep_grace).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::warn!(documents = n, "deleted documents no job points at"),
-                    Err(e) => tracing::warn!(error = %e, "sweeping orphan documents failed"),
                 }
             }
             _ = reconcile_tick.tick() => {

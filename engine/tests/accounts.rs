@@ -503,3 +503,55 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     assert_eq!(broken.discrepancies.iter().filter(|d| d.check == "balance_matches_ledger").count(), 100);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_the_record(pool: PgPool) {
+    let pool = wider_pool(&pool, 20).await;
+    let config = AdmissionConfig { cost: 1, ..AdmissionConfig::default() };
+    let mut users_ = Vec::new();
+    for n in 0..4 {
+        let user =
+            users::create_user(&pool, &format!("repair{n}@example.com"), "password123", Role::User, 100).await.unwrap();
+        sqlx::query("UPDATE users SET max_in_flight = 1000 WHERE id = $1").bind(user.id).execute(&pool).await.unwrap();
+        users_.push(user.id);
+    }
+    // Broken counters (what a bug or a hand-edit would leave).
+    sqlx::query("UPDATE users SET balance = balance + 7, in_flight = in_flight + 3 WHERE id = ANY($1)")
+        .bind(&users_[..2])
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Admissions keep arriving while the repair runs: none may be lost from the counters.
+    let admitting: Vec<_> = (0..40)
+        .map(|n| {
+            let (pool, config, user_id) = (pool.clone(), config.clone(), users_[n % 4]);
+            tokio::spawn(async move {
+                let s = Submission {
+                    user_id,
+                    payload: serde_json::json!({ "n": n }),
+                    content_key: format!("repair-{n}"),
+                    client_key: None,
+                    fingerprint: format!("repair-{n}"),
+                };
+                admission::submit(&pool, &config, &s).await.unwrap()
+            })
+        })
+        .collect();
+    let repaired = engine::repair::repair_counters(&pool, "ops").await.unwrap();
+    for a in admitting {
+        assert!(matches!(a.await.unwrap(), Admission::Accepted { .. }));
+    }
+    let fixed_users: std::collections::BTreeSet<i64> = repaired.iter().map(|r| r.user_id).collect();
+    assert_eq!(fixed_users.into_iter().collect::<Vec<_>>(), users_[..2].to_vec(), "only the broken ones");
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "after the repair the books add up: {:?}", report.discrepancies);
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE actor = 'ops' AND action IN ('repair_balance', 'repair_in_flight')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, repaired.len() as i64);
+    assert_eq!(repaired.len(), 4, "a balance and an in-flight count for each of the two");
+    assert!(engine::repair::repair_counters(&pool, "ops").await.unwrap().is_empty(), "nothing left to repair");
+}

@@ -171,7 +171,7 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn documents_no_job_points_at_are_swept_after_their_grace(pool: PgPool) {
+async fn documents_no_job_points_at_are_removed_after_their_grace_on_the_record(pool: PgPool) {
     let dir = std::env::temp_dir().join(format!("sluice-sweep-{}", std::process::id()));
     let blobs = Blobs::local(&dir).unwrap();
     let user = users::create_user(&pool, "sweep@example.com", "password123", Role::User, 5).await.unwrap();
@@ -180,10 +180,17 @@ async fn documents_no_job_points_at_are_swept_after_their_grace(pool: PgPool) {
     let orphan = Blobs::new_key();
     blobs.put(&orphan, bytes::Bytes::from_static(b"left behind")).await.unwrap();
 
-    let swept = engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::from_secs(3600)).await.unwrap();
+    let swept =
+        engine::documents::sweep::remove_orphans(&pool, &blobs, Duration::from_secs(3600), "ops").await.unwrap();
     assert_eq!(swept, 0, "nothing is younger than an upload in progress could be");
-    let swept = engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::ZERO).await.unwrap();
+    let swept = engine::documents::sweep::remove_orphans(&pool, &blobs, Duration::ZERO, "ops").await.unwrap();
     assert_eq!(swept, 1);
+    let audited: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, new_value FROM audit_log WHERE action = 'remove_orphans' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audited, vec![("ops".to_string(), "0".to_string()), ("ops".to_string(), "1".to_string())]);
     assert!(matches!(blobs.get(&orphan).await, Err(engine::EngineError::NotFound)));
     let job = engine::queue::get(&pool, kept).await.unwrap();
     let key = job.payload["document"]["key"].as_str().unwrap();

@@ -64,6 +64,15 @@ pub enum Command {
     /// Check that money and jobs add up, store the report, and print it (exit status 1 when
     /// something does not add up). Fixes nothing.
     Reconcile,
+    /// Explicit repairs (audited): `repair counters` sets balances to their ledgers and
+    /// in-flight counts to the open jobs; `repair orphans` deletes stored documents no job
+    /// points at (older than an hour).
+    Repair {
+        #[command(subcommand)]
+        action: RepairAction,
+    },
+    /// The alerts firing now, and the latest resolved ones.
+    Alerts,
     /// Cancel a job (waiting: at once, refunded; running: at its next safe point). Audited.
     Cancel { id: String },
     /// Jobs: `jobs show ID`.
@@ -106,6 +115,15 @@ pub enum DlqAction {
     List,
     /// Replay one group (its kind and reason as `dlq list` prints them). Audited.
     Replay { kind: String, reason: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepairAction {
+    /// Set each user's balance to the sum of their ledger and their in-flight count to their
+    /// jobs not yet ended. Audited; prints every change.
+    Counters,
+    /// Delete stored documents that no job points at and that are older than an hour. Audited.
+    Orphans,
 }
 
 #[derive(Debug, Subcommand)]

@@ -8,7 +8,7 @@ use engine::hooks::SluiceHooks;
 use engine::queue::{self, dlq, switches};
 use engine::FailureKind;
 
-use crate::cli::{Command, Config, DlqAction, JobsAction};
+use crate::cli::{Command, Config, DlqAction, JobsAction, RepairAction};
 use crate::database::{Cluster, Database};
 
 /// Run one operator command against the configured database (or the embedded cluster).
@@ -111,6 +111,34 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
                     "reconciliation found {} discrepancies",
                     report.checks.iter().map(|c| c.found).sum::<i64>()
                 );
+            }
+        }
+        Command::Repair { action: RepairAction::Counters } => {
+            let repaired = engine::repair::repair_counters(&pool, "cli").await?;
+            for r in &repaired {
+                println!("user {}: {} {} -> {}", r.user_id, r.counter, r.was, r.now);
+            }
+            println!("{} counter(s) repaired", repaired.len());
+        }
+        Command::Repair { action: RepairAction::Orphans } => {
+            let blobs = blobs.as_ref().context("no blob storage configured")?;
+            let grace = std::time::Duration::from_secs(3600);
+            let removed = engine::documents::sweep::remove_orphans(&pool, blobs, grace, "cli").await?;
+            println!("{removed} document(s) no job points at deleted");
+        }
+        Command::Alerts => {
+            let firing = engine::alerts::firing(&pool).await?;
+            if firing.is_empty() {
+                println!("nothing is firing");
+            }
+            for f in firing {
+                println!(
+                    "FIRING {} since {}: {} (value {}, threshold {})",
+                    f.rule, f.fired_at, f.detail, f.value, f.threshold
+                );
+            }
+            for f in engine::alerts::recent(&pool, 10).await?.into_iter().filter(|f| f.resolved_at.is_some()) {
+                println!("resolved {} {} .. {}: {}", f.rule, f.fired_at, f.resolved_at.unwrap_or(f.fired_at), f.detail);
             }
         }
         Command::Cancel { id } => {

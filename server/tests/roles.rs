@@ -176,5 +176,25 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
     assert!(stdout(&operator(&url, &data, &["cancel", &second])).contains("had already ended (done)"));
     let listed = stdout(&operator(&url, &data, &["dlq", "list"]));
     assert!(listed.lines().count() == 1, "no dead letters: {listed}");
+    // A broken counter is reported, not fixed, until an operator repairs it (on the record).
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE users SET in_flight = in_flight + 2 WHERE email = 'roles@example.com'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(!operator(&url, &data, &["reconcile"]).status.success(), "reconciliation reports the drift");
+    let repaired = stdout(&operator(&url, &data, &["repair", "counters"]));
+    assert!(repaired.contains(": in_flight ") && repaired.contains("1 counter(s) repaired"), "{repaired}");
+    assert!(operator(&url, &data, &["reconcile"]).status.success());
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'repair_in_flight'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 1);
+    assert!(stdout(&operator(&url, &data, &["repair", "orphans"])).contains("0 document(s)"));
+    // (The drift alert may have fired meanwhile: the evaluators run every half minute.)
+    let alerts = stdout(&operator(&url, &data, &["alerts"]));
+    assert!(alerts.contains("nothing is firing") || alerts.contains("reconciliation_drift"), "{alerts}");
+    pool.close().await;
     let _ = std::fs::remove_dir_all(&data);
 }

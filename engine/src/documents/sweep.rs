@@ -1,6 +1,7 @@
 //! Blobs without a job: an upload is stored before its admission commits, so a crash between
-//! the two leaves a blob no job points at. The sweep finds such blobs once they are older
-//! than a grace period (an upload in progress is never that old) and deletes them.
+//! the two leaves a blob no job points at. Reconciliation reports them; removing them is an
+//! explicit, audited operator action (`server repair orphans`), which deletes those older than
+//! a grace period (an upload in progress is never that old).
 
 use std::time::Duration;
 
@@ -12,8 +13,9 @@ use super::Blobs;
 use crate::error::Result;
 use crate::queue::retention::PrunedJob;
 
-/// Delete stored documents older than `grace` that no job points at. Returns how many.
-pub async fn sweep_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Result<u64> {
+/// Delete stored documents older than `grace` that no job points at, on the record as
+/// `actor`'s. Returns how many.
+pub async fn remove_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration, actor: &str) -> Result<u64> {
     let before = chrono::Utc::now() - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::hours(1));
     let mut batches = blobs.documents_before(before, 500);
     let mut removed = 0;
@@ -23,6 +25,8 @@ pub async fn sweep_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Res
             removed += 1;
         }
     }
+    let mut conn = pool.acquire().await?;
+    crate::audit::audit(&mut conn, actor, "remove_orphans", None, "", &removed.to_string()).await?;
     Ok(removed)
 }
 
