@@ -139,3 +139,57 @@ test('an admin runs a reconciliation and reads the report', async ({ browser }) 
   await admin.reload();
   await expect(card.getByTestId('reconciliation-summary')).toContainText('everything adds up');
 });
+
+test("support finds a user's job by e-mail and opens it, sets the user's limit, and the user runs the document again", async ({ browser }) => {
+  const user = await newPage(browser);
+  const email = await signUp(user, 'support');
+  await open(user, '/upload');
+  await user.locator('#files').setInputFiles(uniqueText('stuck-notes.txt'));
+  await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
+  await user.goto('/jobs');
+  const job = user.locator('.job').first();
+  await expect(job.locator('.badge')).toHaveAttribute('data-state', 'done', { timeout: 20_000 });
+
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
+  await open(admin, '/admin');
+  await expect(admin.getByTestId('alerts').getByRole('heading', { name: 'Alerts' })).toBeVisible();
+  const search = admin.getByTestId('job-search');
+  await search.getByLabel('Job id, e-mail or file name').fill(email);
+  await search.getByRole('button', { name: 'Search' }).click();
+  const found = search.getByTestId('found-job');
+  await expect(found).toHaveCount(1);
+  await expect(found).toContainText(email);
+  await expect(found.locator('.badge')).toHaveAttribute('data-state', 'done');
+  await search.getByLabel('State').selectOption('failed');
+  await search.getByRole('button', { name: 'Search' }).click();
+  await expect(search.getByText('No jobs match.')).toBeVisible();
+  await search.getByLabel('State').selectOption('');
+  await search.getByRole('button', { name: 'Search' }).click();
+  await found.locator('a.file-name').click();
+  await expect(admin).toHaveURL(/\/jobs\/[0-9a-f-]{36}$/);
+  await expect(admin.locator('h1.file-name')).toHaveText('stuck-notes.txt');
+
+  // The user's in-flight limit, from the admin page and on the record.
+  await open(admin, '/admin');
+  const users = admin.getByTestId('user-admin');
+  await users.getByLabel('E-mail').fill(email);
+  await users.getByRole('button', { name: 'Look up' }).click();
+  await expect(users.getByTestId('user-summary')).toHaveText(new RegExp(`^${email.replace(/[.]/g, '\\.')}: \\d+ credits, 0 of \\d+ jobs in flight\\.$`));
+  await users.getByLabel('In-flight limit').fill('9');
+  await users.getByRole('button', { name: 'Set the limit' }).click();
+  await expect(users.getByTestId('user-summary')).toContainText('0 of 9 jobs in flight');
+  await admin.reload();
+  await expect(admin.locator('.audit li').first()).toContainText(`${operator.email} set the in-flight limit of user`);
+
+  // Run again: a new job of the same document, charged again.
+  const firstUrl = await job.locator('a.file-name').getAttribute('href');
+  await job.locator('a.file-name').click();
+  await expect(user.locator('h1.file-name')).toHaveText('stuck-notes.txt');
+  await user.getByRole('button', { name: 'Run again' }).click();
+  await expect(user).not.toHaveURL(new RegExp(`${firstUrl}$`));
+  await expect(user).toHaveURL(/\/jobs\/[0-9a-f-]{36}$/);
+  await expect(user.locator('.job-state .badge')).toHaveAttribute('data-state', 'done', { timeout: 20_000 });
+  await user.goto('/jobs');
+  await expect(user.locator('.job')).toHaveCount(2);
+});

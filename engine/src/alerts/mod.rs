@@ -31,7 +31,7 @@ impl Default for AlertConfig {
 }
 
 /// The advisory lock that makes one process at a time the evaluator (`pg_try_advisory_xact_lock`).
-pub const EVALUATOR_LOCK: i64 = 0x5_1CE_A1E4;
+pub const EVALUATOR_LOCK: i64 = 0x51CE_A1E4;
 
 /// Calls that fail because of the provider (not the document, not a crashed worker).
 const PROVIDER_FAILURES: &str = "('rate_limited', 'overloaded', 'server_error', 'timeout', 'connection', 'rejected')";
