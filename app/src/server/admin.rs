@@ -286,7 +286,8 @@ fn day_start(day: Option<&str>, days_after: i64) -> Result<Option<chrono::DateTi
     let date =
         chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").map_err(|_| AppError::invalid("dates are YYYY-MM-DD"))?;
     let start = date.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc();
-    Ok(Some(start + chrono::Duration::days(days_after)))
+    let day = start.checked_add_signed(chrono::Duration::days(days_after));
+    day.map(Some).ok_or_else(|| AppError::invalid("that date is out of range"))
 }
 
 /// A user by e-mail, with their balance and limits.
@@ -317,7 +318,7 @@ pub async fn grant_credits(user_id: i64, amount: i64) -> Result<UserInfo, AppErr
     answer(async move {
         let ctx = context()?;
         let admin = require_admin(&ctx).await?;
-        if amount == 0 || amount.abs() > 1_000_000 {
+        if amount == 0 || amount.unsigned_abs() > 1_000_000 {
             return Err(AppError::invalid("grant between 1 and 1,000,000 credits (negative takes them back)"));
         }
         engine::accounts::ledger::admin_adjust(&ctx.pool, user_id, amount, &admin.email, "granted on the admin page")

@@ -280,6 +280,10 @@ pub async fn run_again(
 ) -> Result<Admission> {
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
+    // Refused before anything is copied (a user out of credits copies nothing).
+    if let Some(refusal) = admission::precheck(pool, admission, user_id).await? {
+        return Ok(Admission::Refused(refusal));
+    }
     let key = Blobs::new_key();
     let mut reading = blobs.stream(&job.document.key).await?;
     let mut writer = blobs.writer(&key).await?;

@@ -83,29 +83,44 @@ struct Claimed {
     attempts: i32,
 }
 
-/// Deliver up to `max` due deliveries, one after another; returns how many were tried.
+/// Deliveries sent at once by one process: a slow receiver holds one lane, not all.
+const LANES: usize = 8;
+
+/// Deliver up to `max` due deliveries, [`LANES`] at a time; returns how many were tried.
 pub async fn deliver_due(pool: &PgPool, config: &DeliveryConfig, max: i64) -> Result<usize> {
-    let mut claimed: Vec<Claimed> = sqlx::query_as(
-        "UPDATE webhook_deliveries d
-         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
-         WHERE d.id IN (SELECT id FROM webhook_deliveries
-                        WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
-                        ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-         RETURNING d.id, d.event_key, d.url, d.token_id, d.body, d.attempts",
-    )
-    .bind(max)
-    .bind(config.lease.as_secs_f64())
-    .fetch_all(pool)
-    .await?;
-    // In the order they were made (`RETURNING` has none): a firing goes out before its resolve.
-    claimed.sort_by_key(|d| d.id);
-    let tried = claimed.len();
-    for delivery in claimed {
-        let outcome = attempt(pool, config, &delivery).await;
-        record(pool, config, &delivery, outcome).await?;
+    use futures::StreamExt;
+    let results: Vec<Result<bool>> =
+        futures::stream::iter(0..max.max(0)).map(|_| deliver_one(pool, config)).buffer_unordered(LANES).collect().await;
+    let mut tried = 0;
+    for result in results {
+        tried += usize::from(result?);
     }
     Ok(tried)
 }
+
+/// Claim the next due delivery (alerts first, then the oldest), send it, and record what
+/// happened. Each claim is one row with its own lease, which outlasts one POST (timeout plus
+/// the name lookup), so no other sender takes it while it is being sent.
+async fn deliver_one(pool: &PgPool, config: &DeliveryConfig) -> Result<bool> {
+    let claimed: Option<Claimed> = sqlx::query_as(
+        "UPDATE webhook_deliveries d
+         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $1)
+         WHERE d.id = (SELECT id FROM webhook_deliveries
+                       WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
+                       ORDER BY token_id IS NOT NULL, next_attempt_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+         RETURNING d.id, d.event_key, d.url, d.token_id, d.body, d.attempts",
+    )
+    .bind(config.lease.max(config.timeout + LOOKUP_TIMEOUT * 2).as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    let Some(delivery) = claimed else { return Ok(false) };
+    let outcome = attempt(pool, config, &delivery).await;
+    record(pool, config, &delivery, outcome).await?;
+    Ok(true)
+}
+
+/// How long looking up a callback's host may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What one POST came to.
 enum Outcome {
@@ -141,11 +156,19 @@ async fn attempt(pool: &PgPool, config: &DeliveryConfig, delivery: &Claimed) -> 
         None => None,
         Some(_) => match resolve_checked(&config.policy, &delivery.url).await {
             Ok(pinned) => Some(pinned),
-            Err(refusal) => return Outcome::Refused(refusal),
+            Err(Unreachable::Refused(why)) => return Outcome::Refused(why),
+            Err(Unreachable::Lookup(why)) => return Outcome::Failed(None, why),
         },
     };
-    let body = serde_json::to_vec(&delivery.body).expect("JSON serialises");
-    let mut client = reqwest::Client::builder().timeout(config.timeout).redirect(reqwest::redirect::Policy::none());
+    // The event key goes inside the signed body too, so a replay cannot pass as a new event.
+    let mut body = delivery.body.clone();
+    if let Some(object) = body.as_object_mut() {
+        object.insert("delivery".into(), delivery.event_key.clone().into());
+    }
+    let body = serde_json::to_vec(&body).expect("JSON serialises");
+    // No proxy from the environment: it would resolve the name itself, past the checks.
+    let mut client =
+        reqwest::Client::builder().timeout(config.timeout).redirect(reqwest::redirect::Policy::none()).no_proxy();
     if let Some((host, addrs)) = &pinned {
         client = client.resolve_to_addrs(host, addrs);
     }
@@ -170,22 +193,31 @@ async fn attempt(pool: &PgPool, config: &DeliveryConfig, delivery: &Claimed) -> 
     }
 }
 
+/// Why a callback cannot be reached now: for good (the policy refuses it), or for now (its
+/// name did not resolve; tried again later).
+enum Unreachable {
+    Refused(String),
+    Lookup(String),
+}
+
 /// Resolve a callback's host and check every address it gives.
-async fn resolve_checked(policy: &TargetPolicy, raw: &str) -> std::result::Result<(String, Vec<SocketAddr>), String> {
-    let url = policy.check_url(raw)?;
-    let host = url.host_str().ok_or("no host")?.trim_start_matches('[').trim_end_matches(']').to_string();
-    let port = url.port_or_known_default().ok_or("no port")?;
-    let addrs: Vec<SocketAddr> =
-        tokio::time::timeout(Duration::from_secs(5), tokio::net::lookup_host((host.as_str(), port)))
-            .await
-            .map_err(|_| format!("looking up {host} took too long"))?
-            .map_err(|e| format!("looking up {host}: {e}"))?
-            .collect();
+async fn resolve_checked(
+    policy: &TargetPolicy,
+    raw: &str,
+) -> std::result::Result<(String, Vec<SocketAddr>), Unreachable> {
+    let url = policy.check_url(raw).map_err(Unreachable::Refused)?;
+    let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = url.port_or_known_default().ok_or_else(|| Unreachable::Refused("no port".into()))?;
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((host.as_str(), port)))
+        .await
+        .map_err(|_| Unreachable::Lookup(format!("looking up {host} took too long")))?
+        .map_err(|e| Unreachable::Lookup(format!("looking up {host}: {e}")))?
+        .collect();
     if addrs.is_empty() {
-        return Err(format!("{host} has no address"));
+        return Err(Unreachable::Lookup(format!("{host} has no address")));
     }
     for addr in &addrs {
-        policy.check_address(addr.ip())?;
+        policy.check_address(addr.ip()).map_err(Unreachable::Refused)?;
     }
     Ok((host, addrs))
 }
@@ -207,7 +239,7 @@ async fn record(pool: &PgPool, config: &DeliveryConfig, delivery: &Claimed, outc
                 delivered_at = CASE WHEN $4 THEN now() END,
                 gave_up_at = CASE WHEN $5 THEN now() END,
                 next_attempt_at = now() + make_interval(secs => $6)
-         WHERE id = $1",
+         WHERE id = $1 AND attempts = $7 AND delivered_at IS NULL AND gave_up_at IS NULL",
     )
     .bind(delivery.id)
     .bind(status.map(i32::from))
@@ -215,6 +247,8 @@ async fn record(pool: &PgPool, config: &DeliveryConfig, delivery: &Claimed, outc
     .bind(delivered)
     .bind(give_up)
     .bind(retry_delay(delivery.attempts).as_secs_f64())
+    // Only this claim's attempt is recorded: a later one (after a lost lease) is not undone.
+    .bind(delivery.attempts)
     .execute(pool)
     .await?;
     Ok(())
@@ -228,8 +262,8 @@ pub async fn run(pool: PgPool, config: DeliveryConfig) {
         tick.tick().await;
         // Drain what is due in batches before sleeping again.
         loop {
-            match deliver_due(&pool, &config, 20).await {
-                Ok(20) => continue,
+            match deliver_due(&pool, &config, LANES as i64 * 4).await {
+                Ok(n) if n == LANES * 4 => continue,
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "delivering webhooks failed");

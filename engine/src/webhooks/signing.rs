@@ -7,7 +7,8 @@ use sha2::Sha256;
 
 /// The header carrying the signature.
 pub const SIGNATURE_HEADER: &str = "sluice-signature";
-/// The header naming the event, the same on every retry of it (a receiver's dedupe key).
+/// The header naming the event, the same on every retry of it (a receiver's dedupe key; the
+/// signed body carries it too, as `delivery`).
 pub const DELIVERY_HEADER: &str = "sluice-delivery";
 
 fn mac(secret: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {

@@ -95,11 +95,18 @@ pub fn is_public(ip: IpAddr) -> bool {
             if nat64 {
                 return is_public_v4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
             }
+            // 6to4 carries an IPv4 address in its second and third groups.
+            if s[0] == 0x2002 {
+                return is_public_v4(Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8));
+            }
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00 // unique local
                 || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
+                || (s[0] == 0x64 && s[1] == 0xff9b) // local-use NAT64
+                || (s[0] == 0x100 && s[1..4] == [0, 0, 0]) // discard-only
                 || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
                 || v6 == Ipv6Addr::from([0u8; 16])
                 || s[0..6] == [0, 0, 0, 0, 0, 0]) // IPv4-compatible (deprecated) and the like
@@ -150,6 +157,9 @@ mod tests {
             "http://[fd00::1]/",
             "http://[fe80::1]/",
             "http://[64:ff9b::a00:1]/",
+            "http://[2002:7f00:1::]/", // 6to4 of 127.0.0.1
+            "http://[fec0::1]/",
+            "http://[64:ff9b:1::1]/",
             "http://[::]/",
         ] {
             assert!(public_only().check_url(url).is_err(), "{url} should be refused");
