@@ -19,7 +19,18 @@ fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         let buckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
-        let recorder = PrometheusBuilder::new().set_buckets(&buckets).expect("bucket bounds").build_recorder();
+        // Acceptance to done can take hours (a paused queue, a backlog): its own buckets.
+        let time_to_done = [1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0];
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(&buckets)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full("sluice_job_time_to_done_seconds".into()),
+                    &time_to_done,
+                )
+            })
+            .expect("bucket bounds")
+            .build_recorder();
         let handle = recorder.handle();
         // Another recorder may be installed already (a test harness); ours still renders.
         let _ = metrics::set_global_recorder(recorder);

@@ -142,7 +142,7 @@ pub async fn complete_many(
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.input_tokens).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.output_tokens).collect();
     let mut tx = pool.begin().await?;
-    let done: Vec<TerminalJob> = sqlx::query_as(
+    let done: Vec<DoneRow> = sqlx::query_as(
         "WITH input AS (
              SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[])
                  AS t(id, token, result, input_tokens, output_tokens)
@@ -154,14 +154,15 @@ pub async fn complete_many(
              FROM input i
              WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
                AND j.cancel_requested_at IS NULL
-             RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens
+             RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens,
+                       extract(epoch FROM j.finished_at - j.accepted_at)::float8 AS time_to_done
          ),
          attempt_rows AS (
              UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
                  input_tokens = d.input_tokens, output_tokens = d.output_tokens
              FROM done d WHERE a.id = d.token
          )
-         SELECT id, owner_id, cost, attempts FROM done",
+         SELECT id, owner_id, cost, attempts, time_to_done FROM done",
     )
     .bind(&ids)
     .bind(&tokens)
@@ -171,9 +172,9 @@ pub async fn complete_many(
     .fetch_all(&mut *tx)
     .await?;
     let mut written = HashSet::with_capacity(done.len());
-    for terminal in &done {
-        hooks.on_done(&mut tx, terminal).await?;
-        written.insert(terminal.id);
+    for DoneRow { job, .. } in &done {
+        hooks.on_done(&mut tx, job).await?;
+        written.insert(job.id);
     }
     // A result for a job whose owner canceled it meanwhile is not charged: canceled instead.
     let others: Vec<(Uuid, Uuid)> =
@@ -184,6 +185,9 @@ pub async fn complete_many(
             .into_iter()
             .collect();
     tx.commit().await?;
+    for row in &done {
+        metrics::histogram!("sluice_job_time_to_done_seconds").record(row.time_to_done);
+    }
     Ok(ids
         .iter()
         .map(|id| match (written.contains(id), canceled.contains(id)) {
@@ -192,6 +196,14 @@ pub async fn complete_many(
             _ => Recorded::Stale,
         })
         .collect())
+}
+
+/// A job just done, and how long it took from acceptance (for the time-to-done histogram).
+#[derive(sqlx::FromRow)]
+struct DoneRow {
+    #[sqlx(flatten)]
+    job: TerminalJob,
+    time_to_done: f64,
 }
 
 /// A running job as a failure sees it, locked for the transition.

@@ -1,9 +1,6 @@
 //! Reading jobs back: state, results and originals for their owners, 404 for anyone else.
 
-use std::sync::Arc;
-
 use app::server::session::WebSettings;
-use engine::accounts::AccountHooks;
 use engine::queue;
 use reqwest::StatusCode;
 use sqlx::PgPool;
@@ -59,22 +56,7 @@ async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: P
     }
 
     // Process it with the built-in local provider, then fetch the result.
-    let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
-    let processor = engine::documents::processor::DocumentProcessor {
-        blobs,
-        provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
-        sandbox: Arc::new(sandbox()),
-        stages: engine::queue::stages::StageLog::new(app.pool.clone()),
-    };
-    let reports = engine::queue::worker::work_once(
-        &app.pool,
-        &engine::testing::fast_worker("dl", 1),
-        Arc::new(processor),
-        Arc::new(AccountHooks),
-        1,
-    )
-    .await
-    .unwrap();
+    let reports = work(&app, 1).await;
     assert_eq!(reports[0].recorded, queue::Recorded::Done);
     let md = client.get(app.url(&format!("/api/v1/jobs/{id}/result.md"))).bearer_auth(&token).send().await.unwrap();
     assert_eq!(md.status(), StatusCode::OK);

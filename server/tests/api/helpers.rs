@@ -131,3 +131,18 @@ pub async fn upload_file(app: &TestApp, token: &str, name: &str, bytes: Vec<u8>,
 pub fn sandbox() -> engine::documents::sandbox::SandboxConfig {
     engine::documents::sandbox::SandboxConfig::new(env!("CARGO_BIN_EXE_server").into(), vec!["extract".into()])
 }
+
+/// Run up to `jobs` waiting jobs with the local provider and the server's hooks (one worker step).
+pub async fn work(app: &TestApp, jobs: usize) -> Vec<engine::queue::worker::AttemptReport> {
+    let processor = engine::documents::processor::DocumentProcessor {
+        blobs: engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap(),
+        provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
+        sandbox: std::sync::Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::new(app.pool.clone()),
+    };
+    let config = engine::testing::fast_worker("hooks", jobs);
+    let hooks = std::sync::Arc::new(engine::hooks::SluiceHooks);
+    engine::queue::worker::work_once(&app.pool, &config, std::sync::Arc::new(processor), hooks, jobs as i64)
+        .await
+        .unwrap()
+}

@@ -41,4 +41,14 @@ async fn metrics_are_private_by_default_and_count_what_happened(pool: PgPool) {
     );
     assert!(!text.contains("00000000-0000-0000-0000-000000000000"), "no ids in labels");
     assert!(has("sluice_http_request_duration_seconds_bucket{"), "{text}");
+
+    // The job done: acceptance to done lands in the histogram, in buckets up to a day.
+    work(&app, 1).await;
+    let text = client.get(app.url("/metrics")).bearer_auth("scrape-secret").send().await.unwrap().text().await.unwrap();
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_job_time_to_done_seconds_count "))
+        .and_then(|n| n.trim().parse::<f64>().ok());
+    assert!(count.is_some_and(|n| n >= 1.0), "{text}");
+    assert!(text.contains("sluice_job_time_to_done_seconds_bucket{le=\"86400\"}"), "{text}");
 }

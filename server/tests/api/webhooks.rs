@@ -4,7 +4,6 @@
 //! need a token, and private addresses are refused unless the admin allows them, with nothing
 //! stored or charged.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use app::server::session::WebSettings;
@@ -35,19 +34,6 @@ async fn upload_with_callback(app: &TestApp, token: &str, n: usize, callback: &s
         .part("file", reqwest::multipart::Part::bytes(doc(n)).file_name("doc.txt"))
         .text("callback_url", callback.to_string());
     reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
-}
-
-/// Run the queue's waiting jobs with the local provider and the server's hooks.
-async fn work(app: &TestApp, jobs: usize) {
-    let processor = engine::documents::processor::DocumentProcessor {
-        blobs: engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap(),
-        provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
-        sandbox: Arc::new(sandbox()),
-        stages: engine::queue::stages::StageLog::new(app.pool.clone()),
-    };
-    let config = engine::testing::fast_worker("hooks", jobs);
-    let hooks = Arc::new(engine::hooks::SluiceHooks);
-    engine::queue::worker::work_once(&app.pool, &config, Arc::new(processor), hooks, jobs as i64).await.unwrap();
 }
 
 fn assert_signed(received: &Received, secret: &str) -> serde_json::Value {
