@@ -90,8 +90,14 @@ pub struct Firing {
 }
 
 impl Firing {
-    fn webhook_body(&self, event: &str) -> serde_json::Value {
-        serde_json::json!({ "event": event, "alert": self })
+    /// Queue this firing's `fired` or `resolved` event for the operator's webhook, if set
+    /// (once: the event key is the firing and the event).
+    async fn send(&self, tx: &mut sqlx::PgConnection, config: &AlertConfig, event: &str) -> Result<()> {
+        if let Some(url) = &config.webhook_url {
+            let body = serde_json::json!({ "event": format!("alert.{event}"), "alert": self });
+            outbox::enqueue(tx, &format!("alert:{}:{event}", self.id), url, None, &body).await?;
+        }
+        Ok(())
     }
 }
 
@@ -128,16 +134,7 @@ pub async fn evaluate_once(pool: &PgPool, config: &AlertConfig) -> Result<Option
         .fetch_one(&mut *tx)
         .await?;
         tracing::warn!(rule = firing.rule, value = firing.value, threshold = firing.threshold, "alert firing");
-        if let Some(url) = &config.webhook_url {
-            outbox::enqueue(
-                &mut tx,
-                &format!("alert:{}:fired", firing.id),
-                url,
-                None,
-                &firing.webhook_body("alert.fired"),
-            )
-            .await?;
-        }
+        firing.send(&mut tx, config, "fired").await?;
     }
     for reading in &changes.still {
         sqlx::query("UPDATE alert_firings SET value = $2, detail = $3 WHERE rule = $1 AND resolved_at IS NULL")
@@ -155,16 +152,7 @@ pub async fn evaluate_once(pool: &PgPool, config: &AlertConfig) -> Result<Option
         .fetch_one(&mut *tx)
         .await?;
         tracing::info!(rule = firing.rule, "alert resolved");
-        if let Some(url) = &config.webhook_url {
-            outbox::enqueue(
-                &mut tx,
-                &format!("alert:{}:resolved", firing.id),
-                url,
-                None,
-                &firing.webhook_body("alert.resolved"),
-            )
-            .await?;
-        }
+        firing.send(&mut tx, config, "resolved").await?;
     }
     tx.commit().await?;
     Ok(Some(changes))

@@ -113,7 +113,7 @@ pub async fn page_for_owner(
     limit: i64,
 ) -> Result<(Vec<JobView>, bool)> {
     let pattern = filter.name_contains.as_deref().map(|n| format!("%{}%", like_literal(n.trim())));
-    let mut jobs: Vec<JobView> = sqlx::query_as(select_jobs!(
+    let jobs: Vec<JobView> = sqlx::query_as(select_jobs!(
         "WHERE owner_id = $1 AND ($2::text IS NULL OR state = $2)
            AND ($3::text IS NULL OR payload #>> '{document,name}' ILIKE $3)
          ORDER BY accepted_at DESC, id LIMIT $4 OFFSET $5"
@@ -125,9 +125,14 @@ pub async fn page_for_owner(
     .bind(offset.max(0))
     .fetch_all(pool)
     .await?;
-    let more = jobs.len() as i64 > limit;
-    jobs.truncate(limit.max(0) as usize);
-    Ok((jobs, more))
+    Ok(one_page(jobs, limit))
+}
+
+/// Pure: a page from rows read with one more than `limit`: the rows, and whether more follow.
+fn one_page<T>(mut rows: Vec<T>, limit: i64) -> (Vec<T>, bool) {
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit.max(0) as usize);
+    (rows, more)
 }
 
 /// What an admin searches jobs by (every part optional).
@@ -166,7 +171,7 @@ pub struct FoundJob {
 /// One page of every user's jobs matching `search`, newest first, and whether there are more.
 pub async fn search(pool: &PgPool, search: &JobSearch, offset: i64, limit: i64) -> Result<(Vec<FoundJob>, bool)> {
     let (id, email, name) = search_terms(search.text.as_deref());
-    let mut found: Vec<FoundJob> = sqlx::query_as(select_jobs!(
+    let found: Vec<FoundJob> = sqlx::query_as(select_jobs!(
         ", u.email AS owner_email",
         "JOIN users u ON u.id = jobs.owner_id
          WHERE ($1::uuid IS NULL OR jobs.id = $1)
@@ -189,9 +194,7 @@ pub async fn search(pool: &PgPool, search: &JobSearch, offset: i64, limit: i64) 
     .bind(offset.max(0))
     .fetch_all(pool)
     .await?;
-    let more = found.len() as i64 > limit;
-    found.truncate(limit.max(0) as usize);
-    Ok((found, more))
+    Ok(one_page(found, limit))
 }
 
 /// One attempt of a job, for the timeline.
