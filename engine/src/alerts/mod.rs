@@ -111,9 +111,12 @@ pub async fn evaluate_once(pool: &PgPool, config: &AlertConfig) -> Result<Option
         return Ok(None);
     }
     let observation = observe(pool).await?;
-    let open: Vec<String> =
-        sqlx::query_scalar("SELECT rule FROM alert_firings WHERE resolved_at IS NULL").fetch_all(&mut *tx).await?;
-    let before: Vec<Rule> = open.iter().filter_map(|r| Rule::parse(r)).collect();
+    let open: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT rule, extract(epoch FROM now() - fired_at)::float8 FROM alert_firings WHERE resolved_at IS NULL",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let before: Vec<(Rule, f64)> = open.iter().filter_map(|(r, secs)| Some((Rule::parse(r)?, *secs))).collect();
     let readings = rules::evaluate(&observation, &config.thresholds);
     for reading in &readings {
         metrics::gauge!("sluice_alert_firing", "rule" => reading.rule.as_str()).set(if reading.firing {
@@ -122,7 +125,7 @@ pub async fn evaluate_once(pool: &PgPool, config: &AlertConfig) -> Result<Option
             0.0
         });
     }
-    let changes = rules::transitions(&before, readings);
+    let changes = rules::transitions(&before, readings, config.thresholds.min_firing_secs);
     for reading in &changes.fired {
         let firing: Firing = sqlx::query_as(
             "INSERT INTO alert_firings (rule, value, threshold, detail) VALUES ($1, $2, $3, $4) RETURNING *",

@@ -65,6 +65,8 @@ pub struct Thresholds {
     pub provider_min_calls: i64,
     /// Discrepancies the latest reconciliation may find (0: any fires).
     pub drift: i64,
+    /// The shortest a firing lasts (against flapping at a threshold).
+    pub min_firing_secs: f64,
 }
 
 impl Default for Thresholds {
@@ -77,6 +79,7 @@ impl Default for Thresholds {
             provider_failure_ratio: 0.5,
             provider_min_calls: 20,
             drift: 0,
+            min_firing_secs: 300.0,
         }
     }
 }
@@ -179,15 +182,18 @@ pub struct Transitions {
     pub still: Vec<Reading>,
 }
 
-/// Pure: compare the verdicts with the rules firing before.
-pub fn transitions(firing_before: &[Rule], readings: Vec<Reading>) -> Transitions {
+/// Pure: compare the verdicts with the rules firing before, each with how long it has fired
+/// (seconds). A firing is held for at least `min_firing_secs`, so a value hovering at its
+/// threshold makes one firing and one resolve per hold, not a pair every round.
+pub fn transitions(firing_before: &[(Rule, f64)], readings: Vec<Reading>, min_firing_secs: f64) -> Transitions {
     let mut out = Transitions::default();
     for reading in readings {
-        match (firing_before.contains(&reading.rule), reading.firing) {
-            (false, true) => out.fired.push(reading),
-            (true, false) => out.resolved.push(reading.rule),
-            (true, true) => out.still.push(reading),
-            (false, false) => {}
+        let before = firing_before.iter().find(|(rule, _)| *rule == reading.rule).map(|&(_, secs)| secs);
+        match (before, reading.firing) {
+            (None, true) => out.fired.push(reading),
+            (Some(secs), false) if secs >= min_firing_secs => out.resolved.push(reading.rule),
+            (Some(_), _) => out.still.push(reading),
+            (None, false) => {}
         }
     }
     out
@@ -255,6 +261,15 @@ mod tests {
         assert!(firing(&Observation { provider_calls: 3, provider_failures: 3, ..quiet() }).is_empty());
     }
 
+    #[test]
+    fn a_firing_is_held_before_it_may_resolve() {
+        let clear = |rule| Reading { rule, firing: false, value: 0.0, threshold: 1.0, detail: String::new() };
+        let held = transitions(&[(Rule::DlqDepth, 299.0)], vec![clear(Rule::DlqDepth)], 300.0);
+        assert!(held.resolved.is_empty() && held.still.len() == 1, "{held:?}");
+        let resolved = transitions(&[(Rule::DlqDepth, 300.0)], vec![clear(Rule::DlqDepth)], 300.0);
+        assert_eq!(resolved.resolved, vec![Rule::DlqDepth]);
+    }
+
     proptest! {
         #[test]
         fn transitions_partition_the_rules(before in proptest::sample::subsequence(Rule::ALL.to_vec(), 0..=6),
@@ -262,14 +277,16 @@ mod tests {
             let readings: Vec<Reading> = Rule::ALL.iter().map(|&rule| Reading {
                 rule, firing: now.contains(&rule), value: 1.0, threshold: 0.0, detail: String::new(),
             }).collect();
-            let t = transitions(&before, readings);
+            let before: Vec<(Rule, f64)> = before.iter().map(|&r| (r, 600.0)).collect();
+            let t = transitions(&before, readings, 300.0);
             for rule in Rule::ALL {
                 let fired = t.fired.iter().any(|r| r.rule == rule);
                 let resolved = t.resolved.contains(&rule);
                 let still = t.still.iter().any(|r| r.rule == rule);
-                prop_assert_eq!(fired, !before.contains(&rule) && now.contains(&rule));
-                prop_assert_eq!(resolved, before.contains(&rule) && !now.contains(&rule));
-                prop_assert_eq!(still, before.contains(&rule) && now.contains(&rule));
+                let was = before.iter().any(|(r, _)| *r == rule);
+                prop_assert_eq!(fired, !was && now.contains(&rule));
+                prop_assert_eq!(resolved, was && !now.contains(&rule));
+                prop_assert_eq!(still, was && now.contains(&rule));
             }
         }
     }
