@@ -555,3 +555,47 @@ async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_t
     assert_eq!(repaired.len(), 4, "a balance and an in-flight count for each of the two");
     assert!(engine::repair::repair_counters(&pool, "ops").await.unwrap().is_empty(), "nothing left to repair");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_token_poll_is_a_read_last_used_is_written_at_most_once_a_minute(pool: PgPool) {
+    use engine::accounts::tokens;
+    let user = users::create_user(&pool, "poller@example.com", "password123", Role::User, 5).await.unwrap();
+    let (token, secret) = tokens::create(&pool, user.id, "poller").await.unwrap();
+    // A row's xmin changes with every write to it: the polls after the first must not write.
+    let version = || async {
+        sqlx::query_scalar::<_, String>("SELECT xmin::text FROM api_tokens WHERE id = $1")
+            .bind(token.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let before = version().await;
+    let (found, token_id) = tokens::authenticate_token(&pool, &secret).await.unwrap().unwrap();
+    assert_eq!((found.id, token_id), (user.id, token.id));
+    let after_first = version().await;
+    assert_ne!(before, after_first, "the first use is recorded");
+    for _ in 0..20 {
+        assert!(tokens::authenticate_token(&pool, &secret).await.unwrap().is_some());
+    }
+    assert_eq!(version().await, after_first, "polls within the minute write nothing");
+    // A minute later, the next use is recorded again.
+    sqlx::query("UPDATE api_tokens SET last_used_at = now() - interval '61 seconds' WHERE id = $1")
+        .bind(token.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let aged = version().await;
+    tokens::authenticate_token(&pool, &secret).await.unwrap().unwrap();
+    assert_ne!(version().await, aged);
+    let used: bool =
+        sqlx::query_scalar("SELECT last_used_at > now() - interval '5 seconds' FROM api_tokens WHERE id = $1")
+            .bind(token.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(used);
+    // Revoked or wrong: nobody.
+    assert!(tokens::authenticate_token(&pool, "slc_wrong").await.unwrap().is_none());
+    tokens::revoke(&pool, user.id, token.id).await.unwrap();
+    assert!(tokens::authenticate_token(&pool, &secret).await.unwrap().is_none());
+}

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
-use super::users::{self, User};
+use super::users::User;
 use crate::error::{EngineError, Result};
 
 const PREFIX: &str = "slc_";
@@ -80,19 +80,38 @@ pub async fn authenticate(pool: &PgPool, secret: &str) -> Result<Option<User>> {
     Ok(authenticate_token(pool, secret).await?.map(|(user, _)| user))
 }
 
-/// The user and the token's id, if the token is valid and not revoked.
+/// The user and the token's id, if the token is valid and not revoked. A poll is a read: the
+/// token's `last_used_at` is written at most once a minute (one row, one commit per poll would
+/// be a synchronous write on every status check).
 pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(User, i64)>> {
     if !secret.starts_with(PREFIX) {
         return Ok(None);
     }
-    let found: Option<(i64, i64)> = sqlx::query_as(
-        "UPDATE api_tokens SET last_used_at = now() WHERE token_sha256 = $1 AND revoked_at IS NULL RETURNING id, user_id",
+    #[derive(sqlx::FromRow)]
+    struct Found {
+        token_id: i64,
+        stale: bool,
+        #[sqlx(flatten)]
+        user: User,
+    }
+    let found: Option<Found> = sqlx::query_as(
+        "SELECT t.id AS token_id,
+                (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute') AS stale, u.*
+         FROM api_tokens t JOIN users u ON u.id = t.user_id
+         WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
     )
     .bind(digest(secret))
     .fetch_optional(pool)
     .await?;
-    match found {
-        Some((token_id, user_id)) => Ok(Some((users::get(pool, user_id).await?, token_id))),
-        None => Ok(None),
+    let Some(found) = found else { return Ok(None) };
+    if found.stale {
+        sqlx::query(
+            "UPDATE api_tokens SET last_used_at = now()
+             WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+        )
+        .bind(found.token_id)
+        .execute(pool)
+        .await?;
     }
+    Ok(Some((found.user, found.token_id)))
 }
