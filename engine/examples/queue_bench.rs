@@ -6,7 +6,9 @@
 //!    intake bound's 10,000 jobs waiting across 100 owners and 24 running, for a user with 3 and
 //!    with 200 waiting jobs, 100 calls each.
 //!
-//! Prints each run and the medians. Options: --runs N (default 3), --jobs N (default 20000).
+//! Prints each run and the medians, and a `RESULT drain=.. pickup_p50=.. pickup_p95=..` line
+//! that `cargo xtask bench` reads to set Sluice beside graphile-worker run by run. Options:
+//! --runs N (default 3), --jobs N (default 20000), --parts queue,line (default both).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -144,10 +146,20 @@ async fn main() {
     let jobs = arg("--jobs", 20_000);
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (cargo xtask bench sets it)");
     let pool = engine::db::connect(&url, 40).await.unwrap();
+    let parts = std::env::args().skip_while(|a| a != "--parts").nth(1).unwrap_or_else(|| "queue,line".into());
+    if parts.split(',').any(|p| p == "queue") {
+        queue(&pool, runs, jobs).await;
+    }
+    if parts.split(',').any(|p| p == "line") {
+        line(&pool).await;
+    }
+}
+
+async fn queue(pool: &PgPool, runs: usize, jobs: usize) {
     let (mut rates, mut p50s, mut p95s) = (vec![], vec![], vec![]);
     for run in 1..=runs {
-        let rate = drain_run(&pool, jobs).await;
-        let (p50, p95, from_commit) = pickup_run(&pool, 200).await;
+        let rate = drain_run(pool, jobs).await;
+        let (p50, p95, from_commit) = pickup_run(pool, 200).await;
         println!(
             "run {run}: drain {rate:>8.0} jobs/s   pickup p50 {p50:>6.2} ms  p95 {p95:>6.2} ms  (p50 after the commit returned: {from_commit:.2} ms)"
         );
@@ -155,14 +167,16 @@ async fn main() {
         p50s.push(p50);
         p95s.push(p95);
     }
+    let (rate, p50, p95) = (median(&mut rates), median(&mut p50s), median(&mut p95s));
     println!(
-        "median of {runs}: drain {:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {:.2} ms, p95 {:.2} ms",
-        median(&mut rates),
-        median(&mut p50s),
-        median(&mut p95s)
+        "median of {runs}: drain {rate:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {p50:.2} ms, p95 {p95:.2} ms"
     );
+    println!("RESULT drain={rate:.1} pickup_p50={p50:.3} pickup_p95={p95:.3}");
+}
+
+async fn line(pool: &PgPool) {
     for mine in [3, 200] {
-        let (p50, p95) = place_in_line_run(&pool, 10_000, mine, 100).await;
+        let (p50, p95) = place_in_line_run(pool, 10_000, mine, 100).await;
         println!(
             "place in line for a user with {mine} waiting (10,000 more across 100 owners, 24 running): p50 {p50:.2} ms, p95 {p95:.2} ms"
         );

@@ -3,7 +3,8 @@
 //! - `run`   install what is missing, build the site, serve it with workers on the embedded default
 //! - `test`  every test: Rust unit + integration against a private Postgres, then Playwright
 //!           (`--no-e2e` or `--e2e-only` run one half, for iterating)
-//! - `bench` the queue benchmarks (release build) against a private Postgres
+//! - `bench` the benchmarks (release build) against a private Postgres, the queue's beside
+//!   graphile-worker in the same run
 //! - `pg`    start a private Postgres for hacking, print its DATABASE_URL, stop on Enter
 //! - `dist`  the production build, and the WASM bundle's size raw and compressed
 
@@ -389,23 +390,119 @@ fn bench(args: &[String]) -> Result {
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
     let rest: Vec<&String> = args.iter().skip(which.is_some() as usize).collect();
     let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
-    let benches = [("queue", "engine", "queue_bench"), ("upload", "server", "upload_bench")];
-    for (name, package, example) in benches {
-        if which.is_some_and(|w| w != name) {
-            continue;
-        }
-        let db = format!("bench_{name}");
-        temp.cluster.create_database(&db).map_err(|e| e.to_string())?;
-        eprintln!("== {name} benchmark");
+    if which.is_none_or(|w| w == "queue") {
+        queue_beside_graphile(&temp.cluster, &rest)?;
+    }
+    if which.is_none_or(|w| w == "upload") {
+        temp.cluster.create_database("bench_upload").map_err(|e| e.to_string())?;
+        eprintln!("== upload benchmark");
         status(
             cargo()
-                .args(["run", "--release", "--package", package, "--example", example, "--"])
+                .args(["run", "--release", "--package", "server", "--example", "upload_bench", "--"])
                 .args(&rest)
-                .env("DATABASE_URL", temp.cluster.url(&db)),
-            &format!("{name} benchmark"),
+                .env("DATABASE_URL", temp.cluster.url("bench_upload")),
+            "upload benchmark",
         )?;
     }
     Ok(())
+}
+
+/// The queue benchmark beside its reference, graphile-worker (a pinned npm package in
+/// bench/graphile), on the same Postgres and transport, alternating run by run: a figure is
+/// only claimed as a ratio measured in the same run (these machines vary 2x from day to day).
+fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Result {
+    let runs: usize = rest
+        .iter()
+        .position(|a| a.as_str() == "--runs")
+        .and_then(|i| rest.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let graphile = Path::new("bench/graphile");
+    if !graphile.join("node_modules").exists() {
+        status(
+            Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(graphile),
+            "npm ci (graphile-worker)",
+        )?;
+    }
+    for db in ["bench_queue", "bench_graphile"] {
+        cluster.create_database(db).map_err(|e| e.to_string())?;
+    }
+    eprintln!("== queue benchmark: Sluice beside graphile-worker 0.16.6, {runs} alternating runs");
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for run in 1..=runs {
+        let sluice = measured(
+            cargo()
+                .args(["run", "--quiet", "--release", "--package", "engine", "--example", "queue_bench", "--"])
+                .args(["--runs", "1", "--parts", "queue"])
+                .env("DATABASE_URL", cluster.url("bench_queue")),
+            "the Sluice queue benchmark",
+        )?;
+        let reference = measured(
+            Command::new("node")
+                .args(["bench.mjs", "20000", "200"])
+                .current_dir(graphile)
+                .env("DATABASE_URL", cluster.url("bench_graphile")),
+            "the graphile-worker benchmark",
+        )?;
+        println!(
+            "run {run}: drain {:.0} vs {:.0} jobs/s (ratio {:.2}); pickup p50 {:.2} vs {:.2} ms, p95 {:.2} vs {:.2} ms",
+            sluice[0],
+            reference[0],
+            sluice[0] / reference[0],
+            sluice[1],
+            reference[1],
+            sluice[2],
+            reference[2]
+        );
+        ours.push(sluice);
+        theirs.push(reference);
+    }
+    let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a[0] / b[0]).collect();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let column = |rows: &[[f64; 3]], i: usize| median(rows.iter().map(|r| r[i]).collect());
+    println!(
+        "queue drain, 20,000 no-op jobs, 24 workers: Sluice {:.0} jobs/s, graphile-worker {:.0} jobs/s; same-run ratio median {:.2} (runs: {})",
+        column(&ours, 0),
+        column(&theirs, 0),
+        median(ratios.clone()),
+        ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+    );
+    println!(
+        "pickup, enqueue to processor start: Sluice p50 {:.2} ms, p95 {:.2} ms; graphile-worker p50 {:.2} ms, p95 {:.2} ms",
+        column(&ours, 1),
+        column(&ours, 2),
+        column(&theirs, 1),
+        column(&theirs, 2)
+    );
+    status(
+        cargo()
+            .args(["run", "--quiet", "--release", "--package", "engine", "--example", "queue_bench", "--"])
+            .args(["--parts", "line"])
+            .env("DATABASE_URL", cluster.url("bench_queue")),
+        "the place-in-line benchmark",
+    )
+}
+
+/// Run a benchmark and read its `RESULT drain=.. pickup_p50=.. pickup_p95=..` line.
+fn measured(cmd: &mut Command, what: &str) -> Result<[f64; 3]> {
+    let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("{what}: cannot start: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{what} failed ({})", out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .ok_or_else(|| format!("{what}: no RESULT line in {text}"))?;
+    let value = |key: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
+            .ok_or_else(|| format!("{what}: no {key} in {line}"))
+    };
+    Ok([value("drain")?, value("pickup_p50")?, value("pickup_p95")?])
 }
 
 fn pg() -> Result {

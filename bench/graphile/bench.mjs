@@ -1,0 +1,78 @@
+// The same-run reference for `cargo xtask bench`: graphile-worker on the same Postgres, the
+// same transport (DATABASE_URL) and the same shape as Sluice's queue benchmark:
+//   drain: N no-op jobs inserted beforehand, then a worker with 24 concurrent tasks empties them;
+//   pickup: one job added to an idle worker until its task starts, 200 times.
+// Prints one line: RESULT drain=<jobs/s> pickup_p50=<ms> pickup_p95=<ms>
+import { Logger, makeWorkerUtils, run, runMigrations } from 'graphile-worker';
+import pg from 'pg';
+
+const connectionString = process.env.DATABASE_URL;
+if (!connectionString) throw new Error('DATABASE_URL is not set (cargo xtask bench sets it)');
+const jobs = Number(process.argv[2] ?? 20000);
+const samples = Number(process.argv[3] ?? 200);
+const logger = new Logger(() => () => {}); // silent, as the Rust side logs nothing either
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const percentile = (sorted, p) => sorted[Math.round((sorted.length - 1) * p)];
+
+await runMigrations({ connectionString, logger });
+const db = new pg.Pool({ connectionString, max: 2 });
+
+async function reset() {
+  await db.query('DELETE FROM graphile_worker._private_jobs');
+  await db.query('VACUUM ANALYZE graphile_worker._private_jobs');
+}
+
+async function drain() {
+  await reset();
+  await db.query("SELECT graphile_worker.add_job('noop', json_build_object('n', g)) FROM generate_series(1, $1) g", [jobs]);
+  await db.query('ANALYZE graphile_worker._private_jobs');
+  const started = performance.now();
+  const runner = await run({
+    connectionString,
+    concurrency: 24,
+    noHandleSignals: true,
+    pollInterval: 1000,
+    logger,
+    taskList: { noop: async () => {} },
+  });
+  for (;;) {
+    const { rows } = await db.query('SELECT EXISTS (SELECT 1 FROM graphile_worker._private_jobs) AS busy');
+    if (!rows[0].busy) break;
+    await sleep(10);
+  }
+  const seconds = (performance.now() - started) / 1000;
+  await runner.stop();
+  return jobs / seconds;
+}
+
+async function pickup() {
+  await reset();
+  let started = () => {};
+  const runner = await run({
+    connectionString,
+    concurrency: 24,
+    noHandleSignals: true,
+    pollInterval: 1000,
+    logger,
+    taskList: { ping: async () => started(performance.now()) },
+  });
+  const utils = await makeWorkerUtils({ connectionString, logger });
+  await sleep(300);
+  const latencies = [];
+  for (let i = 0; i < samples; i++) {
+    const began = new Promise((resolve) => (started = resolve));
+    const enqueued = performance.now();
+    await utils.addJob('ping', {});
+    latencies.push((await began) - enqueued);
+    await sleep(10);
+  }
+  await utils.release();
+  await runner.stop();
+  latencies.sort((a, b) => a - b);
+  return [percentile(latencies, 0.5), percentile(latencies, 0.95)];
+}
+
+const rate = await drain();
+const [p50, p95] = await pickup();
+await db.end();
+console.log(`RESULT drain=${rate.toFixed(1)} pickup_p50=${p50.toFixed(3)} pickup_p95=${p95.toFixed(3)}`);
