@@ -664,3 +664,48 @@ async fn a_users_jobs_come_a_page_at_a_time_filtered_by_state_and_name(pool: PgP
     let (jobs, _) = page_for_owner(&pool, owner, &search("%"), 0, 50).await.unwrap();
     assert_eq!(jobs.len(), 1);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_shared_snapshot_of_the_line_answers_as_the_database_does(pool: PgPool) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    switches::set_gate_size(&pool, 30, "test").await.unwrap();
+    for round in 0..4 {
+        // Owners with random backlogs, some running, some retries scheduled later.
+        for owner in 0..25i64 {
+            let n = rng.random_range(0..12);
+            enqueue_many(&pool, owner, n).await;
+        }
+        let claimed = queue::claim(&pool, "w", rng.random_range(0..20), Duration::from_secs(60)).await.unwrap();
+        sqlx::query(
+            "UPDATE jobs SET state = 'retrying', run_at = now() + interval '1 hour'
+             WHERE id IN (SELECT id FROM jobs WHERE state = 'queued' ORDER BY random() LIMIT 5)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let snapshot = queue::LineSnapshot::read(&pool).await.unwrap().expect("small enough for a snapshot");
+        for owner in 0..25i64 {
+            let mine: Vec<Uuid> =
+                sqlx::query_scalar("SELECT id FROM jobs WHERE owner_id = $1 AND state IN ('queued', 'retrying')")
+                    .bind(owner)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            let asked = queue::waiting_line(&pool, owner, &mine).await.unwrap();
+            let shared = snapshot.line_for(owner, &mine).expect("every waiting job is in the snapshot");
+            assert_eq!(shared, asked, "round {round}, owner {owner}");
+        }
+        // A job newer than the snapshot is not answered from it (the caller asks the database).
+        let newer = enqueue_many(&pool, 3, 1).await;
+        assert!(snapshot.line_for(3, &newer).is_none());
+        let line = queue::SharedLine::default();
+        assert_eq!(
+            line.waiting_line(&pool, 3, &newer).await.unwrap(),
+            queue::waiting_line(&pool, 3, &newer).await.unwrap()
+        );
+        for job in &claimed {
+            queue::complete(&pool, &NoHooks, job, &ok_output()).await.unwrap();
+        }
+    }
+}

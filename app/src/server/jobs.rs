@@ -35,7 +35,7 @@ pub async fn list_jobs(page: Option<u32>, state: Option<String>, search: Option<
         let offset = i64::from(page.unwrap_or(0).min(100_000)) * i64::from(JOBS_PER_PAGE);
         let (jobs, has_more) =
             engine::queue::page_for_owner(&ctx.pool, user.id, &filter, offset, i64::from(JOBS_PER_PAGE)).await?;
-        Ok(JobsPage { jobs: job_statuses(&ctx.pool, user.id, &jobs).await?, has_more })
+        Ok(JobsPage { jobs: job_statuses(&ctx, user.id, &jobs).await?, has_more })
     })
     .await
 }
@@ -54,7 +54,7 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
             None => None,
         };
         Ok(JobDetails {
-            job: job_status(&ctx.pool, &job).await?,
+            job: job_status(&ctx, &job).await?,
             result_html,
             result: job.result.clone(),
             attempts: attempts.into_iter().map(Into::into).collect(),
@@ -70,7 +70,7 @@ pub async fn cancel_job(id: String) -> Result<JobStatus, AppError> {
     answer(async move {
         let ctx = context()?;
         let user = require_user(&ctx).await?;
-        cancel_visible_job(&ctx.pool, &user, &id).await
+        cancel_visible_job(&ctx, &user, &id).await
     })
     .await
 }

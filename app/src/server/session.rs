@@ -29,6 +29,8 @@ pub struct ServerContext {
     pub uploads: Arc<tokio::sync::Semaphore>,
     /// Uploads in progress per user (see [`WebSettings::max_uploads_per_user`]).
     uploads_by_user: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+    /// Everyone's place in line, read at most once a second for all the polls.
+    pub line: Arc<engine::queue::SharedLine>,
 }
 
 /// One of a user's uploads in progress; dropping it ends it.
@@ -53,7 +55,14 @@ impl ServerContext {
     /// The context for these settings, with its upload permits.
     pub fn new(pool: PgPool, settings: WebSettings, blobs: Blobs) -> ServerContext {
         let uploads = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_uploads.max(1)));
-        ServerContext { pool, settings: Arc::new(settings), blobs, uploads, uploads_by_user: Default::default() }
+        ServerContext {
+            pool,
+            settings: Arc::new(settings),
+            blobs,
+            uploads,
+            uploads_by_user: Default::default(),
+            line: Default::default(),
+        }
     }
 
     /// Start one of `user_id`'s uploads, unless they already have the most allowed at once.
@@ -245,7 +254,8 @@ pub async fn visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<JobVi
 
 /// Cancel a job the caller may see (their own; admins any, which the audit log records).
 /// 409 when it has already ended. Returns the job as it is now.
-pub async fn cancel_visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<JobStatus, AppError> {
+pub async fn cancel_visible_job(ctx: &ServerContext, caller: &User, id: &str) -> Result<JobStatus, AppError> {
+    let pool = &ctx.pool;
     let job = visible_job(pool, caller, id).await?;
     let someone_elses = job.owner_id != caller.id;
     let outcome =
@@ -255,15 +265,15 @@ pub async fn cancel_visible_job(pool: &PgPool, caller: &User, id: &str) -> Resul
             return Err(AppError::AlreadyEnded { state: state.as_str().to_string() });
         }
     }
-    job_status(pool, &engine::queue::get(pool, job.id).await?).await
+    job_status(ctx, &engine::queue::get(pool, job.id).await?).await
 }
 
 /// Jobs as their owner sees them: paused while the kill switch is off, and, while waiting,
 /// their place in line and estimated start.
-pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Result<Vec<JobStatus>, AppError> {
+pub async fn job_statuses(ctx: &ServerContext, owner_id: i64, jobs: &[JobView]) -> Result<Vec<JobStatus>, AppError> {
     let waiting: Vec<Uuid> = jobs.iter().filter(|j| j.state.is_waiting()).map(|j| j.id).collect();
     let line =
-        if waiting.is_empty() { None } else { Some(engine::queue::waiting_line(pool, owner_id, &waiting).await?) };
+        if waiting.is_empty() { None } else { Some(ctx.line.waiting_line(&ctx.pool, owner_id, &waiting).await?) };
     let paused = line.as_ref().is_some_and(|line| !line.processing_enabled);
     Ok(jobs
         .iter()
@@ -279,8 +289,8 @@ pub async fn job_statuses(pool: &PgPool, owner_id: i64, jobs: &[JobView]) -> Res
 }
 
 /// One job as its owner sees it (see [`job_statuses`]).
-pub async fn job_status(pool: &PgPool, job: &JobView) -> Result<JobStatus, AppError> {
-    Ok(job_statuses(pool, job.owner_id, std::slice::from_ref(job)).await?.remove(0))
+pub async fn job_status(ctx: &ServerContext, job: &JobView) -> Result<JobStatus, AppError> {
+    Ok(job_statuses(ctx, job.owner_id, std::slice::from_ref(job)).await?.remove(0))
 }
 
 #[cfg(test)]

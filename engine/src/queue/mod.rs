@@ -26,7 +26,7 @@ pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOut
 pub use views::{
     attempts, get, page_for_owner, search, search_terms, AttemptView, FoundJob, JobFilter, JobSearch, JobView,
 };
-pub use waiting_line::{waiting_line, WaitingLine};
+pub use waiting_line::{waiting_line, LineSnapshot, SharedLine, WaitingLine};
 
 /// The NOTIFY channel workers listen on.
 pub const JOBS_CHANNEL: &str = "sluice_jobs";

@@ -93,3 +93,164 @@ pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result
         processing_enabled: settings.processing_enabled,
     })
 }
+
+/// Everyone's place in line at one moment, read in three queries and answered from memory:
+/// with 10,000 users polling every 2 s, asking the database per poll would cost seconds of
+/// database time every second; one read a second per process costs milliseconds.
+#[derive(Debug)]
+pub struct LineSnapshot {
+    processing_enabled: bool,
+    free_slots: u64,
+    finishing_per_sec: f64,
+    running: HashMap<i64, u64>,
+    /// Each due waiting job's owner and rank among that owner's due jobs (claim order).
+    due: HashMap<Uuid, (i64, u64)>,
+    /// Each owner's due waiting jobs.
+    due_per_owner: HashMap<i64, u64>,
+    /// Waiting jobs not due yet (retries scheduled later): no place in line.
+    later: std::collections::HashSet<Uuid>,
+    /// Jobs ahead of a score, counted over every owner (memoised: few scores are asked).
+    ahead_of_score: std::sync::Mutex<HashMap<u64, u64>>,
+}
+
+/// Waiting jobs read into one snapshot at most; past it, polls ask the database as before.
+const SNAPSHOT_MAX_JOBS: i64 = 100_000;
+
+impl LineSnapshot {
+    /// Read the line now; `None` when more jobs wait than a snapshot holds.
+    pub async fn read(pool: &PgPool) -> Result<Option<LineSnapshot>> {
+        let settings = super::switches::read(pool).await?;
+        let running: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT owner_id, count(*) FROM jobs WHERE state = 'running' GROUP BY owner_id")
+                .fetch_all(pool)
+                .await?;
+        let waiting: Vec<(i64, Uuid, bool)> = sqlx::query_as(
+            "SELECT owner_id, id, run_at <= now() FROM waiting_jobs ORDER BY owner_id, run_at, id LIMIT $1",
+        )
+        .bind(SNAPSHOT_MAX_JOBS + 1)
+        .fetch_all(pool)
+        .await?;
+        if waiting.len() as i64 > SNAPSHOT_MAX_JOBS {
+            return Ok(None);
+        }
+        let finished: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
+                .fetch_one(pool)
+                .await?;
+        let running: HashMap<i64, u64> = running.into_iter().map(|(o, n)| (o, n as u64)).collect();
+        let running_total: u64 = running.values().sum();
+        let mut due = HashMap::with_capacity(waiting.len());
+        let mut due_per_owner: HashMap<i64, u64> = HashMap::new();
+        let mut later = std::collections::HashSet::new();
+        for (owner, id, is_due) in waiting {
+            if is_due {
+                let rank = due_per_owner.entry(owner).or_default();
+                *rank += 1;
+                due.insert(id, (owner, *rank));
+            } else {
+                later.insert(id);
+            }
+        }
+        let free_slots = if settings.processing_enabled {
+            (settings.gate_size.max(0) as u64).saturating_sub(running_total)
+        } else {
+            0
+        };
+        Ok(Some(LineSnapshot {
+            processing_enabled: settings.processing_enabled,
+            free_slots,
+            finishing_per_sec: finished as f64 / 300.0,
+            running,
+            due,
+            due_per_owner,
+            later,
+            ahead_of_score: Default::default(),
+        }))
+    }
+
+    fn load_of(&self, owner: i64) -> OwnerLoad {
+        OwnerLoad {
+            running: self.running.get(&owner).copied().unwrap_or(0),
+            waiting: self.due_per_owner.get(&owner).copied().unwrap_or(0),
+        }
+    }
+
+    /// `owner`'s jobs among `jobs` in line, as [`waiting_line`] answers; `None` when one of
+    /// them is not in the snapshot (it came after it was read: ask the database).
+    pub fn line_for(&self, owner: i64, jobs: &[Uuid]) -> Option<WaitingLine> {
+        let mine = self.load_of(owner);
+        let mut ahead = HashMap::with_capacity(jobs.len());
+        for id in jobs {
+            match self.due.get(id) {
+                Some(&(job_owner, rank)) if job_owner == owner => {
+                    let score = mine.running + rank;
+                    // Every owner's jobs scoring at most this, less this owner's own term (its
+                    // earlier jobs count as `rank - 1` instead, as in `jobs_ahead`).
+                    let everyone = self.everyone_ahead_of(score);
+                    let own_term = score.saturating_sub(mine.running).min(mine.waiting);
+                    ahead.insert(*id, jobs_ahead(mine.running, rank, &[]) + everyone - own_term);
+                }
+                None if self.later.contains(id) => {}
+                _ => return None,
+            }
+        }
+        Some(WaitingLine {
+            ahead,
+            free_slots: self.free_slots,
+            finishing_per_sec: self.finishing_per_sec,
+            processing_enabled: self.processing_enabled,
+        })
+    }
+
+    fn everyone_ahead_of(&self, score: u64) -> u64 {
+        let mut memo = self.ahead_of_score.lock().unwrap_or_else(|e| e.into_inner());
+        *memo.entry(score).or_insert_with(|| {
+            let owners: Vec<OwnerLoad> = self.due_per_owner.keys().map(|&o| self.load_of(o)).collect();
+            jobs_ahead(score, 0, &owners)
+        })
+    }
+}
+
+/// One snapshot of the line per process, read again when a poll finds it older than a second
+/// (one poll reads; the others wait for it and share it).
+#[derive(Debug, Default)]
+pub struct SharedLine {
+    current: std::sync::Mutex<Option<(std::time::Instant, std::sync::Arc<LineSnapshot>)>>,
+    reading: tokio::sync::Mutex<()>,
+}
+
+/// How old a snapshot may be when a poll uses it.
+const SNAPSHOT_FOR: Duration = Duration::from_secs(1);
+
+impl SharedLine {
+    fn fresh(&self) -> Option<std::sync::Arc<LineSnapshot>> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().filter(|(at, _)| at.elapsed() < SNAPSHOT_FOR).map(|(_, s)| s.clone())
+    }
+
+    /// Where `owner`'s `jobs` stand: from the shared snapshot, or from the database when a job
+    /// is newer than the snapshot or too many wait for one.
+    pub async fn waiting_line(&self, pool: &PgPool, owner: i64, jobs: &[Uuid]) -> Result<WaitingLine> {
+        let snapshot = match self.fresh() {
+            Some(snapshot) => Some(snapshot),
+            None => {
+                let _turn = self.reading.lock().await;
+                match self.fresh() {
+                    Some(snapshot) => Some(snapshot),
+                    None => {
+                        let read = LineSnapshot::read(pool).await?.map(std::sync::Arc::new);
+                        if let Some(snapshot) = &read {
+                            *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some((std::time::Instant::now(), snapshot.clone()));
+                        }
+                        read
+                    }
+                }
+            }
+        };
+        match snapshot.and_then(|s| s.line_for(owner, jobs)) {
+            Some(line) => Ok(line),
+            None => waiting_line(pool, owner, jobs).await,
+        }
+    }
+}

@@ -120,7 +120,7 @@ pub async fn cancel_job(
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
     let user = caller(&state, &headers, &session).await?;
-    Ok(Json(cancel_visible_job(&state.ctx.pool, &user, &id).await?))
+    Ok(Json(cancel_visible_job(&state.ctx, &user, &id).await?))
 }
 
 /// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
@@ -128,7 +128,7 @@ pub async fn get_job(
     State(state): State<AppState>,
     VisibleJob(job, _): VisibleJob,
 ) -> Result<Json<JobStatus>, ApiError> {
-    Ok(Json(job_status(&state.ctx.pool, &job).await?))
+    Ok(Json(job_status(&state.ctx, &job).await?))
 }
 
 /// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.
