@@ -393,16 +393,19 @@ fn bench(args: &[String]) -> Result {
     if which.is_none_or(|w| w == "queue") {
         queue_beside_graphile(&temp.cluster, &rest)?;
     }
-    if which.is_none_or(|w| w == "upload") {
-        temp.cluster.create_database("bench_upload").map_err(|e| e.to_string())?;
-        eprintln!("== upload benchmark");
-        status(
-            cargo()
-                .args(["run", "--release", "--package", "server", "--example", "upload_bench", "--"])
-                .args(&rest)
-                .env("DATABASE_URL", temp.cluster.url("bench_upload")),
-            "upload benchmark",
-        )?;
+    for (name, example) in [("poll", "poll_bench"), ("upload", "upload_bench")] {
+        if which.is_none_or(|w| w == name) {
+            let db = format!("bench_{name}");
+            temp.cluster.create_database(&db).map_err(|e| e.to_string())?;
+            eprintln!("== {name} benchmark");
+            status(
+                cargo()
+                    .args(["run", "--release", "--package", "server", "--example", example, "--"])
+                    .args(&rest)
+                    .env("DATABASE_URL", temp.cluster.url(&db)),
+                &format!("{name} benchmark"),
+            )?;
+        }
     }
     Ok(())
 }

@@ -1,0 +1,113 @@
+//! Status polls over real HTTP on loopback: `cargo xtask bench poll` (release build). 1,000
+//! users, each with a token and jobs waiting in line (10,000 jobs across them, a full gate
+//! running), poll `GET /api/v1/jobs/{id}` from 64 connections for 10 seconds, as 10,000 users
+//! polling every 2 s would. Prints requests per second and p50 / p99 latency, per run and the
+//! medians. Options: --runs N (3), --seconds N (10), --clients N (64).
+//!
+//! Client, server and Postgres share the machine's cores: the figure is the whole system's.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use app::server::session::WebSettings;
+use engine::accounts::{users, Role};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let (runs, seconds, clients) = (arg("--runs", 3), arg("--seconds", 10), arg("--clients", 64));
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (cargo xtask bench sets it)");
+    let pool = engine::db::connect(&url, 64).await.unwrap();
+    sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // 1,000 users with a token each, 10 waiting jobs each, and a full gate running.
+    let mut tokens = std::collections::HashMap::new();
+    for n in 0..1000 {
+        let user = users::create_user(&pool, &format!("poller{n}@example.com"), "bench password", Role::User, 0)
+            .await
+            .unwrap();
+        let (_, token) = engine::accounts::tokens::create(&pool, user.id, "bench").await.unwrap();
+        sqlx::query("INSERT INTO jobs (owner_id, payload) SELECT $1, '{}' FROM generate_series(1, 10)")
+            .bind(user.id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        tokens.insert(user.id, token);
+    }
+    engine::queue::claim(&pool, "bench", 24, Duration::from_secs(3600)).await.unwrap();
+    // Each user polls one of their jobs still waiting (a gate's worth of first jobs run).
+    let waiting: Vec<(i64, uuid::Uuid)> = sqlx::query_as(
+        "SELECT DISTINCT ON (owner_id) owner_id, id FROM jobs WHERE state = 'queued' ORDER BY owner_id, run_at DESC, id DESC",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let polls: Vec<(String, String)> =
+        waiting.into_iter().map(|(owner, id)| (tokens[&owner].clone(), format!("/api/v1/jobs/{id}"))).collect();
+    sqlx::query("VACUUM ANALYZE").execute(&pool).await.unwrap();
+    let blob_dir = std::env::temp_dir().join(format!("sluice-poll-bench-{}", std::process::id()));
+    let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
+    let addr = server::spawn_web(pool.clone(), WebSettings::default(), blobs).await.unwrap();
+    let polls = Arc::new(polls);
+    let (mut rates, mut p50s, mut p99s) = (vec![], vec![], vec![]);
+    for run in 1..=runs {
+        let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build().unwrap();
+        let started = Instant::now();
+        let until = started + Duration::from_secs(seconds as u64);
+        let tasks: Vec<_> = (0..clients)
+            .map(|c| {
+                let (client, polls) = (client.clone(), polls.clone());
+                tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    let mut i = c;
+                    while Instant::now() < until {
+                        let (token, path) = &polls[i % polls.len()];
+                        let sent = Instant::now();
+                        let answer =
+                            client.get(format!("http://{addr}{path}")).bearer_auth(token).send().await.unwrap();
+                        assert_eq!(answer.status(), 200);
+                        let body: serde_json::Value = answer.json().await.unwrap();
+                        assert!(body["jobs_ahead"].is_number(), "{body}");
+                        latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+                        i += clients;
+                    }
+                    latencies
+                })
+            })
+            .collect();
+        let mut latencies = Vec::new();
+        for task in tasks {
+            latencies.extend(task.await.unwrap());
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let rate = latencies.len() as f64 / elapsed;
+        let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
+        println!("run {run}: {rate:>6.0} polls/s  p50 {p50:>6.2} ms  p99 {p99:>6.2} ms");
+        rates.push(rate);
+        p50s.push(p50);
+        p99s.push(p99);
+    }
+    println!(
+        "median of {runs}: status polls, {clients} connections, 1,000 users with 10,000 jobs waiting: {:.0} polls/s, p50 {:.2} ms, p99 {:.2} ms",
+        median(&mut rates),
+        median(&mut p50s),
+        median(&mut p99s)
+    );
+    let _ = std::fs::remove_dir_all(&blob_dir);
+}
