@@ -8,7 +8,7 @@
 //!
 //! Prints each run and the medians, and a `RESULT drain=.. pickup_p50=.. pickup_p95=..` line
 //! that `cargo xtask bench` reads to set Sluice beside graphile-worker run by run. Options:
-//! --runs N (default 3), --jobs N (default 20000), --parts queue,line (default both).
+//! --runs N (default 3), --jobs N (default 20000), --parts queue,line,scale (default queue,line).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,10 +49,16 @@ async fn reset(pool: &PgPool) {
 async fn drain_run(pool: &PgPool, jobs: usize) -> f64 {
     reset(pool).await;
     // 100 owners, so the fair claim has real work to do.
+    drain_owners(pool, jobs, 100).await
+}
+
+/// Insert `jobs` waiting no-op jobs across `owners`, then time 24 worker tasks emptying them.
+async fn drain_owners(pool: &PgPool, jobs: usize, owners: usize) -> f64 {
     sqlx::query(
-        "INSERT INTO jobs (owner_id, payload) SELECT g % 100, jsonb_build_object('n', g) FROM generate_series(1, $1) g",
+        "INSERT INTO jobs (owner_id, payload) SELECT g % $2, jsonb_build_object('n', g) FROM generate_series(1, $1) g",
     )
     .bind(jobs as i32)
+    .bind(owners as i32)
     .execute(pool)
     .await
     .unwrap();
@@ -74,6 +80,28 @@ async fn drain_run(pool: &PgPool, jobs: usize) -> f64 {
     let elapsed = started.elapsed();
     workers.shutdown().await;
     jobs as f64 / elapsed.as_secs_f64()
+}
+
+/// Claims at scale: the drain with 100, 1,000 and 10,000 owners waiting, above 1,000,000
+/// finished jobs of history (the cost should stay flat as owners and history grow).
+async fn scale(pool: &PgPool, jobs: usize) {
+    reset(pool).await;
+    sqlx::query(
+        "INSERT INTO jobs (owner_id, payload, state, attempts, accepted_at, run_at, started_at, finished_at)
+         SELECT g % 10000, '{}', 'done', 1, now() - interval '1 day', now() - interval '1 day',
+                now() - interval '1 day', now() - interval '1 day'
+         FROM generate_series(1, 1000000) g",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
+    for owners in [100, 1_000, 10_000] {
+        let rate = drain_owners(pool, jobs, owners).await;
+        println!("claims at scale: {jobs} jobs across {owners} owners above 1,000,000 done jobs: {rate:.0} jobs/s");
+        sqlx::query("DELETE FROM jobs WHERE payload ? 'n'").execute(pool).await.unwrap();
+        sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
+    }
 }
 
 /// Pickup latency from the enqueue call (insert and commit included) to the processor's start;
@@ -191,6 +219,9 @@ async fn main() {
     }
     if parts.split(',').any(|p| p == "line") {
         line(&pool).await;
+    }
+    if parts.split(',').any(|p| p == "scale") {
+        scale(&pool, jobs).await;
     }
 }
 

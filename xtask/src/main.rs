@@ -483,9 +483,9 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
     status(
         cargo()
             .args(["run", "--quiet", "--release", "--package", "engine", "--example", "queue_bench", "--"])
-            .args(["--parts", "line"])
+            .args(["--parts", "line,scale"])
             .env("DATABASE_URL", cluster.url("bench_queue")),
-        "the place-in-line benchmark",
+        "the place-in-line and claims-at-scale benchmarks",
     )
 }
 
