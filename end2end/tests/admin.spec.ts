@@ -1,5 +1,6 @@
 import * as path from 'path';
-import { admin as operator, allowConsoleError, expect, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
+import pg from 'pg';
+import { admin as operator, allowConsoleError, expect, fromEnv, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
 
 
 test('a non-admin cannot reach the admin page or its server functions', async ({ page }) => {
@@ -192,4 +193,28 @@ test("support finds a user's job by e-mail and opens it, sets the user's limit, 
   await expect(user.locator('.job-state .badge')).toHaveAttribute('data-state', 'done', { timeout: 20_000 });
   await user.goto('/jobs');
   await expect(user.locator('.job')).toHaveCount(2);
+});
+
+test('a firing alert shows on the admin page: what, since when, its value and threshold', async ({ browser }) => {
+  // The books made not to add up, as a reconciliation would report it (the suite's own
+  // database, which `cargo xtask test` names in DATABASE_URL).
+  const db = new pg.Client({ connectionString: fromEnv('DATABASE_URL') });
+  await db.connect();
+  const report = (found: number) =>
+    db.query("INSERT INTO reconciliation_reports (started_at, actor, checks, discrepancies, found) VALUES (now(), 'e2e', '[]', '[]', $1)", [found]);
+  try {
+    await report(3);
+    const admin = await newPage(browser);
+    await logInAsAdmin(admin);
+    await open(admin, '/admin');
+    // Evaluated every second here; the page refreshes every 5 s.
+    const firing = admin.getByTestId('alert-firing').filter({ hasText: 'The books do not add up' });
+    await expect(firing).toBeVisible({ timeout: 15_000 });
+    await expect(firing).toContainText('the latest reconciliation found 3 discrepancies (now 3, threshold 0)');
+    await expect(firing.locator('.when')).toHaveText(/^ since .+: $/);
+    await expect(admin.getByTestId('alerts')).toContainText('No alert webhook is set');
+  } finally {
+    await report(0);
+    await db.end();
+  }
 });

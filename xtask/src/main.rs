@@ -334,6 +334,8 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
         .env("SLUICE_DATA_DIR", &data_dir)
         .env("LEPTOS_SITE_ROOT", "target/site")
         .env("SLUICE_RETRY_DELAYS", "3,3")
+        // Alerts evaluated every second, so the alert test sees a firing at once.
+        .env("SLUICE_ALERT_EVERY_SECS", "1")
         // The browser suite signs up dozens of users from one address.
         .env("SLUICE_SIGNUPS_PER_ADDRESS", "1000")
         .env("SLUICE_PROVIDER", "anthropic")
