@@ -22,19 +22,16 @@ async function reset() {
   await db.query('VACUUM ANALYZE graphile_worker._private_jobs');
 }
 
+/** A worker as Sluice's benchmark runs its pool: 24 tasks at once. */
+const worker = (taskList) =>
+  run({ connectionString, concurrency: 24, noHandleSignals: true, pollInterval: 1000, logger, taskList });
+
 async function drain() {
   await reset();
   await db.query("SELECT graphile_worker.add_job('noop', json_build_object('n', g)) FROM generate_series(1, $1) g", [jobs]);
   await db.query('ANALYZE graphile_worker._private_jobs');
   const started = performance.now();
-  const runner = await run({
-    connectionString,
-    concurrency: 24,
-    noHandleSignals: true,
-    pollInterval: 1000,
-    logger,
-    taskList: { noop: async () => {} },
-  });
+  const runner = await worker({ noop: async () => {} });
   for (;;) {
     const { rows } = await db.query('SELECT EXISTS (SELECT 1 FROM graphile_worker._private_jobs) AS busy');
     if (!rows[0].busy) break;
@@ -48,14 +45,7 @@ async function drain() {
 async function pickup() {
   await reset();
   let started = () => {};
-  const runner = await run({
-    connectionString,
-    concurrency: 24,
-    noHandleSignals: true,
-    pollInterval: 1000,
-    logger,
-    taskList: { ping: async () => started(performance.now()) },
-  });
+  const runner = await worker({ ping: async () => started(performance.now()) });
   const utils = await makeWorkerUtils({ connectionString, logger });
   await sleep(300);
   const latencies = [];
