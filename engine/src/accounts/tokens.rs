@@ -96,7 +96,8 @@ pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(U
     }
     let found: Option<Found> = sqlx::query_as(
         "SELECT t.id AS token_id,
-                (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute') AS stale, u.*
+                (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute') AS stale,
+                u.id, u.email, u.role, u.balance, u.in_flight, u.max_in_flight, u.created_at
          FROM api_tokens t JOIN users u ON u.id = t.user_id
          WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
     )
@@ -105,13 +106,17 @@ pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(U
     .await?;
     let Some(found) = found else { return Ok(None) };
     if found.stale {
-        sqlx::query(
+        // Bookkeeping: a failed write does not refuse the caller.
+        let noted = sqlx::query(
             "UPDATE api_tokens SET last_used_at = now()
              WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
         )
         .bind(found.token_id)
         .execute(pool)
-        .await?;
+        .await;
+        if let Err(e) = noted {
+            tracing::warn!(error = %e, token = found.token_id, "recording a token's last use failed");
+        }
     }
     Ok(Some((found.user, found.token_id)))
 }

@@ -212,10 +212,12 @@ impl LineSnapshot {
 }
 
 /// One snapshot of the line per process, read again when a poll finds it older than a second
-/// (one poll reads; the others wait for it and share it).
+/// (one poll reads; the others wait for it and share it). When no snapshot can be had (too many
+/// waiting, or the read failed), that too is remembered for the second, and polls ask the
+/// database directly rather than queue up behind another attempt.
 #[derive(Debug, Default)]
 pub struct SharedLine {
-    current: std::sync::Mutex<Option<(std::time::Instant, std::sync::Arc<LineSnapshot>)>>,
+    current: std::sync::Mutex<Option<(std::time::Instant, Option<std::sync::Arc<LineSnapshot>>)>>,
     reading: tokio::sync::Mutex<()>,
 }
 
@@ -223,32 +225,32 @@ pub struct SharedLine {
 const SNAPSHOT_FOR: Duration = Duration::from_secs(1);
 
 impl SharedLine {
-    fn fresh(&self) -> Option<std::sync::Arc<LineSnapshot>> {
+    /// The snapshot taken less than a second ago (`Some(None)`: none could be had then).
+    fn fresh(&self) -> Option<Option<std::sync::Arc<LineSnapshot>>> {
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         current.as_ref().filter(|(at, _)| at.elapsed() < SNAPSHOT_FOR).map(|(_, s)| s.clone())
     }
 
+    async fn snapshot(&self, pool: &PgPool) -> Result<Option<std::sync::Arc<LineSnapshot>>> {
+        if let Some(snapshot) = self.fresh() {
+            return Ok(snapshot);
+        }
+        let _turn = self.reading.lock().await;
+        if let Some(snapshot) = self.fresh() {
+            return Ok(snapshot);
+        }
+        // Timed from before the read, so an answer is never older than the second.
+        let taken = std::time::Instant::now();
+        let read = LineSnapshot::read(pool).await.map(|s| s.map(std::sync::Arc::new));
+        let kept = read.as_ref().ok().cloned().flatten();
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((taken, kept));
+        read
+    }
+
     /// Where `owner`'s `jobs` stand: from the shared snapshot, or from the database when a job
-    /// is newer than the snapshot or too many wait for one.
+    /// is newer than the snapshot or there is no snapshot.
     pub async fn waiting_line(&self, pool: &PgPool, owner: i64, jobs: &[Uuid]) -> Result<WaitingLine> {
-        let snapshot = match self.fresh() {
-            Some(snapshot) => Some(snapshot),
-            None => {
-                let _turn = self.reading.lock().await;
-                match self.fresh() {
-                    Some(snapshot) => Some(snapshot),
-                    None => {
-                        let read = LineSnapshot::read(pool).await?.map(std::sync::Arc::new);
-                        if let Some(snapshot) = &read {
-                            *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Some((std::time::Instant::now(), snapshot.clone()));
-                        }
-                        read
-                    }
-                }
-            }
-        };
-        match snapshot.and_then(|s| s.line_for(owner, jobs)) {
+        match self.snapshot(pool).await?.and_then(|s| s.line_for(owner, jobs)) {
             Some(line) => Ok(line),
             None => waiting_line(pool, owner, jobs).await,
         }
