@@ -43,19 +43,63 @@ const CAPPED_LOADS: &str = "
                 ORDER BY j.run_at, j.id LIMIT $2) due)
     FROM sluice_waiting_owners() o(owner_id) WHERE o.owner_id <> $1";
 
+/// What every answer about the line shares: the kill switch, the gate's free slots, who runs
+/// how many jobs, and the recent rate of finishing.
+#[derive(Debug)]
+struct LineLoad {
+    processing_enabled: bool,
+    free_slots: u64,
+    finishing_per_sec: f64,
+    running: HashMap<i64, u64>,
+}
+
+impl LineLoad {
+    async fn read(pool: &PgPool) -> Result<LineLoad> {
+        let settings = super::switches::read(pool).await?;
+        let running: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT owner_id, count(*) FROM jobs WHERE state = 'running' GROUP BY owner_id")
+                .fetch_all(pool)
+                .await?;
+        let finished: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
+                .fetch_one(pool)
+                .await?;
+        let running: HashMap<i64, u64> = running.into_iter().map(|(o, n)| (o, n as u64)).collect();
+        let running_total: u64 = running.values().sum();
+        let free_slots = if settings.processing_enabled {
+            (settings.gate_size.max(0) as u64).saturating_sub(running_total)
+        } else {
+            0
+        };
+        Ok(LineLoad {
+            processing_enabled: settings.processing_enabled,
+            free_slots,
+            finishing_per_sec: finished as f64 / 300.0,
+            running,
+        })
+    }
+
+    fn running_of(&self, owner: i64) -> u64 {
+        self.running.get(&owner).copied().unwrap_or(0)
+    }
+
+    fn line(&self, ahead: HashMap<Uuid, u64>) -> WaitingLine {
+        WaitingLine {
+            ahead,
+            free_slots: self.free_slots,
+            finishing_per_sec: self.finishing_per_sec,
+            processing_enabled: self.processing_enabled,
+        }
+    }
+}
+
 /// Where the given jobs of an owner stand in line (those that are due and waiting), with what
 /// their start estimates need. Reads only what the answer depends on: running jobs (at most the
 /// gate's worth), the owner's waiting jobs, and each other owner's due jobs up to the highest
 /// score asked about, since a count past it cannot change any answer.
 pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result<WaitingLine> {
-    let settings = super::switches::read(pool).await?;
-    let running: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT owner_id, count(*) FROM jobs WHERE state = 'running' GROUP BY owner_id")
-            .fetch_all(pool)
-            .await?;
-    let running_of = |owner: i64| running.iter().find(|(o, _)| *o == owner).map_or(0, |(_, n)| *n as u64);
-    let running_total: u64 = running.iter().map(|(_, n)| *n as u64).sum();
-    let mine_running = running_of(owner_id);
+    let load = LineLoad::read(pool).await?;
+    let mine_running = load.running_of(owner_id);
 
     let ranks: Vec<(Uuid, i64)> = sqlx::query_as(
         "SELECT id, rank FROM (
@@ -74,24 +118,13 @@ pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result
             sqlx::query_as(CAPPED_LOADS).bind(owner_id).bind(cap as i64).fetch_all(pool).await?;
         let others: Vec<OwnerLoad> = loads
             .iter()
-            .map(|&(owner, waiting)| OwnerLoad { running: running_of(owner), waiting: waiting as u64 })
+            .map(|&(owner, waiting)| OwnerLoad { running: load.running_of(owner), waiting: waiting as u64 })
             .collect();
         for (id, rank) in ranks {
             ahead.insert(id, jobs_ahead(mine_running, rank as u64, &others));
         }
     }
-    let finished: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
-            .fetch_one(pool)
-            .await?;
-    let free_slots =
-        if settings.processing_enabled { (settings.gate_size.max(0) as u64).saturating_sub(running_total) } else { 0 };
-    Ok(WaitingLine {
-        ahead,
-        free_slots,
-        finishing_per_sec: finished as f64 / 300.0,
-        processing_enabled: settings.processing_enabled,
-    })
+    Ok(load.line(ahead))
 }
 
 /// Everyone's place in line at one moment, read in three queries and answered from memory:
@@ -99,10 +132,7 @@ pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result
 /// database time every second; one read a second per process costs milliseconds.
 #[derive(Debug)]
 pub struct LineSnapshot {
-    processing_enabled: bool,
-    free_slots: u64,
-    finishing_per_sec: f64,
-    running: HashMap<i64, u64>,
+    load: LineLoad,
     /// Each due waiting job's owner and rank among that owner's due jobs (claim order).
     due: HashMap<Uuid, (i64, u64)>,
     /// Each owner's due waiting jobs.
@@ -119,11 +149,7 @@ const SNAPSHOT_MAX_JOBS: i64 = 100_000;
 impl LineSnapshot {
     /// Read the line now; `None` when more jobs wait than a snapshot holds.
     pub async fn read(pool: &PgPool) -> Result<Option<LineSnapshot>> {
-        let settings = super::switches::read(pool).await?;
-        let running: Vec<(i64, i64)> =
-            sqlx::query_as("SELECT owner_id, count(*) FROM jobs WHERE state = 'running' GROUP BY owner_id")
-                .fetch_all(pool)
-                .await?;
+        let load = LineLoad::read(pool).await?;
         let waiting: Vec<(i64, Uuid, bool)> = sqlx::query_as(
             "SELECT owner_id, id, run_at <= now() FROM waiting_jobs ORDER BY owner_id, run_at, id LIMIT $1",
         )
@@ -133,12 +159,6 @@ impl LineSnapshot {
         if waiting.len() as i64 > SNAPSHOT_MAX_JOBS {
             return Ok(None);
         }
-        let finished: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
-                .fetch_one(pool)
-                .await?;
-        let running: HashMap<i64, u64> = running.into_iter().map(|(o, n)| (o, n as u64)).collect();
-        let running_total: u64 = running.values().sum();
         let mut due = HashMap::with_capacity(waiting.len());
         let mut due_per_owner: HashMap<i64, u64> = HashMap::new();
         let mut later = std::collections::HashSet::new();
@@ -151,26 +171,12 @@ impl LineSnapshot {
                 later.insert(id);
             }
         }
-        let free_slots = if settings.processing_enabled {
-            (settings.gate_size.max(0) as u64).saturating_sub(running_total)
-        } else {
-            0
-        };
-        Ok(Some(LineSnapshot {
-            processing_enabled: settings.processing_enabled,
-            free_slots,
-            finishing_per_sec: finished as f64 / 300.0,
-            running,
-            due,
-            due_per_owner,
-            later,
-            ahead_of_score: Default::default(),
-        }))
+        Ok(Some(LineSnapshot { load, due, due_per_owner, later, ahead_of_score: Default::default() }))
     }
 
     fn load_of(&self, owner: i64) -> OwnerLoad {
         OwnerLoad {
-            running: self.running.get(&owner).copied().unwrap_or(0),
+            running: self.load.running_of(owner),
             waiting: self.due_per_owner.get(&owner).copied().unwrap_or(0),
         }
     }
@@ -194,12 +200,7 @@ impl LineSnapshot {
                 _ => return None,
             }
         }
-        Some(WaitingLine {
-            ahead,
-            free_slots: self.free_slots,
-            finishing_per_sec: self.finishing_per_sec,
-            processing_enabled: self.processing_enabled,
-        })
+        Some(self.load.line(ahead))
     }
 
     fn everyone_ahead_of(&self, score: u64) -> u64 {
