@@ -117,6 +117,12 @@ async fn refused_callbacks_store_and_charge_nothing(pool: PgPool) {
     }
     let answer = put_webhook(&app, &token, "https://hooks.example.com/sluice").await;
     assert_eq!(answer.status(), 200, "a public host is fine");
+    // A callback field far past a URL's length is refused unread past its bound.
+    let answer =
+        upload_with_callback(&app, &token, 1, &format!("https://hooks.example.com/{}", "a".repeat(100_000))).await;
+    assert_eq!(answer.status(), 422);
+    let message: serde_json::Value = answer.json().await.unwrap();
+    assert!(message["message"].as_str().unwrap().contains("too long"), "{message}");
     let answer = upload_with_callback(&app, &token, 1, "http://10.1.2.3/x").await;
     assert_eq!(answer.status(), 422);
     let message: serde_json::Value = answer.json().await.unwrap();
