@@ -27,6 +27,9 @@ pub struct UploadReply {
     pub id: String,
     pub status_url: String,
     pub duplicate: bool,
+    /// Credits this upload took (the price by its size; 0 for a duplicate).
+    #[serde(default)]
+    pub charged: i64,
 }
 
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.
@@ -272,8 +275,12 @@ pub struct PresetInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SiteTerms {
     pub presets: Vec<PresetInfo>,
-    /// Credits per document.
+    /// Credits the smallest document costs.
     pub cost: i64,
+    /// Credits by estimated size (the upload page prices a file before it is sent).
+    pub prices: sluice_types::capacity::PriceTable,
+    /// The most input tokens the provider reads at once (a longer text is refused).
+    pub context_tokens: Option<u64>,
     pub max_upload_bytes: u64,
     /// Credits a new account starts with.
     pub signup_grant: i64,

@@ -34,4 +34,5 @@ pub mod testing;
 pub mod webhooks;
 
 pub use error::EngineError;
+pub use sluice_types::capacity as sizing;
 pub use sluice_types::{FailureKind, JobStage, JobState, Preset};

@@ -17,6 +17,8 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
     let pool = wider_pool(&pool, 30).await;
     let user = users::create_user(&pool, "race@example.com", "password123", Role::User, 5).await.unwrap();
     let submission = Submission {
+        cost: 1,
+        est_input_tokens: 0,
         user_id: user.id,
         payload: serde_json::json!({}),
         content_key: "k".into(),
@@ -63,6 +65,8 @@ async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool
     let mut jobs = Vec::new();
     for n in 0..3 {
         let submission = Submission {
+            cost: 1,
+            est_input_tokens: 0,
             user_id: user.id,
             payload: serde_json::json!({ "n": n }),
             content_key: format!("k{n}"),
@@ -133,6 +137,8 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
                 0 => {
                     let key = format!("doc-{}", rng.random_range(0..8));
                     let s = Submission {
+                        cost: 1,
+                        est_input_tokens: 0,
                         user_id: user.id,
                         payload: serde_json::json!({}),
                         content_key: key.clone(),
@@ -226,6 +232,8 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
     // Paused 45 minutes ago; a job has waited 40 minutes, all of them paused.
     sqlx::query("UPDATE processing_pauses SET paused_at = now() - interval '45 minutes'").execute(&pool).await.unwrap();
     let submission = Submission {
+        cost: 1,
+        est_input_tokens: 0,
         user_id: user.id,
         payload: serde_json::json!({}),
         content_key: "old".into(),
@@ -240,7 +248,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(admission::precheck(&pool, &config, user.id).await.unwrap(), None, "paused time does not count");
+    assert_eq!(admission::precheck(&pool, &config, user.id, 1).await.unwrap(), None, "paused time does not count");
 
     // Resumed 35 minutes ago: the job has now waited 35 counted minutes, past the bound.
     switches::set_processing(&pool, true, "ops@example.com").await.unwrap();
@@ -250,7 +258,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
         .unwrap();
     assert!(
         matches!(
-            admission::precheck(&pool, &config, user.id).await.unwrap(),
+            admission::precheck(&pool, &config, user.id, 1).await.unwrap(),
             Some(admission::Refusal::Overloaded { .. })
         ),
         "time waited while processing runs still counts"
@@ -270,6 +278,8 @@ async fn cancel_racing_claim_and_complete_keeps_money_and_jobs_exact(pool: PgPoo
     let mut ids = Vec::new();
     for n in 0..40 {
         let s = Submission {
+            cost: 1,
+            est_input_tokens: 0,
             user_id: user.id,
             payload: serde_json::json!({ "n": n }),
             content_key: format!("race-{n}"),
@@ -346,6 +356,8 @@ async fn a_running_job_canceled_is_not_charged_for_a_result_that_arrives_anyway(
     let mut ids = Vec::new();
     for n in 0..3 {
         let s = Submission {
+            cost: 1,
+            est_input_tokens: 0,
             user_id: user.id,
             payload: serde_json::json!({ "n": n }),
             content_key: format!("late-{n}"),
@@ -382,6 +394,8 @@ async fn a_running_job_canceled_is_not_charged_for_a_result_that_arrives_anyway(
 
     // The same document uploaded again after a cancel is a new job (the key is free again).
     let again = Submission {
+        cost: 1,
+        est_input_tokens: 0,
         user_id: user.id,
         payload: serde_json::json!({ "n": 0 }),
         content_key: "late-0".into(),
@@ -404,6 +418,8 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
         let key = Blobs::new_key();
         blobs.put(&key, bytes::Bytes::from_static(b"text")).await.unwrap();
         let s = Submission {
+            cost: 1,
+            est_input_tokens: 0,
             user_id: user.id,
             payload: serde_json::json!({ "document": { "key": key } }),
             content_key: format!("books-{n}"),
@@ -418,6 +434,8 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     }
     // A job that failed (refunded), was replayed (free) and then finished is in order.
     let extra = Submission {
+        cost: 1,
+        est_input_tokens: 0,
         user_id: user.id,
         payload: serde_json::json!({}),
         content_key: "books-replayed".into(),
@@ -507,7 +525,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_the_record(pool: PgPool) {
     let pool = wider_pool(&pool, 20).await;
-    let config = AdmissionConfig { cost: 1, ..AdmissionConfig::default() };
+    let config = AdmissionConfig::default();
     let mut users_ = Vec::new();
     for n in 0..4 {
         let user =
@@ -527,6 +545,8 @@ async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_t
             let (pool, config, user_id) = (pool.clone(), config.clone(), users_[n % 4]);
             tokio::spawn(async move {
                 let s = Submission {
+                    cost: 1,
+                    est_input_tokens: 0,
                     user_id,
                     payload: serde_json::json!({ "n": n }),
                     content_key: format!("repair-{n}"),

@@ -163,8 +163,15 @@ async fn submit_pdf(s: &Setup) -> uuid::Uuid {
         "document": { "key": key, "type": "pdf", "sha256": "abc", "size": pdf.len(), "name": "invoice.pdf" },
         "preset": "summarize",
     });
-    let submission =
-        Submission { user_id: s.user, payload, content_key: key.clone(), client_key: None, fingerprint: key };
+    let submission = Submission {
+        cost: 1,
+        est_input_tokens: 0,
+        user_id: s.user,
+        payload,
+        content_key: key.clone(),
+        client_key: None,
+        fingerprint: key,
+    };
     match admission::submit(&s.pool, &AdmissionConfig::default(), &submission).await.unwrap() {
         Admission::Accepted { job_id } => job_id,
         other => panic!("{other:?}"),
@@ -182,6 +189,8 @@ fn workers(s: &Setup) -> WorkerPool {
         provider: provider(ProviderKind::Anthropic, &s.fake, Duration::from_secs(5)),
         sandbox: Arc::new(sandbox()),
         stages: engine::queue::stages::StageLog::new(s.pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -260,8 +269,15 @@ async fn an_encrypted_pdf_fails_at_once_as_invalid_input_without_calling_the_pro
     let payload = serde_json::json!({
         "document": { "key": key, "type": "pdf", "sha256": "e", "size": 1, "name": null }, "preset": "summarize",
     });
-    let submission =
-        Submission { user_id: s.user, payload, content_key: "e".into(), client_key: None, fingerprint: "e".into() };
+    let submission = Submission {
+        cost: 1,
+        est_input_tokens: 0,
+        user_id: s.user,
+        payload,
+        content_key: "e".into(),
+        client_key: None,
+        fingerprint: "e".into(),
+    };
     let Admission::Accepted { job_id } =
         admission::submit(&s.pool, &AdmissionConfig::default(), &submission).await.unwrap()
     else {
@@ -288,6 +304,8 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         provider: providers::build(&ProviderConfig::default()),
         sandbox: Arc::new(sandbox()),
         stages: engine::queue::stages::StageLog::disabled(),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
     };
     let job = queue::ClaimedJob {
         id: uuid::Uuid::nil(),
@@ -299,6 +317,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         attempt: 1,
         max_attempts: 3,
         lease_token: uuid::Uuid::nil(),
+        est_input_tokens: 0,
     };
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
     let markdown = out.result["markdown"].as_str().unwrap();

@@ -102,7 +102,9 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
 
 async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &[u8]) -> uuid::Uuid {
     let chunks = bytes.chunks(64 * 1024).map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)));
-    let stored = intake::receive(blobs, Some(name), 64 << 20, futures::stream::iter(chunks)).await.unwrap();
+    let stored = intake::receive(blobs, intake::UploadCheck::new(Some(name), 64 << 20), futures::stream::iter(chunks))
+        .await
+        .unwrap();
     let intake = Intake {
         user_id,
         stored,
@@ -140,6 +142,8 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
         provider: providers::build(&ProviderConfig::default()),
         sandbox: Arc::new(sandbox()),
         stages: engine::queue::stages::StageLog::new(pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));

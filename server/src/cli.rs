@@ -17,9 +17,11 @@ use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
 use engine::documents::sandbox::SandboxConfig;
 use engine::documents::Blobs;
 use engine::maintenance::MaintenanceConfig;
+use engine::queue::capacity::{CapacityConfig, ProviderLimits};
 use engine::queue::policy::retry::RetryPolicy;
 use engine::queue::retention::Retention;
 use engine::queue::worker::WorkerConfig;
+use engine::sizing::PriceTable;
 use engine::webhooks::{DeliveryConfig, TargetPolicy};
 
 /// Sluice: documents through slow AI providers, behind a durable queue.
@@ -214,9 +216,10 @@ pub struct Config {
     /// Credits a new account starts with.
     #[arg(long, env = "SLUICE_SIGNUP_GRANT", default_value_t = 20, global = true)]
     pub signup_grant: i64,
-    /// Credits per document.
-    #[arg(long, env = "SLUICE_COST", default_value_t = 1, global = true)]
-    pub cost: i64,
+    /// Credits by a document's estimated input tokens, as steps `TOKENS:CREDITS,...` (the first
+    /// step a document fits in is its price; past the last, the last). A bare number is a flat price.
+    #[arg(long, env = "SLUICE_PRICES", default_value = "25000:1,100000:2,200000:4", global = true)]
+    pub prices: PriceTable,
     /// Largest upload accepted, in bytes.
     #[arg(long, env = "SLUICE_MAX_UPLOAD_BYTES", default_value_t = 50 * 1024 * 1024, global = true)]
     pub max_upload_bytes: u64,
@@ -282,6 +285,25 @@ pub struct Config {
     /// Seconds before a provider call counts as timed out.
     #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
     pub provider_timeout_secs: f64,
+    /// The provider's request limit per minute (unset: unlimited). Claims keep within it.
+    #[arg(long, env = "SLUICE_PROVIDER_REQUESTS_PER_MIN", global = true)]
+    pub provider_requests_per_min: Option<u64>,
+    /// The provider's input-token limit per minute (unset: unlimited): the token budget.
+    #[arg(long, env = "SLUICE_PROVIDER_INPUT_TOKENS_PER_MIN", global = true)]
+    pub provider_input_tokens_per_min: Option<u64>,
+    /// The provider's output-token limit per minute (unset: unlimited).
+    #[arg(long, env = "SLUICE_PROVIDER_OUTPUT_TOKENS_PER_MIN", global = true)]
+    pub provider_output_tokens_per_min: Option<u64>,
+    /// Seconds of its rate each budget holds at most (60: a full minute's worth, as Anthropic's).
+    #[arg(long, env = "SLUICE_PROVIDER_BURST_SECS", default_value_t = 60.0, global = true)]
+    pub provider_burst_secs: f64,
+    /// The most input tokens one request may carry: longer texts are refused at upload (413),
+    /// longer PDFs fail unread-by-the-provider once extracted (refunded). 0 = no limit.
+    #[arg(long, env = "SLUICE_PROVIDER_CONTEXT_TOKENS", default_value_t = 200_000, global = true)]
+    pub provider_context_tokens: u64,
+    /// After a 429/529 the gate is halved; it grows back one slot per this many seconds.
+    #[arg(long, env = "SLUICE_GATE_RECOVER_SECS", default_value_t = 10.0, global = true)]
+    pub gate_recover_secs: f64,
     /// Blob storage: unset = a folder under the data folder; or a URL like s3://bucket/prefix
     /// (credentials and endpoint from AWS_* variables).
     #[arg(long, env = "SLUICE_BLOB_STORE", global = true)]
@@ -412,7 +434,8 @@ impl Config {
     pub fn web_settings(&self) -> WebSettings {
         WebSettings {
             admission: AdmissionConfig {
-                cost: self.cost.max(0),
+                prices: self.prices.clone(),
+                context_tokens: (self.provider_context_tokens > 0).then_some(self.provider_context_tokens),
                 max_backlog: self.max_backlog,
                 max_oldest_wait: Duration::from_secs(self.max_oldest_wait_secs),
                 max_attempts: self.max_attempts.max(1) as i32,
@@ -441,6 +464,20 @@ impl Config {
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
             },
             ..WebSettings::default()
+        }
+    }
+
+    /// The provider's limits, the budget's burst and the adaptive gate's pace.
+    pub fn capacity_config(&self) -> CapacityConfig {
+        CapacityConfig {
+            limits: ProviderLimits {
+                requests_per_min: self.provider_requests_per_min.filter(|v| *v > 0),
+                input_tokens_per_min: self.provider_input_tokens_per_min.filter(|v| *v > 0),
+                output_tokens_per_min: self.provider_output_tokens_per_min.filter(|v| *v > 0),
+            },
+            burst: Duration::from_secs_f64(self.provider_burst_secs.clamp(0.01, 3600.0)),
+            output_reserve: i64::from(self.provider_max_tokens),
+            recover_step: Duration::from_secs_f64(self.gate_recover_secs.clamp(0.01, 3600.0)),
         }
     }
 

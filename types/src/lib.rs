@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod capacity;
+
 /// Where a job is in its life: `queued -> running -> done`, with `retrying` and `failed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "text", rename_all = "snake_case"))]

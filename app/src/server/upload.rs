@@ -15,9 +15,10 @@ use http::HeaderMap;
 
 use engine::accounts::admission::{self, Admission, Refusal};
 use engine::accounts::User;
-use engine::documents::intake::{self, Intake, StoredUpload, UploadOptions};
+use engine::documents::intake::{self, Intake, StoredUpload, UploadCheck, UploadOptions};
 use engine::documents::Blobs;
 use engine::Preset;
+use sluice_types::capacity::{estimate_input_tokens, SizeKind};
 
 use super::session::ServerContext;
 use crate::errors::AppError;
@@ -28,6 +29,8 @@ pub struct Uploaded {
     pub job_id: uuid::Uuid,
     /// The same client key was used before: this is the earlier job, nothing new was charged.
     pub duplicate: bool,
+    /// Credits this upload took (0 for a duplicate).
+    pub charged: i64,
 }
 
 impl Uploaded {
@@ -42,6 +45,7 @@ impl Uploaded {
             id: self.job_id.to_string(),
             status_url: self.status_url(),
             duplicate: self.duplicate,
+            charged: self.charged,
         }
     }
 }
@@ -97,8 +101,8 @@ where
         Err(e) => e.status().to_string(),
     };
     metrics::counter!("sluice_uploads_total", "outcome" => outcome).increment(1);
-    if let (Ok(Uploaded { duplicate: false, .. }), cost) = (&uploaded, ctx.settings.admission.cost) {
-        metrics::counter!("sluice_credits_debited_total").increment(cost.max(0) as u64);
+    if let Ok(Uploaded { duplicate: false, charged, .. }) = &uploaded {
+        metrics::counter!("sluice_credits_debited_total").increment((*charged).max(0) as u64);
     }
     uploaded
 }
@@ -142,7 +146,15 @@ where
         Some(key) => admission::client_key_used(&ctx.pool, user.id, key).await?,
         None => false,
     };
-    if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id).await? {
+    // The price is settled from the bytes; before them, the declared length gives the least it
+    // can be (as if a PDF, the fewest tokens a byte), so nobody is refused who could pay.
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let least_price = settings.admission.prices.price(estimate_input_tokens(SizeKind::Pdf, declared));
+    if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id, least_price).await? {
         // A retried key may get its earlier job back whatever the balance, so only an
         // overloaded intake refuses it unread; everyone else is refused here.
         if !retried || matches!(refusal, Refusal::Overloaded { .. }) {
@@ -150,7 +162,8 @@ where
         }
     }
     let form = paced_multipart(headers, body)?;
-    let reading = read_form(form, &ctx.blobs, settings.max_upload_bytes, &settings.presets, settings.upload_idle);
+    let limits = FileLimits { max_bytes: settings.max_upload_bytes, context_tokens: settings.admission.context_tokens };
+    let reading = read_form(form, &ctx.blobs, limits, &settings.presets, settings.upload_idle);
     let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
         .await
         .map_err(|_| AppError::invalid("the upload took too long; try again on a faster connection"))??;
@@ -170,10 +183,11 @@ where
             return Err(e.into());
         }
     };
+    let price = intake::price(&settings.admission, &stored.upload);
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
     match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
-        Admission::Accepted { job_id } => Ok(Uploaded { job_id, duplicate: false }),
-        Admission::Existing { job_id } => Ok(Uploaded { job_id, duplicate: true }),
+        Admission::Accepted { job_id } => Ok(Uploaded { job_id, duplicate: false, charged: price }),
+        Admission::Existing { job_id } => Ok(Uploaded { job_id, duplicate: true, charged: 0 }),
         Admission::Refused(refusal) => Err(refusal.into()),
     }
 }
@@ -193,6 +207,9 @@ pub async fn run_again(
         return Err(AppError::NotFound);
     }
     let spec: Option<engine::documents::processor::DocumentJob> = serde_json::from_value(earlier.payload.clone()).ok();
+    let charged = spec
+        .as_ref()
+        .map_or(0, |s| intake::document_price(&ctx.settings.admission, s.document.doc_type, s.document.size).1);
     let options = UploadOptions {
         preset: match preset.filter(|p| !p.trim().is_empty()) {
             Some(p) => intake::parse_preset(p)?,
@@ -208,8 +225,8 @@ pub async fn run_again(
     let admitted =
         intake::run_again(&ctx.pool, &ctx.blobs, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
-        Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false }),
-        Ok(Admission::Existing { job_id }) => Ok(Uploaded { job_id, duplicate: true }),
+        Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged }),
+        Ok(Admission::Existing { job_id }) => Ok(Uploaded { job_id, duplicate: true, charged: 0 }),
         Ok(Admission::Refused(refusal)) => Err(refusal.into()),
         Err(engine::EngineError::NotFound) => Err(AppError::Gone),
         Err(e) => Err(e.into()),
@@ -339,13 +356,21 @@ async fn read_short_field(field: multer::Field<'_>, idle: Duration, max: usize) 
     String::from_utf8(value).map_err(|_| AppError::invalid(format!("the `{name}` field is not UTF-8")))
 }
 
+/// What the file may be: at most this many bytes, and (a text) no longer than the provider's
+/// context.
+#[derive(Clone, Copy)]
+struct FileLimits {
+    max_bytes: u64,
+    context_tokens: Option<u64>,
+}
+
 /// Read the form: the file streams through the engine's checks into blob storage, the options
 /// are short words. Unknown or surplus parts are refused. If anything is wrong after the file
 /// was stored, its blob is deleted again.
 async fn read_form(
     (mut multipart, gate): (multer::Multipart<'static>, FieldGate),
     blobs: &Blobs,
-    limit: u64,
+    limits: FileLimits,
     presets: &[Preset],
     idle: Duration,
 ) -> Result<(StoredUpload, UploadOptions), AppError> {
@@ -368,7 +393,8 @@ async fn read_form(
                 Some("file") if stored.is_none() => {
                     let name = field.file_name().map(str::to_string);
                     let chunks = with_idle_timeout(field, idle);
-                    stored = Some(gate.reading(intake::receive(blobs, name.as_deref(), limit, chunks)).await?);
+                    let check = UploadCheck::new(name.as_deref(), limits.max_bytes).with_context(limits.context_tokens);
+                    stored = Some(gate.reading(intake::receive(blobs, check, chunks)).await?);
                 }
                 Some("file") => return Err(AppError::invalid("send one file per upload")),
                 Some("preset") => {

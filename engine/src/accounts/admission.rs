@@ -12,14 +12,17 @@ use uuid::Uuid;
 
 use crate::error::{EngineError, Result};
 use crate::queue::{self, NewJob};
+use sluice_types::capacity::PriceTable;
 
 use super::ledger;
 
 /// What admission charges and where it draws the line.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
-    /// Credits per document.
-    pub cost: i64,
+    /// Credits by the document's estimated size.
+    pub prices: PriceTable,
+    /// The most input tokens the provider reads at once: larger documents are refused (413).
+    pub context_tokens: Option<u64>,
     /// The global intake bound: refuse new work (503) past this many waiting jobs...
     pub max_backlog: i64,
     /// ...or when the oldest waiting job has waited longer than this.
@@ -35,7 +38,8 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig {
-            cost: 1,
+            prices: PriceTable::flat(1),
+            context_tokens: None,
             max_backlog: 10_000,
             max_oldest_wait: Duration::from_secs(30 * 60),
             retry_after_busy: Duration::from_secs(15),
@@ -56,6 +60,10 @@ pub struct Submission {
     pub client_key: Option<String>,
     /// Identifies the request's payload, to tell a reused `Idempotency-Key` apart.
     pub fingerprint: String,
+    /// Credits it costs (from the price table and its size).
+    pub cost: i64,
+    /// Input tokens its provider request is estimated at.
+    pub est_input_tokens: i64,
 }
 
 /// Why a document was not admitted; nothing was stored.
@@ -147,10 +155,11 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
 }
 
-/// Before an upload's body is read: would this user be refused now? Answers 402 / 429 / 503
-/// without the server reading, storing or hashing a byte. Only a hint: the conditional write
-/// in [`submit`] still decides (a check that passes here can still end 402 / 429 there).
-pub async fn precheck(pool: &PgPool, config: &AdmissionConfig, user_id: i64) -> Result<Option<Refusal>> {
+/// Before an upload's body is read: would this user be refused now, for a document costing
+/// at least `cost`? Answers 402 / 429 / 503 without the server reading, storing or hashing a
+/// byte. Only a hint: the conditional write in [`submit`] still decides (a check that passes
+/// here can still end 402 / 429 there).
+pub async fn precheck(pool: &PgPool, config: &AdmissionConfig, user_id: i64, cost: i64) -> Result<Option<Refusal>> {
     let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;
     if let Some(refusal) = intake_refusal(backlog, oldest, config) {
         return Ok(Some(refusal));
@@ -161,8 +170,8 @@ pub async fn precheck(pool: &PgPool, config: &AdmissionConfig, user_id: i64) -> 
             .fetch_optional(pool)
             .await?
             .ok_or(EngineError::NotFound)?;
-    let refused = balance < config.cost || in_flight >= limit;
-    Ok(refused.then(|| refusal_reason(balance, in_flight, limit, config.cost, config.retry_after_busy)))
+    let refused = balance < cost || in_flight >= limit;
+    Ok(refused.then(|| refusal_reason(balance, in_flight, limit, cost, config.retry_after_busy)))
 }
 
 /// Whether this user already has a job under this client `Idempotency-Key`: such a request is
@@ -224,7 +233,7 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
          WHERE id = $1 AND in_flight < max_in_flight AND balance >= $2 RETURNING id",
     )
     .bind(s.user_id)
-    .bind(config.cost)
+    .bind(s.cost)
     .fetch_optional(&mut *tx)
     .await?;
     if taken.is_none() {
@@ -234,20 +243,21 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
                 .fetch_optional(&mut *tx)
                 .await?
                 .ok_or(EngineError::NotFound)?;
-        return Ok(Admission::Refused(refusal_reason(balance, in_flight, limit, config.cost, config.retry_after_busy)));
+        return Ok(Admission::Refused(refusal_reason(balance, in_flight, limit, s.cost, config.retry_after_busy)));
     }
     let job = NewJob {
         owner_id: s.user_id,
         kind: "document".into(),
         payload: s.payload.clone(),
         idempotency_key: Some(s.content_key.clone()),
-        cost: config.cost as i32,
+        cost: s.cost as i32,
+        est_input_tokens: s.est_input_tokens,
         max_attempts: config.max_attempts,
         client_key: s.client_key.clone(),
         request_fingerprint: Some(s.fingerprint.clone()),
     };
     let job_id = queue::enqueue(&mut tx, &job).await?;
-    ledger::debit_for_job(&mut tx, s.user_id, job_id, config.cost).await?;
+    ledger::debit_for_job(&mut tx, s.user_id, job_id, s.cost).await?;
     tx.commit().await?;
     Ok(Admission::Accepted { job_id })
 }

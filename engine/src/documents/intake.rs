@@ -14,10 +14,13 @@ use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use crate::error::{EngineError, Result};
 use crate::webhooks::completion::Callback;
 use crate::Preset;
+use sluice_types::capacity::{self, SizeKind};
 
 /// Checks an upload chunk by chunk, so a refusal comes as soon as the bytes decide it.
 pub struct UploadCheck {
     limit: u64,
+    /// The provider's context in tokens: a text whose estimate passes it is refused.
+    context_tokens: Option<u64>,
     name: Option<String>,
     size: u64,
     hasher: Sha256,
@@ -45,6 +48,7 @@ impl UploadCheck {
     pub fn new(file_name: Option<&str>, limit: u64) -> UploadCheck {
         UploadCheck {
             limit,
+            context_tokens: None,
             name: file_name.map(display_name),
             size: 0,
             hasher: Sha256::new(),
@@ -56,6 +60,22 @@ impl UploadCheck {
         }
     }
 
+    /// Also refuse a text longer than the provider reads at once (`context_tokens`), as soon
+    /// as its bytes pass it. A PDF's text is only known once read, so the worker checks it then.
+    pub fn with_context(mut self, context_tokens: Option<u64>) -> UploadCheck {
+        self.context_tokens = context_tokens;
+        self
+    }
+
+    /// `TooManyTokens` once a text is past the provider's context.
+    fn check_context(&self) -> Result<()> {
+        let (Some(context), Some(kind)) = (self.context_tokens, self.doc_type.map(size_kind)) else { return Ok(()) };
+        if self.size > capacity::max_bytes_for_context(kind, context) && kind == SizeKind::Text {
+            return Err(EngineError::TooManyTokens { context_tokens: context });
+        }
+        Ok(())
+    }
+
     /// Check the next chunk: `TooLarge` past the cap, `UnsupportedType` once the type is known
     /// to be wrong or text turns out not to be UTF-8.
     pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
@@ -63,6 +83,7 @@ impl UploadCheck {
         if self.size > self.limit {
             return Err(EngineError::TooLarge { limit_bytes: self.limit });
         }
+        self.check_context()?;
         self.hasher.update(chunk);
         match self.doc_type {
             None => {
@@ -87,7 +108,7 @@ impl UploadCheck {
             self.check_text(&undecided)?;
         }
         self.doc_type = Some(doc_type);
-        Ok(())
+        self.check_context()
     }
 
     /// Text must be UTF-8 to its last byte and carry no markup anywhere.
@@ -109,6 +130,21 @@ impl UploadCheck {
             self.utf8.finish().map_err(EngineError::UnsupportedType)?;
         }
         Ok(CheckedUpload { name: self.name, size: self.size, sha256: hex::encode(self.hasher.finalize()), doc_type })
+    }
+}
+
+/// How a document type's size turns into tokens.
+pub fn size_kind(doc_type: DocType) -> SizeKind {
+    match doc_type {
+        DocType::Pdf => SizeKind::Pdf,
+        DocType::PlainText | DocType::Markdown => SizeKind::Text,
+    }
+}
+
+impl CheckedUpload {
+    /// Its provider request's input tokens, estimated from its size and type.
+    pub fn estimated_tokens(&self) -> u64 {
+        capacity::estimate_input_tokens(size_kind(self.doc_type), self.size)
     }
 }
 
@@ -187,13 +223,13 @@ pub struct StoredUpload {
 
 /// Check an upload while streaming it into blob storage, so memory is bounded by a chunk and
 /// a blob part, never by the file. A refused or broken upload leaves no blob behind.
-pub async fn receive<S, E>(blobs: &Blobs, file_name: Option<&str>, limit: u64, mut body: S) -> Result<StoredUpload>
+/// `check` says what the upload may be ([`UploadCheck::new`], [`UploadCheck::with_context`]).
+pub async fn receive<S, E>(blobs: &Blobs, mut check: UploadCheck, mut body: S) -> Result<StoredUpload>
 where
     S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
     let key = Blobs::new_key();
-    let mut check = UploadCheck::new(file_name, limit);
     let mut writer = blobs.writer(&key).await?;
     let streamed = async {
         while let Some(chunk) = body.next().await {
@@ -218,6 +254,18 @@ where
             Err(e)
         }
     }
+}
+
+/// What a checked upload costs: the price table at its estimated tokens, settled once its
+/// bytes are in (the estimate before reading, from the declared size, was only a hint).
+pub fn price(config: &AdmissionConfig, upload: &CheckedUpload) -> i64 {
+    document_price(config, upload.doc_type, upload.size).1
+}
+
+/// A stored document's estimated input tokens and its price.
+pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64) -> (u64, i64) {
+    let tokens = capacity::estimate_input_tokens(size_kind(doc_type), size);
+    (tokens, config.prices.price(tokens))
 }
 
 /// A stored upload on its way into the queue.
@@ -257,6 +305,8 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         fingerprint: content_key.clone(),
         content_key,
         client_key: intake.client_key,
+        cost: price(intake.admission, &upload),
+        est_input_tokens: upload.estimated_tokens() as i64,
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
@@ -280,8 +330,9 @@ pub async fn run_again(
 ) -> Result<Admission> {
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
+    let (tokens, cost) = document_price(admission, job.document.doc_type, job.document.size);
     // Refused before anything is copied (a user out of credits copies nothing).
-    if let Some(refusal) = admission::precheck(pool, admission, user_id).await? {
+    if let Some(refusal) = admission::precheck(pool, admission, user_id, cost).await? {
         return Ok(Admission::Refused(refusal));
     }
     let key = Blobs::new_key();
@@ -311,6 +362,8 @@ pub async fn run_again(
         content_key: format!("again:{key}"),
         fingerprint: format!("again:{key}"),
         client_key: None,
+        cost,
+        est_input_tokens: tokens as i64,
     };
     let admitted = admission::submit(pool, admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {

@@ -12,6 +12,7 @@ use super::providers::{Provider, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
 use crate::error::EngineError;
+use crate::queue::capacity::Budget;
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::stages::StageLog;
 use crate::queue::worker::Processor;
@@ -48,10 +49,30 @@ pub struct DocumentProcessor {
     pub sandbox: Arc<SandboxConfig>,
     /// Where the job's stage is recorded as it moves.
     pub stages: StageLog,
+    /// The shared provider budget, corrected as each job's real size becomes known.
+    pub budget: Budget,
+    /// The most input tokens one request may carry (the provider's context); larger texts
+    /// fail as invalid input before the provider is called.
+    pub context_tokens: Option<u64>,
+}
+
+/// What this attempt still holds of the budget (reserved at the claim, not yet settled).
+struct Held {
+    input: i64,
+    output: i64,
 }
 
 impl DocumentProcessor {
+    /// One attempt; whatever it reserved and did not spend goes back to the budget.
     async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
+        let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
+        let mut held = Held { input: job.est_input_tokens, output: reserve };
+        let outcome = self.attempt(&job, &mut held).await;
+        self.budget.correct(-held.input, -held.output).await;
+        outcome
+    }
+
+    async fn attempt(&self, job: &ClaimedJob, held: &mut Held) -> Result<JobOutput, JobError> {
         let spec: DocumentJob = serde_json::from_value(job.payload.clone()).map_err(|e| {
             JobError::new(ErrorClass::InvalidInput, format!("the job's description is unreadable: {e}"))
         })?;
@@ -61,7 +82,7 @@ impl DocumentProcessor {
                 format!("\"{}\" needs a language model, and none is configured", spec.preset.label()),
             ));
         }
-        self.stages.enter(&job, JobStage::Reading, None).await?;
+        self.stages.enter(job, JobStage::Reading, None).await?;
         let bytes = self.blobs.get(&spec.document.key).await.map_err(|e| match e {
             EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
@@ -71,9 +92,25 @@ impl DocumentProcessor {
         let task =
             Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
         let estimated = task.estimated_tokens();
-        self.stages.enter(&job, JobStage::WaitingForProvider, task.pages).await?;
+        if let Some(context) = self.context_tokens.filter(|c| estimated as u64 > *c) {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                format!(
+                    "the document's text is about {estimated} tokens, more than the provider reads at once ({context}); split it and upload the parts"
+                ),
+            ));
+        }
+        self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
+        held.input = estimated;
+        self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
         let output = self.provider.run(&task).await?;
-        self.stages.enter(&job, JobStage::Writing, None).await?;
+        // The provider counted what it counted: settle the reservation with the real usage.
+        let used_in = output.input_tokens.unwrap_or(estimated);
+        let used_out = output.output_tokens.unwrap_or(held.output);
+        let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
+        self.budget.correct(used_in - reserved.input, used_out - reserved.output).await;
+        self.budget.observe(&output.remaining).await;
+        self.stages.enter(job, JobStage::Writing, None).await?;
         Ok(JobOutput {
             result: serde_json::json!({
                 "markdown": output.text,

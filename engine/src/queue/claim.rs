@@ -22,6 +22,8 @@ pub struct ClaimedJob {
     pub max_attempts: i32,
     /// The fencing token: also this attempt's id.
     pub lease_token: Uuid,
+    /// Input tokens the claim reserved from the provider budget for this attempt.
+    pub est_input_tokens: i64,
 }
 
 /// Claim up to `max` due jobs for `worker`, fairly across owners, within the global gate and

@@ -16,6 +16,8 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     /// Credits charged for it (refunded if it fails).
     pub cost: i32,
+    /// Input tokens its provider request is estimated at (reserved from the budget at claim).
+    pub est_input_tokens: i64,
     pub max_attempts: i32,
     /// A REST client's `Idempotency-Key`, and the fingerprint of the request it came with.
     pub client_key: Option<String>,
@@ -31,6 +33,7 @@ impl NewJob {
             payload,
             idempotency_key: None,
             cost: 0,
+            est_input_tokens: 0,
             max_attempts: 3,
             client_key: None,
             request_fingerprint: None,
@@ -42,8 +45,9 @@ impl NewJob {
 /// Workers are woken by a trigger when the transaction commits.
 pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     Ok(sqlx::query_scalar(
-        "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+        "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint,
+                           est_input_tokens)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
     )
     .bind(job.owner_id)
     .bind(&job.kind)
@@ -53,6 +57,7 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     .bind(job.max_attempts)
     .bind(&job.client_key)
     .bind(&job.request_fingerprint)
+    .bind(job.est_input_tokens.max(0))
     .fetch_one(conn)
     .await?)
 }

@@ -3,6 +3,7 @@
 //! fenced by the attempt's lease token.
 
 pub mod cancel;
+pub mod capacity;
 mod claim;
 pub mod dlq;
 mod enqueue;

@@ -237,6 +237,14 @@ async fn dispatch(
                                     if recording.catch_unwind().await.is_err() {
                                         tracing::error!(job = %job.id, "recording a failure panicked");
                                     }
+                                    if matches!(error.class, ErrorClass::RateLimited | ErrorClass::Overloaded) {
+                                        // The provider says "fewer at once": the adaptive gate.
+                                        let cut =
+                                            queue::capacity::provider_refused(&shared.pool, error.provider_status);
+                                        if let Err(e) = cut.await {
+                                            tracing::warn!(error = %e, "could not cut the gate");
+                                        }
+                                    }
                                     shared.running.lock().unwrap().remove(&job.lease_token);
                                     drop(slot);
                                     shared.wake.notify_one();

@@ -139,6 +139,8 @@ pub async fn work(app: &TestApp, jobs: usize) -> Vec<engine::queue::worker::Atte
         provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
         sandbox: std::sync::Arc::new(sandbox()),
         stages: engine::queue::stages::StageLog::new(app.pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
     };
     let config = engine::testing::fast_worker("hooks", jobs);
     let hooks = std::sync::Arc::new(engine::hooks::SluiceHooks);

@@ -7,6 +7,7 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 
 use super::{prompt, Preset, Provider, ProviderConfig, ProviderOutput, Task};
+use crate::queue::capacity::RateRemaining;
 use crate::queue::policy::retry::{parse_retry_after, ErrorClass};
 use crate::queue::JobError;
 
@@ -44,6 +45,22 @@ pub fn classify_http_failure(status: u16, body: &str, retry_after: Option<&str>,
         error = error.with_retry_after(wait);
     }
     error
+}
+
+/// Pure: what the rate-limit headers say is left. Anthropic sends
+/// `anthropic-ratelimit-{requests,input-tokens,output-tokens}-remaining`; OpenAI-compatible
+/// servers `x-ratelimit-remaining-{requests,tokens}` (their tokens count input first).
+/// Anything unreadable is ignored: a header is a hint, never a reason to fail.
+pub fn remaining_from_headers(headers: &HeaderMap) -> RateRemaining {
+    let number = |name: &str| {
+        headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok()).filter(|n| *n >= 0)
+    };
+    RateRemaining {
+        requests: number("anthropic-ratelimit-requests-remaining").or_else(|| number("x-ratelimit-remaining-requests")),
+        input_tokens: number("anthropic-ratelimit-input-tokens-remaining")
+            .or_else(|| number("x-ratelimit-remaining-tokens")),
+        output_tokens: number("anthropic-ratelimit-output-tokens-remaining"),
+    }
 }
 
 fn transport_failure(e: &reqwest::Error) -> JobError {
@@ -160,6 +177,7 @@ impl Provider for AnthropicProvider {
                 data: serde_json::json!({ "provider": "anthropic", "model": json["model"], "rate_limits": limits }),
                 input_tokens: json.pointer("/usage/input_tokens").and_then(Value::as_i64),
                 output_tokens: json.pointer("/usage/output_tokens").and_then(Value::as_i64),
+                remaining: remaining_from_headers(&headers),
             })
         })
     }
@@ -203,7 +221,7 @@ impl Provider for OpenAiProvider {
             if let Some(key) = &self.api_key {
                 request = request.bearer_auth(key);
             }
-            let (_, json) = post(request).await?;
+            let (headers, json) = post(request).await?;
             Ok(ProviderOutput {
                 text: json
                     .pointer("/choices/0/message/content")
@@ -213,6 +231,7 @@ impl Provider for OpenAiProvider {
                 data: serde_json::json!({ "provider": "openai", "model": json["model"] }),
                 input_tokens: json.pointer("/usage/prompt_tokens").and_then(Value::as_i64),
                 output_tokens: json.pointer("/usage/completion_tokens").and_then(Value::as_i64),
+                remaining: remaining_from_headers(&headers),
             })
         })
     }
@@ -238,5 +257,20 @@ mod tests {
         let e = classify_http_failure(429, "{}", Some("7"), now);
         assert_eq!(e.retry_after, Some(Duration::from_secs(7)));
         assert_eq!(e.provider_status, Some(429));
+    }
+
+    #[test]
+    fn remaining_limits_are_read_from_either_family_of_headers_and_garbage_is_ignored() {
+        let mut h = HeaderMap::new();
+        h.insert("anthropic-ratelimit-input-tokens-remaining", "1200".parse().unwrap());
+        h.insert("anthropic-ratelimit-requests-remaining", " 7 ".parse().unwrap());
+        h.insert("anthropic-ratelimit-output-tokens-remaining", "-5".parse().unwrap());
+        let r = remaining_from_headers(&h);
+        assert_eq!((r.requests, r.input_tokens, r.output_tokens), (Some(7), Some(1200), None));
+        let mut h = HeaderMap::new();
+        h.insert("x-ratelimit-remaining-tokens", "99999999999999999999999".parse().unwrap());
+        h.insert("x-ratelimit-remaining-requests", "3".parse().unwrap());
+        let r = remaining_from_headers(&h);
+        assert_eq!((r.requests, r.input_tokens), (Some(3), None));
     }
 }

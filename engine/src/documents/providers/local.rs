@@ -37,8 +37,10 @@ impl Provider for LocalProvider {
             Ok(ProviderOutput {
                 text,
                 data: serde_json::to_value(&analysis).unwrap_or_default(),
-                input_tokens: Some(task.estimated_tokens()),
+                // No prompt goes anywhere: only the text counts.
+                input_tokens: Some(sluice_types::capacity::tokens_in_chars(task.text.chars().count() as u64) as i64),
                 output_tokens: Some(0),
+                remaining: Default::default(),
             })
         })
     }

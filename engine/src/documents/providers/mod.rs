@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::queue::capacity::RateRemaining;
 use crate::queue::JobError;
 pub use crate::Preset;
 
@@ -28,9 +29,10 @@ pub struct Task {
 }
 
 impl Task {
-    /// A rough input-token estimate (about four characters a token), known before the call.
+    /// The request's input tokens as estimated before the call: its whole prompt, about four
+    /// characters a token.
     pub fn estimated_tokens(&self) -> i64 {
-        (self.text.chars().count() as i64 + 3) / 4
+        sluice_types::capacity::tokens_in_chars(prompt(self).chars().count() as u64) as i64
     }
 }
 
@@ -43,6 +45,9 @@ pub struct ProviderOutput {
     pub data: Value,
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
+    /// What the provider's rate-limit headers say is left.
+    #[serde(default)]
+    pub remaining: RateRemaining,
 }
 
 /// An AI provider: one call per attempt, no retries of its own.

@@ -1,5 +1,6 @@
 //! Pure policy: no IO, no clock, no randomness of their own; unit- and property-tested.
 
+pub mod adaptive;
 pub mod drain;
 pub mod position;
 pub mod retry;

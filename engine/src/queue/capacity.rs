@@ -1,0 +1,255 @@
+//! The provider's capacity beside the gate: its limits and the token budget every process
+//! shares (kept in the settings row the claim locks; the claim reserves from it, see
+//! `20261201000002_capacity.sql`), corrections once a job's real size is known, what the
+//! provider's rate-limit headers say is left, and the adaptive gate's cuts.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use super::policy::adaptive;
+use crate::error::Result;
+pub use sluice_types::capacity::ProviderLimits;
+
+/// How this deployment's provider is sized.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CapacityConfig {
+    pub limits: ProviderLimits,
+    /// How much of a minute's rate a bucket holds (60 s: a minute's worth, as Anthropic's do).
+    pub burst: Duration,
+    /// Output tokens reserved per request until its usage is known (the request's `max_tokens`).
+    pub output_reserve: i64,
+    /// The adaptive gate grows back one slot per this long.
+    pub recover_step: Duration,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            limits: ProviderLimits::default(),
+            burst: Duration::from_secs(60),
+            output_reserve: 1024,
+            recover_step: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Store the limits for every process (the last process to start with other limits wins).
+/// Buckets whose limit changed start full.
+pub async fn configure(pool: &PgPool, config: &CapacityConfig) -> Result<()> {
+    let limit = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
+    sqlx::query(
+        "UPDATE queue_settings SET
+            level_requests = CASE WHEN limit_requests_per_min IS NOT DISTINCT FROM $1 AND limit_burst_secs = $4
+                THEN level_requests ELSE coalesce($1 / 60.0 * $4, 'Infinity') END,
+            level_input = CASE WHEN limit_input_tokens_per_min IS NOT DISTINCT FROM $2 AND limit_burst_secs = $4
+                THEN level_input ELSE coalesce($2 / 60.0 * $4, 'Infinity') END,
+            level_output = CASE WHEN limit_output_tokens_per_min IS NOT DISTINCT FROM $3 AND limit_burst_secs = $4
+                THEN level_output ELSE coalesce($3 / 60.0 * $4, 'Infinity') END,
+            limit_requests_per_min = $1, limit_input_tokens_per_min = $2, limit_output_tokens_per_min = $3,
+            limit_burst_secs = $4, output_reserve = $5, adaptive_recover_secs = $6
+         WHERE id = 1",
+    )
+    .bind(limit(config.limits.requests_per_min))
+    .bind(limit(config.limits.input_tokens_per_min))
+    .bind(limit(config.limits.output_tokens_per_min))
+    .bind(config.burst.as_secs_f64().max(0.001))
+    .bind(config.output_reserve.max(0))
+    .bind(config.recover_step.as_secs_f64().max(0.001))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The gate and the budget as they stand, for the admin page and `server capacity`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CapacityStatus {
+    /// The gate an operator set.
+    pub configured_gate: i32,
+    /// The gate claims use now: lower while the adaptive gate grows back.
+    pub effective_gate: i32,
+    /// Why the effective gate is lower, and since when (`None` when it is not).
+    pub reduced: Option<(String, DateTime<Utc>)>,
+    pub limits: ProviderLimits,
+    /// What each bucket holds now (`None`: no limit).
+    pub requests_left: Option<f64>,
+    pub input_tokens_left: Option<f64>,
+    pub output_tokens_left: Option<f64>,
+    pub burst_secs: f64,
+    pub recover_secs: f64,
+}
+
+/// The gate and the budget now.
+pub async fn status(pool: &PgPool) -> Result<CapacityStatus> {
+    type Row = (
+        i32,
+        i32,
+        Option<String>,
+        Option<DateTime<Utc>>,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        f64,
+        f64,
+        f64,
+        f64,
+        f64,
+    );
+    let row: Row = sqlx::query_as(
+        "SELECT q.gate_size, sluice_effective_gate(q), q.adaptive_reason, q.adaptive_since,
+                q.limit_requests_per_min, q.limit_input_tokens_per_min, q.limit_output_tokens_per_min,
+                sluice_refill(q.level_requests, q.limit_requests_per_min, q.limit_burst_secs, q.levels_at),
+                sluice_refill(q.level_input, q.limit_input_tokens_per_min, q.limit_burst_secs, q.levels_at),
+                sluice_refill(q.level_output, q.limit_output_tokens_per_min, q.limit_burst_secs, q.levels_at),
+                q.limit_burst_secs, q.adaptive_recover_secs
+         FROM queue_settings q WHERE q.id = 1",
+    )
+    .fetch_one(pool)
+    .await?;
+    let (configured_gate, effective_gate, reason, since, rpm, itpm, otpm, req, input, output, burst, recover) = row;
+    let left = |limit: Option<i64>, level: f64| limit.map(|_| level);
+    Ok(CapacityStatus {
+        configured_gate,
+        effective_gate,
+        reduced: match (reason, since) {
+            (Some(reason), Some(since)) if effective_gate < configured_gate => Some((reason, since)),
+            _ => None,
+        },
+        limits: ProviderLimits {
+            requests_per_min: rpm.map(|v| v as u64),
+            input_tokens_per_min: itpm.map(|v| v as u64),
+            output_tokens_per_min: otpm.map(|v| v as u64),
+        },
+        requests_left: left(rpm, req),
+        input_tokens_left: left(itpm, input),
+        output_tokens_left: left(otpm, output),
+        burst_secs: burst,
+        recover_secs: recover,
+    })
+}
+
+/// The provider refused for load (429 or 529): cut the gate in force (see
+/// [`adaptive::after_refusal`]). Returns the new gate when this call cut it.
+pub async fn provider_refused(pool: &PgPool, status: Option<u16>) -> Result<Option<i32>> {
+    let (in_force, since_cut): (i32, Option<f64>) = sqlx::query_as(
+        "SELECT sluice_effective_gate(q), extract(epoch FROM clock_timestamp() - q.adaptive_since)::float8
+         FROM queue_settings q WHERE q.id = 1",
+    )
+    .fetch_one(pool)
+    .await?;
+    let since_cut = since_cut.map(|s| Duration::from_secs_f64(s.max(0.0)));
+    let Some(cut) = adaptive::after_refusal(in_force, since_cut) else { return Ok(None) };
+    // Only if nobody cut it meanwhile (another process saw the same burst).
+    let done = sqlx::query(
+        "UPDATE queue_settings q SET adaptive_gate = $1, adaptive_since = clock_timestamp(), adaptive_reason = $2
+         WHERE q.id = 1 AND sluice_effective_gate(q) = $3
+           AND (q.adaptive_since IS NULL OR q.adaptive_since < clock_timestamp() - make_interval(secs => $4))",
+    )
+    .bind(cut)
+    .bind(adaptive::reason(status, in_force, cut))
+    .bind(in_force)
+    .bind(adaptive::DECREASE_COOLDOWN.as_secs_f64())
+    .execute(pool)
+    .await?;
+    if done.rows_affected() == 1 {
+        tracing::warn!(from = in_force, to = cut, ?status, "the provider refused for load; gate cut");
+        metrics::counter!("sluice_gate_cuts_total").increment(1);
+        Ok(Some(cut))
+    } else {
+        Ok(None)
+    }
+}
+
+/// What the provider's rate-limit headers say is left (`anthropic-ratelimit-*`, `x-ratelimit-*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateRemaining {
+    pub requests: Option<i64>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+}
+
+/// A process's handle on the shared budget: corrections as jobs turn out larger or smaller
+/// than reserved. Disabled (does nothing) when no limit is configured.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    pool: Option<PgPool>,
+    /// Output tokens the claim reserves per request.
+    pub output_reserve: i64,
+}
+
+impl Budget {
+    pub fn new(pool: PgPool, config: &CapacityConfig) -> Budget {
+        let enabled = !config.limits.is_unlimited();
+        Budget { pool: enabled.then_some(pool), output_reserve: config.output_reserve }
+    }
+
+    /// A budget that records nothing (no limits configured, or a test without them).
+    pub fn disabled() -> Budget {
+        Budget { pool: None, output_reserve: 0 }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// Take `input` and `output` more tokens from the buckets (negative: give them back).
+    /// A failed correction is logged, not fatal: the buckets refill anyway.
+    pub async fn correct(&self, input: i64, output: i64) {
+        let Some(pool) = &self.pool else { return };
+        if input == 0 && output == 0 {
+            return;
+        }
+        let corrected = sqlx::query(
+            "UPDATE queue_settings SET level_input = level_input - $1, level_output = level_output - $2 WHERE id = 1",
+        )
+        .bind(input)
+        .bind(output)
+        .execute(pool)
+        .await;
+        if let Err(e) = corrected {
+            tracing::warn!(error = %e, "could not correct the token budget");
+        }
+    }
+
+    /// The provider says this much is left: the buckets hold no more than that (it also
+    /// counts what other users of the same key sent).
+    pub async fn observe(&self, remaining: &RateRemaining) {
+        let Some(pool) = &self.pool else { return };
+        if remaining == &RateRemaining::default() {
+            return;
+        }
+        let observed = sqlx::query(
+            "UPDATE queue_settings q SET
+                level_requests = CASE WHEN $1::bigint IS NULL THEN q.level_requests ELSE least(q.level_requests, $1) END,
+                level_input = CASE WHEN $2::bigint IS NULL THEN q.level_input ELSE least(q.level_input, $2) END,
+                level_output = CASE WHEN $3::bigint IS NULL THEN q.level_output ELSE least(q.level_output, $3) END
+             WHERE q.id = 1",
+        )
+        .bind(remaining.requests)
+        .bind(remaining.input_tokens)
+        .bind(remaining.output_tokens)
+        .execute(pool)
+        .await;
+        if let Err(e) = observed {
+            tracing::warn!(error = %e, "could not record the provider's remaining limits");
+        }
+    }
+
+    /// The job's text is read: its estimate becomes `tokens` (for the rest of this attempt and
+    /// the next ones), and the difference to what the claim reserved is taken or given back.
+    pub async fn refine(&self, job_id: uuid::Uuid, lease_token: uuid::Uuid, reserved: i64, tokens: i64) {
+        let Some(pool) = &self.pool else { return };
+        let stored = sqlx::query("UPDATE jobs SET est_input_tokens = $3 WHERE id = $1 AND lease_token = $2")
+            .bind(job_id)
+            .bind(lease_token)
+            .bind(tokens.max(0))
+            .execute(pool)
+            .await;
+        if let Err(e) = stored {
+            tracing::warn!(error = %e, "could not store a job's refined estimate");
+        }
+        self.correct(tokens - reserved, 0).await;
+    }
+}

@@ -1,0 +1,360 @@
+//! Sizing from data, shared by the server and the browser (so the upload page shows a price and
+//! the planner answers "what if" without a round trip): a document's token estimate, the price
+//! table, and the capacity planner. Pure: numbers in, numbers out.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Tokens the instruction around a document adds to every request (the prompt's words and tags).
+pub const PROMPT_OVERHEAD_TOKENS: u64 = 40;
+
+/// What a document's bytes are, as far as estimating its tokens goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SizeKind {
+    /// Plain text or Markdown: about four bytes a token.
+    Text,
+    /// A PDF: fonts, images and structure outweigh its text, so about forty bytes a token.
+    /// Only an estimate until the text is extracted (then the real count is known).
+    Pdf,
+}
+
+impl SizeKind {
+    /// The kind a file name suggests, as the browser knows it before uploading.
+    pub fn from_file_name(name: &str) -> SizeKind {
+        if name.to_ascii_lowercase().ends_with(".pdf") {
+            SizeKind::Pdf
+        } else {
+            SizeKind::Text
+        }
+    }
+
+    fn bytes_per_token(self) -> u64 {
+        match self {
+            SizeKind::Text => 4,
+            SizeKind::Pdf => 40,
+        }
+    }
+}
+
+/// Input tokens a request for a document of `bytes` will carry, estimated before its text is read.
+pub fn estimate_input_tokens(kind: SizeKind, bytes: u64) -> u64 {
+    bytes.div_ceil(kind.bytes_per_token()) + PROMPT_OVERHEAD_TOKENS
+}
+
+/// The most bytes of `kind` whose estimate fits `context_tokens` (the provider's context).
+pub fn max_bytes_for_context(kind: SizeKind, context_tokens: u64) -> u64 {
+    context_tokens.saturating_sub(PROMPT_OVERHEAD_TOKENS).saturating_mul(kind.bytes_per_token())
+}
+
+/// Input tokens in a prompt of this many characters (about four characters a token; the fake
+/// provider counts the same way, so a test can hold Sluice to its limit exactly).
+pub fn tokens_in_chars(chars: u64) -> u64 {
+    chars.div_ceil(4)
+}
+
+/// One step of the price table: documents estimated at up to `up_to_tokens` cost `credits`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriceTier {
+    pub up_to_tokens: u64,
+    pub credits: i64,
+}
+
+/// Credits by estimated size, as steps: the first tier a document fits in is its price; past the
+/// last tier the last price holds (the context limit refuses what no tier should take).
+/// Written `25000:1,100000:2,200000:4`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriceTable {
+    tiers: Vec<PriceTier>,
+}
+
+impl PriceTable {
+    /// Every document costs `credits`, whatever its size.
+    pub fn flat(credits: i64) -> PriceTable {
+        PriceTable { tiers: vec![PriceTier { up_to_tokens: u64::MAX, credits }] }
+    }
+
+    /// The tiers, smallest first.
+    pub fn tiers(&self) -> &[PriceTier] {
+        &self.tiers
+    }
+
+    /// The price of a document estimated at `tokens`.
+    pub fn price(&self, tokens: u64) -> i64 {
+        let tier = self.tiers.iter().find(|t| tokens <= t.up_to_tokens).or(self.tiers.last());
+        tier.map_or(0, |t| t.credits)
+    }
+
+    /// The least any document costs.
+    pub fn cheapest(&self) -> i64 {
+        self.tiers.first().map_or(0, |t| t.credits)
+    }
+}
+
+impl Default for PriceTable {
+    fn default() -> Self {
+        "25000:1,100000:2,200000:4".parse().expect("the default price table parses")
+    }
+}
+
+impl FromStr for PriceTable {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        // A bare number is a flat price (the `--cost` of old).
+        if let Ok(credits) = s.parse::<i64>() {
+            return if credits >= 0 { Ok(PriceTable::flat(credits)) } else { Err("a price cannot be negative".into()) };
+        }
+        let mut tiers = Vec::new();
+        for step in s.split(',') {
+            let (tokens, credits) =
+                step.split_once(':').ok_or_else(|| format!("{step:?}: write each step as TOKENS:CREDITS"))?;
+            let up_to_tokens: u64 = tokens.trim().parse().map_err(|_| format!("{tokens:?} is not a token count"))?;
+            let credits: i64 = credits.trim().parse().map_err(|_| format!("{credits:?} is not a credit count"))?;
+            if credits < 0 {
+                return Err("a price cannot be negative".into());
+            }
+            if let Some(last) = tiers.last() {
+                let PriceTier { up_to_tokens: last_tokens, credits: last_credits } = *last;
+                if up_to_tokens <= last_tokens || credits < last_credits {
+                    return Err("list the steps by growing size, and a bigger step cannot cost less".into());
+                }
+            }
+            tiers.push(PriceTier { up_to_tokens, credits });
+        }
+        Ok(PriceTable { tiers })
+    }
+}
+
+impl fmt::Display for PriceTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let steps: Vec<String> = self.tiers.iter().map(|t| format!("{}:{}", t.up_to_tokens, t.credits)).collect();
+        f.write_str(&steps.join(","))
+    }
+}
+
+/// A provider's limits per minute; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderLimits {
+    pub requests_per_min: Option<u64>,
+    pub input_tokens_per_min: Option<u64>,
+    pub output_tokens_per_min: Option<u64>,
+}
+
+impl ProviderLimits {
+    pub fn is_unlimited(&self) -> bool {
+        self.requests_per_min.is_none() && self.input_tokens_per_min.is_none() && self.output_tokens_per_min.is_none()
+    }
+}
+
+/// Which provider limit runs out first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    Requests,
+    InputTokens,
+    OutputTokens,
+}
+
+impl Constraint {
+    pub fn words(self) -> &'static str {
+        match self {
+            Constraint::Requests => "requests per minute",
+            Constraint::InputTokens => "input tokens per minute",
+            Constraint::OutputTokens => "output tokens per minute",
+        }
+    }
+}
+
+/// The 50th, 90th and 99th percentiles of something.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+/// What the attempts of one preset (or all) looked like.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptStats {
+    /// A preset's name, or "all".
+    pub preset: String,
+    /// Successful attempts measured.
+    pub attempts: i64,
+    pub duration_secs: Percentiles,
+    pub input_tokens: Percentiles,
+    pub output_tokens: Percentiles,
+}
+
+/// The safe concurrency at one sizing: one ceiling per limit that is set, and the lowest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sizing {
+    /// Slots each limit allows (limits not set are left out).
+    pub ceilings: Vec<(Constraint, f64)>,
+    /// The limit that allows the fewest, and how many.
+    pub binding: Option<(Constraint, f64)>,
+}
+
+/// The planner's answer for one set of stats and limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Every job the size of the median one.
+    pub at_p50: Sizing,
+    /// Every job as large as the 90th percentile (held for the median duration): the safe one.
+    pub at_p90: Sizing,
+    /// A quarter of the p90 ceiling, as seed 000 chose (24 of about 94), within the gate's range;
+    /// `None` when no limit is set or nothing was measured.
+    pub recommended_gate: Option<i32>,
+}
+
+/// The gate's range (as `queue_settings` allows).
+pub const GATE_RANGE: (i32, i32) = (1, 70);
+
+/// Slots a per-minute `limit` sustains when each job uses `per_job` of it over `duration_secs`:
+/// a slot uses `per_job` every `duration_secs`, so `slots * per_job / (duration / 60) <= limit`.
+pub fn ceiling(limit_per_min: u64, per_job: f64, duration_secs: f64) -> f64 {
+    if per_job <= 0.0 || duration_secs <= 0.0 {
+        return f64::INFINITY;
+    }
+    limit_per_min as f64 * duration_secs / (60.0 * per_job)
+}
+
+fn sizing(limits: &ProviderLimits, duration_secs: f64, input_tokens: f64, output_tokens: f64) -> Sizing {
+    let ceilings: Vec<(Constraint, f64)> = [
+        (Constraint::Requests, limits.requests_per_min, 1.0),
+        (Constraint::InputTokens, limits.input_tokens_per_min, input_tokens),
+        (Constraint::OutputTokens, limits.output_tokens_per_min, output_tokens),
+    ]
+    .into_iter()
+    .filter_map(|(constraint, limit, per_job)| Some((constraint, ceiling(limit?, per_job, duration_secs))))
+    .collect();
+    let binding = ceilings.iter().copied().filter(|(_, slots)| slots.is_finite()).min_by(|a, b| a.1.total_cmp(&b.1));
+    Sizing { ceilings, binding }
+}
+
+/// Size the gate from measured attempts and the provider's limits.
+pub fn plan(stats: &AttemptStats, limits: &ProviderLimits) -> Plan {
+    let d = stats.duration_secs.p50;
+    let at_p50 = sizing(limits, d, stats.input_tokens.p50, stats.output_tokens.p50);
+    let at_p90 = sizing(limits, d, stats.input_tokens.p90, stats.output_tokens.p90);
+    let recommended_gate = match at_p90.binding {
+        Some((_, slots)) if stats.attempts > 0 => {
+            Some(((slots / 4.0).floor() as i64).clamp(GATE_RANGE.0 as i64, GATE_RANGE.1 as i64) as i32)
+        }
+        _ => None,
+    };
+    Plan { at_p50, at_p90, recommended_gate }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_000_is_bound_by_input_tokens_near_its_ceiling() {
+        // Seed 000: median job 316 s, p90 input 129K tokens, "roughly ninety-four concurrent slots
+        // at p90 sizing" on Anthropic's Tier 4. Tier 4 for Claude Sonnet: 4,000 requests,
+        // 2,000,000 input and 400,000 output tokens a minute. The seed gives no output sizes; a
+        // p90 of 16K output tokens (long summaries and translations) is taken.
+        let stats = AttemptStats {
+            preset: "all".into(),
+            attempts: 1000,
+            duration_secs: Percentiles { p50: 316.0, p90: 600.0, p99: 900.0 },
+            input_tokens: Percentiles { p50: 40_000.0, p90: 129_000.0, p99: 492_000.0 },
+            output_tokens: Percentiles { p50: 4_000.0, p90: 16_000.0, p99: 32_000.0 },
+        };
+        let tier4 = ProviderLimits {
+            requests_per_min: Some(4_000),
+            input_tokens_per_min: Some(2_000_000),
+            output_tokens_per_min: Some(400_000),
+        };
+        let plan = plan(&stats, &tier4);
+        let (constraint, slots) = plan.at_p90.binding.unwrap();
+        assert_eq!(constraint, Constraint::InputTokens);
+        // 2,000,000 * 316 / (60 * 129,000) = 81.7: within 15 % of the seed's 94 (the seed's
+        // figure implies about 2.3M input tokens a minute or a p90 nearer 112K).
+        assert!((slots - 81.65).abs() < 0.1, "{slots}");
+        assert!((slots - 94.0).abs() / 94.0 < 0.15);
+        // A quarter of it, as the seed set 24 of 94.
+        assert_eq!(plan.recommended_gate, Some(20));
+        // At median sizing there is far more room, and requests never bind at these durations.
+        let (_, at_p50) = plan.at_p50.binding.unwrap();
+        assert!(at_p50 > 3.0 * slots);
+        let requests = plan.at_p90.ceilings.iter().find(|(c, _)| *c == Constraint::Requests).unwrap().1;
+        assert!(requests > 20_000.0);
+    }
+
+    #[test]
+    fn short_jobs_with_long_answers_are_bound_by_output_tokens() {
+        let stats = AttemptStats {
+            preset: "translate".into(),
+            attempts: 10,
+            duration_secs: Percentiles { p50: 30.0, p90: 60.0, p99: 90.0 },
+            input_tokens: Percentiles { p50: 2_000.0, p90: 4_000.0, p99: 8_000.0 },
+            output_tokens: Percentiles { p50: 2_000.0, p90: 4_000.0, p99: 8_000.0 },
+        };
+        let limits = ProviderLimits {
+            requests_per_min: Some(4_000),
+            input_tokens_per_min: Some(2_000_000),
+            output_tokens_per_min: Some(400_000),
+        };
+        assert_eq!(plan(&stats, &limits).at_p90.binding.unwrap().0, Constraint::OutputTokens);
+        // Unlimited: nothing binds and nothing is recommended.
+        let free = plan(&stats, &ProviderLimits::default());
+        assert_eq!((free.at_p90.binding, free.recommended_gate), (None, None));
+    }
+
+    #[test]
+    fn a_higher_limit_never_lowers_the_ceiling() {
+        let stats = AttemptStats {
+            preset: "all".into(),
+            attempts: 5,
+            duration_secs: Percentiles { p50: 10.0, p90: 20.0, p99: 30.0 },
+            input_tokens: Percentiles { p50: 1000.0, p90: 5000.0, p99: 9000.0 },
+            output_tokens: Percentiles { p50: 100.0, p90: 500.0, p99: 900.0 },
+        };
+        let mut last = 0.0;
+        for itpm in [10_000u64, 50_000, 200_000, 1_000_000] {
+            let limits = ProviderLimits { input_tokens_per_min: Some(itpm), ..Default::default() };
+            let (_, slots) = plan(&stats, &limits).at_p90.binding.unwrap();
+            assert!(slots > last);
+            last = slots;
+        }
+    }
+
+    #[test]
+    fn prices_follow_the_estimated_size() {
+        let table: PriceTable = "1000:1,5000:2,20000:5".parse().unwrap();
+        assert_eq!(table.price(0), 1);
+        assert_eq!(table.price(1000), 1);
+        assert_eq!(table.price(1001), 2);
+        assert_eq!(table.price(20_000), 5);
+        assert_eq!(table.price(10_000_000), 5, "past the last step the last price holds");
+        assert_eq!(table.to_string().parse::<PriceTable>().unwrap(), table);
+        assert_eq!("3".parse::<PriceTable>().unwrap().price(123_456), 3);
+        for bad in ["", "1000:", "1000:1,500:2", "1000:2,2000:1", "x:1", "1000:-1", "-2"] {
+            assert!(bad.parse::<PriceTable>().is_err(), "{bad:?}");
+        }
+        // Prices never fall as documents grow, whatever the size.
+        let mut last = 0;
+        for bytes in (0..2_000_000u64).step_by(7_919) {
+            let price = PriceTable::default().price(estimate_input_tokens(SizeKind::Text, bytes));
+            assert!(price >= last);
+            last = price;
+        }
+    }
+
+    #[test]
+    fn estimates_and_the_context_agree() {
+        for kind in [SizeKind::Text, SizeKind::Pdf] {
+            let max = max_bytes_for_context(kind, 200_000);
+            assert!(estimate_input_tokens(kind, max) <= 200_000);
+            assert!(estimate_input_tokens(kind, max + 1) > 200_000);
+        }
+        assert_eq!(SizeKind::from_file_name("Report.PDF"), SizeKind::Pdf);
+        assert_eq!(SizeKind::from_file_name("notes.md"), SizeKind::Text);
+    }
+}
