@@ -17,6 +17,9 @@ ALTER TABLE queue_settings
     ADD COLUMN limit_input_tokens_per_min bigint CHECK (limit_input_tokens_per_min > 0),
     ADD COLUMN limit_output_tokens_per_min bigint CHECK (limit_output_tokens_per_min > 0),
     ADD COLUMN limit_burst_secs float8 NOT NULL DEFAULT 60 CHECK (limit_burst_secs > 0),
+    -- The share of each limit the budget plans to use: the time between a claim and its request
+    -- varies, so running at exactly the limit would meet the provider's bucket empty now and then.
+    ADD COLUMN limit_share float8 NOT NULL DEFAULT 0.95 CHECK (limit_share > 0 AND limit_share <= 1),
     -- Output tokens reserved per request until its real usage is known.
     ADD COLUMN output_reserve bigint NOT NULL DEFAULT 1024 CHECK (output_reserve >= 0),
     ADD COLUMN level_requests float8 NOT NULL DEFAULT 'Infinity',
@@ -31,7 +34,7 @@ ALTER TABLE queue_settings
     ADD COLUMN adaptive_recover_secs float8 NOT NULL DEFAULT 10 CHECK (adaptive_recover_secs > 0);
 
 -- A bucket's level now: refilled at rate/60 a second since `at`, up to rate/60 * burst.
-CREATE FUNCTION sluice_refill(p_level float8, p_rate bigint, p_burst float8, p_at timestamptz)
+CREATE FUNCTION sluice_refill(p_level float8, p_rate float8, p_burst float8, p_at timestamptz)
 RETURNS float8 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_rate IS NULL THEN 'Infinity'::float8
                 ELSE least(p_rate / 60.0 * p_burst,
@@ -81,15 +84,15 @@ BEGIN
     v_budgeted := coalesce(v_s.limit_requests_per_min, v_s.limit_input_tokens_per_min, v_s.limit_output_tokens_per_min) IS NOT NULL;
     IF v_budgeted THEN
         UPDATE queue_settings q SET
-            level_requests = sluice_refill(q.level_requests, q.limit_requests_per_min, q.limit_burst_secs, q.levels_at),
-            level_input = sluice_refill(q.level_input, q.limit_input_tokens_per_min, q.limit_burst_secs, q.levels_at),
-            level_output = sluice_refill(q.level_output, q.limit_output_tokens_per_min, q.limit_burst_secs, q.levels_at),
+            level_requests = sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
+            level_input = sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
+            level_output = sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
             levels_at = greatest(q.levels_at, clock_timestamp())
         WHERE q.id = 1
         RETURNING q.level_requests, q.level_input, q.level_output,
-                  q.level_requests >= coalesce(q.limit_requests_per_min / 60.0 * q.limit_burst_secs, 0),
-                  q.level_input >= coalesce(q.limit_input_tokens_per_min / 60.0 * q.limit_burst_secs, 0),
-                  q.level_output >= coalesce(q.limit_output_tokens_per_min / 60.0 * q.limit_burst_secs, 0)
+                  q.level_requests >= coalesce(q.limit_requests_per_min * q.limit_share / 60.0 * q.limit_burst_secs, 0),
+                  q.level_input >= coalesce(q.limit_input_tokens_per_min * q.limit_share / 60.0 * q.limit_burst_secs, 0),
+                  q.level_output >= coalesce(q.limit_output_tokens_per_min * q.limit_share / 60.0 * q.limit_burst_secs, 0)
         INTO v_req, v_in, v_out, v_req_full, v_in_full, v_out_full;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);

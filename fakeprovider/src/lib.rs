@@ -5,13 +5,18 @@
 //! succeeds. Tests script it in-process ([`FakeProvider::push`]); a separate process (the
 //! end-to-end run) is scripted over HTTP: `POST /_script` with a JSON list of replies,
 //! `GET /_calls` for the number of provider calls so far.
+//!
+//! It can also hold callers to an input-tokens-per-minute limit the way Anthropic does
+//! ([`FakeProvider::limit_input_tokens`]): a token bucket holding `burst` of the rate, refilled
+//! continuously; a request whose prompt (counted as [`sluice_types::capacity::tokens_in_chars`])
+//! does not fit gets 429 with `Retry-After` and the tokens left, and uses nothing.
 
 pub mod receiver;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -53,6 +58,64 @@ struct Script {
     replies: VecDeque<Reply>,
     calls: u64,
     last_request: Option<serde_json::Value>,
+    limit: Option<TokenBucket>,
+    /// Requests refused by the limit.
+    refused_by_limit: u64,
+    /// When each request within the limit came, and its input tokens.
+    accepted: Vec<(Instant, u64)>,
+}
+
+/// An input-token bucket: holds at most `capacity`, refills at `per_sec`.
+struct TokenBucket {
+    per_sec: f64,
+    capacity: f64,
+    level: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn take(&mut self, tokens: u64) -> Result<f64, Duration> {
+        let now = Instant::now();
+        self.level = (self.level + self.per_sec * (now - self.at).as_secs_f64()).min(self.capacity);
+        self.at = now;
+        if tokens as f64 > self.level {
+            let short = tokens as f64 - self.level;
+            return Err(Duration::from_secs_f64(short / self.per_sec));
+        }
+        self.level -= tokens as f64;
+        Ok(self.level)
+    }
+}
+
+/// What the limit saw: requests let through (with their tokens and times) and refused.
+#[derive(Clone, Debug, Default)]
+pub struct LimitReport {
+    pub accepted: Vec<(Instant, u64)>,
+    pub refused: u64,
+}
+
+impl LimitReport {
+    /// Input tokens a second between the first and the last request let through, not counting
+    /// the `initial` tokens the full bucket held at the start (a burst, not a rate).
+    pub fn tokens_per_sec(&self, initial: f64) -> f64 {
+        let (Some(first), Some(last)) = (self.accepted.first(), self.accepted.last()) else { return 0.0 };
+        let secs = (last.0 - first.0).as_secs_f64();
+        let tokens: u64 = self.accepted.iter().map(|(_, t)| t).sum();
+        if secs > 0.0 {
+            (tokens as f64 - initial).max(0.0) / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The input tokens of a request, counted from its messages' text.
+fn input_tokens_of(body: &serde_json::Value) -> u64 {
+    let chars: usize = body["messages"]
+        .as_array()
+        .map(|messages| messages.iter().filter_map(|m| m["content"].as_str()).map(|c| c.chars().count()).sum())
+        .unwrap_or(0);
+    sluice_types::capacity::tokens_in_chars(chars as u64)
 }
 
 /// A running fake provider.
@@ -99,19 +162,65 @@ impl FakeProvider {
     pub fn last_request(&self) -> Option<serde_json::Value> {
         self.script.lock().unwrap().last_request.clone()
     }
+
+    /// Enforce an input-tokens-per-minute limit from now on; the bucket starts full and holds
+    /// `burst` worth of the rate.
+    pub fn limit_input_tokens(&self, per_minute: u64, burst: Duration) {
+        let per_sec = per_minute as f64 / 60.0;
+        let capacity = per_sec * burst.as_secs_f64();
+        let mut s = self.script.lock().unwrap();
+        s.limit = Some(TokenBucket { per_sec, capacity, level: capacity, at: Instant::now() });
+        s.refused_by_limit = 0;
+        s.accepted.clear();
+    }
+
+    /// What the limit let through and refused so far.
+    pub fn limit_report(&self) -> LimitReport {
+        let s = self.script.lock().unwrap();
+        LimitReport { accepted: s.accepted.clone(), refused: s.refused_by_limit }
+    }
 }
 
 type Shared = Arc<Mutex<Script>>;
 
-fn next_reply(script: &Shared, body: serde_json::Value) -> Reply {
+/// The reply to a request: refused by the limit, or the next scripted one (by default a
+/// success, counting the request's real input tokens when a limit is on). With a limit, the
+/// tokens left ride along as `anthropic-ratelimit-input-tokens-remaining`.
+fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) {
     let mut s = script.lock().unwrap();
     s.calls += 1;
+    let tokens = input_tokens_of(&body);
     s.last_request = Some(body);
-    s.replies.pop_front().unwrap_or(Reply::Success {
+    let mut remaining = None;
+    if let Some(bucket) = s.limit.as_mut() {
+        match bucket.take(tokens) {
+            Ok(left) => {
+                remaining = Some(left as u64);
+                s.accepted.push((Instant::now(), tokens));
+            }
+            Err(wait) => {
+                let left = bucket.level as u64;
+                s.refused_by_limit += 1;
+                let seconds = wait.as_secs_f64().ceil() as u64;
+                return (Reply::RateLimitedSeconds { seconds }, Some(left));
+            }
+        }
+    }
+    let counted = if s.limit.is_some() { tokens } else { 120 };
+    let reply = s.replies.pop_front().unwrap_or(Reply::Success {
         text: "## Summary\nA scripted answer from the fake provider.".into(),
-        input_tokens: 120,
+        input_tokens: counted,
         output_tokens: 30,
-    })
+    });
+    (reply, remaining)
+}
+
+fn with_remaining(mut response: Response, remaining: Option<u64>) -> Response {
+    if let Some(left) = remaining {
+        let value = HeaderValue::from_str(&left.to_string()).unwrap();
+        response.headers_mut().insert("anthropic-ratelimit-input-tokens-remaining", value);
+    }
+    response
 }
 
 #[derive(Clone, Copy)]
@@ -199,13 +308,13 @@ fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64) -> R
 }
 
 async fn anthropic(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
-    let reply = next_reply(&script, body);
-    answer(Shape::Anthropic, reply).await
+    let (reply, remaining) = next_reply(&script, body);
+    with_remaining(answer(Shape::Anthropic, reply).await, remaining)
 }
 
 async fn openai(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
-    let reply = next_reply(&script, body);
-    answer(Shape::OpenAi, reply).await
+    let (reply, remaining) = next_reply(&script, body);
+    with_remaining(answer(Shape::OpenAi, reply).await, remaining)
 }
 
 async fn set_script(State(script): State<Shared>, Json(replies): Json<Vec<Reply>>) -> StatusCode {

@@ -297,6 +297,10 @@ pub struct Config {
     /// Seconds of its rate each budget holds at most (60: a full minute's worth, as Anthropic's).
     #[arg(long, env = "SLUICE_PROVIDER_BURST_SECS", default_value_t = 60.0, global = true)]
     pub provider_burst_secs: f64,
+    /// The share of each provider limit the budget plans to use (the rest absorbs the jitter
+    /// between a claim and its request).
+    #[arg(long, env = "SLUICE_PROVIDER_LIMIT_SHARE", default_value_t = 0.95, global = true)]
+    pub provider_limit_share: f64,
     /// The most input tokens one request may carry: longer texts are refused at upload (413),
     /// longer PDFs fail unread-by-the-provider once extracted (refunded). 0 = no limit.
     #[arg(long, env = "SLUICE_PROVIDER_CONTEXT_TOKENS", default_value_t = 200_000, global = true)]
@@ -478,6 +482,7 @@ impl Config {
             burst: Duration::from_secs_f64(self.provider_burst_secs.clamp(0.01, 3600.0)),
             output_reserve: i64::from(self.provider_max_tokens),
             recover_step: Duration::from_secs_f64(self.gate_recover_secs.clamp(0.01, 3600.0)),
+            share: self.provider_limit_share.clamp(0.01, 1.0),
         }
     }
 

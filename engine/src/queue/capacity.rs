@@ -23,6 +23,10 @@ pub struct CapacityConfig {
     pub output_reserve: i64,
     /// The adaptive gate grows back one slot per this long.
     pub recover_step: Duration,
+    /// The share of each limit the budget plans to use (0.95): what reaches the provider
+    /// jitters by the time between a claim and its request, and a budget at exactly the limit
+    /// would meet the provider's bucket empty now and then.
+    pub share: f64,
 }
 
 impl Default for CapacityConfig {
@@ -32,6 +36,7 @@ impl Default for CapacityConfig {
             burst: Duration::from_secs(60),
             output_reserve: 1024,
             recover_step: Duration::from_secs(10),
+            share: 0.95,
         }
     }
 }
@@ -43,13 +48,14 @@ pub async fn configure(pool: &PgPool, config: &CapacityConfig) -> Result<()> {
     sqlx::query(
         "UPDATE queue_settings SET
             level_requests = CASE WHEN limit_requests_per_min IS NOT DISTINCT FROM $1 AND limit_burst_secs = $4
-                THEN level_requests ELSE coalesce($1 / 60.0 * $4, 'Infinity') END,
+                AND limit_share = $7 THEN level_requests ELSE coalesce($1 * $7 / 60.0 * $4, 'Infinity') END,
             level_input = CASE WHEN limit_input_tokens_per_min IS NOT DISTINCT FROM $2 AND limit_burst_secs = $4
-                THEN level_input ELSE coalesce($2 / 60.0 * $4, 'Infinity') END,
+                AND limit_share = $7 THEN level_input ELSE coalesce($2 * $7 / 60.0 * $4, 'Infinity') END,
             level_output = CASE WHEN limit_output_tokens_per_min IS NOT DISTINCT FROM $3 AND limit_burst_secs = $4
-                THEN level_output ELSE coalesce($3 / 60.0 * $4, 'Infinity') END,
+                AND limit_share = $7 THEN level_output ELSE coalesce($3 * $7 / 60.0 * $4, 'Infinity') END,
+            levels_at = clock_timestamp(),
             limit_requests_per_min = $1, limit_input_tokens_per_min = $2, limit_output_tokens_per_min = $3,
-            limit_burst_secs = $4, output_reserve = $5, adaptive_recover_secs = $6
+            limit_burst_secs = $4, output_reserve = $5, adaptive_recover_secs = $6, limit_share = $7
          WHERE id = 1",
     )
     .bind(limit(config.limits.requests_per_min))
@@ -58,6 +64,7 @@ pub async fn configure(pool: &PgPool, config: &CapacityConfig) -> Result<()> {
     .bind(config.burst.as_secs_f64().max(0.001))
     .bind(config.output_reserve.max(0))
     .bind(config.recover_step.as_secs_f64().max(0.001))
+    .bind(config.share.clamp(0.01, 1.0))
     .execute(pool)
     .await?;
     Ok(())
@@ -100,9 +107,9 @@ pub async fn status(pool: &PgPool) -> Result<CapacityStatus> {
     let row: Row = sqlx::query_as(
         "SELECT q.gate_size, sluice_effective_gate(q), q.adaptive_reason, q.adaptive_since,
                 q.limit_requests_per_min, q.limit_input_tokens_per_min, q.limit_output_tokens_per_min,
-                sluice_refill(q.level_requests, q.limit_requests_per_min, q.limit_burst_secs, q.levels_at),
-                sluice_refill(q.level_input, q.limit_input_tokens_per_min, q.limit_burst_secs, q.levels_at),
-                sluice_refill(q.level_output, q.limit_output_tokens_per_min, q.limit_burst_secs, q.levels_at),
+                sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
+                sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
+                sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
                 q.limit_burst_secs, q.adaptive_recover_secs
          FROM queue_settings q WHERE q.id = 1",
     )
