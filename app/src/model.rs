@@ -286,6 +286,22 @@ pub struct SiteTerms {
     pub signup_grant: i64,
 }
 
+/// The admin page's capacity card: the provider's limits and what the budget holds now, and
+/// the measured attempts the planner sizes from (the page computes the plan, so other limits
+/// show their result at once).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CapacityInfo {
+    pub limits: sluice_types::capacity::ProviderLimits,
+    pub requests_left: Option<f64>,
+    pub input_tokens_left: Option<f64>,
+    pub output_tokens_left: Option<f64>,
+    pub gate_size: i32,
+    pub effective_gate: i32,
+    pub days: u32,
+    /// "all" first, then each preset.
+    pub stats: Vec<sluice_types::capacity::AttemptStats>,
+}
+
 /// The admin page's view of the queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueueStatus {
@@ -293,6 +309,10 @@ pub struct QueueStatus {
     pub processing_changed_at: String,
     pub processing_changed_by: String,
     pub gate_size: i32,
+    /// The gate claims use now: lower than `gate_size` while the adaptive gate grows back.
+    pub effective_gate: i32,
+    /// Why the gate in force is lower, and since when (`None` when it is not).
+    pub gate_reduced: Option<(String, String)>,
     pub running: i64,
     pub backlog: i64,
     pub scheduled_retries: i64,

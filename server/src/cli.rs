@@ -75,6 +75,20 @@ pub enum Command {
     },
     /// The alerts firing now, and the latest resolved ones.
     Alerts,
+    /// The capacity planner: duration and token percentiles of the last days' attempts, the
+    /// safe concurrency each provider limit allows, the binding one, and a recommended gate.
+    /// Limits default to the configured ones; give others to ask "what if".
+    Capacity {
+        /// Days of attempts to measure.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+        #[arg(long)]
+        requests_per_min: Option<u64>,
+        #[arg(long)]
+        input_tokens_per_min: Option<u64>,
+        #[arg(long)]
+        output_tokens_per_min: Option<u64>,
+    },
     /// Cancel a job (waiting: at once, refunded; running: at its next safe point). Audited.
     Cancel { id: String },
     /// Jobs: `jobs show ID`.

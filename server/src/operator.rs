@@ -141,6 +141,15 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
                 println!("resolved {} {} .. {}: {}", f.rule, f.fired_at, f.resolved_at.unwrap_or(f.fired_at), f.detail);
             }
         }
+        Command::Capacity { days, requests_per_min, input_tokens_per_min, output_tokens_per_min } => {
+            let status = queue::capacity::status(&pool).await?;
+            let limits = engine::sizing::ProviderLimits {
+                requests_per_min: requests_per_min.or(status.limits.requests_per_min),
+                input_tokens_per_min: input_tokens_per_min.or(status.limits.input_tokens_per_min),
+                output_tokens_per_min: output_tokens_per_min.or(status.limits.output_tokens_per_min),
+            };
+            print!("{}", capacity_report(&queue::capacity::attempt_stats(&pool, days).await?, &limits, &status, days));
+        }
         Command::Cancel { id } => {
             let id: uuid::Uuid = id.parse().with_context(|| format!("{id:?} is not a job id"))?;
             match queue::cancel(&pool, &SluiceHooks, id, "cli", true).await? {
@@ -184,4 +193,57 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
 /// Who the audit log names for a command-line change, with the operator's reason.
 fn cli_actor(reason: &str) -> String {
     format!("cli ({})", reason.trim())
+}
+
+/// Pure: the planner's answer as the `capacity` command prints it.
+pub fn capacity_report(
+    stats: &[engine::sizing::AttemptStats],
+    limits: &engine::sizing::ProviderLimits,
+    status: &queue::capacity::CapacityStatus,
+    days: u32,
+) -> String {
+    use std::fmt::Write;
+    let per_min = |v: Option<u64>| v.map_or("unlimited".to_string(), |v| format!("{v}/min"));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "limits: requests {}, input tokens {}, output tokens {}",
+        per_min(limits.requests_per_min),
+        per_min(limits.input_tokens_per_min),
+        per_min(limits.output_tokens_per_min)
+    );
+    let _ = writeln!(out, "gate: {} configured, {} in force now", status.configured_gate, status.effective_gate);
+    if let Some((reason, since)) = &status.reduced {
+        let _ = writeln!(out, "  lower since {since}: {reason}");
+    }
+    if stats.is_empty() {
+        let _ = writeln!(out, "no successful attempts in the last {days} days: nothing to size from");
+        return out;
+    }
+    for s in stats {
+        let plan = engine::sizing::plan(s, limits);
+        let _ = writeln!(
+            out,
+            "{}: {} attempts; duration p50/p90/p99 {:.1}/{:.1}/{:.1} s; input tokens {:.0}/{:.0}/{:.0}; output tokens {:.0}/{:.0}/{:.0}",
+            s.preset, s.attempts, s.duration_secs.p50, s.duration_secs.p90, s.duration_secs.p99,
+            s.input_tokens.p50, s.input_tokens.p90, s.input_tokens.p99,
+            s.output_tokens.p50, s.output_tokens.p90, s.output_tokens.p99,
+        );
+        for (label, sizing) in [("p50", &plan.at_p50), ("p90", &plan.at_p90)] {
+            let ceilings: Vec<String> =
+                sizing.ceilings.iter().map(|(c, slots)| format!("{} {:.1}", c.words(), slots)).collect();
+            let binding = sizing.binding.map_or("nothing binds (no limits)".to_string(), |(c, slots)| {
+                format!("bound by {} at {:.1} slots", c.words(), slots)
+            });
+            let _ = writeln!(out, "  at {label} sizing: {binding}; {}", ceilings.join(", "));
+        }
+        if let Some(gate) = plan.recommended_gate {
+            let _ = writeln!(
+                out,
+                "  recommended gate {gate} (a quarter of the p90 ceiling); now {}",
+                status.configured_gate
+            );
+        }
+    }
+    out
 }

@@ -5,6 +5,7 @@ use leptos::prelude::*;
 
 use crate::errors::AppError;
 use crate::model::{AlertsInfo, AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
+use crate::pages::admin_capacity::CapacityCard;
 use crate::pages::admin_support::{AlertsCard, JobSearchCard, UserCard};
 use crate::pages::clock::local_date_time;
 use crate::pages::jobs::AttemptTimeline;
@@ -157,7 +158,8 @@ pub fn AdminPage() -> impl IntoView {
     let view_overview = move |o: QueueStatus| {
         view! {
             <ProcessingCard status=o.clone() set_processing/>
-            <GateCard running=o.running gate_size=o.gate_size set_gate gate_input/>
+            <GateCard running=o.running gate_size=o.gate_size effective_gate=o.effective_gate
+                reduced=o.gate_reduced.clone() set_gate gate_input/>
             <VitalsCard status=o/>
         }
     };
@@ -169,6 +171,7 @@ pub fn AdminPage() -> impl IntoView {
             <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
             </Transition>
+            <CapacityCard admitted/>
             <DlqCard groups actions/>
             <JobSearchCard replay=actions.replay_job/>
             <UserCard/>
@@ -220,14 +223,22 @@ fn ProcessingCard(status: QueueStatus, set_processing: ServerAction<SetProcessin
 fn GateCard(
     running: i64,
     gate_size: i32,
+    /// The gate in force (lower while the adaptive gate grows back after 429s) and why.
+    effective_gate: i32,
+    reduced: Option<(String, String)>,
     set_gate: ServerAction<SetGate>,
     /// Owned by the page, so a refresh that redraws the card does not lose what was typed.
     gate_input: RwSignal<String>,
 ) -> impl IntoView {
     view! {
-        <section class="card">
+        <section class="card" data-testid="gate">
             <h2>"Concurrency gate"</h2>
             <p>{format!("{running} running now, at most {gate_size} at once across all workers.")}</p>
+            {reduced.map(|(reason, since)| view! {
+                <p class="warn-text" data-testid="gate-reduced">
+                    {format!("In force now: {effective_gate}, since {}: {reason}.", local_date_time(&since))}
+                </p>
+            })}
             <form on:submit=move |ev| {
                 ev.prevent_default();
                 if let Ok(size) = gate_input.get_untracked().trim().parse::<i32>() {

@@ -2,6 +2,7 @@
 
 pub mod account;
 pub mod admin;
+pub mod admin_capacity;
 pub mod admin_support;
 pub mod auth;
 pub mod clock;

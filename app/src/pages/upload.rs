@@ -5,6 +5,7 @@ use leptos::prelude::*;
 use serde_json::Value;
 
 use crate::server::account::terms;
+use sluice_types::capacity::{estimate_input_tokens, max_bytes_for_context, PriceTable, SizeKind};
 
 /// How an upload ended, for the message under its progress bar.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,7 +22,11 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
     let job_id = body["id"].as_str().map(str::to_string);
     let refused = |message: String| Outcome { kind: "refused", message, job_id: None };
     match status {
-        202 => Outcome { kind: "ok", message: "Accepted and queued.".into(), job_id },
+        202 => Outcome {
+            kind: "ok",
+            message: format!("Accepted and queued. {} charged.", crate::pages::credits_text(num("charged"))),
+            job_id,
+        },
         200 => Outcome {
             kind: "duplicate",
             message: "You uploaded this already; here is the existing job.".into(),
@@ -43,6 +48,10 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
             num("limit"),
             num("retry_after_secs")
         )),
+        413 if body["error"] == "too_many_tokens" => refused(format!(
+            "Too long for the provider: it reads about {} tokens at once. Split the document and upload the parts. Nothing was charged.",
+            num("context_tokens")
+        )),
         413 => refused(format!("Too large: the limit is {} MB.", num("limit_bytes") / (1024 * 1024))),
         415 => refused(format!(
             "Not a supported document: {}.",
@@ -63,16 +72,54 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
     }
 }
 
-/// Pure: the line under the drop zone, e.g. "Up to 50 MB each. 1 credit per document."
-pub fn terms_hint(max_upload_bytes: u64, cost: i64) -> String {
-    let mb = max_upload_bytes as f64 / (1024.0 * 1024.0);
-    let size = if mb >= 1.0 { format!("{} MB", mb.floor()) } else { format!("{} KB", max_upload_bytes / 1024) };
-    format!("Up to {size} each. {} per document.", crate::pages::credits_text(cost))
+/// Pure: a size for people: "976 KB", "3.8 MB".
+pub fn size_text(bytes: u64) -> String {
+    let mb = bytes as f64 / (1024.0 * 1024.0);
+    if mb >= 10.0 {
+        format!("{} MB", mb.floor())
+    } else if mb >= 1.0 {
+        format!("{:.1} MB", (mb * 10.0).floor() / 10.0)
+    } else {
+        format!("{} KB", bytes / 1024)
+    }
+}
+
+/// Pure: the line under the drop zone, with the price table in file sizes, e.g. "Up to 50 MB
+/// each. 1 credit per document." or "... Priced by size: 1 credit up to 97 KB of text (976 KB
+/// as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits above."
+pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
+    let cap = size_text(max_upload_bytes);
+    let tiers = prices.tiers();
+    if tiers.len() <= 1 {
+        return format!("Up to {cap} each. {} per document.", crate::pages::credits_text(prices.cheapest()));
+    }
+    let steps: Vec<String> = tiers
+        .iter()
+        .enumerate()
+        .map(|(i, tier)| {
+            let credits = crate::pages::credits_text(tier.credits);
+            let text = size_text(max_bytes_for_context(SizeKind::Text, tier.up_to_tokens));
+            let pdf = size_text(max_bytes_for_context(SizeKind::Pdf, tier.up_to_tokens));
+            match i {
+                _ if i + 1 == tiers.len() => format!("{credits} above"),
+                0 => format!("{credits} up to {text} of text ({pdf} as PDF)"),
+                _ => format!("{credits} up to {text} ({pdf})"),
+            }
+        })
+        .collect();
+    format!("Up to {cap} each. Priced by size: {}.", steps.join(", "))
+}
+
+/// Pure: what a file will cost, from its name and size, before it is sent.
+pub fn price_of_file(prices: &PriceTable, name: &str, bytes: u64) -> i64 {
+    prices.price(estimate_input_tokens(SizeKind::from_file_name(name), bytes))
 }
 
 #[derive(Clone)]
 struct UploadRow {
     name: String,
+    /// What it will cost, known from its size and type before it is sent.
+    price: Option<i64>,
     progress: RwSignal<f64>,
     outcome: RwSignal<Option<Outcome>>,
 }
@@ -90,7 +137,10 @@ pub fn UploadPage() -> impl IntoView {
     let start = move |files: web_sys::FileList| {
         for i in 0..files.length() {
             if let Some(file) = files.get(i) {
-                let row = UploadRow { name: file.name(), progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
+                let prices = terms.get_untracked().and_then(|r| r.ok()).map(|t| t.prices);
+                let price = prices.map(|p| price_of_file(&p, &file.name(), file.size() as u64));
+                let row =
+                    UploadRow { name: file.name(), price, progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
                 rows.update(|r| r.push(row.clone()));
                 send(file, preset.get_untracked(), row.progress, row.outcome, account);
             }
@@ -156,7 +206,7 @@ pub fn UploadPage() -> impl IntoView {
                     }
                 />
                 <p class="hint">
-                    {move || terms.get().and_then(|r| r.ok()).map(|t| terms_hint(t.max_upload_bytes, t.cost))}
+                    {move || terms.get().and_then(|r| r.ok()).map(|t| terms_hint(t.max_upload_bytes, &t.prices))}
                 </p>
             </div>
             <ul class="uploads" aria-live="polite">
@@ -164,10 +214,13 @@ pub fn UploadPage() -> impl IntoView {
                     rows.get()
                         .into_iter()
                         .map(|row| {
-                            let UploadRow { name, progress, outcome } = row;
+                            let UploadRow { name, price, progress, outcome } = row;
                             view! {
                                 <li class="upload" data-outcome=move || outcome.get().map(|o| o.kind).unwrap_or("uploading")>
                                     <span class="file-name">{name}</span>
+                                    {price.map(|p| view! {
+                                        <span class="price" data-testid="price">{crate::pages::credits_text(p)}</span>
+                                    })}
                                     <progress max="1" value=move || progress.get()></progress>
                                     {move || {
                                         outcome
@@ -251,8 +304,16 @@ mod tests {
 
     #[test]
     fn the_terms_hint_follows_the_configuration() {
-        assert_eq!(terms_hint(50 * 1024 * 1024, 1), "Up to 50 MB each. 1 credit per document.");
-        assert_eq!(terms_hint(512 * 1024, 3), "Up to 512 KB each. 3 credits per document.");
+        assert_eq!(terms_hint(50 * 1024 * 1024, &PriceTable::flat(1)), "Up to 50 MB each. 1 credit per document.");
+        assert_eq!(terms_hint(512 * 1024, &PriceTable::flat(3)), "Up to 512 KB each. 3 credits per document.");
+        let table: PriceTable = "25000:1,100000:2,200000:4".parse().unwrap();
+        assert_eq!(
+            terms_hint(50 * 1024 * 1024, &table),
+            "Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits above."
+        );
+        assert_eq!(price_of_file(&table, "notes.txt", 1_000), 1);
+        assert_eq!(price_of_file(&table, "book.txt", 200_000), 2);
+        assert_eq!(price_of_file(&table, "book.pdf", 200_000), 1, "a PDF's bytes are mostly not text");
     }
 
     #[test]
@@ -269,8 +330,11 @@ mod tests {
         assert!(outcome_for(503, &serde_json::json!({"retry_after_secs": 60})).message.contains("nothing was stored"));
         let restarting = serde_json::json!({"error": "unavailable", "retry_after_secs": 5});
         assert!(outcome_for(503, &restarting).message.contains("restarting"));
-        let ok = outcome_for(202, &serde_json::json!({"id": "abc"}));
+        let ok = outcome_for(202, &serde_json::json!({"id": "abc", "charged": 2}));
         assert_eq!((ok.kind, ok.job_id.as_deref()), ("ok", Some("abc")));
+        assert_eq!(ok.message, "Accepted and queued. 2 credits charged.");
+        let long = outcome_for(413, &serde_json::json!({"error": "too_many_tokens", "context_tokens": 200000}));
+        assert!(long.message.contains("200000 tokens") && long.message.contains("Nothing was charged"));
         assert_eq!(outcome_for(200, &serde_json::json!({"id": "abc"})).kind, "duplicate");
     }
 }

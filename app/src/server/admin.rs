@@ -5,8 +5,8 @@ use leptos::prelude::*;
 
 use crate::errors::AppError;
 use crate::model::{
-    AlertsInfo, AuditInfo, DlqGroupInfo, DlqJobInfo, JobSearchPage, QueueStatus, ReconciliationInfo, ReplayInfo,
-    UserInfo,
+    AlertsInfo, AuditInfo, CapacityInfo, DlqGroupInfo, DlqJobInfo, JobSearchPage, QueueStatus, ReconciliationInfo,
+    ReplayInfo, UserInfo,
 };
 #[cfg(feature = "ssr")]
 use {
@@ -21,6 +21,7 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
         let ctx = context()?;
         require_admin(&ctx).await?;
         let settings = engine::queue::switches::read(&ctx.pool).await?;
+        let capacity = engine::queue::capacity::status(&ctx.pool).await?;
         let vitals = engine::queue::vitals::read(&ctx.pool).await?;
         let history = engine::queue::vitals::history(&ctx.pool, 60).await?;
         Ok(QueueStatus {
@@ -28,6 +29,8 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
             processing_changed_at: crate::model::time_text(settings.processing_changed_at),
             processing_changed_by: settings.processing_changed_by,
             gate_size: settings.gate_size,
+            effective_gate: capacity.effective_gate,
+            gate_reduced: capacity.reduced.map(|(reason, since)| (reason, crate::model::time_text(since))),
             running: vitals.running,
             backlog: vitals.backlog,
             scheduled_retries: vitals.scheduled_retries,
@@ -54,6 +57,28 @@ fn describe_drain(drain: engine::queue::policy::drain::DrainEstimate) -> String 
         DrainEstimate::DrainsIn(d) if d.as_secs() < 120 => format!("{} s", d.as_secs()),
         DrainEstimate::DrainsIn(d) => format!("{} min", d.as_secs() / 60),
     }
+}
+
+/// The provider's limits, the budget now, and the last `days` of attempts for the planner.
+#[server(endpoint = "admin/capacity")]
+pub async fn capacity(days: u32) -> Result<CapacityInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        require_admin(&ctx).await?;
+        let days = days.clamp(1, 90);
+        let status = engine::queue::capacity::status(&ctx.pool).await?;
+        Ok(CapacityInfo {
+            limits: status.limits,
+            requests_left: status.requests_left,
+            input_tokens_left: status.input_tokens_left,
+            output_tokens_left: status.output_tokens_left,
+            gate_size: status.configured_gate,
+            effective_gate: status.effective_gate,
+            days,
+            stats: engine::queue::capacity::attempt_stats(&ctx.pool, days).await?,
+        })
+    })
+    .await
 }
 
 /// Flip the kill switch (audited).

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 
 use super::policy::adaptive;
 use crate::error::Result;
-pub use sluice_types::capacity::ProviderLimits;
+pub use sluice_types::capacity::{AttemptStats, Percentiles, ProviderLimits};
 
 /// How this deployment's provider is sized.
 #[derive(Clone, Debug, PartialEq)]
@@ -259,4 +259,39 @@ impl Budget {
         }
         self.correct(tokens - reserved, 0).await;
     }
+}
+
+/// Duration and token percentiles of the successful attempts of the last `days`, per preset
+/// and for all ("all" first), for the capacity planner.
+pub async fn attempt_stats(pool: &PgPool, days: u32) -> Result<Vec<AttemptStats>> {
+    type Row = (Option<String>, i64, Option<Vec<f64>>, Option<Vec<f64>>, Option<Vec<f64>>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT CASE WHEN GROUPING(j.payload->>'preset') = 1 THEN 'all' ELSE coalesce(j.payload->>'preset', 'other') END,
+                count(*),
+                percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (
+                    ORDER BY extract(epoch FROM a.finished_at - a.started_at)::float8),
+                percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.input_tokens::float8),
+                percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.output_tokens::float8)
+         FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+         WHERE a.outcome = 'succeeded' AND a.finished_at > now() - make_interval(days => $1)
+         GROUP BY GROUPING SETS ((j.payload->>'preset'), ())
+         ORDER BY GROUPING(j.payload->>'preset') DESC, 1",
+    )
+    .bind(days.min(3650) as i32)
+    .fetch_all(pool)
+    .await?;
+    let percentiles = |v: Option<Vec<f64>>| match v.as_deref() {
+        Some([p50, p90, p99]) => Percentiles { p50: *p50, p90: *p90, p99: *p99 },
+        _ => Percentiles::default(),
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(preset, attempts, duration, input, output)| AttemptStats {
+            preset: preset.unwrap_or_default(),
+            attempts,
+            duration_secs: percentiles(duration),
+            input_tokens: percentiles(input),
+            output_tokens: percentiles(output),
+        })
+        .collect())
 }
