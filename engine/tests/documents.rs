@@ -356,3 +356,39 @@ async fn a_running_job_shows_its_stage_and_only_its_lease_holder_can_move_it(poo
     assert_eq!(job.current_stage(), None, "a finished job has no stage");
     assert_eq!(job.stage, Some(queue::JobStage::Writing), "the last stage it went through was writing the result");
 }
+
+#[tokio::test]
+async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_before_the_provider() {
+    let dir = std::env::temp_dir().join(format!("sluice-context-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let key = Blobs::new_key();
+    let lines: Vec<String> = (0..40).map(|i| format!("Line {i} of a long contract with many clauses.")).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    blobs.put(&key, pdf_with_text(&lines).into()).await.unwrap();
+    let fake = FakeProvider::start().await;
+    let processor = DocumentProcessor {
+        blobs,
+        provider: provider(ProviderKind::Anthropic, &fake, Duration::from_secs(5)),
+        sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::disabled(),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: Some(200),
+    };
+    let job = queue::ClaimedJob {
+        id: uuid::Uuid::nil(),
+        owner_id: 1,
+        kind: "document".into(),
+        payload: serde_json::json!({
+            "document": { "key": key, "type": "pdf", "sha256": "x", "size": 1, "name": "contract.pdf" }, "preset": "summarize",
+        }),
+        attempt: 1,
+        max_attempts: 3,
+        lease_token: uuid::Uuid::nil(),
+        est_input_tokens: 41,
+    };
+    let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();
+    assert_eq!(error.class, ErrorClass::InvalidInput, "permanent: refunded, never retried");
+    assert!(error.message.contains("more than the provider reads at once (200)"), "{}", error.message);
+    assert_eq!(fake.calls(), 0, "the provider is not paid for a request it would refuse");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -7,6 +7,7 @@ mod helpers;
 mod http_layer;
 mod metrics;
 mod operator;
+mod pricing;
 mod restart;
 mod sessions;
 mod support;
