@@ -45,9 +45,18 @@ test('the capacity planner sizes the gate from measured attempts, and other limi
     await card.getByTestId('limit-rpm').fill('lots');
     await expect(card.getByTestId('planner-error')).toContainText('is not a limit');
 
-    // The gate card says what is in force (no 429s here: the configured gate).
-    await expect(admin.getByTestId('gate-reduced')).toHaveCount(0);
+    // After a 429 the gate card says what is in force, since when and why (the cut written as
+    // the worker writes it; the suite's gate grows back a slot a second).
+    await db.query(
+      `UPDATE queue_settings SET adaptive_gate = 1, adaptive_since = now(),
+         adaptive_reason = 'the provider answered 429 (too many requests): gate cut from 2 to 1; it grows back one slot at a time'`,
+    );
+    await open(admin, '/admin');
+    await expect(admin.getByTestId('gate-reduced')).toHaveText(
+      /^In force now: \d+, since .+: the provider answered 429 \(too many requests\): gate cut from 2 to 1; it grows back one slot at a time\.$/,
+    );
   } finally {
+    await db.query('UPDATE queue_settings SET adaptive_gate = NULL, adaptive_since = NULL, adaptive_reason = NULL');
     await db.query(`DELETE FROM jobs WHERE payload->>'preset' = 'planner_probe'`);
     await db.end();
   }

@@ -228,3 +228,59 @@ async fn a_provider_answering_429_makes_the_effective_gate_drop_within_seconds_a
     assert!(recovered, "and it grows back once the provider answers");
     pool_handle.shutdown().await;
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_claim_takes_only_what_the_token_budget_holds_and_the_rest_waits_without_using_an_attempt(pool: PgPool) {
+    // 60,000 input tokens a minute in a bucket holding one second: 1,000 tokens (950 planned).
+    let config = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(60_000), ..Default::default() },
+        burst: Duration::from_secs(1),
+        ..CapacityConfig::default()
+    };
+    capacity::configure(&pool, &config).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for (owner, est) in [(1, 400), (2, 400), (3, 400), (4, 400)] {
+        let job = NewJob { est_input_tokens: est, ..NewJob::new(owner, serde_json::json!({})) };
+        queue::enqueue(&mut tx, &job).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let lease = Duration::from_secs(30);
+    let first = queue::claim(&pool, "w", 10, lease).await.unwrap();
+    assert_eq!(first.len(), 2, "two of 400 fit in 950, a third does not");
+    assert!(first.iter().all(|j| j.est_input_tokens == 400));
+    let left = capacity::status(&pool).await.unwrap().input_tokens_left.unwrap();
+    assert!((150.0..200.0).contains(&left), "950 - 800, refilling at 950/min: {left}");
+    // The others wait without using an attempt.
+    let unclaimed: Vec<i32> =
+        sqlx::query_scalar("SELECT attempts FROM jobs WHERE state = 'queued'").fetch_all(&pool).await.unwrap();
+    assert_eq!(unclaimed, [0, 0]);
+    assert!(queue::claim(&pool, "w", 10, lease).await.unwrap().is_empty(), "nothing fits yet");
+    // The bucket refills at 950 a minute (about 16 a second): 10 short, one more within a second.
+    sqlx::query("UPDATE queue_settings SET level_input = 390, levels_at = clock_timestamp()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(3), || async { queue::claim(&pool, "w", 10, lease).await.unwrap().len() == 1 })
+            .await
+    );
+    // A job larger than the whole bucket is not starved: it goes alone once the bucket is full.
+    sqlx::query("UPDATE queue_settings SET level_input = 950").execute(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let big = queue::enqueue(&mut tx, &NewJob { est_input_tokens: 5_000, ..NewJob::new(9, serde_json::json!({})) })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query("UPDATE jobs SET run_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(big)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claimed = queue::claim(&pool, "w", 10, lease).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), [big]);
+    assert!(capacity::status(&pool).await.unwrap().input_tokens_left.unwrap() < 0.0, "in debt until it refills");
+    // The kill switch still stops everything, budget or not.
+    switches::set_processing(&pool, false, "test").await.unwrap();
+    sqlx::query("UPDATE queue_settings SET level_input = 950").execute(&pool).await.unwrap();
+    assert!(queue::claim(&pool, "w", 10, lease).await.unwrap().is_empty());
+}

@@ -95,7 +95,19 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn record_queue_gauges(pool: &PgPool) -> engine::error::Result<()> {
     let vitals = engine::queue::vitals::read(pool).await?;
     let settings = engine::queue::switches::read(pool).await?;
+    let capacity = engine::queue::capacity::status(pool).await?;
     metrics::gauge!("sluice_database_up").set(1.0);
+    // The gate in force (lower while it grows back after 429s) and what the budget holds.
+    metrics::gauge!("sluice_gate_effective").set(f64::from(capacity.effective_gate));
+    for (dimension, left) in [
+        ("requests", capacity.requests_left),
+        ("input_tokens", capacity.input_tokens_left),
+        ("output_tokens", capacity.output_tokens_left),
+    ] {
+        if let Some(left) = left {
+            metrics::gauge!("sluice_provider_budget_left", "dimension" => dimension).set(left);
+        }
+    }
     metrics::gauge!("sluice_backlog_jobs").set(vitals.backlog as f64);
     metrics::gauge!("sluice_scheduled_retries_jobs").set(vitals.scheduled_retries as f64);
     metrics::gauge!("sluice_running_jobs").set(vitals.running as f64);

@@ -247,3 +247,42 @@ pub fn capacity_report(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::sizing::{AttemptStats, Percentiles, ProviderLimits};
+
+    #[test]
+    fn the_capacity_report_names_the_binding_limit_and_the_recommended_gate() {
+        let stats = vec![AttemptStats {
+            preset: "all".into(),
+            attempts: 12,
+            duration_secs: Percentiles { p50: 316.0, p90: 400.0, p99: 500.0 },
+            input_tokens: Percentiles { p50: 40_000.0, p90: 129_000.0, p99: 492_000.0 },
+            output_tokens: Percentiles { p50: 4_000.0, p90: 16_000.0, p99: 32_000.0 },
+        }];
+        let limits = ProviderLimits {
+            requests_per_min: Some(4_000),
+            input_tokens_per_min: Some(2_000_000),
+            output_tokens_per_min: Some(400_000),
+        };
+        let status = queue::capacity::CapacityStatus {
+            configured_gate: 24,
+            effective_gate: 12,
+            reduced: Some(("the provider answered 429".into(), chrono::Utc::now())),
+            limits,
+            requests_left: None,
+            input_tokens_left: None,
+            output_tokens_left: None,
+            burst_secs: 60.0,
+            recover_secs: 10.0,
+        };
+        let report = capacity_report(&stats, &limits, &status, 7);
+        assert!(report.contains("gate: 24 configured, 12 in force now"), "{report}");
+        assert!(report.contains("at p90 sizing: bound by input tokens per minute at 81.7 slots"), "{report}");
+        assert!(report.contains("recommended gate 20 (a quarter of the p90 ceiling); now 24"), "{report}");
+        let empty = capacity_report(&[], &limits, &status, 7);
+        assert!(empty.contains("nothing to size from"), "{empty}");
+    }
+}

@@ -336,6 +336,8 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
         .env("SLUICE_RETRY_DELAYS", "3,3")
         // Alerts evaluated every second, so the alert test sees a firing at once.
         .env("SLUICE_ALERT_EVERY_SECS", "1")
+        // Flows that script 429s cut the gate; it grows back a slot a second, not every 10 s.
+        .env("SLUICE_GATE_RECOVER_SECS", "1")
         // The browser suite signs up dozens of users from one address.
         .env("SLUICE_SIGNUPS_PER_ADDRESS", "1000")
         .env("SLUICE_PROVIDER", "anthropic")

@@ -63,12 +63,18 @@ struct Held {
 }
 
 impl DocumentProcessor {
-    /// One attempt; whatever it reserved and did not spend goes back to the budget.
+    /// One attempt; whatever it reserved and did not spend goes back to the budget, except
+    /// after a 429/529: then the provider saw more than the budget allowed for, and keeping the
+    /// reservation spent brings the budget back under the provider's own count.
     async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
         let outcome = self.attempt(&job, &mut held).await;
-        self.budget.correct(-held.input, -held.output).await;
+        let refused_for_load =
+            matches!(&outcome, Err(e) if matches!(e.class, ErrorClass::RateLimited | ErrorClass::Overloaded));
+        if !refused_for_load {
+            self.budget.correct(-held.input, -held.output).await;
+        }
         outcome
     }
 

@@ -31,6 +31,7 @@ async fn metrics_are_private_by_default_and_count_what_happened(pool: PgPool) {
     let has = |needle: &str| text.lines().any(|l| l.starts_with(needle));
     assert!(has("sluice_backlog_jobs 1"), "the waiting job, read from Postgres:\n{text}");
     assert!(has("sluice_processing_enabled 1") && has("sluice_gate_size "), "{text}");
+    assert!(has("sluice_gate_effective "), "the gate in force: {text}");
     assert!(has("sluice_uploads_total{outcome=\"accepted\"}"), "{text}");
     assert!(has("sluice_uploads_total{outcome=\"402\"}"), "{text}");
     assert!(
