@@ -34,19 +34,21 @@ ALTER TABLE queue_settings
     ADD COLUMN adaptive_recover_secs float8 NOT NULL DEFAULT 10 CHECK (adaptive_recover_secs > 0);
 
 -- A bucket's level now: refilled at rate/60 a second since `at`, up to rate/60 * burst.
+-- VOLATILE: it reads the clock (clock_timestamp), not the transaction's time.
 CREATE FUNCTION sluice_refill(p_level float8, p_rate float8, p_burst float8, p_at timestamptz)
-RETURNS float8 LANGUAGE sql STABLE AS $$
+RETURNS float8 LANGUAGE sql VOLATILE AS $$
     SELECT CASE WHEN p_rate IS NULL THEN 'Infinity'::float8
                 ELSE least(p_rate / 60.0 * p_burst,
                            p_level + p_rate / 60.0 * greatest(0, extract(epoch FROM clock_timestamp() - p_at)))
            END
 $$;
 
--- The gate in force: the configured one, or the adaptive one while it grows back.
-CREATE FUNCTION sluice_effective_gate(s queue_settings) RETURNS integer LANGUAGE sql STABLE AS $$
+-- The gate in force: the configured one, or the adaptive one while it grows back (counted in
+-- float8, so a cut long ago cannot overflow an integer).
+CREATE FUNCTION sluice_effective_gate(s queue_settings) RETURNS integer LANGUAGE sql VOLATILE AS $$
     SELECT CASE WHEN s.adaptive_gate IS NULL THEN s.gate_size
-                ELSE least(s.gate_size, s.adaptive_gate + floor(
-                    greatest(0, extract(epoch FROM clock_timestamp() - s.adaptive_since)) / s.adaptive_recover_secs)::integer)
+                ELSE least(s.gate_size::float8, s.adaptive_gate + floor(
+                    greatest(0, extract(epoch FROM clock_timestamp() - s.adaptive_since))::float8 / s.adaptive_recover_secs))::integer
            END
 $$;
 

@@ -284,3 +284,23 @@ async fn a_claim_takes_only_what_the_token_budget_holds_and_the_rest_waits_witho
     sqlx::query("UPDATE queue_settings SET level_input = 950").execute(&pool).await.unwrap();
     assert!(queue::claim(&pool, "w", 10, lease).await.unwrap().is_empty());
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_provider_reporting_absurd_usage_cannot_stall_the_budget(pool: PgPool) {
+    let config = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(INPUT_TOKENS_PER_MIN), ..Default::default() },
+        burst: BURST,
+        ..CapacityConfig::default()
+    };
+    capacity::configure(&pool, &config).await.unwrap();
+    let docs = docs("absurd");
+    let fake = FakeProvider::start().await;
+    fake.push([Reply::Success { text: "ok".into(), input_tokens: 9_000_000_000_000_000, output_tokens: u64::MAX / 2 }]);
+    let (ids, _) = enqueue_documents(&pool, &docs, 1, 3).await;
+    let pool_handle = workers(&pool, &docs, &fake, Budget::new(pool.clone(), &config), 1);
+    assert!(all_terminal(&pool, &ids, Duration::from_secs(30)).await, "the absurd answer does not stall the others");
+    pool_handle.shutdown().await;
+    assert_eq!(count(&pool, &ids, JobState::Done).await, 3);
+    let left = capacity::status(&pool).await.unwrap().input_tokens_left.unwrap();
+    assert!(left > -20_000.0, "an unbelievable count is taken as at most four times the estimate: {left}");
+}

@@ -453,7 +453,7 @@ impl Config {
         WebSettings {
             admission: AdmissionConfig {
                 prices: self.prices.clone(),
-                context_tokens: (self.provider_context_tokens > 0).then_some(self.provider_context_tokens),
+                context_tokens: self.context_tokens(),
                 max_backlog: self.max_backlog,
                 max_oldest_wait: Duration::from_secs(self.max_oldest_wait_secs),
                 max_attempts: self.max_attempts.max(1) as i32,
@@ -485,6 +485,21 @@ impl Config {
         }
     }
 
+    /// The most input tokens one request may carry: the provider's context, and no more than
+    /// one input-token bucket holds (a larger request could never pass the provider's limit).
+    pub fn context_tokens(&self) -> Option<u64> {
+        let context = (self.provider_context_tokens > 0).then_some(self.provider_context_tokens);
+        let capacity = self.capacity_config();
+        let bucket = capacity
+            .limits
+            .input_tokens_per_min
+            .map(|per_min| (per_min as f64 * capacity.burst.as_secs_f64() / 60.0) as u64);
+        match (context, bucket) {
+            (Some(c), Some(b)) => Some(c.min(b)),
+            (c, b) => c.or(b),
+        }
+    }
+
     /// The provider's limits, the budget's burst and the adaptive gate's pace.
     pub fn capacity_config(&self) -> CapacityConfig {
         CapacityConfig {
@@ -493,10 +508,11 @@ impl Config {
                 input_tokens_per_min: self.provider_input_tokens_per_min.filter(|v| *v > 0),
                 output_tokens_per_min: self.provider_output_tokens_per_min.filter(|v| *v > 0),
             },
-            burst: Duration::from_secs_f64(self.provider_burst_secs.clamp(0.01, 3600.0)),
+            // `max` first: it turns NaN into the floor.
+            burst: Duration::from_secs_f64(self.provider_burst_secs.max(0.01).min(3600.0)),
             output_reserve: i64::from(self.provider_max_tokens),
-            recover_step: Duration::from_secs_f64(self.gate_recover_secs.clamp(0.01, 3600.0)),
-            share: self.provider_limit_share.clamp(0.01, 1.0),
+            recover_step: Duration::from_secs_f64(self.gate_recover_secs.max(0.01).min(3600.0)),
+            share: self.provider_limit_share.max(0.01).min(1.0),
         }
     }
 
@@ -542,6 +558,25 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_context_is_no_larger_than_one_input_bucket_and_odd_numbers_are_tamed() {
+        let config = |args: &[&str]| Cli::parse_from([&["server"], args].concat()).config;
+        assert_eq!(config(&[]).context_tokens(), Some(200_000));
+        assert_eq!(config(&["--provider-context-tokens", "0"]).context_tokens(), None);
+        // 30,000 input tokens a minute in a bucket holding a minute: a 200K request never passes.
+        let small = config(&["--provider-input-tokens-per-min", "30000"]);
+        assert_eq!(small.context_tokens(), Some(30_000));
+        assert_eq!(small.web_settings().admission.context_tokens, Some(30_000));
+        let burst = config(&["--provider-input-tokens-per-min", "600000", "--provider-burst-secs", "1"]);
+        assert_eq!(burst.context_tokens(), Some(10_000));
+        let odd = config(&["--provider-burst-secs", "NaN", "--gate-recover-secs=-3", "--provider-limit-share", "7"]);
+        let capacity = odd.capacity_config();
+        assert_eq!(capacity.burst, Duration::from_secs_f64(0.01));
+        assert_eq!(capacity.recover_step, Duration::from_secs_f64(0.01));
+        assert_eq!(capacity.share, 1.0);
+        assert!("25000:1,100000:2".parse::<PriceTable>().is_ok() && "1:99999999999".parse::<PriceTable>().is_err());
+    }
 
     #[test]
     fn secrets_never_show_in_debug_output() {

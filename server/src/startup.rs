@@ -77,14 +77,18 @@ impl Application {
             tracing::info!(provider = provider.name(), "documents go to this provider");
             let sandbox = Arc::new(config.sandbox_config()?);
             let capacity = config.capacity_config();
-            engine::queue::capacity::configure(&pool, &capacity).await.context("storing the provider's limits")?;
+            // The processes that call the provider own its limits: a web process started
+            // without them must not switch the workers' budget off.
+            if config.workers > 0 && role != Role::Web {
+                engine::queue::capacity::configure(&pool, &capacity).await.context("storing the provider's limits")?;
+            }
             let processor = Arc::new(DocumentProcessor {
                 blobs: blobs.clone(),
                 provider,
                 sandbox,
                 stages: engine::queue::stages::StageLog::new(pool.clone()),
                 budget: engine::queue::capacity::Budget::new(pool.clone(), &capacity),
-                context_tokens: config.web_settings().admission.context_tokens,
+                context_tokens: config.context_tokens(),
             });
             let workers = (config.workers > 0 && role != Role::Web)
                 .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));

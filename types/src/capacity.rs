@@ -106,7 +106,11 @@ impl FromStr for PriceTable {
         let s = s.trim();
         // A bare number is a flat price (the `--cost` of old).
         if let Ok(credits) = s.parse::<i64>() {
-            return if credits >= 0 { Ok(PriceTable::flat(credits)) } else { Err("a price cannot be negative".into()) };
+            return if (0..=i64::from(i32::MAX)).contains(&credits) {
+                Ok(PriceTable::flat(credits))
+            } else {
+                Err("a price is between 0 and 2147483647 credits".into())
+            };
         }
         let mut tiers = Vec::new();
         for step in s.split(',') {
@@ -114,8 +118,8 @@ impl FromStr for PriceTable {
                 step.split_once(':').ok_or_else(|| format!("{step:?}: write each step as TOKENS:CREDITS"))?;
             let up_to_tokens: u64 = tokens.trim().parse().map_err(|_| format!("{tokens:?} is not a token count"))?;
             let credits: i64 = credits.trim().parse().map_err(|_| format!("{credits:?} is not a credit count"))?;
-            if credits < 0 {
-                return Err("a price cannot be negative".into());
+            if !(0..=i64::from(i32::MAX)).contains(&credits) {
+                return Err("a price is between 0 and 2147483647 credits".into());
             }
             if let Some(last) = tiers.last() {
                 let PriceTier { up_to_tokens: last_tokens, credits: last_credits } = *last;
@@ -335,7 +339,7 @@ mod tests {
         assert_eq!(table.price(10_000_000), 5, "past the last step the last price holds");
         assert_eq!(table.to_string().parse::<PriceTable>().unwrap(), table);
         assert_eq!("3".parse::<PriceTable>().unwrap().price(123_456), 3);
-        for bad in ["", "1000:", "1000:1,500:2", "1000:2,2000:1", "x:1", "1000:-1", "-2"] {
+        for bad in ["", "1000:", "1000:1,500:2", "1000:2,2000:1", "x:1", "1000:-1", "-2", "1000:99999999999"] {
             assert!(bad.parse::<PriceTable>().is_err(), "{bad:?}");
         }
         // Prices never fall as documents grow, whatever the size.

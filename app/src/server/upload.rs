@@ -65,6 +65,9 @@ fn too_slow(received: u64, elapsed: Duration) -> bool {
 const MAX_FIELD_BYTES: usize = 200;
 /// A form is a file and two options; a form with more parts is refused.
 const MAX_PARTS: usize = 8;
+/// The most a form's other bytes can take of its length (boundaries, part headers, the side
+/// fields and a callback URL): the rest of a declared length is the file.
+const MAX_FORM_OVERHEAD: u64 = 16 << 10;
 /// Bytes handed to the parser while no field's data is being read: the preamble, boundaries
 /// and part headers, plus the start of a field's data that arrives in the same network chunk
 /// (a chunk can be a few hundred KiB). What the parser may buffer looking for a boundary.
@@ -153,7 +156,8 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    let least_price = settings.admission.prices.price(estimate_input_tokens(SizeKind::Pdf, declared));
+    let file_at_least = declared.saturating_sub(MAX_FORM_OVERHEAD);
+    let least_price = settings.admission.prices.price(estimate_input_tokens(SizeKind::Pdf, file_at_least));
     if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id, least_price).await? {
         // A retried key may get its earlier job back whatever the balance, so only an
         // overloaded intake refuses it unread; everyone else is refused here.

@@ -64,15 +64,18 @@ struct Held {
 
 impl DocumentProcessor {
     /// One attempt; whatever it reserved and did not spend goes back to the budget, except
-    /// after a 429/529: then the provider saw more than the budget allowed for, and keeping the
-    /// reservation spent brings the budget back under the provider's own count.
+    /// when the provider may have counted the request: after a 429/529 (it saw more than the
+    /// budget allowed for, and keeping the reservation spent brings the budget back under its
+    /// own count), a timeout or a server error.
     async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
         let outcome = self.attempt(&job, &mut held).await;
-        let refused_for_load =
-            matches!(&outcome, Err(e) if matches!(e.class, ErrorClass::RateLimited | ErrorClass::Overloaded));
-        if !refused_for_load {
+        let counted = matches!(&outcome, Err(e) if matches!(
+            e.class,
+            ErrorClass::RateLimited | ErrorClass::Overloaded | ErrorClass::Timeout | ErrorClass::ServerError
+        ));
+        if !counted {
             self.budget.correct(-held.input, -held.output).await;
         }
         outcome
@@ -110,11 +113,14 @@ impl DocumentProcessor {
         held.input = estimated;
         self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
         let output = self.provider.run(&task).await?;
-        // The provider counted what it counted: settle the reservation with the real usage.
-        let used_in = output.input_tokens.unwrap_or(estimated);
-        let used_out = output.output_tokens.unwrap_or(held.output);
+        // The provider counted what it counted: settle the reservation with the real usage, as
+        // far as it is believable (tokenizers differ from our estimate, but not fourfold; an
+        // answer is never longer than the `max_tokens` reserved for it).
+        let believable_in = estimated.saturating_mul(4).max(estimated.saturating_add(10_000));
+        let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_in);
+        let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, held.output.max(0));
         let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
-        self.budget.correct(used_in - reserved.input, used_out - reserved.output).await;
+        self.budget.correct(used_in.saturating_sub(reserved.input), used_out.saturating_sub(reserved.output)).await;
         self.budget.observe(&output.remaining).await;
         self.stages.enter(job, JobStage::Writing, None).await?;
         Ok(JobOutput {

@@ -169,6 +169,19 @@ pub async fn provider_refused(pool: &PgPool, status: Option<u16>) -> Result<Opti
     }
 }
 
+/// Each bucket's level refilled to now (the same expressions the claim uses).
+const REQ: &str =
+    "sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
+const IN: &str =
+    "sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
+const OUT: &str =
+    "sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
+/// Moves `levels_at` to now and refills the requests bucket (corrections leave it alone).
+const REFILLED_TO_NOW: &str = "levels_at = greatest(q.levels_at, clock_timestamp()), level_requests = sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
+/// The largest correction one answer can make: a provider claiming more tokens than any
+/// request can carry is wrong or hostile, and must not stall the budget for days.
+pub const MAX_CORRECTION: i64 = 2_000_000;
+
 /// What the provider's rate-limit headers say is left (`anthropic-ratelimit-*`, `x-ratelimit-*`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RateRemaining {
@@ -208,11 +221,13 @@ impl Budget {
         if input == 0 && output == 0 {
             return;
         }
-        let corrected = sqlx::query(
-            "UPDATE queue_settings SET level_input = level_input - $1, level_output = level_output - $2 WHERE id = 1",
-        )
-        .bind(input)
-        .bind(output)
+        // Refilled to now first, so the change is not lost in (or added to) the refill since the
+        // last claim.
+        let corrected = sqlx::query(&format!(
+            "UPDATE queue_settings q SET {REFILLED_TO_NOW}, level_input = {IN} - $1, level_output = {OUT} - $2 WHERE q.id = 1"
+        ))
+        .bind(input.clamp(-MAX_CORRECTION, MAX_CORRECTION))
+        .bind(output.clamp(-MAX_CORRECTION, MAX_CORRECTION))
         .execute(pool)
         .await;
         if let Err(e) = corrected {
@@ -227,13 +242,13 @@ impl Budget {
         if remaining == &RateRemaining::default() {
             return;
         }
-        let observed = sqlx::query(
-            "UPDATE queue_settings q SET
-                level_requests = CASE WHEN $1::bigint IS NULL THEN q.level_requests ELSE least(q.level_requests, $1) END,
-                level_input = CASE WHEN $2::bigint IS NULL THEN q.level_input ELSE least(q.level_input, $2) END,
-                level_output = CASE WHEN $3::bigint IS NULL THEN q.level_output ELSE least(q.level_output, $3) END
-             WHERE q.id = 1",
-        )
+        let observed = sqlx::query(&format!(
+            "UPDATE queue_settings q SET levels_at = greatest(q.levels_at, clock_timestamp()),
+                level_requests = CASE WHEN $1::bigint IS NULL THEN {REQ} ELSE least({REQ}, $1) END,
+                level_input = CASE WHEN $2::bigint IS NULL THEN {IN} ELSE least({IN}, $2) END,
+                level_output = CASE WHEN $3::bigint IS NULL THEN {OUT} ELSE least({OUT}, $3) END
+             WHERE q.id = 1"
+        ))
         .bind(remaining.requests)
         .bind(remaining.input_tokens)
         .bind(remaining.output_tokens)

@@ -221,6 +221,7 @@ async fn dispatch(
                 Ok(jobs) => {
                     failures = 0;
                     let got_all = jobs.len() == free;
+                    let got_none = jobs.is_empty();
                     for job in jobs {
                         let slot = slots.clone().try_acquire_owned().expect("a slot per claimed job");
                         shared.running.lock().unwrap().insert(job.lease_token);
@@ -255,10 +256,13 @@ async fn dispatch(
                     if got_all {
                         continue;
                     }
-                    // Sleep no longer than until the next retry falls due.
+                    // Sleep no longer than until the next retry falls due. When jobs are due and
+                    // none could be claimed, the gate or the provider budget is full: look again
+                    // in a moment (a slot or tokens come back), not in a spin on the settings row.
                     if let Ok(Some(due)) = queue::next_due(&shared.pool).await {
                         let until = (due - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
-                        wait = wait.min(until.max(Duration::from_millis(5)));
+                        let floor = Duration::from_millis(if got_none { 25 } else { 5 });
+                        wait = wait.min(until.max(floor));
                     }
                 }
                 Err(e) => {

@@ -12,7 +12,7 @@ pub const DECREASE_COOLDOWN: Duration = Duration::from_secs(2);
 /// The gate after a refusal, given the gate in force now and how long ago it was last cut
 /// (`None`: never). `None` when it stays as it is (within the cooldown).
 pub fn after_refusal(in_force: i32, since_last_cut: Option<Duration>) -> Option<i32> {
-    if since_last_cut.is_some_and(|since| since < DECREASE_COOLDOWN) {
+    if in_force <= 1 || since_last_cut.is_some_and(|since| since < DECREASE_COOLDOWN) {
         return None;
     }
     Some((in_force / 2).max(1))
@@ -38,15 +38,16 @@ mod tests {
         assert_eq!(after_refusal(24, None), Some(12));
         assert_eq!(after_refusal(12, Some(Duration::from_millis(300))), None, "same burst");
         assert_eq!(after_refusal(12, Some(DECREASE_COOLDOWN)), Some(6));
-        assert_eq!(after_refusal(1, None), Some(1), "never below one slot");
+        assert_eq!(after_refusal(1, None), None, "never below one slot, and no cut to count");
+        assert_eq!(after_refusal(3, None), Some(1));
         assert!(reason(Some(429), 24, 12).contains("429") && reason(Some(529), 8, 4).contains("overloaded"));
     }
 
     proptest! {
         #[test]
-        fn the_cut_is_at_least_one_and_at_most_half(gate in 1i32..=70) {
+        fn the_cut_is_at_least_one_and_at_most_half(gate in 2i32..=70) {
             let cut = after_refusal(gate, None).unwrap();
-            prop_assert!(cut >= 1 && (cut <= gate / 2 || gate == 1));
+            prop_assert!(cut >= 1 && cut <= gate / 2);
         }
     }
 }
