@@ -137,6 +137,17 @@ async fn burst(pool: &PgPool, with_budget: bool) -> (LimitReport, i64, i64, f64)
     (fake.limit_report(), count(pool, &ids, JobState::Done).await, count(pool, &ids, JobState::Failed).await, elapsed)
 }
 
+/// One line per run, for the README.
+fn print_run(label: &str, report: &LimitReport, (done, failed): (i64, i64), of_limit: f64, secs: f64) {
+    let calls = report.accepted.len() as u64 + report.refused;
+    let rate = of_limit * INPUT_TOKENS_PER_MIN as f64 / 60.0;
+    println!(
+        "{label}: {done} done, {failed} failed, {} refused (429) of {calls} calls, {rate:.0} input tokens/s = {:.1} % of the limit, {secs:.1} s",
+        report.refused,
+        100.0 * of_limit
+    );
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn the_token_budget_holds_a_burst_to_the_providers_limit_and_without_it_the_burst_is_refused(pool: PgPool) {
     let pool = engine::testing::wider_pool(&pool, 40).await;
@@ -146,13 +157,7 @@ async fn the_token_budget_holds_a_burst_to_the_providers_limit_and_without_it_th
 
     let (report, done, failed, secs) = burst(&pool, true).await;
     let rate = report.tokens_per_sec(initial);
-    println!(
-        "with the budget: {done} done, {failed} failed, {} refused (429) of {} calls, {:.0} input tokens/s = {:.1} % of the limit, {secs:.1} s",
-        report.refused,
-        report.accepted.len() as u64 + report.refused,
-        rate,
-        100.0 * rate / limit_per_sec
-    );
+    print_run("with the budget", &report, (done, failed), rate / limit_per_sec, secs);
     assert_eq!((done, failed), (200, 0));
     assert!(report.refused <= 4, "(almost) no 429s: {}", report.refused);
     assert!(
@@ -167,13 +172,7 @@ async fn the_token_budget_holds_a_burst_to_the_providers_limit_and_without_it_th
     sqlx::query("UPDATE queue_settings SET adaptive_gate = NULL, adaptive_since = NULL").execute(&pool).await.unwrap();
     let (report, done, failed, secs) = burst(&pool, false).await;
     let rate = report.tokens_per_sec(initial);
-    println!(
-        "without the budget: {done} done, {failed} failed, {} refused (429) of {} calls, {:.0} input tokens/s = {:.1} % of the limit, {secs:.1} s",
-        report.refused,
-        report.accepted.len() as u64 + report.refused,
-        rate,
-        100.0 * rate / limit_per_sec
-    );
+    print_run("without the budget", &report, (done, failed), rate / limit_per_sec, secs);
     assert!(report.refused >= 20, "without the budget the provider refuses: {} 429s", report.refused);
 }
 

@@ -291,6 +291,22 @@ async fn an_encrypted_pdf_fails_at_once_as_invalid_input_without_calling_the_pro
     assert_eq!(s.fake.calls(), 0);
 }
 
+/// A claimed first attempt at the stored PDF under `key`, to hand a processor directly.
+fn claimed_pdf(key: &str, preset: &str) -> queue::ClaimedJob {
+    queue::ClaimedJob {
+        id: uuid::Uuid::nil(),
+        owner_id: 1,
+        kind: "document".into(),
+        payload: serde_json::json!({
+            "document": { "key": key, "type": "pdf", "sha256": "x", "size": 1, "name": "doc.pdf" }, "preset": preset,
+        }),
+        attempt: 1,
+        max_attempts: 3,
+        lease_token: uuid::Uuid::nil(),
+        est_input_tokens: 41,
+    }
+}
+
 #[tokio::test]
 async fn the_local_provider_summarises_a_pdf_without_network() {
     let dir = std::env::temp_dir().join(format!("sluice-local-{}", std::process::id()));
@@ -307,18 +323,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: None,
     };
-    let job = queue::ClaimedJob {
-        id: uuid::Uuid::nil(),
-        owner_id: 1,
-        kind: "document".into(),
-        payload: serde_json::json!({
-            "document": { "key": key, "type": "pdf", "sha256": "x", "size": 1, "name": "lease.pdf" }, "preset": "key_facts",
-        }),
-        attempt: 1,
-        max_attempts: 3,
-        lease_token: uuid::Uuid::nil(),
-        est_input_tokens: 0,
-    };
+    let job = claimed_pdf(&key, "key_facts");
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
     let markdown = out.result["markdown"].as_str().unwrap();
     assert!(markdown.contains("1,200 EUR") && markdown.contains("landlord@example.org"), "{markdown}");
@@ -374,18 +379,7 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: Some(200),
     };
-    let job = queue::ClaimedJob {
-        id: uuid::Uuid::nil(),
-        owner_id: 1,
-        kind: "document".into(),
-        payload: serde_json::json!({
-            "document": { "key": key, "type": "pdf", "sha256": "x", "size": 1, "name": "contract.pdf" }, "preset": "summarize",
-        }),
-        attempt: 1,
-        max_attempts: 3,
-        lease_token: uuid::Uuid::nil(),
-        est_input_tokens: 41,
-    };
+    let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();
     assert_eq!(error.class, ErrorClass::InvalidInput, "permanent: refunded, never retried");
     assert!(error.message.contains("more than the provider reads at once (200)"), "{}", error.message);

@@ -255,17 +255,19 @@ mod tests {
 
     #[test]
     fn the_capacity_report_names_the_binding_limit_and_the_recommended_gate() {
+        let p = |p50, p90, p99| Percentiles { p50, p90, p99 };
+        let (duration, input, output) = (p(316.0, 400.0, 500.0), p(4e4, 129e3, 492e3), p(4e3, 16e3, 32e3));
         let stats = vec![AttemptStats {
             preset: "all".into(),
             attempts: 12,
-            duration_secs: Percentiles { p50: 316.0, p90: 400.0, p99: 500.0 },
-            input_tokens: Percentiles { p50: 40_000.0, p90: 129_000.0, p99: 492_000.0 },
-            output_tokens: Percentiles { p50: 4_000.0, p90: 16_000.0, p99: 32_000.0 },
+            duration_secs: duration,
+            input_tokens: input,
+            output_tokens: output,
         }];
         let limits = ProviderLimits {
             requests_per_min: Some(4_000),
             input_tokens_per_min: Some(2_000_000),
-            output_tokens_per_min: Some(400_000),
+            ..Default::default()
         };
         let status = queue::capacity::CapacityStatus {
             configured_gate: 24,

@@ -257,25 +257,36 @@ pub fn plan(stats: &AttemptStats, limits: &ProviderLimits) -> Plan {
 mod tests {
     use super::*;
 
+    /// Anthropic's Tier 4 for Claude Sonnet: 4,000 requests, 2,000,000 input and 400,000 output
+    /// tokens a minute.
+    const TIER_4: ProviderLimits = ProviderLimits {
+        requests_per_min: Some(4_000),
+        input_tokens_per_min: Some(2_000_000),
+        output_tokens_per_min: Some(400_000),
+    };
+
+    fn p(p50: f64, p90: f64, p99: f64) -> Percentiles {
+        Percentiles { p50, p90, p99 }
+    }
+
+    fn stats(duration: Percentiles, input: Percentiles, output: Percentiles) -> AttemptStats {
+        AttemptStats {
+            preset: "all".into(),
+            attempts: 10,
+            duration_secs: duration,
+            input_tokens: input,
+            output_tokens: output,
+        }
+    }
+
     #[test]
     fn seed_000_is_bound_by_input_tokens_near_its_ceiling() {
         // Seed 000: median job 316 s, p90 input 129K tokens, "roughly ninety-four concurrent slots
         // at p90 sizing" on Anthropic's Tier 4. Tier 4 for Claude Sonnet: 4,000 requests,
         // 2,000,000 input and 400,000 output tokens a minute. The seed gives no output sizes; a
         // p90 of 16K output tokens (long summaries and translations) is taken.
-        let stats = AttemptStats {
-            preset: "all".into(),
-            attempts: 1000,
-            duration_secs: Percentiles { p50: 316.0, p90: 600.0, p99: 900.0 },
-            input_tokens: Percentiles { p50: 40_000.0, p90: 129_000.0, p99: 492_000.0 },
-            output_tokens: Percentiles { p50: 4_000.0, p90: 16_000.0, p99: 32_000.0 },
-        };
-        let tier4 = ProviderLimits {
-            requests_per_min: Some(4_000),
-            input_tokens_per_min: Some(2_000_000),
-            output_tokens_per_min: Some(400_000),
-        };
-        let plan = plan(&stats, &tier4);
+        let stats = stats(p(316.0, 600.0, 900.0), p(40_000.0, 129_000.0, 492_000.0), p(4_000.0, 16_000.0, 32_000.0));
+        let plan = plan(&stats, &TIER_4);
         let (constraint, slots) = plan.at_p90.binding.unwrap();
         assert_eq!(constraint, Constraint::InputTokens);
         // 2,000,000 * 316 / (60 * 129,000) = 81.7: within 15 % of the seed's 94 (the seed's
@@ -293,19 +304,9 @@ mod tests {
 
     #[test]
     fn short_jobs_with_long_answers_are_bound_by_output_tokens() {
-        let stats = AttemptStats {
-            preset: "translate".into(),
-            attempts: 10,
-            duration_secs: Percentiles { p50: 30.0, p90: 60.0, p99: 90.0 },
-            input_tokens: Percentiles { p50: 2_000.0, p90: 4_000.0, p99: 8_000.0 },
-            output_tokens: Percentiles { p50: 2_000.0, p90: 4_000.0, p99: 8_000.0 },
-        };
-        let limits = ProviderLimits {
-            requests_per_min: Some(4_000),
-            input_tokens_per_min: Some(2_000_000),
-            output_tokens_per_min: Some(400_000),
-        };
-        assert_eq!(plan(&stats, &limits).at_p90.binding.unwrap().0, Constraint::OutputTokens);
+        let tokens = p(2_000.0, 4_000.0, 8_000.0);
+        let stats = stats(p(30.0, 60.0, 90.0), tokens, tokens);
+        assert_eq!(plan(&stats, &TIER_4).at_p90.binding.unwrap().0, Constraint::OutputTokens);
         // Unlimited: nothing binds and nothing is recommended.
         let free = plan(&stats, &ProviderLimits::default());
         assert_eq!((free.at_p90.binding, free.recommended_gate), (None, None));
@@ -313,13 +314,7 @@ mod tests {
 
     #[test]
     fn a_higher_limit_never_lowers_the_ceiling() {
-        let stats = AttemptStats {
-            preset: "all".into(),
-            attempts: 5,
-            duration_secs: Percentiles { p50: 10.0, p90: 20.0, p99: 30.0 },
-            input_tokens: Percentiles { p50: 1000.0, p90: 5000.0, p99: 9000.0 },
-            output_tokens: Percentiles { p50: 100.0, p90: 500.0, p99: 900.0 },
-        };
+        let stats = stats(p(10.0, 20.0, 30.0), p(1000.0, 5000.0, 9000.0), p(100.0, 500.0, 900.0));
         let mut last = 0.0;
         for itpm in [10_000u64, 50_000, 200_000, 1_000_000] {
             let limits = ProviderLimits { input_tokens_per_min: Some(itpm), ..Default::default() };
