@@ -47,7 +47,7 @@ pub async fn log_out() -> Result<(), AppError> {
 pub async fn me() -> Result<Option<UserInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        Ok(session_user(&ctx.pool, &session().await?).await?.map(UserInfo::from))
+        Ok(session_user(&ctx, &session().await?).await?.map(UserInfo::from))
     })
     .await
 }

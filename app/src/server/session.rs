@@ -108,6 +108,8 @@ pub struct WebSettings {
     pub webhook_policy: engine::webhooks::TargetPolicy,
     /// Whether alerts are also sent to the operator's webhook (the admin page says so).
     pub alert_webhook: bool,
+    /// How often a session in use has its expiry pushed back (see [`session_user`]).
+    pub session_renew_after: std::time::Duration,
 }
 
 impl Default for WebSettings {
@@ -128,11 +130,14 @@ impl Default for WebSettings {
             metrics_token: None,
             webhook_policy: engine::webhooks::TargetPolicy::default(),
             alert_webhook: false,
+            session_renew_after: std::time::Duration::from_secs(24 * 3600),
         }
     }
 }
 
 const USER_KEY: &str = "user_id";
+/// When the session's expiry was last pushed back (seconds since the epoch).
+const RENEWED_KEY: &str = "renewed_at";
 
 /// Run a server function's work and put its error's status (and `Retry-After`) on the response.
 pub async fn answer<T>(work: impl Future<Output = Result<T, AppError>>) -> Result<T, AppError> {
@@ -156,13 +161,23 @@ fn session_error(e: tower_sessions::session::Error) -> AppError {
     AppError::unavailable()
 }
 
-/// The logged-in user of a session, if any.
-pub async fn session_user(pool: &PgPool, session: &Session) -> Result<Option<User>, AppError> {
+/// The logged-in user of a session, if any. A session in use is kept for 7 days of
+/// inactivity, lazily: the store writes a session only when it changes, so its expiry is
+/// pushed back (by marking when) at most once per `session_renew_after` (a day), not on every
+/// request. A poll stays a read.
+pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Option<User>, AppError> {
     let Some(id) = session.get::<i64>(USER_KEY).await.map_err(session_error)? else {
         return Ok(None);
     };
-    match users::get(pool, id).await {
-        Ok(user) => Ok(Some(user)),
+    match users::get(&ctx.pool, id).await {
+        Ok(user) => {
+            let now = chrono::Utc::now().timestamp();
+            let renewed = session.get::<i64>(RENEWED_KEY).await.map_err(session_error)?.unwrap_or(0);
+            if now.saturating_sub(renewed) >= ctx.settings.session_renew_after.as_secs() as i64 {
+                session.insert(RENEWED_KEY, now).await.map_err(session_error)?;
+            }
+            Ok(Some(user))
+        }
         Err(engine::EngineError::NotFound) => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -170,7 +185,7 @@ pub async fn session_user(pool: &PgPool, session: &Session) -> Result<Option<Use
 
 /// The caller, or 401.
 pub async fn require_user(ctx: &ServerContext) -> Result<User, AppError> {
-    session_user(&ctx.pool, &session().await?).await?.ok_or(AppError::Unauthenticated)
+    session_user(ctx, &session().await?).await?.ok_or(AppError::Unauthenticated)
 }
 
 /// The caller if they are an admin. Anyone else gets "not found": the admin area does not
@@ -187,6 +202,7 @@ pub async fn require_admin(ctx: &ServerContext) -> Result<User, AppError> {
 /// A fresh session id at login (no fixation), then the user in it.
 pub async fn start_session(session: &Session, user: &User) -> Result<(), AppError> {
     session.cycle_id().await.map_err(session_error)?;
+    session.insert(RENEWED_KEY, chrono::Utc::now().timestamp()).await.map_err(session_error)?;
     session.insert(USER_KEY, user.id).await.map_err(session_error)
 }
 

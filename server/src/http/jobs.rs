@@ -40,7 +40,7 @@ async fn caller_and_token(
             .ok_or(ApiError(AppError::Unauthenticated))?;
         return Ok((user, Some(token_id)));
     }
-    let user = session_user(&state.ctx.pool, session).await?.ok_or(ApiError(AppError::Unauthenticated))?;
+    let user = session_user(&state.ctx, session).await?.ok_or(ApiError(AppError::Unauthenticated))?;
     Ok((user, None))
 }
 

@@ -168,3 +168,33 @@ async fn a_strangers_guesses_do_not_lock_the_owner_out(pool: PgPool) {
     let welcome = call(&owner, &app, "log_in", &[("email", "owner@example.com"), ("password", "right password")]);
     assert_eq!(welcome.await.status(), StatusCode::OK, "the owner, elsewhere, still gets in");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_session_in_use_is_kept_alive_lazily_not_written_on_every_request(pool: PgPool) {
+    let settings = WebSettings { session_renew_after: std::time::Duration::from_secs(1), ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let signed_up =
+        call(&browser, &app, "sign_up", &[("email", "lazy@example.com"), ("password", "long password")]).await;
+    assert_eq!(signed_up.status(), StatusCode::OK);
+    let expiry = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT expiry_date FROM tower_sessions.session")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    let at_login = expiry().await;
+    // Requests within the renewal period read the session and write nothing.
+    for _ in 0..3 {
+        assert_eq!(call(&browser, &app, "me", &[]).await.status(), StatusCode::OK);
+    }
+    assert_eq!(expiry().await, at_login, "no write per request");
+    // Once the period has passed, the next request pushes the expiry back, once.
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    assert_eq!(call(&browser, &app, "me", &[]).await.status(), StatusCode::OK);
+    let renewed = expiry().await;
+    assert!(renewed >= at_login + chrono::Duration::seconds(2), "{at_login} -> {renewed}");
+    assert!(renewed > chrono::Utc::now() + chrono::Duration::days(6), "seven days from now");
+    assert_eq!(call(&browser, &app, "me", &[]).await.status(), StatusCode::OK);
+    assert_eq!(expiry().await, renewed, "and not again at once");
+}
