@@ -303,3 +303,28 @@ async fn a_provider_reporting_absurd_usage_cannot_stall_the_budget(pool: PgPool)
     let left = capacity::status(&pool).await.unwrap().input_tokens_left.unwrap();
     assert!(left > -20_000.0, "an unbelievable count is taken as at most four times the estimate: {left}");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_restart_with_the_same_limits_keeps_the_buckets_and_new_limits_start_them_full(pool: PgPool) {
+    let config = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(60_000), ..Default::default() },
+        burst: Duration::from_secs(60),
+        ..CapacityConfig::default()
+    };
+    capacity::configure(&pool, &config).await.unwrap();
+    // Spent down ten seconds ago: 950 tokens a second (95 % of 1,000) have come back since.
+    sqlx::query("UPDATE queue_settings SET level_input = 0, levels_at = clock_timestamp() - interval '10 seconds'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    capacity::configure(&pool, &config).await.unwrap();
+    let left = capacity::status(&pool).await.unwrap().input_tokens_left.unwrap();
+    assert!((9_500.0..10_500.0).contains(&left), "kept and refilled, not reset or lost: {left}");
+    let doubled = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(120_000), ..Default::default() },
+        ..config
+    };
+    capacity::configure(&pool, &doubled).await.unwrap();
+    let left = capacity::status(&pool).await.unwrap().input_tokens_left.unwrap();
+    assert!((113_999.0..=114_000.0).contains(&left), "a new limit starts full (95 % of a minute): {left}");
+}

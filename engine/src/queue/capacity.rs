@@ -42,17 +42,20 @@ impl Default for CapacityConfig {
 }
 
 /// Store the limits for every process (the last process to start with other limits wins).
-/// Buckets whose limit changed start full.
+/// Buckets whose limit changed start full; the others keep their level, refilled to now.
 pub async fn configure(pool: &PgPool, config: &CapacityConfig) -> Result<()> {
     let limit = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
     sqlx::query(
         "UPDATE queue_settings SET
             level_requests = CASE WHEN limit_requests_per_min IS NOT DISTINCT FROM $1 AND limit_burst_secs = $4
-                AND limit_share = $7 THEN level_requests ELSE coalesce($1 * $7 / 60.0 * $4, 'Infinity') END,
+                AND limit_share = $7
+                THEN sluice_refill(level_requests, limit_requests_per_min * limit_share, limit_burst_secs, levels_at) ELSE coalesce($1 * $7 / 60.0 * $4, 'Infinity') END,
             level_input = CASE WHEN limit_input_tokens_per_min IS NOT DISTINCT FROM $2 AND limit_burst_secs = $4
-                AND limit_share = $7 THEN level_input ELSE coalesce($2 * $7 / 60.0 * $4, 'Infinity') END,
+                AND limit_share = $7
+                THEN sluice_refill(level_input, limit_input_tokens_per_min * limit_share, limit_burst_secs, levels_at) ELSE coalesce($2 * $7 / 60.0 * $4, 'Infinity') END,
             level_output = CASE WHEN limit_output_tokens_per_min IS NOT DISTINCT FROM $3 AND limit_burst_secs = $4
-                AND limit_share = $7 THEN level_output ELSE coalesce($3 * $7 / 60.0 * $4, 'Infinity') END,
+                AND limit_share = $7
+                THEN sluice_refill(level_output, limit_output_tokens_per_min * limit_share, limit_burst_secs, levels_at) ELSE coalesce($3 * $7 / 60.0 * $4, 'Infinity') END,
             levels_at = clock_timestamp(),
             limit_requests_per_min = $1, limit_input_tokens_per_min = $2, limit_output_tokens_per_min = $3,
             limit_burst_secs = $4, output_reserve = $5, adaptive_recover_secs = $6, limit_share = $7
