@@ -45,22 +45,23 @@ impl Default for CapacityConfig {
 /// Buckets whose limit changed start full; the others keep their level, refilled to now.
 pub async fn configure(pool: &PgPool, config: &CapacityConfig) -> Result<()> {
     let limit = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
-    sqlx::query(
-        "UPDATE queue_settings SET
-            level_requests = CASE WHEN limit_requests_per_min IS NOT DISTINCT FROM $1 AND limit_burst_secs = $4
-                AND limit_share = $7
-                THEN sluice_refill(level_requests, limit_requests_per_min * limit_share, limit_burst_secs, levels_at) ELSE coalesce($1 * $7 / 60.0 * $4, 'Infinity') END,
-            level_input = CASE WHEN limit_input_tokens_per_min IS NOT DISTINCT FROM $2 AND limit_burst_secs = $4
-                AND limit_share = $7
-                THEN sluice_refill(level_input, limit_input_tokens_per_min * limit_share, limit_burst_secs, levels_at) ELSE coalesce($2 * $7 / 60.0 * $4, 'Infinity') END,
-            level_output = CASE WHEN limit_output_tokens_per_min IS NOT DISTINCT FROM $3 AND limit_burst_secs = $4
-                AND limit_share = $7
-                THEN sluice_refill(level_output, limit_output_tokens_per_min * limit_share, limit_burst_secs, levels_at) ELSE coalesce($3 * $7 / 60.0 * $4, 'Infinity') END,
+    // A bucket keeps its level (refilled to now) while its limit, burst and share stay the same.
+    let same = |limit: &str, n: u8| {
+        format!("q.{limit} IS NOT DISTINCT FROM ${n} AND q.limit_burst_secs = $4 AND q.limit_share = $7")
+    };
+    sqlx::query(&format!(
+        "UPDATE queue_settings q SET
+            level_requests = CASE WHEN {} THEN {REQ} ELSE coalesce($1 * $7 / 60.0 * $4, 'Infinity') END,
+            level_input = CASE WHEN {} THEN {IN} ELSE coalesce($2 * $7 / 60.0 * $4, 'Infinity') END,
+            level_output = CASE WHEN {} THEN {OUT} ELSE coalesce($3 * $7 / 60.0 * $4, 'Infinity') END,
             levels_at = clock_timestamp(),
             limit_requests_per_min = $1, limit_input_tokens_per_min = $2, limit_output_tokens_per_min = $3,
             limit_burst_secs = $4, output_reserve = $5, adaptive_recover_secs = $6, limit_share = $7
-         WHERE id = 1",
-    )
+         WHERE q.id = 1",
+        same("limit_requests_per_min", 1),
+        same("limit_input_tokens_per_min", 2),
+        same("limit_output_tokens_per_min", 3),
+    ))
     .bind(limit(config.limits.requests_per_min))
     .bind(limit(config.limits.input_tokens_per_min))
     .bind(limit(config.limits.output_tokens_per_min))
@@ -107,15 +108,12 @@ pub async fn status(pool: &PgPool) -> Result<CapacityStatus> {
         f64,
         f64,
     );
-    let row: Row = sqlx::query_as(
+    let row: Row = sqlx::query_as(&format!(
         "SELECT q.gate_size, sluice_effective_gate(q), q.adaptive_reason, q.adaptive_since,
                 q.limit_requests_per_min, q.limit_input_tokens_per_min, q.limit_output_tokens_per_min,
-                sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
-                sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
-                sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
-                q.limit_burst_secs, q.adaptive_recover_secs
-         FROM queue_settings q WHERE q.id = 1",
-    )
+                {REQ}, {IN}, {OUT}, q.limit_burst_secs, q.adaptive_recover_secs
+         FROM queue_settings q WHERE q.id = 1"
+    ))
     .fetch_one(pool)
     .await?;
     let (configured_gate, effective_gate, reason, since, rpm, itpm, otpm, req, input, output, burst, recover) = row;
@@ -172,15 +170,14 @@ pub async fn provider_refused(pool: &PgPool, status: Option<u16>) -> Result<Opti
     }
 }
 
-/// Each bucket's level refilled to now (the same expressions the claim uses).
+/// Each bucket's level refilled to now (the same expressions the claim uses), over the
+/// settings row as `q`.
 const REQ: &str =
     "sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
 const IN: &str =
     "sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
 const OUT: &str =
     "sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
-/// Moves `levels_at` to now and refills the requests bucket (corrections leave it alone).
-const REFILLED_TO_NOW: &str = "levels_at = greatest(q.levels_at, clock_timestamp()), level_requests = sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
 /// The largest correction one answer can make: a provider claiming more tokens than any
 /// request can carry is wrong or hostile, and must not stall the budget for days.
 pub const MAX_CORRECTION: i64 = 2_000_000;
@@ -227,7 +224,9 @@ impl Budget {
         // Refilled to now first, so the change is not lost in (or added to) the refill since the
         // last claim.
         let corrected = sqlx::query(&format!(
-            "UPDATE queue_settings q SET {REFILLED_TO_NOW}, level_input = {IN} - $1, level_output = {OUT} - $2 WHERE q.id = 1"
+            "UPDATE queue_settings q SET levels_at = greatest(q.levels_at, clock_timestamp()),
+                level_requests = {REQ}, level_input = {IN} - $1, level_output = {OUT} - $2
+             WHERE q.id = 1"
         ))
         .bind(input.clamp(-MAX_CORRECTION, MAX_CORRECTION))
         .bind(output.clamp(-MAX_CORRECTION, MAX_CORRECTION))
@@ -266,6 +265,9 @@ impl Budget {
     /// the next ones), and the difference to what the claim reserved is taken or given back.
     pub async fn refine(&self, job_id: uuid::Uuid, lease_token: uuid::Uuid, reserved: i64, tokens: i64) {
         let Some(pool) = &self.pool else { return };
+        if tokens == reserved {
+            return;
+        }
         let stored = sqlx::query("UPDATE jobs SET est_input_tokens = $3 WHERE id = $1 AND lease_token = $2")
             .bind(job_id)
             .bind(lease_token)
