@@ -33,8 +33,8 @@ impl WaitingLine {
 }
 
 /// Other owners with due waiting jobs, each with its due jobs counted up to a cap. The owners
-/// come from `sluice_waiting_owners()`, the loose index scan the claim uses too; without it
-/// this would read every waiting job.
+/// come from `sluice_waiting_owners()`, a read of the heads the claim keeps (`owner_heads`);
+/// without it this would read every waiting job.
 const CAPPED_LOADS: &str = "
     SELECT o.owner_id,
            (SELECT count(*) FROM (

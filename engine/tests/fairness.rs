@@ -1,0 +1,182 @@
+//! The fair claim reads its owners from `owner_heads` (each owner's first waiting job, kept by
+//! triggers). These tests hold it to the plain definition of fairness, and hold the heads to
+//! the waiting jobs through every path into and out of the line.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::queue::dlq::{self, Selection};
+use engine::queue::hooks::NoHooks;
+use engine::queue::policy::retry::{ErrorClass, RetryPolicy};
+use engine::queue::{self, JobError, JobOutput, JobState};
+use engine::testing::{enqueue_many, job, JobOpts};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Fairness as defined, over every waiting job: a due job's score is its owner's running jobs
+/// plus its rank among the owner's due jobs; the lowest (score, run_at, id) go first.
+async fn fairest(pool: &PgPool, n: i64) -> HashSet<Uuid> {
+    sqlx::query_scalar(
+        "WITH served AS (SELECT owner_id, count(*) AS running FROM jobs WHERE state = 'running' GROUP BY owner_id)
+         SELECT id FROM (
+             SELECT j.id, j.run_at, coalesce(s.running, 0)
+                    + row_number() OVER (PARTITION BY j.owner_id ORDER BY j.run_at, j.id) AS score
+             FROM waiting_jobs j LEFT JOIN served s ON s.owner_id = j.owner_id
+             WHERE j.run_at <= now()
+         ) x ORDER BY score, run_at, id LIMIT $1",
+    )
+    .bind(n)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// Owners whose stored head differs from their first waiting job recomputed from scratch.
+async fn wrong_heads(pool: &PgPool) -> Vec<i64> {
+    sqlx::query_scalar(
+        "WITH truth AS (
+             SELECT DISTINCT ON (owner_id) owner_id, run_at, id FROM waiting_jobs ORDER BY owner_id, run_at, id
+         ),
+         stored AS (SELECT owner_id, run_at, job_id AS id FROM owner_heads WHERE job_id IS NOT NULL)
+         SELECT coalesce(t.owner_id, s.owner_id) FROM truth t FULL JOIN stored s ON s.owner_id = t.owner_id
+         WHERE (t.run_at, t.id) IS DISTINCT FROM (s.run_at, s.id)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn assert_heads_true(pool: &PgPool, after: &str) {
+    assert_eq!(wrong_heads(pool).await, Vec::<i64>::new(), "owners with a wrong head after {after}");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_claim_takes_the_fairest_jobs_on_random_lines(pool: PgPool) {
+    queue::switches::set_gate_size(&pool, 64, "test").await.unwrap();
+    let mut rng = StdRng::seed_from_u64(15);
+    let mut running = Vec::new();
+    for round in 0..40 {
+        // New waiting jobs for a few of 30 owners: most due (at various ages), some retrying later.
+        for _ in 0..rng.random_range(1..6) {
+            let owner = rng.random_range(1..=30);
+            let run_at_ago =
+                if rng.random_bool(0.2) { -rng.random_range(10.0..100.0) } else { rng.random_range(0.0..50.0) };
+            let state = if run_at_ago < 0.0 || rng.random_bool(0.3) { JobState::Retrying } else { JobState::Queued };
+            for _ in 0..rng.random_range(1..4) {
+                job(&pool, &JobOpts { owner_id: owner, state, run_at_ago: Some(run_at_ago), ..JobOpts::default() })
+                    .await;
+            }
+        }
+        // Claim a random batch; it must be exactly the fairest jobs.
+        let n = rng.random_range(1..8);
+        let expected = fairest(&pool, n).await;
+        let claimed = queue::claim(&pool, "w", n, Duration::from_secs(60)).await.unwrap();
+        let got: HashSet<Uuid> = claimed.iter().map(|j| j.id).collect();
+        assert_eq!(got, expected, "round {round}: claimed {n}");
+        running.extend(claimed);
+        // Some running jobs finish, so owners' running counts go up and down.
+        while running.len() > 12 {
+            let done = running.swap_remove(rng.random_range(0..running.len()));
+            queue::complete(&pool, &NoHooks, &done, &JobOutput::default()).await.unwrap();
+        }
+        assert_heads_true(&pool, &format!("round {round}")).await;
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn owner_heads_follow_every_path_into_and_out_of_the_line(pool: PgPool) {
+    let policy = RetryPolicy::default();
+    let a = enqueue_many(&pool, 1, 3).await;
+    enqueue_many(&pool, 2, 2).await;
+    assert_heads_true(&pool, "enqueue").await;
+    let head: Uuid =
+        sqlx::query_scalar("SELECT job_id FROM owner_heads WHERE owner_id = 1").fetch_one(&pool).await.unwrap();
+    assert_eq!(head, a[0], "the oldest job heads its owner's line");
+
+    let claimed = queue::claim(&pool, "w", 5, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 5);
+    assert_heads_true(&pool, "a claim of every waiting job").await;
+    let heads: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM owner_heads WHERE job_id IS NOT NULL").fetch_one(&pool).await.unwrap();
+    assert_eq!(heads, 0, "nobody waits");
+
+    // Retry later (a future run_at), then hand back, then complete.
+    let transient = JobError::new(ErrorClass::Overloaded, "busy");
+    queue::fail(&pool, &NoHooks, &policy, &claimed[0], &transient).await.unwrap();
+    assert_heads_true(&pool, "a transient failure").await;
+    queue::hand_back(&pool, &[claimed[1].lease_token]).await.unwrap();
+    assert_heads_true(&pool, "a hand-back").await;
+    queue::complete(&pool, &NoHooks, &claimed[2], &JobOutput::default()).await.unwrap();
+    assert_heads_true(&pool, "a completion").await;
+
+    // A retry made due at once (the run_at moves), a cancel, a permanent failure and its replay.
+    sqlx::query("UPDATE jobs SET run_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(claimed[0].id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_heads_true(&pool, "a run_at change").await;
+    queue::cancel(&pool, &NoHooks, claimed[1].id, "test", false).await.unwrap();
+    assert_heads_true(&pool, "a cancel").await;
+    let permanent = JobError::new(ErrorClass::InvalidInput, "no text");
+    queue::fail(&pool, &NoHooks, &policy, &claimed[3], &permanent).await.unwrap();
+    dlq::replay(&pool, &NoHooks, &Selection::Job(claimed[3].id), "test").await.unwrap();
+    assert_heads_true(&pool, "a replay").await;
+
+    // Rows deleted, and the whole table truncated.
+    sqlx::query("DELETE FROM jobs WHERE id = $1").bind(claimed[3].id).execute(&pool).await.unwrap();
+    assert_heads_true(&pool, "a delete").await;
+    sqlx::query("TRUNCATE jobs, job_attempts").execute(&pool).await.unwrap();
+    assert_heads_true(&pool, "a truncate").await;
+    enqueue_many(&pool, 1, 1).await;
+    assert_heads_true(&pool, "an enqueue after the truncate").await;
+    assert_eq!(queue::claim(&pool, "w", 5, Duration::from_secs(60)).await.unwrap().len(), 1);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn heads_stay_true_under_concurrent_enqueues_claims_and_completions(pool: PgPool) {
+    queue::switches::set_gate_size(&pool, 8, "test").await.unwrap();
+    let pool = engine::testing::wider_pool(&pool, 20).await;
+    let enqueuing = Arc::new(AtomicBool::new(true));
+    let mut enqueuers = Vec::new();
+    for owner in 1..=8 {
+        let pool = pool.clone();
+        enqueuers.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                enqueue_many(&pool, owner, 2).await;
+            }
+        }));
+    }
+    let mut claimers = Vec::new();
+    for _ in 0..4 {
+        let (pool, enqueuing) = (pool.clone(), enqueuing.clone());
+        claimers.push(tokio::spawn(async move {
+            loop {
+                let more_to_come = enqueuing.load(Ordering::SeqCst);
+                let jobs = queue::claim(&pool, "w", 3, Duration::from_secs(60)).await.unwrap();
+                if jobs.is_empty() && !more_to_come {
+                    break;
+                }
+                for job in &jobs {
+                    queue::complete(&pool, &NoHooks, job, &JobOutput::default()).await.unwrap();
+                }
+            }
+        }));
+    }
+    for task in enqueuers {
+        task.await.unwrap();
+    }
+    enqueuing.store(false, Ordering::SeqCst);
+    for task in claimers {
+        task.await.unwrap();
+    }
+    assert_heads_true(&pool, "concurrent traffic").await;
+    let done: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'done'").fetch_one(&pool).await.unwrap();
+    assert_eq!(done, 320, "every job was claimed and finished");
+}
