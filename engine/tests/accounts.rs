@@ -590,12 +590,13 @@ async fn a_token_poll_is_a_read_last_used_is_written_at_most_once_a_minute(pool:
             .unwrap()
     };
     let before = version().await;
-    let (found, token_id) = tokens::authenticate_token(&pool, &secret).await.unwrap().unwrap();
+    let (found, token_id) =
+        tokens::authenticate_token(&mut *pool.acquire().await.unwrap(), &secret).await.unwrap().unwrap();
     assert_eq!((found.id, token_id), (user.id, token.id));
     let after_first = version().await;
     assert_ne!(before, after_first, "the first use is recorded");
     for _ in 0..20 {
-        assert!(tokens::authenticate_token(&pool, &secret).await.unwrap().is_some());
+        assert!(tokens::authenticate_token(&mut *pool.acquire().await.unwrap(), &secret).await.unwrap().is_some());
     }
     assert_eq!(version().await, after_first, "polls within the minute write nothing");
     // A minute later, the next use is recorded again.
@@ -605,7 +606,7 @@ async fn a_token_poll_is_a_read_last_used_is_written_at_most_once_a_minute(pool:
         .await
         .unwrap();
     let aged = version().await;
-    tokens::authenticate_token(&pool, &secret).await.unwrap().unwrap();
+    tokens::authenticate_token(&mut *pool.acquire().await.unwrap(), &secret).await.unwrap().unwrap();
     assert_ne!(version().await, aged);
     let used: bool =
         sqlx::query_scalar("SELECT last_used_at > now() - interval '5 seconds' FROM api_tokens WHERE id = $1")
@@ -615,7 +616,7 @@ async fn a_token_poll_is_a_read_last_used_is_written_at_most_once_a_minute(pool:
             .unwrap();
     assert!(used);
     // Revoked or wrong: nobody.
-    assert!(tokens::authenticate_token(&pool, "slc_wrong").await.unwrap().is_none());
+    assert!(tokens::authenticate_token(&mut *pool.acquire().await.unwrap(), "slc_wrong").await.unwrap().is_none());
     tokens::revoke(&pool, user.id, token.id).await.unwrap();
-    assert!(tokens::authenticate_token(&pool, &secret).await.unwrap().is_none());
+    assert!(tokens::authenticate_token(&mut *pool.acquire().await.unwrap(), &secret).await.unwrap().is_none());
 }

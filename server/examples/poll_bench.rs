@@ -2,7 +2,8 @@
 //! users, each with a token and jobs waiting in line (10,000 jobs across them, a full gate
 //! running), poll `GET /api/v1/jobs/{id}` from 64 connections for 10 seconds, as 10,000 users
 //! polling every 2 s would. Prints requests per second and p50 / p99 latency, per run and the
-//! medians. Options: --runs N (3), --seconds N (10), --clients N (64).
+//! medians, beside the same client against `/healthz` in the same run (the HTTP stack and one
+//! trivial query). Options: --runs N (3), --seconds N (10), --clients N (64).
 //!
 //! Client, server and Postgres share the machine's cores: the figure is the whole system's.
 
@@ -63,51 +64,76 @@ async fn main() {
     let blob_dir = std::env::temp_dir().join(format!("sluice-poll-bench-{}", std::process::id()));
     let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
     let addr = server::spawn_web(pool.clone(), WebSettings::default(), blobs).await.unwrap();
-    let polls = Arc::new(polls);
-    let (mut rates, mut p50s, mut p99s) = (vec![], vec![], vec![]);
+    let polls: Arc<Vec<(Option<String>, String)>> =
+        Arc::new(polls.into_iter().map(|(token, path)| (Some(token), path)).collect());
+    // The reference, measured in the same run by the same client: `/healthz` is the whole HTTP
+    // stack and one trivial query, the least any request that reads the database costs here.
+    let health: Arc<Vec<(Option<String>, String)>> = Arc::new(vec![(None, "/healthz".to_string())]);
+    let (mut rates, mut p50s, mut p99s, mut references) = (vec![], vec![], vec![], vec![]);
     for run in 1..=runs {
-        let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build().unwrap();
-        let started = Instant::now();
-        let until = started + Duration::from_secs(seconds as u64);
-        let tasks: Vec<_> = (0..clients)
-            .map(|c| {
-                let (client, polls) = (client.clone(), polls.clone());
-                tokio::spawn(async move {
-                    let mut latencies = Vec::new();
-                    let mut i = c;
-                    while Instant::now() < until {
-                        let (token, path) = &polls[i % polls.len()];
-                        let sent = Instant::now();
-                        let answer =
-                            client.get(format!("http://{addr}{path}")).bearer_auth(token).send().await.unwrap();
-                        assert_eq!(answer.status(), 200);
-                        let body: serde_json::Value = answer.json().await.unwrap();
-                        assert!(body["jobs_ahead"].is_number(), "{body}");
-                        latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
-                        i += clients;
-                    }
-                    latencies
-                })
-            })
-            .collect();
-        let mut latencies = Vec::new();
-        for task in tasks {
-            latencies.extend(task.await.unwrap());
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let rate = latencies.len() as f64 / elapsed;
-        let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
-        println!("run {run}: {rate:>6.0} polls/s  p50 {p50:>6.2} ms  p99 {p99:>6.2} ms");
+        let (rate, p50, p99) = load(addr, &polls, seconds, clients).await;
+        let (reference, ref_p50, ref_p99) = load(addr, &health, seconds, clients).await;
+        println!(
+            "run {run}: {rate:>6.0} polls/s  p50 {p50:>6.2} ms  p99 {p99:>6.2} ms; /healthz {reference:>6.0}/s  p50 {ref_p50:>6.2} ms  p99 {ref_p99:>6.2} ms (ratio {:.2})",
+            rate / reference
+        );
         rates.push(rate);
         p50s.push(p50);
         p99s.push(p99);
+        references.push(reference);
     }
+    let ratios: Vec<f64> = rates.iter().zip(&references).map(|(a, b)| a / b).collect();
     println!(
-        "median of {runs}: status polls, {clients} connections, 1,000 users with 10,000 jobs waiting: {:.0} polls/s, p50 {:.2} ms, p99 {:.2} ms",
+        "median of {runs}: status polls, {clients} connections, 1,000 users with 10,000 jobs waiting: {:.0} polls/s, p50 {:.2} ms, p99 {:.2} ms; /healthz in the same runs {:.0}/s; ratio {:.2}",
         median(&mut rates),
         median(&mut p50s),
-        median(&mut p99s)
+        median(&mut p99s),
+        median(&mut references),
+        median(&mut ratios.clone())
     );
     let _ = std::fs::remove_dir_all(&blob_dir);
+}
+
+/// `clients` connections sending `requests` round-robin for `seconds`, each waiting for its
+/// answer before the next; returns requests per second and p50 / p99 latency in ms.
+async fn load(
+    addr: std::net::SocketAddr,
+    requests: &Arc<Vec<(Option<String>, String)>>,
+    seconds: usize,
+    clients: usize,
+) -> (f64, f64, f64) {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build().unwrap();
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds as u64);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (client, requests) = (client.clone(), requests.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut i = c;
+                while Instant::now() < until {
+                    let (token, path) = &requests[i % requests.len()];
+                    let sent = Instant::now();
+                    let mut request = client.get(format!("http://{addr}{path}"));
+                    if let Some(token) = token {
+                        request = request.bearer_auth(token);
+                    }
+                    let answer = request.send().await.unwrap();
+                    assert_eq!(answer.status(), 200, "{path}");
+                    let body: serde_json::Value = answer.json().await.unwrap();
+                    assert!(token.is_none() || body["jobs_ahead"].is_number(), "{body}");
+                    latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+                    i += clients;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (latencies.len() as f64 / elapsed, percentile(&latencies, 0.5), percentile(&latencies, 0.99))
 }

@@ -258,9 +258,9 @@ pub fn client_ip(peer: IpAddr, forwarded_for: Option<&str>, trusted_proxies: &[I
 }
 
 /// A job the caller may see: their own (admins: any). Anything else is "not found".
-pub async fn visible_job(pool: &PgPool, caller: &User, id: &str) -> Result<JobView, AppError> {
+pub async fn visible_job<'e>(db: impl sqlx::PgExecutor<'e>, caller: &User, id: &str) -> Result<JobView, AppError> {
     let id = Uuid::parse_str(id).map_err(|_| AppError::NotFound)?;
-    let job = engine::queue::get(pool, id).await?;
+    let job = engine::queue::get(db, id).await?;
     if job.owner_id == caller.id || caller.is_admin() {
         Ok(job)
     } else {

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::users::User;
 use crate::error::{EngineError, Result};
@@ -77,13 +77,14 @@ pub async fn revoke(pool: &PgPool, user_id: i64, id: i64) -> Result<()> {
 
 /// The user a bearer token belongs to, if it is valid and not revoked.
 pub async fn authenticate(pool: &PgPool, secret: &str) -> Result<Option<User>> {
-    Ok(authenticate_token(pool, secret).await?.map(|(user, _)| user))
+    Ok(authenticate_token(&mut *pool.acquire().await?, secret).await?.map(|(user, _)| user))
 }
 
 /// The user and the token's id, if the token is valid and not revoked. A poll is a read: the
 /// token's `last_used_at` is written at most once a minute (one row, one commit per poll would
 /// be a synchronous write on every status check).
-pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(User, i64)>> {
+/// Over `conn`, which the caller may keep for its next query.
+pub async fn authenticate_token(conn: &mut PgConnection, secret: &str) -> Result<Option<(User, i64)>> {
     if !secret.starts_with(PREFIX) {
         return Ok(None);
     }
@@ -102,7 +103,7 @@ pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(U
          WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
     )
     .bind(digest(secret))
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?;
     let Some(found) = found else { return Ok(None) };
     if found.stale {
@@ -112,7 +113,7 @@ pub async fn authenticate_token(pool: &PgPool, secret: &str) -> Result<Option<(U
              WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
         )
         .bind(found.token_id)
-        .execute(pool)
+        .execute(&mut *conn)
         .await;
         if let Err(e) = noted {
             tracing::warn!(error = %e, token = found.token_id, "recording a token's last use failed");

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_types::AttemptOutcome;
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::policy::retry::ErrorClass;
@@ -78,8 +78,8 @@ macro_rules! select_jobs {
 }
 
 /// One job, or `NotFound`.
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<JobView> {
-    sqlx::query_as(select_jobs!("WHERE id = $1")).bind(id).fetch_optional(pool).await?.ok_or(EngineError::NotFound)
+pub async fn get<'e>(db: impl PgExecutor<'e>, id: Uuid) -> Result<JobView> {
+    sqlx::query_as(select_jobs!("WHERE id = $1")).bind(id).fetch_optional(db).await?.ok_or(EngineError::NotFound)
 }
 
 /// Which of a user's jobs to list.

@@ -8,6 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use sqlx::PgConnection;
 use tower_sessions::Session;
 
 use app::errors::AppError;
@@ -33,9 +34,21 @@ async fn caller_and_token(
     headers: &HeaderMap,
     session: &Session,
 ) -> Result<(User, Option<i64>), ApiError> {
+    let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
+    caller_over(&mut conn, state, headers, session).await
+}
+
+/// [`caller_and_token`] with a token checked over `conn`, which the request may keep for its
+/// next query (each hand-out and return of a pooled connection is a round trip of its own).
+async fn caller_over(
+    conn: &mut PgConnection,
+    state: &AppState,
+    headers: &HeaderMap,
+    session: &Session,
+) -> Result<(User, Option<i64>), ApiError> {
     if let Some(auth) = headers.get(header::AUTHORIZATION) {
         let token = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or(AppError::Unauthenticated)?;
-        let (user, token_id) = engine::accounts::tokens::authenticate_token(&state.ctx.pool, token.trim())
+        let (user, token_id) = engine::accounts::tokens::authenticate_token(conn, token.trim())
             .await?
             .ok_or(ApiError(AppError::Unauthenticated))?;
         return Ok((user, Some(token_id)));
@@ -55,8 +68,11 @@ impl FromRequestParts<AppState> for VisibleJob {
         let Path(id) =
             Path::<String>::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::NotFound))?;
         let session = Session::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::Internal))?;
-        let user = caller(state, &parts.headers, &session).await?;
-        Ok(VisibleJob(visible_job(&state.ctx.pool, &user, &id).await?, user))
+        // One connection for the token and the job: a status poll is two queries, not two
+        // trips through the pool. Returned before the handler runs (it may need one too).
+        let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
+        let (user, _) = caller_over(&mut conn, state, &parts.headers, &session).await?;
+        Ok(VisibleJob(visible_job(&mut *conn, &user, &id).await?, user))
     }
 }
 
