@@ -17,8 +17,13 @@ INSERT INTO owner_heads (owner_id, run_at, job_id)
 SELECT DISTINCT ON (j.owner_id) j.owner_id, j.run_at, j.id FROM waiting_jobs j ORDER BY j.owner_id, j.run_at, j.id;
 
 -- Recompute the heads of these owners from their waiting jobs (an index probe each), locking
--- their rows in owner order.
-CREATE FUNCTION sluice_refresh_heads(p_owners bigint[]) RETURNS void LANGUAGE sql VOLATILE AS $$
+-- their rows in owner order. PL/pgSQL, so its plan is cached (a SQL function is planned anew at
+-- every call: that cost the claim 0.7 ms).
+CREATE FUNCTION sluice_refresh_heads(p_owners bigint[]) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF cardinality(p_owners) = 0 THEN
+        RETURN;
+    END IF;
     INSERT INTO owner_heads AS h (owner_id, run_at, job_id)
     SELECT o.owner_id, first.run_at, first.id
     FROM (SELECT DISTINCT unnest(p_owners) AS owner_id) o
@@ -27,8 +32,8 @@ CREATE FUNCTION sluice_refresh_heads(p_owners bigint[]) RETURNS void LANGUAGE sq
     ) first ON true
     ORDER BY o.owner_id
     ON CONFLICT (owner_id) DO UPDATE SET run_at = excluded.run_at, job_id = excluded.job_id
-    WHERE (h.run_at, h.job_id) IS DISTINCT FROM (excluded.run_at, excluded.job_id)
-$$;
+    WHERE (h.run_at, h.job_id) IS DISTINCT FROM (excluded.run_at, excluded.job_id);
+END $$;
 
 -- Statement triggers with the changed rows: one call per statement (a claim of 24 jobs is one
 -- upsert), and only owners whose waiting jobs changed are touched (a completion touches none).
@@ -76,7 +81,7 @@ CREATE OR REPLACE FUNCTION sluice_waiting_owners() RETURNS SETOF bigint LANGUAGE
 $$;
 
 -- The claim, as in 20261201000002 (an applied migration never changes, so its text repeats
--- here), with the best owners read from `owner_heads`: the same choice as before (held to the
+-- here), with the rows to lock found by their key, and the best owners read from `owner_heads`: the same choice as before (held to the
 -- plain definition of fairness on random lines in engine/tests/fairness.rs), at a cost that does
 -- not grow with the number of owners waiting.
 CREATE OR REPLACE FUNCTION sluice_claim(p_max bigint, p_worker text, p_lease_secs float8)
@@ -156,9 +161,11 @@ BEGIN
     chosen AS (
         SELECT c.id, c.score, c.run_at FROM candidates c ORDER BY c.score, c.run_at, c.id LIMIT v_free
     ),
+    -- `= ANY (ARRAY(..))`, not `IN (SELECT ..)`: the generic plan of the latter read every
+    -- waiting job (a sequential scan, 4.5 of a claim's 7 ms with 20,000 waiting).
     locked AS (
         SELECT j.id, j.est_input_tokens FROM waiting_jobs j
-        WHERE j.id IN (SELECT c.id FROM chosen c)
+        WHERE j.id = ANY (ARRAY(SELECT c.id FROM chosen c))
         FOR UPDATE SKIP LOCKED
     ),
     in_order AS (
