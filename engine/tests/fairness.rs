@@ -180,3 +180,30 @@ async fn heads_stay_true_under_concurrent_enqueues_claims_and_completions(pool: 
         sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'done'").fetch_one(&pool).await.unwrap();
     assert_eq!(done, 320, "every job was claimed and finished");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_claim_racing_an_enqueue_of_the_same_owner_leaves_the_new_job_its_head(pool: PgPool) {
+    let first = enqueue_many(&pool, 7, 1).await[0];
+    // An upload for owner 7 has inserted its job but not committed yet.
+    let mut upload = pool.begin().await.unwrap();
+    let second: Uuid = sqlx::query_scalar("INSERT INTO jobs (owner_id, payload) VALUES (7, '{}') RETURNING id")
+        .fetch_one(&mut *upload)
+        .await
+        .unwrap();
+    // Meanwhile a claim takes owner 7's only committed job; refreshing the head, it waits for
+    // the upload's lock on owner 7's row.
+    let claimer = {
+        let pool = pool.clone();
+        tokio::spawn(async move { queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!claimer.is_finished(), "the claim waits for the upload's lock on the head");
+    upload.commit().await.unwrap();
+    let claimed = claimer.await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![first]);
+    // The claim read the heads after the upload committed: the new job heads the line (a head
+    // computed before the wait would be empty, and the job would never be claimed).
+    assert_heads_true(&pool, "a claim racing an enqueue").await;
+    let next = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), vec![second]);
+}
