@@ -6,9 +6,11 @@
 //! 2. Refusal latency: 200 uploads of 50 MiB from an account with no credits, 8 at a time;
 //!    the time from the first byte sent until the 402 arrives (the client is still sending).
 //! 3. Acceptance: 32 concurrent clients post distinct 1 MiB PDFs through `POST /api/v1/jobs`;
-//!    p50 / p95 / p99 latency and uploads per second for each run and their medians.
+//!    p50 / p95 / p99 latency and uploads per second for each run and their medians. By
+//!    default they are one user's (whose uploads are admitted at most 8 at a time, one debit
+//!    commit at a time); `--users 32` makes each client a user of its own.
 //!
-//! Options: --runs N (3), --uploads N (2000), --clients N (32).
+//! Options: --runs N (3), --uploads N (2000), --clients N (32), --users N (1).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -104,6 +106,7 @@ async fn refusals_before_the_body(pool: &sqlx::PgPool, addr: std::net::SocketAdd
 #[tokio::main]
 async fn main() {
     let (runs, uploads, clients) = (arg("--runs", 3), arg("--uploads", 2000), arg("--clients", 32));
+    let owners = arg("--users", 1).max(1);
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (cargo xtask bench sets it)");
     let pool = engine::db::connect(&url, 64).await.unwrap();
     let settings = WebSettings {
@@ -125,20 +128,23 @@ async fn main() {
             .execute(&pool)
             .await
             .unwrap();
-        let user =
-            users::create_user(&pool, "bench@example.com", "bench password", Role::User, 1_000_000).await.unwrap();
-        sqlx::query("UPDATE users SET max_in_flight = 1000000 WHERE id = $1")
-            .bind(user.id)
-            .execute(&pool)
-            .await
-            .unwrap();
-        let (_, token) = engine::accounts::tokens::create(&pool, user.id, "bench").await.unwrap();
+        let mut tokens = Vec::with_capacity(owners);
+        for u in 0..owners {
+            let email = format!("bench{u}@example.com");
+            let user = users::create_user(&pool, &email, "bench password", Role::User, 1_000_000).await.unwrap();
+            sqlx::query("UPDATE users SET max_in_flight = 1000000 WHERE id = $1")
+                .bind(user.id)
+                .execute(&pool)
+                .await
+                .unwrap();
+            tokens.push(engine::accounts::tokens::create(&pool, user.id, "bench").await.unwrap().1);
+        }
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let client = reqwest::Client::new();
         let started = Instant::now();
         let tasks: Vec<_> = (0..clients)
-            .map(|_| {
-                let (next, client, token) = (next.clone(), client.clone(), token.clone());
+            .map(|c| {
+                let (next, client, token) = (next.clone(), client.clone(), tokens[c % owners].clone());
                 tokio::spawn(async move {
                     let mut latencies = Vec::new();
                     loop {
@@ -178,7 +184,7 @@ async fn main() {
     }
     let _ = std::fs::remove_dir_all(&blob_dir);
     println!(
-        "median of {runs}: {:.0} uploads/s ({uploads} x 1 MiB, {clients} clients); p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms",
+        "median of {runs}: {:.0} uploads/s ({uploads} x 1 MiB, {clients} clients of {owners} users); p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms",
         median(&mut rates),
         median(&mut p50s),
         median(&mut p95s),
