@@ -4,6 +4,10 @@
 -- job (its head) is now kept in `owner_heads`, in the transaction that changes the owner's
 -- waiting jobs, and the claim reads the best owners from its index.
 
+-- No job may change between the backfill below and the triggers taking over (an older process
+-- still running during a deploy would otherwise leave a job with no head, never claimed).
+LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
+
 -- One row per owner that ever waited; job_id is NULL while the owner has no waiting job (rows are
 -- never deleted, and are locked in owner order: no deadlock between statements).
 CREATE TABLE owner_heads (
@@ -26,6 +30,10 @@ CREATE FUNCTION sluice_refresh_heads(p_owners bigint[]) RETURNS void LANGUAGE pl
 BEGIN
     IF cardinality(p_owners) = 0 THEN
         RETURN;
+    END IF;
+    -- The fresh read after the lock needs a snapshot per statement.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobs may only change under READ COMMITTED (owner_heads would go stale)';
     END IF;
     INSERT INTO owner_heads (owner_id)
     SELECT DISTINCT o FROM unnest(p_owners) o ORDER BY o

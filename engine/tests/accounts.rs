@@ -620,3 +620,70 @@ async fn a_token_poll_is_a_read_last_used_is_written_at_most_once_a_minute(pool:
     tokens::revoke(&pool, user.id, token.id).await.unwrap();
     assert!(tokens::authenticate_token(&mut *pool.acquire().await.unwrap(), &secret).await.unwrap().is_none());
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn one_users_uploads_and_cancels_at_once_never_deadlock(pool: PgPool) {
+    // Cancel changes the owner's line (the heads trigger) and then their row (the refund);
+    // admission must take them in the same order, or the two wait on each other until Postgres
+    // aborts one (a deadlock error here).
+    let pool = wider_pool(&pool, 20).await;
+    let user = users::create_user(&pool, "both@example.com", "password123", Role::User, 1_000).await.unwrap();
+    sqlx::query("UPDATE users SET max_in_flight = 1000 WHERE id = $1").bind(user.id).execute(&pool).await.unwrap();
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            for n in 0..25 {
+                let key = format!("{t}-{n}");
+                let s = Submission {
+                    cost: 1,
+                    est_input_tokens: 0,
+                    user_id: user.id,
+                    payload: serde_json::json!({}),
+                    content_key: key.clone(),
+                    client_key: None,
+                    fingerprint: key,
+                };
+                assert!(matches!(
+                    admission::submit(&pool, &AdmissionConfig::default(), &s).await.unwrap(),
+                    Admission::Accepted { .. }
+                ));
+            }
+        }));
+    }
+    for _ in 0..4 {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let waiting: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM jobs WHERE owner_id = $1 AND state = 'queued' ORDER BY random() LIMIT 1",
+                )
+                .bind(user.id)
+                .fetch_optional(&pool)
+                .await
+                .unwrap();
+                if let Some(id) = waiting {
+                    queue::cancel(&pool, &AccountHooks, id, "owner", false).await.unwrap();
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (balance, in_flight): (i64, i32) = sqlx::query_as("SELECT balance, in_flight FROM users WHERE id = $1")
+        .bind(user.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let (queued, canceled): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'canceled') FROM jobs",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(queued + canceled, 100);
+    assert_eq!(in_flight as i64, queued, "in flight = still waiting");
+    assert_eq!(balance, 1_000 - queued, "canceled jobs refunded");
+}

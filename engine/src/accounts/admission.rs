@@ -227,6 +227,8 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         return Ok(Admission::Existing { job_id });
     }
 
+    // The owner's line before the owner's row, in the order cancel and replay take them.
+    queue::lock_line(&mut tx, s.user_id).await?;
     // The compound check: one conditional write.
     let taken = sqlx::query(
         "UPDATE users SET balance = balance - $2, in_flight = in_flight + 1

@@ -21,7 +21,7 @@ pub mod worker;
 
 pub use cancel::{cancel, Canceled};
 pub use claim::{claim, heartbeat, next_due, ClaimedJob};
-pub use enqueue::{enqueue, NewJob};
+pub use enqueue::{enqueue, lock_line, NewJob};
 pub use sluice_types::{FailureKind, JobStage, JobState};
 pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
 pub use views::{

@@ -34,27 +34,33 @@ async fn caller_and_token(
     headers: &HeaderMap,
     session: &Session,
 ) -> Result<(User, Option<i64>), ApiError> {
-    let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
-    caller_over(&mut conn, state, headers, session).await
+    match bearer_token(headers)? {
+        Some(token) => {
+            let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
+            let (user, token_id) = token_caller(&mut conn, token).await?;
+            Ok((user, Some(token_id)))
+        }
+        None => Ok((session_caller(state, session).await?, None)),
+    }
 }
 
-/// [`caller_and_token`] with a token checked over `conn`, which the request may keep for its
+/// The bearer token of a request with an `Authorization` header (401 when it is malformed).
+fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(auth) = headers.get(header::AUTHORIZATION) else { return Ok(None) };
+    let token = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or(AppError::Unauthenticated)?;
+    Ok(Some(token.trim()))
+}
+
+/// A bearer token's user and token id, checked over `conn`, which the request may keep for its
 /// next query (each hand-out and return of a pooled connection is a round trip of its own).
-async fn caller_over(
-    conn: &mut PgConnection,
-    state: &AppState,
-    headers: &HeaderMap,
-    session: &Session,
-) -> Result<(User, Option<i64>), ApiError> {
-    if let Some(auth) = headers.get(header::AUTHORIZATION) {
-        let token = auth.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or(AppError::Unauthenticated)?;
-        let (user, token_id) = engine::accounts::tokens::authenticate_token(conn, token.trim())
-            .await?
-            .ok_or(ApiError(AppError::Unauthenticated))?;
-        return Ok((user, Some(token_id)));
-    }
-    let user = session_user(&state.ctx, session).await?.ok_or(ApiError(AppError::Unauthenticated))?;
-    Ok((user, None))
+async fn token_caller(conn: &mut PgConnection, token: &str) -> Result<(User, i64), ApiError> {
+    engine::accounts::tokens::authenticate_token(conn, token).await?.ok_or(ApiError(AppError::Unauthenticated))
+}
+
+/// The session's user; 401 without one. Reads through the pool (the session store takes a
+/// connection of its own, so none may be held meanwhile).
+async fn session_caller(state: &AppState, session: &Session) -> Result<User, ApiError> {
+    session_user(&state.ctx, session).await?.ok_or(ApiError(AppError::Unauthenticated))
 }
 
 /// The job named in the path, when the caller may see it (their own; admins any). Anyone
@@ -68,11 +74,19 @@ impl FromRequestParts<AppState> for VisibleJob {
         let Path(id) =
             Path::<String>::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::NotFound))?;
         let session = Session::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::Internal))?;
-        // One connection for the token and the job: a status poll is two queries, not two
-        // trips through the pool. Returned before the handler runs (it may need one too).
-        let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
-        let (user, _) = caller_over(&mut conn, state, &parts.headers, &session).await?;
-        Ok(VisibleJob(visible_job(&mut *conn, &user, &id).await?, user))
+        match bearer_token(&parts.headers)? {
+            // One connection for the token and the job: a status poll is two queries, not two
+            // trips through the pool. Returned before the handler runs (it may need one too).
+            Some(token) => {
+                let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
+                let (user, _) = token_caller(&mut conn, token).await?;
+                Ok(VisibleJob(visible_job(&mut *conn, &user, &id).await?, user))
+            }
+            None => {
+                let user = session_caller(state, &session).await?;
+                Ok(VisibleJob(visible_job(&state.ctx.pool, &user, &id).await?, user))
+            }
+        }
     }
 }
 
