@@ -12,6 +12,19 @@ use engine::{FailureKind, JobState};
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 
+/// A one-credit document of `user` whose content (and request) is `key`.
+fn one_credit_document(user_id: i64, key: &str) -> Submission {
+    Submission {
+        cost: 1,
+        est_input_tokens: 0,
+        user_id,
+        payload: serde_json::json!({}),
+        content_key: key.to_string(),
+        client_key: None,
+        fingerprint: key.to_string(),
+    }
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
     let pool = wider_pool(&pool, 30).await;
@@ -136,15 +149,7 @@ async fn ledger_and_in_flight_invariants_hold_over_random_sequences(pool: PgPool
             match rng.random_range(0..5) {
                 0 => {
                     let key = format!("doc-{}", rng.random_range(0..8));
-                    let s = Submission {
-                        cost: 1,
-                        est_input_tokens: 0,
-                        user_id: user.id,
-                        payload: serde_json::json!({}),
-                        content_key: key.clone(),
-                        client_key: None,
-                        fingerprint: key,
-                    };
+                    let s = one_credit_document(user.id, &key);
                     admission::submit(&pool, &config, &s).await.unwrap();
                 }
                 op @ (1 | 2) => {
@@ -635,15 +640,7 @@ async fn one_users_uploads_and_cancels_at_once_never_deadlock(pool: PgPool) {
         tasks.push(tokio::spawn(async move {
             for n in 0..25 {
                 let key = format!("{t}-{n}");
-                let s = Submission {
-                    cost: 1,
-                    est_input_tokens: 0,
-                    user_id: user.id,
-                    payload: serde_json::json!({}),
-                    content_key: key.clone(),
-                    client_key: None,
-                    fingerprint: key,
-                };
+                let s = one_credit_document(user.id, &key);
                 assert!(matches!(
                     admission::submit(&pool, &AdmissionConfig::default(), &s).await.unwrap(),
                     Admission::Accepted { .. }
