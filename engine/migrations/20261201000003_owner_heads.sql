@@ -26,11 +26,12 @@ SELECT DISTINCT ON (j.owner_id) j.owner_id, j.run_at, j.id FROM waiting_jobs j O
 -- statement). Computing first and waiting after would write a stale head: a claim racing an
 -- enqueue for the same owner could leave a waiting job with no head, never claimed.
 -- PL/pgSQL, so the plans are cached (a SQL function is planned anew at every call).
-CREATE FUNCTION sluice_refresh_heads(p_owners bigint[]) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+
+-- Lock these owners' lines (their rows, made if missing), in owner order. Admission calls it
+-- too, before the owner's `users` row: cancel and replay change the line before their hooks
+-- write `users`, so the other order could deadlock with them.
+CREATE FUNCTION sluice_lock_lines(p_owners bigint[]) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF cardinality(p_owners) = 0 THEN
-        RETURN;
-    END IF;
     -- The fresh read after the lock needs a snapshot per statement.
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs may only change under READ COMMITTED (owner_heads would go stale)';
@@ -39,6 +40,14 @@ BEGIN
     SELECT DISTINCT o FROM unnest(p_owners) o ORDER BY o
     ON CONFLICT (owner_id) DO NOTHING;
     PERFORM 1 FROM owner_heads h WHERE h.owner_id = ANY (p_owners) ORDER BY h.owner_id FOR UPDATE;
+END $$;
+
+CREATE FUNCTION sluice_refresh_heads(p_owners bigint[]) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF cardinality(p_owners) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM sluice_lock_lines(p_owners);
     UPDATE owner_heads h SET run_at = f.run_at, job_id = f.id
     FROM (
         SELECT o.owner_id, first.run_at, first.id

@@ -63,14 +63,9 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
 }
 
 /// Lock `owner_id`'s line (its `owner_heads` row) in the caller's transaction, as enqueueing
-/// would. A transaction that also writes the owner's `users` row must take this first: cancel
-/// and replay change the line (the heads trigger) before their hooks write `users`, so taking
-/// them in the other order could deadlock with them.
+/// would (`sluice_lock_lines`). A transaction that also writes the owner's `users` row must take
+/// this first: cancel and replay change the line before their hooks write `users`.
 pub async fn lock_line(conn: &mut PgConnection, owner_id: i64) -> Result<()> {
-    sqlx::query("INSERT INTO owner_heads (owner_id) VALUES ($1) ON CONFLICT (owner_id) DO NOTHING")
-        .bind(owner_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("SELECT 1 FROM owner_heads WHERE owner_id = $1 FOR UPDATE").bind(owner_id).execute(&mut *conn).await?;
+    sqlx::query("SELECT sluice_lock_lines(ARRAY[$1::bigint])").bind(owner_id).execute(conn).await?;
     Ok(())
 }
