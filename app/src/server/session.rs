@@ -137,7 +137,7 @@ impl Default for WebSettings {
 
 const USER_KEY: &str = "user_id";
 /// When the session's expiry was last pushed back (seconds since the epoch).
-const RENEWED_KEY: &str = "renewed_at";
+const RENEWED_KEY: &str = "renewed_at_ms";
 
 /// Run a server function's work and put its error's status (and `Retry-After`) on the response.
 pub async fn answer<T>(work: impl Future<Output = Result<T, AppError>>) -> Result<T, AppError> {
@@ -171,9 +171,10 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
     };
     match users::get(&ctx.pool, id).await {
         Ok(user) => {
-            let now = chrono::Utc::now().timestamp();
+            // Milliseconds: whole seconds made a period renew up to a second early.
+            let now = chrono::Utc::now().timestamp_millis();
             let renewed = session.get::<i64>(RENEWED_KEY).await.map_err(session_error)?.unwrap_or(0);
-            if now.saturating_sub(renewed) >= ctx.settings.session_renew_after.as_secs() as i64 {
+            if now.saturating_sub(renewed) >= ctx.settings.session_renew_after.as_millis() as i64 {
                 session.insert(RENEWED_KEY, now).await.map_err(session_error)?;
             }
             Ok(Some(user))
@@ -202,7 +203,7 @@ pub async fn require_admin(ctx: &ServerContext) -> Result<User, AppError> {
 /// A fresh session id at login (no fixation), then the user in it.
 pub async fn start_session(session: &Session, user: &User) -> Result<(), AppError> {
     session.cycle_id().await.map_err(session_error)?;
-    session.insert(RENEWED_KEY, chrono::Utc::now().timestamp()).await.map_err(session_error)?;
+    session.insert(RENEWED_KEY, chrono::Utc::now().timestamp_millis()).await.map_err(session_error)?;
     session.insert(USER_KEY, user.id).await.map_err(session_error)
 }
 
