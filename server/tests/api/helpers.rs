@@ -28,6 +28,8 @@ impl TestApp {
         let pool = wider_pool(&pool, 60).await;
         let db = pool.connect_options().get_database().unwrap_or("db").to_string();
         let blob_dir = std::env::temp_dir().join(format!("sluice-test-blobs-{db}"));
+        // Database names repeat from run to run: an interrupted run's files must not count here.
+        let _ = std::fs::remove_dir_all(&blob_dir);
         let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
         let addr = server::spawn_web(pool.clone(), settings, blobs).await.expect("the app starts");
         TestApp { addr, pool, blob_dir }
