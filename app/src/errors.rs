@@ -32,8 +32,8 @@ pub enum AppError {
     TooManyUploads { limit: usize, retry_after_secs: u64 },
     #[error("the file is larger than the limit of {limit_bytes} bytes")]
     TooLarge { limit_bytes: u64 },
-    #[error("the document is longer than the provider reads at once (about {context_tokens} tokens); split it and upload the parts")]
-    TooManyTokens { context_tokens: u64 },
+    #[error("the document is longer than Sluice takes in one document (about {max_tokens} tokens); split it and upload the pieces")]
+    TooManyTokens { max_tokens: u64 },
     #[error("{message}")]
     UnsupportedType { message: String },
     #[error("{message}")]
@@ -128,7 +128,7 @@ mod ssr {
                 EngineError::RateLimited { retry_after_secs } => AppError::RateLimited { retry_after_secs },
                 EngineError::IdempotencyConflict(message) => AppError::IdempotencyConflict { message },
                 EngineError::TooLarge { limit_bytes } => AppError::TooLarge { limit_bytes },
-                EngineError::TooManyTokens { context_tokens } => AppError::TooManyTokens { context_tokens },
+                EngineError::TooManyTokens { max_tokens } => AppError::TooManyTokens { max_tokens },
                 EngineError::UnsupportedType(message) => AppError::UnsupportedType { message },
                 EngineError::Database(_) | EngineError::Migrate(_) | EngineError::Storage(_) => {
                     tracing::error!(error = %e, "engine failure");

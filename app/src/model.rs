@@ -79,6 +79,38 @@ pub struct JobStatus {
     pub input_tokens: Option<i64>,
     #[serde(default)]
     pub output_tokens: Option<i64>,
+    /// A document longer than one provider call: its parts, once split.
+    #[serde(default)]
+    pub parts: Option<PartsProgress>,
+}
+
+/// How far a document done in parts is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartsProgress {
+    pub done: i32,
+    pub total: i32,
+    /// Every part is done and their answers are being combined (a summary of the summaries).
+    pub combining: bool,
+}
+
+impl PartsProgress {
+    /// What a user reads: "Translating part 3 of 7", "Combining 7 parts".
+    pub fn words(&self, preset: Option<Preset>, state: JobState) -> String {
+        if state == JobState::Done {
+            return format!("Done in {} parts", self.total);
+        }
+        if self.combining {
+            return format!("Combining {} parts", self.total);
+        }
+        let verb = match preset {
+            Some(Preset::Translate) => "Translating",
+            Some(Preset::Explain) => "Explaining",
+            Some(Preset::KeyFacts) => "Reading facts from",
+            _ => "Summarizing",
+        };
+        let next = (self.done + 1).min(self.total);
+        format!("{verb} part {next} of {}", self.total)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -206,6 +238,11 @@ mod convert {
                 cancel_requested: j.cancel_requested_at.is_some() && !j.state.is_terminal(),
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
+                parts: j.parts_total.map(|total| PartsProgress {
+                    done: j.parts_done,
+                    total,
+                    combining: j.parts_stage.as_deref() == Some("combining"),
+                }),
             }
         }
     }
@@ -280,7 +317,7 @@ pub struct SiteTerms {
     /// Credits by estimated size (the upload page prices a file before it is sent).
     pub prices: sluice_types::capacity::PriceTable,
     /// The most input tokens the provider reads at once (a longer text is refused).
-    pub context_tokens: Option<u64>,
+    pub max_document_tokens: Option<u64>,
     pub max_upload_bytes: u64,
     /// Credits a new account starts with.
     pub signup_grant: i64,

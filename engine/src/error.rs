@@ -24,8 +24,8 @@ pub enum EngineError {
     #[error("the file is larger than the limit of {limit_bytes} bytes")]
     TooLarge { limit_bytes: u64 },
     /// A text longer than the provider reads at once (its context).
-    #[error("the document is longer than the provider reads at once (about {context_tokens} tokens); split it and upload the parts")]
-    TooManyTokens { context_tokens: u64 },
+    #[error("the document is longer than Sluice takes in one document (about {max_tokens} tokens); split it and upload the pieces")]
+    TooManyTokens { max_tokens: u64 },
     /// An upload that is not a PDF, text or Markdown document (the reason says what it is).
     #[error("{0}")]
     UnsupportedType(String),

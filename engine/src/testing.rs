@@ -30,6 +30,8 @@ pub struct JobOpts {
     pub finished_ago: Option<f64>,
     /// For failed jobs; defaults to `retries_exhausted` with a reason.
     pub failure: Option<(FailureKind, String)>,
+    /// What its claim reserves from the token budget (and what fairness weighs it by).
+    pub est_input_tokens: i64,
 }
 
 impl Default for JobOpts {
@@ -43,6 +45,7 @@ impl Default for JobOpts {
             accepted_ago: 0.0,
             run_at_ago: None,
             finished_ago: None,
+            est_input_tokens: 0,
             failure: None,
         }
     }
@@ -59,10 +62,10 @@ pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
     let lease = (opts.state == JobState::Running).then(|| Uuid::from_u128(rand::random()));
     sqlx::query_scalar(
         "INSERT INTO jobs (owner_id, state, payload, cost, attempts, accepted_at, run_at, finished_at,
-                           failure_kind, failure_reason, lease_token, lease_expires_at)
+                           failure_kind, failure_reason, lease_token, lease_expires_at, est_input_tokens)
          VALUES ($1, $2, $3, $4, $5, now() - make_interval(secs => $6), now() - make_interval(secs => $7),
                  now() - make_interval(secs => $8), $9, $10, $11, CASE WHEN $11::uuid IS NULL THEN NULL
-                 ELSE now() + interval '1 hour' END)
+                 ELSE now() + interval '1 hour' END, $12)
          RETURNING id",
     )
     .bind(opts.owner_id)
@@ -76,6 +79,7 @@ pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
     .bind(failure.as_ref().map(|(kind, _)| *kind))
     .bind(failure.map(|(_, reason)| reason))
     .bind(lease)
+    .bind(opts.est_input_tokens)
     .fetch_one(pool)
     .await
     .expect("insert a job")

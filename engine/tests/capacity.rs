@@ -85,6 +85,8 @@ fn workers(pool: &PgPool, docs: &Docs, fake: &FakeProvider, budget: Budget, conc
         stages: queue::stages::StageLog::disabled(),
         budget,
         context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
     };
     let mut config = fast_worker("capacity", concurrency);
     config.policy.max_delay = Duration::from_secs(3);

@@ -45,7 +45,7 @@ fn encrypted_scanned_and_damaged_pdfs_are_invalid_input() {
 }
 
 fn task() -> Task {
-    Task { preset: Preset::Summarize, language: None, text: "Some text to summarize.".into(), pages: None }
+    Task { preset: Preset::Summarize, language: None, text: "Some text to summarize.".into(), pages: None, part: None }
 }
 
 fn provider(kind: ProviderKind, fake: &FakeProvider, timeout: Duration) -> Arc<dyn Provider> {
@@ -191,6 +191,8 @@ fn workers(s: &Setup) -> WorkerPool {
         stages: engine::queue::stages::StageLog::new(s.pool.clone()),
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -322,6 +324,8 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         stages: engine::queue::stages::StageLog::disabled(),
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
     };
     let job = claimed_pdf(&key, "key_facts");
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
@@ -378,6 +382,8 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
         stages: engine::queue::stages::StageLog::disabled(),
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: Some(200),
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
     };
     let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();

@@ -16,11 +16,15 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// Fairness as defined, over every waiting job: a due job's score is its owner's running jobs
-/// plus its rank among the owner's due jobs; the lowest (score, run_at, id) go first.
+/// Fairness as defined, over every waiting job: a due job's score is its owner's running jobs,
+/// each weighed by its tokens (one per started 25,000), plus its rank among the owner's due
+/// jobs; the lowest (score, run_at, id) go first.
 async fn fairest(pool: &PgPool, n: i64) -> HashSet<Uuid> {
     sqlx::query_scalar(
-        "WITH served AS (SELECT owner_id, count(*) AS running FROM jobs WHERE state = 'running' GROUP BY owner_id)
+        "WITH served AS (
+             SELECT owner_id, sum(greatest(1, ceil(est_input_tokens / 25000.0))) AS running
+             FROM jobs WHERE state = 'running' GROUP BY owner_id
+         )
          SELECT id FROM (
              SELECT j.id, j.run_at, coalesce(s.running, 0)
                     + row_number() OVER (PARTITION BY j.owner_id ORDER BY j.run_at, j.id) AS score
@@ -68,8 +72,11 @@ async fn the_claim_takes_the_fairest_jobs_on_random_lines(pool: PgPool) {
                 if rng.random_bool(0.2) { -rng.random_range(10.0..100.0) } else { rng.random_range(0.0..50.0) };
             let state = if run_at_ago < 0.0 || rng.random_bool(0.3) { JobState::Retrying } else { JobState::Queued };
             for _ in 0..rng.random_range(1..4) {
-                job(&pool, &JobOpts { owner_id: owner, state, run_at_ago: Some(run_at_ago), ..JobOpts::default() })
-                    .await;
+                // Small documents mostly, and some parts of long ones (up to 200K tokens).
+                let est_input_tokens =
+                    if rng.random_bool(0.3) { rng.random_range(25_000..200_000) } else { rng.random_range(0..25_000) };
+                let opts = JobOpts { owner_id: owner, state, run_at_ago: Some(run_at_ago), est_input_tokens, ..Default::default() };
+                job(&pool, &opts).await;
             }
         }
         // Claim a random batch; it must be exactly the fairest jobs.
@@ -86,6 +93,27 @@ async fn the_claim_takes_the_fairest_jobs_on_random_lines(pool: PgPool) {
         }
         assert_heads_true(&pool, &format!("round {round}")).await;
     }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn owners_are_weighed_by_the_tokens_they_have_running_not_by_their_jobs(pool: PgPool) {
+    // A runs one 100K-token part (weight 4), B two small documents (weight 2). Counting jobs,
+    // A's next job would go first (1 + 1 < 2 + 1); weighing tokens, B's does (2 + 1 < 4 + 1).
+    let running = |owner_id, est_input_tokens| JobOpts {
+        owner_id,
+        state: JobState::Running,
+        est_input_tokens,
+        ..Default::default()
+    };
+    job(&pool, &running(1, 100_000)).await;
+    job(&pool, &running(2, 2_000)).await;
+    job(&pool, &running(2, 2_000)).await;
+    let a_next = job(&pool, &JobOpts { owner_id: 1, run_at_ago: Some(60.0), est_input_tokens: 100_000, ..Default::default() }).await;
+    let b_next = job(&pool, &JobOpts { owner_id: 2, run_at_ago: Some(1.0), est_input_tokens: 2_000, ..Default::default() }).await;
+    let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![b_next], "the owner with fewer tokens running goes first");
+    let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![a_next]);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -131,7 +159,7 @@ async fn owner_heads_follow_every_path_into_and_out_of_the_line(pool: PgPool) {
     // Rows deleted, and the whole table truncated.
     sqlx::query("DELETE FROM jobs WHERE id = $1").bind(claimed[3].id).execute(&pool).await.unwrap();
     assert_heads_true(&pool, "a delete").await;
-    sqlx::query("TRUNCATE jobs, job_attempts").execute(&pool).await.unwrap();
+    sqlx::query("TRUNCATE jobs, job_attempts, job_parts").execute(&pool).await.unwrap();
     assert_heads_true(&pool, "a truncate").await;
     enqueue_many(&pool, 1, 1).await;
     assert_heads_true(&pool, "an enqueue after the truncate").await;

@@ -144,6 +144,8 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
         stages: engine::queue::stages::StageLog::new(pool.clone()),
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));

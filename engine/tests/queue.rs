@@ -18,7 +18,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 fn ok_output() -> JobOutput {
-    JobOutput { result: serde_json::json!({"ok": true}), input_tokens: Some(3), output_tokens: Some(4) }
+    JobOutput { result: serde_json::json!({"ok": true}), input_tokens: Some(3), output_tokens: Some(4), part: None }
 }
 
 /// Hooks that record each call in a table, inside the engine's transaction.

@@ -315,10 +315,14 @@ pub struct Config {
     /// between a claim and its request).
     #[arg(long, env = "SLUICE_PROVIDER_LIMIT_SHARE", default_value_t = 0.95, global = true)]
     pub provider_limit_share: f64,
-    /// The most input tokens one request may carry: longer texts are refused at upload (413),
-    /// longer PDFs fail unread-by-the-provider once extracted (refunded). 0 = no limit.
+    /// The most input tokens one request may carry: longer documents are processed in parts
+    /// that each fit. 0 = no limit.
     #[arg(long, env = "SLUICE_PROVIDER_CONTEXT_TOKENS", default_value_t = 200_000, global = true)]
     pub provider_context_tokens: u64,
+    /// The most estimated tokens one document may have: longer texts are refused at upload
+    /// (413, before their bytes are stored), longer PDFs fail once read (refunded). 0 = no limit.
+    #[arg(long, env = "SLUICE_MAX_DOCUMENT_TOKENS", default_value_t = 2_000_000, global = true)]
+    pub max_document_tokens: u64,
     /// After a 429/529 the gate is halved; it grows back one slot per this many seconds.
     #[arg(long, env = "SLUICE_GATE_RECOVER_SECS", default_value_t = 10.0, global = true)]
     pub gate_recover_secs: f64,
@@ -453,7 +457,8 @@ impl Config {
         WebSettings {
             admission: AdmissionConfig {
                 prices: self.prices.clone(),
-                context_tokens: self.context_tokens(),
+                max_document_tokens: self.document_ceiling(),
+                max_call_tokens: self.context_tokens(),
                 max_backlog: self.max_backlog,
                 max_oldest_wait: Duration::from_secs(self.max_oldest_wait_secs),
                 max_attempts: self.max_attempts.max(1) as i32,
@@ -483,6 +488,11 @@ impl Config {
             },
             ..WebSettings::default()
         }
+    }
+
+    /// The most estimated tokens one document may have (None: no ceiling).
+    pub fn document_ceiling(&self) -> Option<u64> {
+        (self.max_document_tokens > 0).then_some(self.max_document_tokens)
     }
 
     /// The most input tokens one request may carry: the provider's context, and no more than
@@ -567,7 +577,7 @@ mod tests {
         // 30,000 input tokens a minute in a bucket holding a minute: a 200K request never passes.
         let small = config(&["--provider-input-tokens-per-min", "30000"]);
         assert_eq!(small.context_tokens(), Some(30_000));
-        assert_eq!(small.web_settings().admission.context_tokens, Some(30_000));
+        assert_eq!(small.web_settings().admission.max_document_tokens, Some(2_000_000));
         let burst = config(&["--provider-input-tokens-per-min", "600000", "--provider-burst-secs", "1"]);
         assert_eq!(burst.context_tokens(), Some(10_000));
         let odd = config(&["--provider-burst-secs", "NaN", "--gate-recover-secs=-3", "--provider-limit-share", "7"]);

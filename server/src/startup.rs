@@ -89,6 +89,8 @@ impl Application {
                 stages: engine::queue::stages::StageLog::new(pool.clone()),
                 budget: engine::queue::capacity::Budget::new(pool.clone(), &capacity),
                 context_tokens: config.context_tokens(),
+                parts: engine::queue::parts::PartStore::new(pool.clone()),
+                max_document_tokens: config.document_ceiling(),
             });
             let workers = (config.workers > 0 && role != Role::Web)
                 .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));

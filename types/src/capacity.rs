@@ -62,8 +62,10 @@ pub struct PriceTier {
     pub credits: i64,
 }
 
-/// Credits by estimated size, as steps: the first tier a document fits in is its price; past the
-/// last tier the last price holds (the context limit refuses what no tier should take).
+/// Credits by estimated size, as steps: the first tier a document fits in is its price. Past the
+/// last tier a document is processed in parts, and the price keeps growing with it: every
+/// started span of the last tier's size costs the last tier's price (with the default table,
+/// 4 credits per started 200K tokens, so a 2M-token document costs 40).
 /// Written `25000:1,100000:2,200000:4`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriceTable {
@@ -83,8 +85,12 @@ impl PriceTable {
 
     /// The price of a document estimated at `tokens`.
     pub fn price(&self, tokens: u64) -> i64 {
-        let tier = self.tiers.iter().find(|t| tokens <= t.up_to_tokens).or(self.tiers.last());
-        tier.map_or(0, |t| t.credits)
+        if let Some(tier) = self.tiers.iter().find(|t| tokens <= t.up_to_tokens) {
+            return tier.credits;
+        }
+        let Some(last) = self.tiers.last() else { return 0 };
+        let spans = tokens.div_ceil(last.up_to_tokens.max(1));
+        last.credits.saturating_mul(i64::try_from(spans).unwrap_or(i64::MAX)).min(i64::from(i32::MAX))
     }
 
     /// The least any document costs.
@@ -331,7 +337,10 @@ mod tests {
         assert_eq!(table.price(1000), 1);
         assert_eq!(table.price(1001), 2);
         assert_eq!(table.price(20_000), 5);
-        assert_eq!(table.price(10_000_000), 5, "past the last step the last price holds");
+        assert_eq!(table.price(20_001), 10, "past the last step each started span costs the last price");
+        assert_eq!(table.price(10_000_000), 2_500);
+        let default = PriceTable::default();
+        assert_eq!((default.price(200_000), default.price(490_000), default.price(2_000_000)), (4, 12, 40));
         assert_eq!(table.to_string().parse::<PriceTable>().unwrap(), table);
         assert_eq!("3".parse::<PriceTable>().unwrap().price(123_456), 3);
         for bad in ["", "1000:", "1000:1,500:2", "1000:2,2000:1", "x:1", "1000:-1", "-2", "1000:99999999999"] {

@@ -99,9 +99,21 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         },
     };
     let stage = job.stage.map(|s| s.as_str());
+    // A long document: which part it is at, with a bar (failed and canceled jobs say why instead).
+    let parts = job.parts.filter(|_| !matches!(state, JobState::Failed | JobState::Canceled)).map(|p| {
+        let words = p.words(job.preset, state);
+        view! {
+            <span class="parts" data-parts-done=p.done data-parts-total=p.total>
+                <progress max=p.total value=p.done aria-label=words.clone()></progress>
+                " "
+                {words}
+            </span>
+        }
+    });
     view! {
         <span class=format!("badge {}", state.as_str()) data-state=state.as_str()>{state_label(state)}</span>
         <span class="state-detail" data-stage=stage>{detail}</span>
+        {parts}
     }
 }
 

@@ -49,8 +49,8 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
             num("retry_after_secs")
         )),
         413 if body["error"] == "too_many_tokens" => refused(format!(
-            "Too long for the provider: it reads about {} tokens at once. Split the document and upload the parts. Nothing was charged.",
-            num("context_tokens")
+            "Too long: Sluice takes documents of up to about {} tokens (long ones are done in parts). Split it and upload the pieces. Nothing was charged.",
+            num("max_tokens")
         )),
         413 => refused(format!("Too large: the limit is {} MB.", num("limit_bytes") / (1024 * 1024))),
         415 => refused(format!(
@@ -333,8 +333,8 @@ mod tests {
         let ok = outcome_for(202, &serde_json::json!({"id": "abc", "charged": 2}));
         assert_eq!((ok.kind, ok.job_id.as_deref()), ("ok", Some("abc")));
         assert_eq!(ok.message, "Accepted and queued. 2 credits charged.");
-        let long = outcome_for(413, &serde_json::json!({"error": "too_many_tokens", "context_tokens": 200000}));
-        assert!(long.message.contains("200000 tokens") && long.message.contains("Nothing was charged"));
+        let long = outcome_for(413, &serde_json::json!({"error": "too_many_tokens", "max_tokens": 2000000}));
+        assert!(long.message.contains("2000000 tokens") && long.message.contains("Nothing was charged"));
         assert_eq!(outcome_for(200, &serde_json::json!({"id": "abc"})).kind, "duplicate");
     }
 }

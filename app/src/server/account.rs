@@ -99,7 +99,7 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
             presets: settings.presets.iter().map(|&p| PresetInfo { id: p, label: p.label().to_string() }).collect(),
             cost: settings.admission.prices.cheapest(),
             prices: settings.admission.prices.clone(),
-            context_tokens: settings.admission.context_tokens,
+            max_document_tokens: settings.admission.max_document_tokens,
             max_upload_bytes: settings.max_upload_bytes,
             signup_grant: settings.signup_grant,
         })

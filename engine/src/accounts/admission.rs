@@ -21,8 +21,12 @@ use super::ledger;
 pub struct AdmissionConfig {
     /// Credits by the document's estimated size.
     pub prices: PriceTable,
-    /// The most input tokens the provider reads at once: larger documents are refused (413).
-    pub context_tokens: Option<u64>,
+    /// The most estimated tokens a document may have (longer than one provider call is done
+    /// in parts): larger texts are refused at upload (413).
+    pub max_document_tokens: Option<u64>,
+    /// The most input tokens one provider call carries (its context): a longer document is
+    /// done in parts, one call per claim, so its claims reserve no more than this.
+    pub max_call_tokens: Option<u64>,
     /// The global intake bound: refuse new work (503) past this many waiting jobs...
     pub max_backlog: i64,
     /// ...or when the oldest waiting job has waited longer than this.
@@ -39,7 +43,8 @@ impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig {
             prices: PriceTable::flat(1),
-            context_tokens: None,
+            max_document_tokens: None,
+            max_call_tokens: None,
             max_backlog: 10_000,
             max_oldest_wait: Duration::from_secs(30 * 60),
             retry_after_busy: Duration::from_secs(15),

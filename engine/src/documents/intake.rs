@@ -19,8 +19,8 @@ use sluice_types::capacity::{self, SizeKind};
 /// Checks an upload chunk by chunk, so a refusal comes as soon as the bytes decide it.
 pub struct UploadCheck {
     limit: u64,
-    /// The provider's context in tokens: a text whose estimate passes it is refused.
-    context_tokens: Option<u64>,
+    /// The document ceiling in tokens: a text whose estimate passes it is refused.
+    max_document_tokens: Option<u64>,
     name: Option<String>,
     size: u64,
     hasher: Sha256,
@@ -48,7 +48,7 @@ impl UploadCheck {
     pub fn new(file_name: Option<&str>, limit: u64) -> UploadCheck {
         UploadCheck {
             limit,
-            context_tokens: None,
+            max_document_tokens: None,
             name: file_name.map(display_name),
             size: 0,
             hasher: Sha256::new(),
@@ -60,18 +60,19 @@ impl UploadCheck {
         }
     }
 
-    /// Also refuse a text longer than the provider reads at once (`context_tokens`), as soon
-    /// as its bytes pass it. A PDF's text is only known once read, so the worker checks it then.
-    pub fn with_context(mut self, context_tokens: Option<u64>) -> UploadCheck {
-        self.context_tokens = context_tokens;
+    /// Also refuse a text longer than the document ceiling (`max_document_tokens`), as soon
+    /// as its bytes pass it, before they are stored. A PDF's text is only known once read, so
+    /// the worker checks it then.
+    pub fn with_ceiling(mut self, max_document_tokens: Option<u64>) -> UploadCheck {
+        self.max_document_tokens = max_document_tokens;
         self
     }
 
-    /// `TooManyTokens` once a text is past the provider's context.
+    /// `TooManyTokens` once a text is past the document ceiling.
     fn check_context(&self) -> Result<()> {
-        let (Some(context), Some(kind)) = (self.context_tokens, self.doc_type.map(size_kind)) else { return Ok(()) };
-        if self.size > capacity::max_bytes_for_context(kind, context) && kind == SizeKind::Text {
-            return Err(EngineError::TooManyTokens { context_tokens: context });
+        let (Some(ceiling), Some(kind)) = (self.max_document_tokens, self.doc_type.map(size_kind)) else { return Ok(()) };
+        if self.size > capacity::max_bytes_for_context(kind, ceiling) && kind == SizeKind::Text {
+            return Err(EngineError::TooManyTokens { max_tokens: ceiling });
         }
         Ok(())
     }
@@ -268,6 +269,12 @@ pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64) ->
     (tokens, config.prices.price(tokens))
 }
 
+/// What a document's first claim reserves from the token budget: all of it, or its first
+/// part's worth when it is longer than one call.
+fn first_claim_tokens(config: &AdmissionConfig, tokens: u64) -> i64 {
+    tokens.min(config.max_call_tokens.unwrap_or(u64::MAX)).min(i64::MAX as u64) as i64
+}
+
 /// A stored upload on its way into the queue.
 pub struct Intake<'a> {
     pub user_id: i64,
@@ -306,7 +313,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         content_key,
         client_key: intake.client_key,
         cost: price(intake.admission, &upload),
-        est_input_tokens: upload.estimated_tokens() as i64,
+        est_input_tokens: first_claim_tokens(intake.admission, upload.estimated_tokens()),
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
@@ -363,7 +370,7 @@ pub async fn run_again(
         fingerprint: format!("again:{key}"),
         client_key: None,
         cost,
-        est_input_tokens: tokens as i64,
+        est_input_tokens: first_claim_tokens(admission, tokens),
     };
     let admitted = admission::submit(pool, admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {

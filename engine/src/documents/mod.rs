@@ -11,6 +11,7 @@ pub mod providers;
 pub mod render;
 pub mod sandbox;
 pub mod sniff;
+pub mod split;
 pub mod sweep;
 
 pub use blobs::Blobs;

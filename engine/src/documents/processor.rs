@@ -8,16 +8,19 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::blobs::Blobs;
-use super::providers::{Provider, Task};
+use super::providers::{PartOf, Provider, ProviderOutput, Task};
+use super::split;
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
+use crate::queue::parts::{NewPart, PartDone, PartStore, PendingPart, Progress};
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::stages::StageLog;
 use crate::queue::worker::Processor;
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
+use sluice_types::capacity;
 
 /// What a document job's payload holds (ids and metadata, never the bytes).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,9 +54,14 @@ pub struct DocumentProcessor {
     pub stages: StageLog,
     /// The shared provider budget, corrected as each job's real size becomes known.
     pub budget: Budget,
-    /// The most input tokens one request may carry (the provider's context); larger texts
-    /// fail as invalid input before the provider is called.
+    /// The most input tokens one request may carry (the provider's context); longer texts
+    /// are processed in parts (or fail as invalid input when `parts` is disabled).
     pub context_tokens: Option<u64>,
+    /// Where the parts of long documents are kept.
+    pub parts: PartStore,
+    /// The most estimated tokens a document may have at all (a text is refused at upload; a
+    /// PDF's text is only known here).
+    pub max_document_tokens: Option<u64>,
 }
 
 /// What this attempt still holds of the budget (reserved at the claim, not yet settled).
@@ -61,6 +69,11 @@ struct Held {
     input: i64,
     output: i64,
 }
+
+/// Tokens a part's prompt adds around its text (the instruction and the part's place).
+const PART_PROMPT_TOKENS: u64 = 200;
+/// Levels of summaries of summaries before giving up (each level must shrink the text).
+const MAX_LEVELS: i32 = 8;
 
 impl DocumentProcessor {
     /// One attempt; whatever it reserved and did not spend goes back to the budget, except
@@ -81,6 +94,7 @@ impl DocumentProcessor {
         outcome
     }
 
+    /// One claim: the whole document, or its next part, or the combination of its parts.
     async fn attempt(&self, job: &ClaimedJob, held: &mut Held) -> Result<JobOutput, JobError> {
         let spec: DocumentJob = serde_json::from_value(job.payload.clone()).map_err(|e| {
             JobError::new(ErrorClass::InvalidInput, format!("the job's description is unreadable: {e}"))
@@ -91,17 +105,44 @@ impl DocumentProcessor {
                 format!("\"{}\" needs a language model, and none is configured", spec.preset.label()),
             ));
         }
+        match self.parts.progress(job.id).await.map_err(database_error)? {
+            Progress::Unsplit => self.read_document(job, &spec, held).await,
+            Progress::Pending(part) => self.run_part(job, &spec, part, held).await,
+            Progress::LevelDone { level, count } => self.combine(job, &spec, level, count, held).await,
+        }
+    }
+
+    /// The first claim: read the document; do it in one call if it fits, else split it and
+    /// do its first part.
+    async fn read_document(&self, job: &ClaimedJob, spec: &DocumentJob, held: &mut Held) -> Result<JobOutput, JobError> {
         self.stages.enter(job, JobStage::Reading, None).await?;
         let bytes = self.blobs.get(&spec.document.key).await.map_err(|e| match e {
             EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
         })?;
-        let doc_type = spec.document.doc_type;
-        let extracted = extract_in_child(&self.sandbox, doc_type, bytes).await?;
-        let task =
-            Task { preset: spec.preset, language: spec.language.clone(), text: extracted.text, pages: extracted.pages };
+        let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).await?;
+        let task = Task {
+            preset: spec.preset,
+            language: spec.language.clone(),
+            text: extracted.text,
+            pages: extracted.pages,
+            part: None,
+        };
         let estimated = task.estimated_tokens();
-        if let Some(context) = self.context_tokens.filter(|c| estimated as u64 > *c) {
+        if let Some(ceiling) = self.max_document_tokens.filter(|c| estimated as u64 > *c) {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                format!(
+                    "the document's text is about {} tokens, more than Sluice takes in one document ({}); split it and upload the pieces",
+                    thousands(estimated as u64),
+                    thousands(ceiling)
+                ),
+            ));
+        }
+        let Some(context) = self.context_tokens.filter(|c| estimated as u64 > *c) else {
+            return self.run_whole(job, spec, task, estimated, held).await;
+        };
+        if !self.parts.is_enabled() {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
@@ -109,20 +150,26 @@ impl DocumentProcessor {
                 ),
             ));
         }
-        self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
-        held.input = estimated;
-        self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
-        let output = self.provider.run(&task).await?;
-        // The provider counted what it counted: settle the reservation with the real usage, as
-        // far as it is believable (tokenizers differ from our estimate, but not fourfold; an
-        // answer is never longer than the `max_tokens` reserved for it).
-        let believable_in = estimated.saturating_mul(4).max(estimated.saturating_add(10_000));
-        let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_in);
-        let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, held.output.max(0));
-        let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
-        self.budget.correct(used_in.saturating_sub(reserved.input), used_out.saturating_sub(reserved.output)).await;
-        self.budget.observe(&output.remaining).await;
-        self.stages.enter(job, JobStage::Writing, None).await?;
+        let parts = split_for(spec.preset, &task.text, context, 0);
+        if !self.parts.add_level(job, 0, &parts).await.map_err(database_error)? {
+            return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+        }
+        match self.parts.progress(job.id).await.map_err(database_error)? {
+            Progress::Pending(part) => self.run_part(job, spec, part, held).await,
+            _ => Err(JobError::new(ErrorClass::ServerError, "the document's parts were not stored")),
+        }
+    }
+
+    /// The document in one call, as it always was.
+    async fn run_whole(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        task: Task,
+        estimated: i64,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
+        let output = self.call(job, &task, estimated, held).await?;
         Ok(JobOutput {
             result: serde_json::json!({
                 "markdown": output.text,
@@ -134,8 +181,175 @@ impl DocumentProcessor {
             }),
             input_tokens: output.input_tokens.or(Some(estimated)),
             output_tokens: output.output_tokens,
+            part: None,
         })
     }
+
+    /// One part: its output is stored and the job goes back in line for the next.
+    async fn run_part(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        part: PendingPart,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
+        let of = PartOf {
+            number: part.idx as u32 + 1,
+            count: part.count as u32,
+            level: part.level as u32,
+            overlap: part.overlap,
+        };
+        let where_ = if part.level == 0 {
+            format!("part {} of {}", of.number, of.count)
+        } else {
+            format!("combining the parts ({} of {})", of.number, of.count)
+        };
+        let task = Task { preset: spec.preset, language: spec.language.clone(), text: part.body, pages: None, part: Some(of) };
+        let estimated = task.estimated_tokens();
+        let output = self.call(job, &task, estimated, held).await.map_err(|mut e| {
+            e.message = format!("{where_}: {}", e.message);
+            e
+        })?;
+        // The next claim reserves what it will send: the next part, or about the combined
+        // outputs (a join takes no call at all).
+        let next_est_tokens = match part.following_est_tokens {
+            Some(next) => next,
+            None if joins(spec.preset) && part.level == 0 => 0,
+            None => self.context_tokens.map_or(estimated, |c| c as i64).min(estimated),
+        };
+        Ok(JobOutput {
+            result: serde_json::Value::Null,
+            input_tokens: output.input_tokens.or(Some(estimated)),
+            output_tokens: output.output_tokens,
+            part: Some(PartDone { level: part.level, idx: part.idx, output: output.text, next_est_tokens }),
+        })
+    }
+
+    /// Every part of `level` is done: a translation joins them; a summary of one part at a
+    /// combining level is the result; otherwise the outputs become the next level's parts.
+    async fn combine(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        level: i32,
+        count: i32,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
+        let outputs = self.parts.outputs(job.id, level).await.map_err(database_error)?;
+        let parts_total: i64 = if level == 0 { i64::from(count) } else { self.level0_count(job).await? };
+        if (joins(spec.preset) && level == 0) || (level > 0 && count == 1) {
+            // No provider call: give back what the claim reserved.
+            self.budget.correct(-held.input, -held.output).await;
+            *held = Held { input: 0, output: 0 };
+            self.stages.enter(job, JobStage::Writing, None).await?;
+            let markdown = outputs.join("\n\n");
+            return Ok(JobOutput {
+                result: serde_json::json!({
+                    "markdown": markdown,
+                    "provider": self.provider.name(),
+                    "preset": spec.preset,
+                    "parts": parts_total,
+                    "levels": level + 1,
+                    "details": { "parts": parts_total },
+                }),
+                input_tokens: None,
+                output_tokens: None,
+                part: None,
+            });
+        }
+        if level + 1 >= MAX_LEVELS {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                "the parts' answers did not get shorter when combined; the document cannot be summarised in parts",
+            ));
+        }
+        let combined = outputs.join("\n\n");
+        let context = self.context_tokens.unwrap_or(u64::MAX / 8);
+        let parts = split_for(spec.preset, &combined, context, level + 1);
+        if parts.len() >= count as usize {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                "the parts' answers did not get shorter when combined; the document cannot be summarised in parts",
+            ));
+        }
+        if !self.parts.add_level(job, level + 1, &parts).await.map_err(database_error)? {
+            return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+        }
+        match self.parts.progress(job.id).await.map_err(database_error)? {
+            Progress::Pending(part) => self.run_part(job, spec, part, held).await,
+            _ => Err(JobError::new(ErrorClass::ServerError, "the combined parts were not stored")),
+        }
+    }
+
+    async fn level0_count(&self, job: &ClaimedJob) -> Result<i64, JobError> {
+        Ok(self.parts.outputs(job.id, 0).await.map_err(database_error)?.len() as i64)
+    }
+
+    /// One provider call for `task`, with the budget settled by what the provider counted.
+    async fn call(
+        &self,
+        job: &ClaimedJob,
+        task: &Task,
+        estimated: i64,
+        held: &mut Held,
+    ) -> Result<ProviderOutput, JobError> {
+        self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
+        held.input = estimated;
+        self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
+        let output = self.provider.run(task).await?;
+        // The provider counted what it counted: settle the reservation with the real usage, as
+        // far as it is believable (tokenizers differ from our estimate, but not fourfold; an
+        // answer is never longer than the `max_tokens` reserved for it).
+        let believable_in = estimated.saturating_mul(4).max(estimated.saturating_add(10_000));
+        let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_in);
+        let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, held.output.max(0));
+        let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
+        self.budget.correct(used_in.saturating_sub(reserved.input), used_out.saturating_sub(reserved.output)).await;
+        self.budget.observe(&output.remaining).await;
+        self.stages.enter(job, JobStage::Writing, None).await?;
+        Ok(output)
+    }
+}
+
+/// Whether a preset's parts are combined by joining them in order (a translation), rather than
+/// by a summary of their answers.
+fn joins(preset: Preset) -> bool {
+    preset == Preset::Translate
+}
+
+/// `text` split into parts whose prompts fit `context_tokens`, as new parts of `level`. A
+/// summary's parts carry a little of the text before them as context; a translation's none
+/// (it would be translated twice).
+fn split_for(preset: Preset, text: &str, context_tokens: u64, level: i32) -> Vec<NewPart> {
+    let max_chars = context_tokens.saturating_sub(PART_PROMPT_TOKENS).max(100).saturating_mul(4);
+    let max_chars = usize::try_from(max_chars).unwrap_or(usize::MAX / 2);
+    let overlap = if joins(preset) || level > 0 { 0 } else { (max_chars / 50).min(2_000) };
+    split::split(text, max_chars, overlap)
+        .into_iter()
+        .map(|p| {
+            let (body, overlap) = (p.body(text).to_string(), p.overlap(text).to_string());
+            let chars = (body.chars().count() + overlap.chars().count()) as u64;
+            let est_tokens = (capacity::tokens_in_chars(chars) + PART_PROMPT_TOKENS) as i64;
+            NewPart { body, overlap, est_tokens }
+        })
+        .collect()
+}
+
+fn database_error(e: EngineError) -> JobError {
+    JobError::new(ErrorClass::Connection, format!("the database did not answer: {e}"))
+}
+
+/// 2000000 as "2,000,000".
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl Processor for DocumentProcessor {

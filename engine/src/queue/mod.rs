@@ -8,6 +8,7 @@ mod claim;
 pub mod dlq;
 mod enqueue;
 pub mod hooks;
+pub mod parts;
 pub mod policy;
 pub mod rescue;
 pub mod retention;

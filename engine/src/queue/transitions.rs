@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::claim::ClaimedJob;
 use super::hooks::{TerminalHooks, TerminalJob};
+use super::parts::{self, PartDone};
 use super::policy::retry::{Decision, ErrorClass, Failure, RetryPolicy};
 use crate::error::Result;
 use crate::FailureKind;
@@ -24,6 +25,10 @@ pub struct JobOutput {
     pub result: Value,
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
+    /// Set when the attempt did one part of a job done in parts: the part's output is stored
+    /// and the job goes back in line for its next part instead of ending.
+    #[serde(default)]
+    pub part: Option<PartDone>,
 }
 
 /// Why an attempt failed.
@@ -107,6 +112,8 @@ pub enum Recorded {
         at: DateTime<Utc>,
     },
     Requeued,
+    /// One part of a job in parts is done and stored; the job is back in line for the next.
+    PartDone,
     Failed(FailureKind),
     /// The job had a cancellation request: canceled and refunded, whatever the attempt did.
     Canceled,
@@ -138,11 +145,57 @@ pub async fn complete_many(
     }
     let ids: Vec<Uuid> = items.iter().map(|(j, _)| j.id).collect();
     let tokens: Vec<Uuid> = items.iter().map(|(j, _)| j.lease_token).collect();
+    let (steps, finals): (Vec<_>, Vec<_>) = items.iter().copied().partition(|(_, o)| o.part.is_some());
+    let mut tx = pool.begin().await?;
+    let steps: Vec<_> = steps
+        .iter()
+        .filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens)))
+        .collect();
+    let continued: HashSet<Uuid> = parts::store_and_requeue(&mut tx, &steps).await?.into_iter().collect();
+    let done = write_results(&mut tx, &finals).await?;
+    let mut written = HashSet::with_capacity(done.len());
+    for DoneRow { job, .. } in &done {
+        hooks.on_done(&mut tx, job).await?;
+        written.insert(job.id);
+    }
+    // A result for a job whose owner canceled it meanwhile is not charged: canceled instead.
+    let others: Vec<(Uuid, Uuid)> = ids
+        .iter()
+        .zip(&tokens)
+        .filter(|(id, _)| !written.contains(*id) && !continued.contains(*id))
+        .map(|(id, t)| (*id, *t))
+        .collect();
+    let canceled: HashSet<Uuid> =
+        super::cancel::end_requested(&mut tx, hooks, &others, Some("canceled; the result that came is not charged"))
+            .await?
+            .into_iter()
+            .collect();
+    tx.commit().await?;
+    for row in &done {
+        metrics::histogram!("sluice_job_time_to_done_seconds").record(row.time_to_done);
+    }
+    Ok(ids
+        .iter()
+        .map(|id| match (written.contains(id), continued.contains(id), canceled.contains(id)) {
+            (true, ..) => Recorded::Done,
+            (_, true, _) => Recorded::PartDone,
+            (.., true) => Recorded::Canceled,
+            _ => Recorded::Stale,
+        })
+        .collect())
+}
+
+/// Write final results (`done`), each fenced by its lease token; the jobs written.
+async fn write_results(tx: &mut PgConnection, items: &[(&ClaimedJob, &JobOutput)]) -> Result<Vec<DoneRow>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = items.iter().map(|(j, _)| j.id).collect();
+    let tokens: Vec<Uuid> = items.iter().map(|(j, _)| j.lease_token).collect();
     let results: Vec<Value> = items.iter().map(|(_, o)| o.result.clone()).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.input_tokens).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.output_tokens).collect();
-    let mut tx = pool.begin().await?;
-    let done: Vec<DoneRow> = sqlx::query_as(
+    Ok(sqlx::query_as(
         "WITH input AS (
              SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[])
                  AS t(id, token, result, input_tokens, output_tokens)
@@ -170,32 +223,7 @@ pub async fn complete_many(
     .bind(&input_tokens)
     .bind(&output_tokens)
     .fetch_all(&mut *tx)
-    .await?;
-    let mut written = HashSet::with_capacity(done.len());
-    for DoneRow { job, .. } in &done {
-        hooks.on_done(&mut tx, job).await?;
-        written.insert(job.id);
-    }
-    // A result for a job whose owner canceled it meanwhile is not charged: canceled instead.
-    let others: Vec<(Uuid, Uuid)> =
-        ids.iter().zip(&tokens).filter(|(id, _)| !written.contains(*id)).map(|(id, t)| (*id, *t)).collect();
-    let canceled: HashSet<Uuid> =
-        super::cancel::end_requested(&mut tx, hooks, &others, Some("canceled; the result that came is not charged"))
-            .await?
-            .into_iter()
-            .collect();
-    tx.commit().await?;
-    for row in &done {
-        metrics::histogram!("sluice_job_time_to_done_seconds").record(row.time_to_done);
-    }
-    Ok(ids
-        .iter()
-        .map(|id| match (written.contains(id), canceled.contains(id)) {
-            (true, _) => Recorded::Done,
-            (_, true) => Recorded::Canceled,
-            _ => Recorded::Stale,
-        })
-        .collect())
+    .await?)
 }
 
 /// A job just done, and how long it took from acceptance (for the time-to-done histogram).

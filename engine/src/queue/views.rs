@@ -44,6 +44,14 @@ pub struct JobView {
     /// When its cancellation was asked for (a running job stops at its next safe point).
     #[sqlx(default)]
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// A long document's parts (set once it is split) and how many are done; `parts_stage`
+    /// is `combining` once their answers are being combined.
+    #[sqlx(default)]
+    pub parts_total: Option<i32>,
+    #[sqlx(default)]
+    pub parts_done: i32,
+    #[sqlx(default)]
+    pub parts_stage: Option<String>,
     /// Credits given back for this job (read where the owner sees costs; 0 elsewhere).
     #[sqlx(default)]
     pub refunded: i64,

@@ -143,6 +143,8 @@ pub async fn work(app: &TestApp, jobs: usize) -> Vec<engine::queue::worker::Atte
         stages: engine::queue::stages::StageLog::new(app.pool.clone()),
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: None,
+        parts: engine::queue::parts::PartStore::new(app.pool.clone()),
+        max_document_tokens: None,
     };
     let config = engine::testing::fast_worker("hooks", jobs);
     let hooks = std::sync::Arc::new(engine::hooks::SluiceHooks);

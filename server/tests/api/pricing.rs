@@ -18,7 +18,7 @@ fn priced() -> WebSettings {
     WebSettings {
         admission: AdmissionConfig {
             prices: "1000:1,5000:3,20000:7".parse().unwrap(),
-            context_tokens: Some(20_000),
+            max_document_tokens: Some(20_000),
             ..AdmissionConfig::default()
         },
         ..WebSettings::default()
@@ -78,7 +78,7 @@ async fn a_text_longer_than_the_context_is_413_and_a_short_balance_402_with_noth
     let r = app.upload(&token, text(1, 90_000), None).await;
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let body: serde_json::Value = r.json().await.unwrap();
-    assert_eq!((body["error"].as_str(), body["context_tokens"].as_u64()), (Some("too_many_tokens"), Some(20_000)));
+    assert_eq!((body["error"].as_str(), body["max_tokens"].as_u64()), (Some("too_many_tokens"), Some(20_000)));
     // 40,000 bytes costs 7: the declared size let it be read (it could have been a PDF, which
     // costs less), the bytes settle the price, and 5 credits are not enough.
     let r = app.upload(&token, text(2, 40_000), None).await;

@@ -61,7 +61,7 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
             "presets": [{"id": "summarize", "label": "Summarize"}, {"id": "key_facts", "label": "Extract key facts"}],
             "cost": 1,
             "prices": {"tiers": [{"up_to_tokens": u64::MAX, "credits": 1}]},
-            "context_tokens": null,
+            "max_document_tokens": null,
             "max_upload_bytes": 52428800,
             "signup_grant": 20,
         })

@@ -26,6 +26,20 @@ pub struct Task {
     pub language: Option<String>,
     pub text: String,
     pub pages: Option<u32>,
+    /// Set when the text is one part of a longer document.
+    pub part: Option<PartOf>,
+}
+
+/// Which part of a document a task's text is.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PartOf {
+    /// 1-based.
+    pub number: u32,
+    pub count: u32,
+    /// 0: the document's own text; above: outputs of the level below, to combine.
+    pub level: u32,
+    /// The end of the part before, given as context only.
+    pub overlap: String,
 }
 
 impl Task {
@@ -135,5 +149,25 @@ pub fn prompt(task: &Task) -> String {
                 .to_string()
         }
     };
-    format!("{ask}\n\n<document>\n{}\n</document>", task.text)
+    match &task.part {
+        None => format!("{ask}\n\n<document>\n{}\n</document>", task.text),
+        Some(part) if part.level == 0 => {
+            let context = if part.overlap.is_empty() {
+                String::new()
+            } else {
+                format!("<before>\n{}\n</before>\n\n", part.overlap)
+            };
+            format!(
+                "{ask}\nThe document is long: below is part {} of {}. Only the text inside <document> is yours to \
+                 answer; <before> is the end of the part before, for context.\n\n{context}<document>\n{}\n</document>",
+                part.number, part.count, task.text
+            )
+        }
+        Some(part) => format!(
+            "{ask}\nThe document was too long to read at once: below, between <document> tags, are the answers for its \
+             consecutive parts ({} of {} at this step). Combine them into one answer for the whole document.\n\n\
+             <document>\n{}\n</document>",
+            part.number, part.count, task.text
+        ),
+    }
 }

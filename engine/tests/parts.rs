@@ -1,0 +1,270 @@
+//! Documents longer than one provider call, done in parts through the queue: each part its
+//! own claim, stored when it ends, retried on its own; the job stays one job (one debit, at
+//! most one refund). Against a real Postgres, the local provider and the fake provider.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
+use engine::accounts::{notices, users, AccountHooks, Role};
+use engine::documents::blobs::Blobs;
+use engine::documents::processor::DocumentProcessor;
+use engine::documents::providers::{self, ProviderConfig, ProviderKind};
+use engine::documents::sandbox::SandboxConfig;
+use engine::queue::capacity::{self, Budget, CapacityConfig, ProviderLimits};
+use engine::queue::parts::PartStore;
+use engine::queue::worker::{work_once, WorkerPool};
+use engine::queue::{self, JobState};
+use engine::testing::{fast_worker, wait_for, wider_pool};
+use fakeprovider::{FakeProvider, Reply};
+use sluice_types::capacity::PriceTable;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+struct Docs {
+    blobs: Blobs,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Docs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn docs(name: &str) -> Docs {
+    let dir = std::env::temp_dir().join(format!("sluice-parts-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Docs { blobs: Blobs::local(&dir).unwrap(), dir }
+}
+
+/// A report of `paragraphs` paragraphs of a few sentences each, every one numbered.
+fn report(paragraphs: usize) -> String {
+    (1..=paragraphs)
+        .map(|i| {
+            format!(
+                "Paragraph {i} opens the section. The contract of section {i} binds both parties until March {}. \
+                 Payment of {i}00 EUR is due on signature.\n\n",
+                1 + i % 28
+            )
+        })
+        .collect()
+}
+
+/// Admit `text` for `user` as a document job with `preset`, priced by the default table; the
+/// job's first claim reserves at most `call_tokens`.
+async fn submit(pool: &PgPool, docs: &Docs, user: i64, text: &str, preset: &str, call_tokens: u64) -> Uuid {
+    let key = Blobs::new_key();
+    docs.blobs.put(&key, text.as_bytes().to_vec().into()).await.unwrap();
+    let tokens = sluice_types::capacity::estimate_input_tokens(sluice_types::capacity::SizeKind::Text, text.len() as u64);
+    let payload = serde_json::json!({
+        "document": { "key": key, "type": "plain_text", "sha256": key, "size": text.len(), "name": "report.txt" },
+        "preset": preset,
+        "language": "French",
+    });
+    let submission = Submission {
+        cost: PriceTable::default().price(tokens),
+        est_input_tokens: tokens.min(call_tokens) as i64,
+        user_id: user,
+        payload,
+        content_key: key.clone(),
+        client_key: None,
+        fingerprint: key,
+    };
+    let config = AdmissionConfig { max_attempts: 3, ..AdmissionConfig::default() };
+    match admission::submit(pool, &config, &submission).await.unwrap() {
+        Admission::Accepted { job_id } => job_id,
+        other => panic!("refused: {other:?}"),
+    }
+}
+
+fn processor(pool: &PgPool, docs: &Docs, provider: ProviderConfig, context: u64, budget: Budget) -> DocumentProcessor {
+    DocumentProcessor {
+        blobs: docs.blobs.clone(),
+        provider: providers::build(&provider),
+        sandbox: Arc::new(SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new())),
+        stages: queue::stages::StageLog::new(pool.clone()),
+        budget,
+        context_tokens: Some(context),
+        parts: PartStore::new(pool.clone()),
+        max_document_tokens: Some(2_000_000),
+    }
+}
+
+fn fake_config(fake: &FakeProvider) -> ProviderConfig {
+    ProviderConfig {
+        kind: ProviderKind::Anthropic,
+        base_url: fake.base_url(),
+        api_key: Some("k".into()),
+        model: "m".into(),
+        max_tokens: 64,
+        timeout: Duration::from_secs(10),
+    }
+}
+
+/// Work the queue one step at a time until `job` ends (waiting out retry delays).
+async fn drive(pool: &PgPool, processor: &DocumentProcessor, job: Uuid) -> queue::JobView {
+    let config = fast_worker("parts", 4);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        work_once(pool, &config, Arc::new(processor.clone()), Arc::new(AccountHooks), 4).await.unwrap();
+        let view = queue::get(pool, job).await.unwrap();
+        if view.state.is_terminal() {
+            return view;
+        }
+        assert!(Instant::now() < deadline, "the job ends: {view:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn ledger_of(pool: &PgPool, job: Uuid) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT kind, amount::int8 FROM ledger WHERE job_id = $1 ORDER BY id")
+        .bind(job)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_summary_too_long_for_one_call_is_mapped_then_reduced_by_the_local_provider(pool: PgPool) {
+    let docs = docs("local");
+    let user = users::create_user(&pool, "long@example.com", "password123", Role::User, 20).await.unwrap();
+    let text = report(60);
+    let job = submit(&pool, &docs, user.id, &text, "summarize", 600).await;
+    let processor = processor(&pool, &docs, ProviderConfig::default(), 600, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    let total = view.parts_total.expect("split into parts");
+    assert!(total >= 5, "{total} parts");
+    assert_eq!(view.parts_done, total);
+    let result = view.result.unwrap();
+    assert_eq!(result["parts"], total as i64);
+    assert!(result["markdown"].as_str().unwrap().contains("Paragraph"), "a summary of the document: {result}");
+    // Each part and each combining step was done by exactly one successful attempt.
+    let (parts, succeeded): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM job_parts WHERE job_id = $1 AND output IS NOT NULL),
+                (SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome = 'succeeded')",
+    )
+    .bind(job)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(succeeded, parts + 1, "one attempt per part, and one that writes the result");
+    let levels: i32 = sqlx::query_scalar("SELECT max(level) FROM job_parts WHERE job_id = $1")
+        .bind(job)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(levels >= 1, "the parts' summaries were summarised");
+    assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit, nothing else");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translation_is_done_part_by_part_in_order_and_joined_without_a_combining_call(pool: PgPool) {
+    let docs = docs("translate");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "tr@example.com", "password123", Role::User, 20).await.unwrap();
+    let text = report(30);
+    let job = submit(&pool, &docs, user.id, &text, "translate", 500).await;
+    fake.push((1..=40).map(|i| Reply::Success { text: format!("Partie {i}."), input_tokens: 10, output_tokens: 5 }));
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    let total = view.parts_total.unwrap() as u64;
+    assert_eq!(fake.calls(), total, "one call per part, none to combine");
+    let expected: Vec<String> = (1..=total).map(|i| format!("Partie {i}.")).collect();
+    assert_eq!(view.result.unwrap()["markdown"].as_str().unwrap(), expected.join("\n\n"));
+    // A translation's parts carry no overlap (it would be translated twice); the parts' bodies
+    // are the document, byte for byte.
+    let bodies: Vec<(String, String)> =
+        sqlx::query_as("SELECT body, overlap FROM job_parts WHERE job_id = $1 AND level = 0 ORDER BY idx")
+            .bind(job)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(bodies.iter().all(|(_, overlap)| overlap.is_empty()));
+    assert_eq!(bodies.iter().map(|(b, _)| b.as_str()).collect::<String>(), text);
+    let prompt = fake.last_request().unwrap().to_string();
+    assert!(prompt.contains(&format!("part {total} of {total}")), "the provider is told which part it reads");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_part_that_fails_three_times_fails_the_job_with_one_refund_and_a_notice_naming_the_part(pool: PgPool) {
+    let docs = docs("failing");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "fail@example.com", "password123", Role::User, 20).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(30), "summarize", 500).await;
+    // Part 1 succeeds; part 2 meets a server error on each of its three attempts.
+    fake.push([Reply::Success { text: "one".into(), input_tokens: 10, output_tokens: 5 }]);
+    fake.push([Reply::ServerError, Reply::ServerError, Reply::ServerError]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+
+    assert_eq!(view.state, JobState::Failed);
+    let reason = view.failure_reason.unwrap();
+    assert!(reason.starts_with("part 2 of "), "the reason names the part: {reason}");
+    assert_eq!(fake.calls(), 4, "part 1 once, part 2 three times, nothing after");
+    let ledger = ledger_of(&pool, job).await;
+    assert_eq!(ledger.len(), 2, "one debit and one refund: {ledger:?}");
+    assert_eq!(ledger[0].1 + ledger[1].1, 0, "refunded in full");
+    let notices = notices::list(&pool, user.id, 10).await.unwrap();
+    assert_eq!(notices.len(), 1);
+    assert!(notices[0].message.contains("part 2 of"), "{:?}", notices[0]);
+    let balance: i64 =
+        sqlx::query_scalar("SELECT balance::int8 FROM users WHERE id = $1").bind(user.id).fetch_one(&pool).await.unwrap();
+    assert_eq!(balance, 20);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_small_document_does_not_wait_behind_a_long_one_under_the_token_budget(pool: PgPool) {
+    let pool = wider_pool(&pool, 20).await;
+    let docs = docs("fair");
+    let fake = FakeProvider::start().await;
+    // 6M input tokens a minute (100K a second) in one-second buckets, at the fake and in Sluice.
+    let per_min = 6_000_000;
+    let burst = Duration::from_secs(1);
+    fake.limit_input_tokens(per_min, burst);
+    let config = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(per_min), ..Default::default() },
+        burst,
+        output_reserve: 64,
+        share: 1.0,
+        ..CapacityConfig::default()
+    };
+    capacity::configure(&pool, &config).await.unwrap();
+    let a = users::create_user(&pool, "a@example.com", "password123", Role::User, 100).await.unwrap();
+    let b = users::create_user(&pool, "b@example.com", "password123", Role::User, 100).await.unwrap();
+    // A: about 490K tokens (parts of up to 100K); B, a second later: about 2K.
+    let long: String = report(15_000).chars().take(1_960_000).collect();
+    let a_job = submit(&pool, &docs, a.id, &long, "summarize", 100_000).await;
+    let processor = processor(&pool, &docs, fake_config(&fake), 100_000, Budget::new(pool.clone(), &config));
+    let workers = WorkerPool::start(pool.clone(), fast_worker("fair", 24), Arc::new(processor), Arc::new(AccountHooks));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b_job = submit(&pool, &docs, b.id, &report(60), "summarize", 100_000).await;
+
+    let ended = wait_for(Duration::from_secs(60), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE state IN ('done', 'failed')")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 2
+    })
+    .await;
+    workers.shutdown().await;
+    assert!(ended, "both jobs end");
+    let (a_view, b_view) = (queue::get(&pool, a_job).await.unwrap(), queue::get(&pool, b_job).await.unwrap());
+    assert_eq!((a_view.state, b_view.state), (JobState::Done, JobState::Done));
+    assert!(a_view.parts_total.unwrap() >= 5, "{:?} parts", a_view.parts_total);
+    let waited = (b_view.started_at.unwrap() - b_view.accepted_at).to_std().unwrap();
+    assert!(waited < Duration::from_millis(1_500), "B is claimed at once, not after A's parts: waited {waited:?}");
+    let third_part: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT done_at FROM job_parts WHERE job_id = $1 AND level = 0 AND idx = 2")
+            .bind(a_job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(b_view.finished_at.unwrap() < third_part, "B is done before A's third part");
+    assert_eq!(fake.limit_report().refused, 0, "the budget kept every call under the provider's limit");
+}
