@@ -215,3 +215,36 @@ test('the jobs list filters by state and searches by file name', async ({ page }
   await expect(page.getByTestId('page')).toHaveText('Page 1');
   await expect(page.getByRole('button', { name: 'Older' })).toBeDisabled();
 });
+
+test('a document longer than one provider call is done in parts: "part n of N" advances, then one combined result', async ({ page }) => {
+  await signUp(page, 'parts');
+  // 1,000 paragraphs of 100 characters: three parts of at most 39,200 characters (the e2e
+  // server's context is 10,000 tokens). Each part takes the provider 3 s; the combining call
+  // answers with the summary the page must show.
+  const text = Array.from({ length: 1000 }, (_, i) => `Clause ${String(i + 1).padStart(4, '0')} binds both parties.`.padEnd(98, ' .') + '\n\n').join('');
+  await scriptProvider([
+    { kind: 'hang', millis: 3000 },
+    { kind: 'hang', millis: 3000 },
+    { kind: 'hang', millis: 3000 },
+    { kind: 'success', text: '# The whole contract\nOne thousand clauses, read in three parts.', input_tokens: 300, output_tokens: 20 },
+  ]);
+  await open(page, '/upload');
+  await page.locator('#files').setInputFiles({ name: 'contract.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
+  const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'ok');
+  await row.getByRole('link', { name: 'View the job' }).click();
+
+  const parts = page.locator('.parts');
+  await expect(parts).toHaveAttribute('data-parts-total', '3', { timeout: 10_000 });
+  await expect(parts).toContainText(/Summarizing part [12] of 3/);
+  await expect(parts).toContainText(/Summarizing part 3 of 3|Combining 3 parts/, { timeout: 15_000 });
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 20_000 });
+  await expect(parts).toHaveText(/Done in 3 parts/);
+  const result = page.locator('article.result-rendered');
+  await expect(result.locator('h1')).toHaveText('The whole contract');
+  await expect(result.locator('p')).toHaveText('One thousand clauses, read in three parts.');
+
+  // The jobs list says the same, and the API gives the parts to programs.
+  await page.getByRole('link', { name: '← All jobs' }).click();
+  await expect(page.locator('.job').first().locator('.parts')).toHaveAttribute('data-parts-done', '3');
+});

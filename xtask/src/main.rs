@@ -344,6 +344,8 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
         .env("SLUICE_PROVIDER_URL", &fake_url)
         .env("SLUICE_PROVIDER_API_KEY", "e2e-test-key")
         .env("SLUICE_PROVIDER_TIMEOUT_SECS", "5")
+        // A small context (about 39 KB of text a call), so a flow can watch a document done in parts.
+        .env("SLUICE_PROVIDER_CONTEXT_TOKENS", "10000")
         .env("SLUICE_LOG", "warn,server=info")
         .spawn()
         .map_err(|e| format!("starting the server: {e}"))?;

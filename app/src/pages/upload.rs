@@ -86,11 +86,12 @@ pub fn size_text(bytes: u64) -> String {
 
 /// Pure: the line under the drop zone, with the price table in file sizes, e.g. "Up to 50 MB
 /// each. 1 credit per document." or "... Priced by size: 1 credit up to 97 KB of text (976 KB
-/// as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits above."
+/// as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each
+/// 781 KB (7.6 MB) after that." (longer documents are done in parts, and priced by their size).
 pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
     let cap = size_text(max_upload_bytes);
     let tiers = prices.tiers();
-    if tiers.len() <= 1 {
+    if tiers.len() <= 1 && tiers.first().is_none_or(|t| t.up_to_tokens == u64::MAX) {
         return format!("Up to {cap} each. {} per document.", crate::pages::credits_text(prices.cheapest()));
     }
     let steps: Vec<String> = tiers
@@ -101,7 +102,9 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
             let text = size_text(max_bytes_for_context(SizeKind::Text, tier.up_to_tokens));
             let pdf = size_text(max_bytes_for_context(SizeKind::Pdf, tier.up_to_tokens));
             match i {
-                _ if i + 1 == tiers.len() => format!("{credits} above"),
+                _ if i + 1 == tiers.len() => {
+                    format!("{credits} up to {text} ({pdf}), and {} more for each {text} ({pdf}) after that", tier.credits)
+                }
                 0 => format!("{credits} up to {text} of text ({pdf} as PDF)"),
                 _ => format!("{credits} up to {text} ({pdf})"),
             }
@@ -309,8 +312,9 @@ mod tests {
         let table: PriceTable = "25000:1,100000:2,200000:4".parse().unwrap();
         assert_eq!(
             terms_hint(50 * 1024 * 1024, &table),
-            "Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits above."
+            "Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each 781 KB (7.6 MB) after that."
         );
+        assert_eq!(price_of_file(&table, "long.txt", 1_000_000), 8, "past the last step the price keeps growing");
         assert_eq!(price_of_file(&table, "notes.txt", 1_000), 1);
         assert_eq!(price_of_file(&table, "book.txt", 200_000), 2);
         assert_eq!(price_of_file(&table, "book.pdf", 200_000), 1, "a PDF's bytes are mostly not text");
