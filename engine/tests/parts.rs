@@ -268,3 +268,100 @@ async fn a_small_document_does_not_wait_behind_a_long_one_under_the_token_budget
     assert!(b_view.finished_at.unwrap() < third_part, "B is done before A's third part");
     assert_eq!(fake.limit_report().refused, 0, "the budget kept every call under the provider's limit");
 }
+
+/// Input tokens at quantile `q` of seed 000's workload: a log-normal through its p90 (129K) and
+/// p99 (492K) tokens (median about 25K).
+fn seed_000_tokens(q: f64) -> u64 {
+    // The standard normal's quantile, by bisection on erf-free Abramowitz-Stegun's CDF.
+    let cdf = |z: f64| {
+        let t = 1.0 / (1.0 + 0.2316419 * z.abs());
+        let d = 0.398_942_3 * (-z * z / 2.0).exp();
+        let p = d * t * (0.319_381_5 + t * (-0.356_563_8 + t * (1.781_478 + t * (-1.821_256 + t * 1.330_274))));
+        if z >= 0.0 { 1.0 - p } else { p }
+    };
+    let (mut lo, mut hi) = (-8.0, 8.0);
+    for _ in 0..80 {
+        let mid = (lo + hi) / 2.0;
+        if cdf(mid) < q { lo = mid } else { hi = mid }
+    }
+    let (z90, z99) = (1.281_551_6, 2.326_347_9);
+    let sigma = ((492_000f64).ln() - (129_000f64).ln()) / (z99 - z90);
+    let mu = (129_000f64).ln() - z90 * sigma;
+    (mu + sigma * lo).exp() as u64
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_done_through_a_token_limit(pool: PgPool) {
+    let pool = wider_pool(&pool, 30).await;
+    let docs = docs("corpus");
+    let fake = FakeProvider::start().await;
+    // 60M input tokens a minute at the fake and in Sluice; parts of at most 100K tokens.
+    let per_min = 60_000_000;
+    let burst = Duration::from_millis(200);
+    fake.limit_input_tokens(per_min, burst);
+    let config = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(per_min), ..Default::default() },
+        burst,
+        output_reserve: 64,
+        ..CapacityConfig::default()
+    };
+    capacity::configure(&pool, &config).await.unwrap();
+    // 20 documents at evenly spread quantiles, and seed 000's p99 itself.
+    let mut sizes: Vec<u64> = (0..20).map(|i| seed_000_tokens((i as f64 + 0.5) / 20.0)).collect();
+    sizes.push(seed_000_tokens(0.99));
+    assert!((20_000..32_000).contains(&seed_000_tokens(0.5)) && (480_000..500_000).contains(&sizes[20]), "{sizes:?}");
+    let ceiling = 2_000_000;
+    let admission = AdmissionConfig { max_document_tokens: Some(ceiling), max_call_tokens: Some(100_000), ..Default::default() };
+    let mut users_ = Vec::new();
+    for u in 0..5 {
+        users_.push(users::create_user(&pool, &format!("c{u}@example.com"), "password123", Role::User, 1_000).await.unwrap());
+    }
+    let mut ids = Vec::new();
+    for (i, tokens) in sizes.iter().enumerate() {
+        let text: String = report(tokens.div_ceil(35) as usize).chars().take(*tokens as usize * 4).collect();
+        // The upload check passes every one of them (the ceiling is far above seed 000's p99).
+        let mut check = engine::documents::intake::UploadCheck::new(Some("doc.txt"), 50 << 20).with_ceiling(Some(ceiling));
+        for chunk in text.as_bytes().chunks(64 * 1024) {
+            check.push(chunk).unwrap();
+        }
+        check.finish().unwrap();
+        ids.push(submit(&pool, &docs, users_[i % 5].id, &text, "summarize", admission.max_call_tokens.unwrap()).await);
+    }
+    // A document over the ceiling is refused while it streams, with the ceiling in the error.
+    let mut check = engine::documents::intake::UploadCheck::new(Some("huge.txt"), 50 << 20).with_ceiling(Some(ceiling));
+    let huge = "word ".repeat(1_700_000);
+    let refused = huge.as_bytes().chunks(64 * 1024).try_for_each(|c| check.push(c));
+    assert!(matches!(refused, Err(engine::error::EngineError::TooManyTokens { max_tokens: 2_000_000 })), "{refused:?}");
+
+    let processor = processor(&pool, &docs, fake_config(&fake), 100_000, Budget::new(pool.clone(), &config));
+    let workers = WorkerPool::start(pool.clone(), fast_worker("corpus", 24), Arc::new(processor), Arc::new(AccountHooks));
+    let ended = wait_for(Duration::from_secs(120), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE id = ANY($1) AND state NOT IN ('done', 'failed')")
+            .bind(&ids)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 0
+    })
+    .await;
+    workers.shutdown().await;
+    assert!(ended, "every job ends");
+    let rows: Vec<(String, Option<i32>, i64, i64)> = sqlx::query_as(
+        "SELECT j.state, j.parts_total,
+                (SELECT count(*) FROM ledger l WHERE l.job_id = j.id AND l.kind = 'debit'),
+                (SELECT count(*) FROM ledger l WHERE l.job_id = j.id AND l.kind = 'refund')
+         FROM jobs j WHERE j.id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    for (state, _, debits, refunds) in &rows {
+        assert_eq!(*debits, 1);
+        assert!(state == "done" && *refunds == 0 || state == "failed" && *refunds == 1, "{state}, {refunds} refunds");
+    }
+    assert!(rows.iter().all(|(state, ..)| state == "done"), "the fake never fails: all done");
+    let in_parts = rows.iter().filter(|(_, parts, ..)| parts.is_some()).count();
+    assert!(in_parts >= 2, "the heavy tail ({in_parts} documents) was done in parts");
+    assert!(fake.limit_report().refused <= 2, "the budget kept the calls under the limit: {} refused", fake.limit_report().refused);
+}

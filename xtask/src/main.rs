@@ -390,7 +390,7 @@ fn wait_healthy(port: u16) -> Result {
     Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
-/// `cargo xtask bench [queue|upload] [-- options]`: release builds against a private Postgres.
+/// `cargo xtask bench [queue|poll|upload|parts] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
     survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
@@ -398,6 +398,20 @@ fn bench(args: &[String]) -> Result {
     let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
     if which.is_none_or(|w| w == "queue") {
         queue_beside_graphile(&temp.cluster, &rest)?;
+    }
+    if which.is_none_or(|w| w == "parts") {
+        temp.cluster.create_database("bench_parts").map_err(|e| e.to_string())?;
+        eprintln!("== parts benchmark: a 500K-token document at a fixed tokens-per-minute limit");
+        status(
+            cargo().args(["build", "--quiet", "--release", "--package", "engine", "--bin", "sluice-extract"]),
+            "building the document reader",
+        )?;
+        status(
+            cargo()
+                .args(["run", "--quiet", "--release", "--package", "engine", "--example", "parts_bench"])
+                .env("DATABASE_URL", temp.cluster.url("bench_parts")),
+            "parts benchmark",
+        )?;
     }
     for (name, example) in [("poll", "poll_bench"), ("upload", "upload_bench")] {
         if which.is_none_or(|w| w == name) {
