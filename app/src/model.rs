@@ -350,6 +350,14 @@ pub struct QueueStatus {
     pub effective_gate: i32,
     /// Why the gate in force is lower, and since when (`None` when it is not).
     pub gate_reduced: Option<(String, String)>,
+    /// Worker slots alive across every process, and in how many processes.
+    #[serde(default)]
+    pub worker_slots: i64,
+    #[serde(default)]
+    pub worker_processes: i64,
+    /// How many jobs can run at once: the gate in force, unless fewer slots are alive.
+    #[serde(default)]
+    pub effective_concurrency: i64,
     pub running: i64,
     pub backlog: i64,
     pub scheduled_retries: i64,

@@ -163,3 +163,14 @@ BEGIN
     SELECT c.id, c.owner_id, c.kind, c.payload, c.attempts, c.max_attempts, c.lease_token, c.est_input_tokens
     FROM claimed c;
 END $$;
+
+-- Worker processes and their slots (issue 22: "worker slots follow the gate"), refreshed by
+-- each process's heartbeat, so the admin page can set the slots alive across processes beside
+-- the gate: the concurrency in effect is the smaller of the two.
+CREATE TABLE worker_processes (
+    name           text PRIMARY KEY,
+    slots          integer     NOT NULL CHECK (slots >= 0),
+    heartbeat_secs float8      NOT NULL CHECK (heartbeat_secs > 0),
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    seen_at        timestamptz NOT NULL DEFAULT now()
+);

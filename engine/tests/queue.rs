@@ -9,8 +9,8 @@ use engine::queue::dlq::{self, Selection};
 use engine::queue::hooks::{HookResult, NoHooks, TerminalHooks, TerminalJob};
 use engine::queue::policy::retry::ErrorClass;
 use engine::queue::switches;
-use engine::queue::worker::{work_once, WorkerPool};
-use engine::queue::{self, JobError, JobOutput, JobState, Recorded};
+use engine::queue::worker::{work_once, WorkerConfig, WorkerPool};
+use engine::queue::{self, ClaimedJob, JobError, JobOutput, JobState, Recorded};
 use engine::testing::{count_in_state, enqueue_many, fast_worker, job, wait_for, wider_pool, JobOpts};
 use engine::FailureKind;
 use sluice_types::AttemptOutcome;
@@ -708,4 +708,30 @@ async fn the_shared_snapshot_of_the_line_answers_as_the_database_does(pool: PgPo
             queue::complete(&pool, &NoHooks, job, &ok_output()).await.unwrap();
         }
     }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn worker_slots_follow_the_gate_on_one_process_and_are_counted_alive(pool: PgPool) {
+    let pool = wider_pool(&pool, 30).await;
+    switches::set_gate_size(&pool, 40, "test").await.unwrap();
+    enqueue_many(&pool, 1, 30).await;
+    enqueue_many(&pool, 2, 30).await;
+    let processor = |_job: ClaimedJob| async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        Ok::<_, JobError>(JobOutput::default())
+    };
+    // One process with the default slots (70): the gate, not the process, decides.
+    let config = WorkerConfig { concurrency: WorkerConfig::default().concurrency, ..fast_worker("slots", 0) };
+    assert_eq!(config.concurrency, 70);
+    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
+    let forty_running = wait_for(Duration::from_secs(10), || async {
+        count_in_state(&pool, JobState::Running).await == 40
+    })
+    .await;
+    assert!(forty_running, "the gate of 40 is used in full by one process");
+    let live = queue::processes::live(&pool).await.unwrap();
+    assert_eq!((live.processes, live.slots), (1, 70));
+    assert_eq!(queue::processes::effective_concurrency(40, live), 40);
+    workers.shutdown().await;
+    assert_eq!(queue::processes::live(&pool).await.unwrap().slots, 0, "a process that stopped is not counted");
 }

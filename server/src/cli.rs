@@ -200,8 +200,10 @@ pub struct Config {
     /// Where cargo-leptos put the site (JS, WASM, CSS, assets).
     #[arg(long, env = "LEPTOS_SITE_ROOT", default_value = "target/site", global = true)]
     pub site_root: String,
-    /// Worker tasks in this process (0 = web only).
-    #[arg(long, env = "SLUICE_WORKERS", default_value_t = 24, global = true)]
+    /// Worker slots in this process, the most jobs it runs at once (0 = web only). The gate
+    /// (24 by default, 1 to 70) decides how many run across all processes; the default follows
+    /// any gate on one process.
+    #[arg(long, env = "SLUICE_WORKERS", default_value_t = 70, global = true)]
     pub workers: usize,
     /// Seconds a worker's lease lasts without a heartbeat.
     #[arg(long, env = "SLUICE_LEASE_SECS", default_value_t = 60.0, global = true)]

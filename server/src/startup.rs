@@ -68,7 +68,9 @@ impl Application {
         database: Database,
     ) -> Result<Application, (anyhow::Error, Database)> {
         let built = async {
-            let pool = engine::db::connect(&database.url, (config.workers as u32 + 16).max(20))
+            // A worker holds a connection only to write (never across a provider call), so 70
+            // slots do not need 70 connections; Postgres allows 100 in all by default.
+            let pool = engine::db::connect(&database.url, (config.workers.min(24) as u32 + 16).max(20))
                 .await
                 .context("connecting to Postgres and running migrations")?;
             let hooks = Arc::new(engine::hooks::SluiceHooks);

@@ -159,7 +159,8 @@ pub fn AdminPage() -> impl IntoView {
         view! {
             <ProcessingCard status=o.clone() set_processing/>
             <GateCard running=o.running gate_size=o.gate_size effective_gate=o.effective_gate
-                reduced=o.gate_reduced.clone() set_gate gate_input/>
+                reduced=o.gate_reduced.clone() slots=(o.worker_slots, o.worker_processes, o.effective_concurrency)
+                set_gate gate_input/>
             <VitalsCard status=o/>
         }
     };
@@ -218,6 +219,11 @@ fn ProcessingCard(status: QueueStatus, set_processing: ServerAction<SetProcessin
     }
 }
 
+/// Pure: "1 process", "2 processes".
+fn plural(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// The concurrency gate: jobs running now, the limit, and a form to set it.
 #[component]
 fn GateCard(
@@ -226,6 +232,8 @@ fn GateCard(
     /// The gate in force (lower while the adaptive gate grows back after 429s) and why.
     effective_gate: i32,
     reduced: Option<(String, String)>,
+    /// Worker slots alive across processes, the processes, and the concurrency in effect.
+    slots: (i64, i64, i64),
     set_gate: ServerAction<SetGate>,
     /// Owned by the page, so a refresh that redraws the card does not lose what was typed.
     gate_input: RwSignal<String>,
@@ -234,6 +242,18 @@ fn GateCard(
         <section class="card" data-testid="gate">
             <h2>"Concurrency gate"</h2>
             <p>{format!("{running} running now, at most {gate_size} at once across all workers.")}</p>
+            <dl class="side-by-side" data-testid="concurrency">
+                <div><dt>"Gate"</dt><dd data-testid="gate-size">{effective_gate}</dd></div>
+                <div><dt>"Worker slots alive"</dt><dd data-testid="worker-slots">
+                    {format!("{} in {}", slots.0, plural(slots.1, "process", "processes"))}
+                </dd></div>
+                <div><dt>"Running at once, at most"</dt><dd data-testid="effective-concurrency">{slots.2}</dd></div>
+            </dl>
+            {(slots.0 < i64::from(effective_gate)).then(|| view! {
+                <p class="warn-text" data-testid="slots-short">
+                    {format!("Only {} worker slots are alive: at most {} jobs run at once, whatever the gate says.                               Start more worker processes or give them more slots (--workers).", slots.0, slots.2)}
+                </p>
+            })}
             {reduced.map(|(reason, since)| view! {
                 <p class="warn-text" data-testid="gate-reduced">
                     {format!("In force now: {effective_gate}, since {}: {reason}.", local_date_time(&since))}

@@ -24,7 +24,14 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
         let capacity = engine::queue::capacity::status(&ctx.pool).await?;
         let vitals = engine::queue::vitals::read(&ctx.pool).await?;
         let history = engine::queue::vitals::history(&ctx.pool, 60).await?;
+        let live = engine::queue::processes::live(&ctx.pool).await?;
         Ok(QueueStatus {
+            worker_slots: live.slots,
+            worker_processes: live.processes,
+            effective_concurrency: engine::queue::processes::effective_concurrency(
+                i64::from(capacity.effective_gate),
+                live,
+            ),
             processing_enabled: settings.processing_enabled,
             processing_changed_at: crate::model::time_text(settings.processing_changed_at),
             processing_changed_by: settings.processing_changed_by,

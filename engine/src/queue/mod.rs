@@ -10,6 +10,7 @@ mod enqueue;
 pub mod hooks;
 pub mod parts;
 pub mod policy;
+pub mod processes;
 pub mod rescue;
 pub mod retention;
 pub mod stages;

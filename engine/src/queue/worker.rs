@@ -46,7 +46,9 @@ where
 pub struct WorkerConfig {
     /// Names this process in leases and attempt rows.
     pub name: String,
-    /// Jobs this process runs at once (the global gate may allow fewer).
+    /// Worker slots: the most jobs this process runs at once. The global gate decides how many
+    /// run across all processes; these only bound this process's share (the default, 70, is
+    /// the gate's maximum, so one process follows any gate).
     pub concurrency: usize,
     pub lease: Duration,
     pub heartbeat: Duration,
@@ -64,7 +66,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             name: format!("worker-{}", std::process::id()),
-            concurrency: 24,
+            concurrency: 70,
             lease: Duration::from_secs(60),
             heartbeat: Duration::from_secs(15),
             poll_interval: Duration::from_secs(1),
@@ -167,6 +169,9 @@ impl WorkerPool {
         // Every sender is gone now: the completer writes what it holds and ends.
         if let Some(completer) = self.completer.take() {
             let _ = completer.await;
+        }
+        if let Err(e) = queue::processes::retire(&self.shared.pool, &self.shared.config.name).await {
+            tracing::warn!(error = %e, "could not retire this worker process");
         }
         let leftover: Vec<Uuid> = self.shared.running.lock().unwrap().drain().collect();
         let handed_back = match queue::hand_back(&self.shared.pool, &leftover).await {
@@ -418,6 +423,10 @@ async fn heartbeat(shared: Arc<Shared>) {
         let tokens: Vec<Uuid> = shared.running.lock().unwrap().iter().copied().collect();
         if let Err(e) = queue::heartbeat(&shared.pool, &tokens, shared.config.lease).await {
             tracing::warn!(error = %e, "heartbeat failed");
+        }
+        let (name, slots, beat) = (&shared.config.name, shared.config.concurrency, shared.config.heartbeat);
+        if let Err(e) = queue::processes::announce(&shared.pool, name, slots, beat).await {
+            tracing::warn!(error = %e, "could not announce this worker process");
         }
     }
 }
