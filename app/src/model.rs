@@ -337,6 +337,9 @@ pub struct CapacityInfo {
     pub days: u32,
     /// "all" first, then each preset.
     pub stats: Vec<sluice_types::capacity::AttemptStats>,
+    /// The provider timeout and attempt deadline (growing with a call's tokens).
+    #[serde(default)]
+    pub time_limits: sluice_types::capacity::TimeLimits,
 }
 
 /// The admin page's view of the queue.

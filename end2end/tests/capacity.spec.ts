@@ -25,6 +25,11 @@ test('the capacity planner sizes the gate from measured attempts, and other limi
     const row = card.locator('[data-preset="planner_probe"]');
     await expect(row).toContainText('10');
     await expect(row).toContainText('316.0 / 316.0 / 316.0');
+    // Seed 003: this server's provider timeout (5 s, plus 300 s per 100K tokens) is 392 s at
+    // 129K tokens, and 316 s is over half of it: the card warns.
+    await expect(card.getByTestId('timeout-warnings')).toContainText(
+      'p99 attempt 316 s is over half the provider timeout (392 s at 129000 tokens)',
+    );
     // Unlimited (this server sets no limits): nothing binds, nothing to recommend.
     await expect(row.getByTestId('at-p90')).toHaveText('unlimited');
 

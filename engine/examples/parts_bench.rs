@@ -67,6 +67,7 @@ async fn main() {
             model: "m".into(),
             max_tokens: 64,
             timeout: Duration::from_secs(30),
+            timeout_per_100k_tokens: Duration::ZERO,
         }),
         sandbox: Arc::new(SandboxConfig::new(extractor, Vec::new())),
         stages: queue::stages::StageLog::new(pool.clone()),

@@ -141,6 +141,7 @@ pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
         poll_interval: Duration::from_millis(200),
         shutdown_timeout: Duration::from_secs(5),
         attempt_deadline: Duration::from_secs(30),
+        deadline_per_100k_tokens: Duration::ZERO,
         policy: RetryPolicy {
             max_attempts: 3,
             delays: vec![Duration::from_millis(200), Duration::from_millis(400)],

@@ -80,6 +80,7 @@ fn workers(pool: &PgPool, docs: &Docs, fake: &FakeProvider, budget: Budget, conc
             model: "m".into(),
             max_tokens: 64,
             timeout: Duration::from_secs(5),
+            timeout_per_100k_tokens: Duration::ZERO,
         }),
         sandbox: Arc::new(SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new())),
         stages: queue::stages::StageLog::disabled(),

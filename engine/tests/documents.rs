@@ -60,7 +60,29 @@ fn provider(kind: ProviderKind, fake: &FakeProvider, timeout: Duration) -> Arc<d
         model: "test-model".into(),
         max_tokens: 256,
         timeout,
+        timeout_per_100k_tokens: Duration::ZERO,
     })
+}
+
+#[tokio::test]
+async fn a_calls_timeout_grows_with_its_tokens() {
+    let fake = FakeProvider::start().await;
+    let config = ProviderConfig {
+        kind: ProviderKind::Anthropic,
+        base_url: fake.base_url(),
+        api_key: Some("test-key".into()),
+        timeout: Duration::from_millis(800),
+        timeout_per_100k_tokens: Duration::from_secs(4),
+        ..Default::default()
+    };
+    assert_eq!(config.call_timeout(50_000), Duration::from_millis(2_800));
+    let provider = providers::build(&config);
+    // The provider takes 1.5 s: too long for a short text (0.8 s), in time for a 50K-token part.
+    fake.push([Reply::Hang { millis: 1_500 }, Reply::Hang { millis: 1_500 }]);
+    let short = task();
+    assert_eq!(provider.run(&short).await.unwrap_err().class, ErrorClass::Timeout);
+    let long = Task { text: "word ".repeat(40_000), ..task() };
+    assert!(provider.run(&long).await.is_ok(), "a long call is given longer");
 }
 
 #[tokio::test]

@@ -99,6 +99,7 @@ fn fake_config(fake: &FakeProvider) -> ProviderConfig {
         model: "m".into(),
         max_tokens: 64,
         timeout: Duration::from_secs(10),
+        timeout_per_100k_tokens: Duration::ZERO,
     }
 }
 

@@ -19,6 +19,7 @@ use engine::documents::Blobs;
 use engine::maintenance::MaintenanceConfig;
 use engine::queue::capacity::{CapacityConfig, ProviderLimits};
 use engine::queue::policy::retry::RetryPolicy;
+use engine::sizing::TimeLimits;
 use engine::queue::retention::Retention;
 use engine::queue::worker::WorkerConfig;
 use engine::sizing::PriceTable;
@@ -298,9 +299,13 @@ pub struct Config {
     /// The most output tokens to ask for.
     #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", default_value_t = 1024, global = true)]
     pub provider_max_tokens: u32,
-    /// Seconds before a provider call counts as timed out.
+    /// Seconds before a provider call counts as timed out (plus the allowance per 100K tokens).
     #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
     pub provider_timeout_secs: f64,
+    /// Seconds added to the provider timeout and the attempt deadline per 100K input tokens of
+    /// the call (a long part takes the model longer).
+    #[arg(long, env = "SLUICE_TIMEOUT_PER_100K_TOKENS_SECS", default_value_t = 300.0, global = true)]
+    pub timeout_per_100k_tokens_secs: f64,
     /// The provider's request limit per minute (unset: unlimited). Claims keep within it.
     #[arg(long, env = "SLUICE_PROVIDER_REQUESTS_PER_MIN", global = true)]
     pub provider_requests_per_min: Option<u64>,
@@ -403,6 +408,7 @@ impl Config {
             lease: Duration::from_secs_f64(self.lease_secs),
             heartbeat: Duration::from_secs_f64(self.heartbeat_secs),
             attempt_deadline: Duration::from_secs_f64(self.attempt_deadline_secs.max(1.0)),
+            deadline_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.max(0.0)),
             policy: self.retry_policy(),
             ..WorkerConfig::default()
         }
@@ -484,6 +490,7 @@ impl Config {
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),
             alert_webhook: self.alert_webhook_url.is_some(),
+            time_limits: self.time_limits(),
             presets: {
                 let provider = providers::build(&self.provider_config());
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
@@ -541,6 +548,16 @@ impl Config {
             model: self.provider_model.clone(),
             max_tokens: self.provider_max_tokens,
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
+            timeout_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.max(0.0)),
+        }
+    }
+
+    /// The provider timeout and the attempt deadline, growing with a call's tokens.
+    pub fn time_limits(&self) -> TimeLimits {
+        TimeLimits {
+            provider_secs: self.provider_timeout_secs.max(0.1),
+            attempt_secs: self.attempt_deadline_secs.max(1.0),
+            per_100k_tokens_secs: self.timeout_per_100k_tokens_secs.max(0.0),
         }
     }
 

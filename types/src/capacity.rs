@@ -199,6 +199,58 @@ pub struct AttemptStats {
     pub output_tokens: Percentiles,
 }
 
+/// How long one provider call and one whole attempt may take: a base each, plus the same
+/// allowance per 100K input tokens of the call (seed 003: the deadline must exceed the p99 of
+/// the work, model included, and a long call takes longer).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimeLimits {
+    pub provider_secs: f64,
+    pub attempt_secs: f64,
+    pub per_100k_tokens_secs: f64,
+}
+
+/// No call or attempt is given more than this, however long.
+pub const MAX_TIME_LIMIT_SECS: f64 = 2.0 * 3600.0;
+
+impl Default for TimeLimits {
+    fn default() -> Self {
+        TimeLimits { provider_secs: 120.0, attempt_secs: 600.0, per_100k_tokens_secs: 300.0 }
+    }
+}
+
+impl TimeLimits {
+    fn scaled(&self, base: f64, input_tokens: f64) -> f64 {
+        (base + self.per_100k_tokens_secs.max(0.0) * input_tokens.max(0.0) / 100_000.0).min(MAX_TIME_LIMIT_SECS)
+    }
+
+    /// Seconds a provider call carrying `input_tokens` may take.
+    pub fn provider_call_secs(&self, input_tokens: f64) -> f64 {
+        self.scaled(self.provider_secs, input_tokens)
+    }
+
+    /// Seconds an attempt whose call carries `input_tokens` may take in all.
+    pub fn attempt_secs(&self, input_tokens: f64) -> f64 {
+        self.scaled(self.attempt_secs, input_tokens)
+    }
+
+    /// What to warn an operator of, from measured attempts: their p99 duration over half the
+    /// provider timeout or the attempt deadline at their p99 size leaves too little room.
+    pub fn warnings(&self, stats: &AttemptStats) -> Vec<String> {
+        let (took, tokens) = (stats.duration_secs.p99, stats.input_tokens.p99);
+        let mut out = Vec::new();
+        for (what, limit) in
+            [("provider timeout", self.provider_call_secs(tokens)), ("attempt deadline", self.attempt_secs(tokens))]
+        {
+            if took > limit / 2.0 {
+                out.push(format!(
+                    "p99 attempt {took:.0} s is over half the {what} ({limit:.0} s at {tokens:.0} tokens): raise it, or the slowest calls will time out"
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// The safe concurrency at one sizing: one ceiling per limit that is set, and the lowest.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sizing {
@@ -328,6 +380,25 @@ mod tests {
             assert!(slots > last);
             last = slots;
         }
+    }
+
+    #[test]
+    fn time_limits_grow_with_the_tokens_and_warn_when_the_p99_nears_them() {
+        let limits = TimeLimits::default();
+        assert_eq!(limits.provider_call_secs(0.0), 120.0);
+        assert_eq!(limits.provider_call_secs(100_000.0), 420.0);
+        assert_eq!(limits.attempt_secs(200_000.0), 1_200.0);
+        assert_eq!(limits.provider_call_secs(1e12), MAX_TIME_LIMIT_SECS, "capped");
+        // At 129K tokens the provider timeout is 507 s and the deadline 987 s: a p99 of 200 s
+        // leaves both half free, one of 300 s not the timeout's, one of 500 s neither.
+        let fits = stats(p(316.0, 400.0, 200.0), p(1_000.0, 5_000.0, 129_000.0), p(1.0, 1.0, 1.0));
+        assert!(limits.warnings(&fits).is_empty());
+        let slow = stats(p(200.0, 250.0, 300.0), p(1_000.0, 5_000.0, 129_000.0), p(1.0, 1.0, 1.0));
+        let warnings = limits.warnings(&slow);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("provider timeout"));
+        let slower = stats(p(316.0, 400.0, 500.0), p(1_000.0, 5_000.0, 129_000.0), p(1.0, 1.0, 1.0));
+        assert_eq!(limits.warnings(&slower).len(), 2);
     }
 
     #[test]

@@ -106,6 +106,26 @@ fn stats_row(stats: &AttemptStats, limits: &ProviderLimits, gate: i32) -> impl I
     }
 }
 
+/// Seed 003: the deadline must exceed the slowest work. Warns, per preset, where the measured
+/// p99 attempt takes over half the provider timeout or the attempt deadline at its p99 size.
+fn timeout_warnings(info: &CapacityInfo) -> impl IntoView {
+    let warnings: Vec<_> = info
+        .stats
+        .iter()
+        .flat_map(|s| info.time_limits.warnings(s).into_iter().map(move |w| format!("{}: {w}.", preset_text(&s.preset))))
+        .map(|w| view! { <li>{w}</li> })
+        .collect();
+    let limits = info.time_limits;
+    let hint = format!(
+        "Timeouts: a provider call {:.0} s and an attempt {:.0} s, plus {:.0} s per 100K input tokens.",
+        limits.provider_secs, limits.attempt_secs, limits.per_100k_tokens_secs
+    );
+    view! {
+        <p class="hint" data-testid="time-limits">{hint}</p>
+        {(!warnings.is_empty()).then(|| view! { <ul class="warn-text" data-testid="timeout-warnings">{warnings}</ul> })}
+    }
+}
+
 /// The limits, the budget now, and the planner with "what if" limits.
 #[component]
 pub fn CapacityCard(admitted: Memo<Option<bool>>) -> impl IntoView {
@@ -170,6 +190,7 @@ pub fn CapacityCard(admitted: Memo<Option<bool>>) -> impl IntoView {
                         <tbody>{rows}</tbody>
                     </table>
                 </div>
+                {timeout_warnings(&info)}
                 <p class="hint">{format!(
                     "Safe slots: how many jobs may run at once before a limit runs out, each job the median \
                      (or 90th percentile) size held for the median duration; in brackets the limit that binds. \

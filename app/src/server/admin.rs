@@ -83,6 +83,7 @@ pub async fn capacity(days: u32) -> Result<CapacityInfo, AppError> {
             effective_gate: status.effective_gate,
             days,
             stats: engine::queue::capacity::attempt_stats(&ctx.pool, days).await?,
+            time_limits: ctx.settings.time_limits,
         })
     })
     .await

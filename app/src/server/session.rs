@@ -110,6 +110,8 @@ pub struct WebSettings {
     pub alert_webhook: bool,
     /// How often a session in use has its expiry pushed back (see [`session_user`]).
     pub session_renew_after: std::time::Duration,
+    /// The provider timeout and attempt deadline, for the capacity card's warnings.
+    pub time_limits: sluice_types::capacity::TimeLimits,
 }
 
 impl Default for WebSettings {
@@ -131,6 +133,7 @@ impl Default for WebSettings {
             webhook_policy: engine::webhooks::TargetPolicy::default(),
             alert_webhook: false,
             session_renew_after: std::time::Duration::from_secs(24 * 3600),
+            time_limits: Default::default(),
         }
     }
 }

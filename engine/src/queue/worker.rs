@@ -56,9 +56,11 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// How long shutdown waits for running jobs before handing them back.
     pub shutdown_timeout: Duration,
-    /// The longest one attempt may run; past it the attempt is abandoned as a transient
-    /// timeout and its slot freed, so nothing can hold a gate slot for ever.
+    /// The longest one attempt may run (plus `deadline_per_100k_tokens` for every 100K input
+    /// tokens its claim reserved); past it the attempt is abandoned as a transient timeout and
+    /// its slot freed, so nothing can hold a gate slot for ever.
     pub attempt_deadline: Duration,
+    pub deadline_per_100k_tokens: Duration,
     pub policy: RetryPolicy,
 }
 
@@ -72,6 +74,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
             attempt_deadline: Duration::from_secs(600),
+            deadline_per_100k_tokens: Duration::ZERO,
             policy: RetryPolicy::default(),
         }
     }
@@ -337,7 +340,12 @@ async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, J
 /// Run the processor within the attempt deadline. A processor past the deadline is dropped
 /// (a sandboxed child with it) and counts as a timeout; a panicking one as a server error.
 async fn run_within_deadline(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
-    let deadline = shared.config.attempt_deadline;
+    let limits = sluice_types::capacity::TimeLimits {
+        provider_secs: 0.0,
+        attempt_secs: shared.config.attempt_deadline.as_secs_f64(),
+        per_100k_tokens_secs: shared.config.deadline_per_100k_tokens.as_secs_f64(),
+    };
+    let deadline = Duration::from_secs_f64(limits.attempt_secs(job.est_input_tokens as f64));
     let attempt = AssertUnwindSafe(shared.processor.process(job.clone())).catch_unwind();
     let Ok(outcome) = tokio::time::timeout(deadline, attempt).await else {
         tracing::warn!(job = %job.id, ?deadline, "attempt abandoned at its deadline");

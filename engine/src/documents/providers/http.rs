@@ -71,6 +71,8 @@ fn transport_failure(e: &reqwest::Error) -> JobError {
     }
 }
 
+/// The client; each request sets its own timeout (growing with its tokens), and this one
+/// bounds whatever does not.
 fn client(timeout: Duration) -> reqwest::Client {
     // No retries here: the engine retries.
     reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client")
@@ -129,6 +131,7 @@ pub struct AnthropicProvider {
     api_key: String,
     model: String,
     max_tokens: u32,
+    config: ProviderConfig,
 }
 
 impl AnthropicProvider {
@@ -140,6 +143,7 @@ impl AnthropicProvider {
             api_key: config.api_key.clone().unwrap_or_default(),
             model: or_default(&config.model, "claude-sonnet-4-5"),
             max_tokens: config.max_tokens,
+            config: config.clone(),
         }
     }
 }
@@ -161,6 +165,7 @@ impl Provider for AnthropicProvider {
                 .post(&self.url)
                 .header("x-api-key", &self.api_key)
                 .header("anthropic-version", "2023-06-01")
+                .timeout(self.config.call_timeout(task.estimated_tokens()))
                 .json(&body);
             let (headers, json) = post(request).await?;
             let text = json["content"]
@@ -190,6 +195,7 @@ pub struct OpenAiProvider {
     api_key: Option<String>,
     model: String,
     max_tokens: u32,
+    config: ProviderConfig,
 }
 
 impl OpenAiProvider {
@@ -201,6 +207,7 @@ impl OpenAiProvider {
             api_key: config.api_key.clone(),
             model: or_default(&config.model, "gpt-4o-mini"),
             max_tokens: config.max_tokens,
+            config: config.clone(),
         }
     }
 }
@@ -217,7 +224,8 @@ impl Provider for OpenAiProvider {
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
             let body = chat_body(&self.model, self.max_tokens, task);
-            let mut request = self.client.post(&self.url).json(&body);
+            let mut request =
+                self.client.post(&self.url).timeout(self.config.call_timeout(task.estimated_tokens())).json(&body);
             if let Some(key) = &self.api_key {
                 request = request.bearer_auth(key);
             }

@@ -42,6 +42,18 @@ pub struct PartOf {
     pub overlap: String,
 }
 
+impl ProviderConfig {
+    /// The timeout of a call carrying `input_tokens`.
+    pub fn call_timeout(&self, input_tokens: i64) -> Duration {
+        let limits = sluice_types::capacity::TimeLimits {
+            provider_secs: self.timeout.as_secs_f64(),
+            attempt_secs: 0.0,
+            per_100k_tokens_secs: self.timeout_per_100k_tokens.as_secs_f64(),
+        };
+        Duration::from_secs_f64(limits.provider_call_secs(input_tokens as f64))
+    }
+}
+
 impl Task {
     /// The request's input tokens as estimated before the call: its whole prompt, about four
     /// characters a token.
@@ -93,7 +105,10 @@ pub struct ProviderConfig {
     pub api_key: Option<String>,
     pub model: String,
     pub max_tokens: u32,
+    /// A call's timeout: this, plus `timeout_per_100k_tokens` for every 100K input tokens it
+    /// carries (a long part takes the model longer).
     pub timeout: Duration,
+    pub timeout_per_100k_tokens: Duration,
 }
 
 impl std::fmt::Debug for ProviderConfig {
@@ -105,6 +120,7 @@ impl std::fmt::Debug for ProviderConfig {
             .field("model", &self.model)
             .field("max_tokens", &self.max_tokens)
             .field("timeout", &self.timeout)
+            .field("timeout_per_100k_tokens", &self.timeout_per_100k_tokens)
             .finish()
     }
 }
@@ -118,6 +134,7 @@ impl Default for ProviderConfig {
             model: String::new(),
             max_tokens: 1024,
             timeout: Duration::from_secs(120),
+            timeout_per_100k_tokens: Duration::ZERO,
         }
     }
 }
