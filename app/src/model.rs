@@ -91,6 +91,9 @@ pub struct PartsProgress {
     pub total: i32,
     /// Every part is done and their answers are being combined (a summary of the summaries).
     pub combining: bool,
+    /// Seconds the rest should take, at the pace of the parts done so far.
+    #[serde(default)]
+    pub left_secs: Option<i64>,
 }
 
 impl PartsProgress {
@@ -238,10 +241,15 @@ mod convert {
                 cancel_requested: j.cancel_requested_at.is_some() && !j.state.is_terminal(),
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
-                parts: j.parts_total.map(|total| PartsProgress {
-                    done: j.parts_done,
-                    total,
-                    combining: j.parts_stage.as_deref() == Some("combining"),
+                parts: j.parts_total.map(|total| {
+                    let combining = j.parts_stage.as_deref() == Some("combining");
+                    let combines = text("/preset").as_deref() != Some("translate") && !combining;
+                    let elapsed = j.started_at.map(|s| (Utc::now() - s).to_std().unwrap_or_default());
+                    let left = elapsed.filter(|_| !j.state.is_terminal()).and_then(|elapsed| {
+                        let (done, total) = (j.parts_done.max(0) as u32, total.max(0) as u32);
+                        engine::queue::policy::position::parts_left(done, total, elapsed, combines)
+                    });
+                    PartsProgress { done: j.parts_done, total, combining, left_secs: left.map(|d| d.as_secs() as i64) }
                 }),
             }
         }

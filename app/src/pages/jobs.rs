@@ -101,7 +101,10 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
     let stage = job.stage.map(|s| s.as_str());
     // A long document: which part it is at, with a bar (failed and canceled jobs say why instead).
     let parts = job.parts.filter(|_| !matches!(state, JobState::Failed | JobState::Canceled)).map(|p| {
-        let words = p.words(job.preset, state);
+        let mut words = p.words(job.preset, state);
+        if let Some(left) = p.left_secs.filter(|_| !state.is_terminal()) {
+            words.push_str(&format!(", about {} left", duration_text(left)));
+        }
         view! {
             <span class="parts" data-parts-done=p.done data-parts-total=p.total>
                 <progress max=p.total value=p.done aria-label=words.clone()></progress>

@@ -56,16 +56,19 @@ struct LineLoad {
 impl LineLoad {
     async fn read(pool: &PgPool) -> Result<LineLoad> {
         let settings = super::switches::read(pool).await?;
-        let running: Vec<(i64, i64)> =
-            sqlx::query_as("SELECT owner_id, count(*) FROM jobs WHERE state = 'running' GROUP BY owner_id")
-                .fetch_all(pool)
-                .await?;
+        // Each owner's running jobs and their token weight (the claim's fairness weighs tokens).
+        let running: Vec<(i64, i64, i64)> = sqlx::query_as(
+            "SELECT owner_id, count(*), sum(sluice_token_weight(est_input_tokens))::int8
+             FROM jobs WHERE state = 'running' GROUP BY owner_id",
+        )
+        .fetch_all(pool)
+        .await?;
         let finished: i64 =
             sqlx::query_scalar("SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes'")
                 .fetch_one(pool)
                 .await?;
-        let running: HashMap<i64, u64> = running.into_iter().map(|(o, n)| (o, n as u64)).collect();
-        let running_total: u64 = running.values().sum();
+        let running_total: u64 = running.iter().map(|(_, n, _)| *n as u64).sum();
+        let running: HashMap<i64, u64> = running.into_iter().map(|(o, _, weight)| (o, weight as u64)).collect();
         let free_slots = if settings.processing_enabled {
             (settings.gate_size.max(0) as u64).saturating_sub(running_total)
         } else {

@@ -1,7 +1,8 @@
 //! A waiting job's place in line and its estimated start (pure).
 //!
 //! The claim function (`sluice_claim`) scores each owner's due jobs as "the owner's running jobs
-//! plus the job's rank among the owner's due jobs" and claims the lowest scores first. So a job
+//! (each weighed by its tokens: one per started 25,000) plus the job's rank among the owner's
+//! due jobs" and claims the lowest scores first; `running` below is that weight. So a job
 //! with score S waits behind every other owner's jobs scoring at most S, plus its owner's own
 //! earlier jobs. Ties go to the other owner here (a conservative estimate; the database breaks
 //! them by due time). It assumes the jobs running now keep running while those ahead are
@@ -41,10 +42,29 @@ pub fn estimated_start(ahead: u64, free_slots: u64, finishing_per_sec: f64) -> O
     Some(Duration::from_secs_f64(must_finish / finishing_per_sec))
 }
 
+/// How long a job done in parts still needs: its remaining parts at the pace of those done
+/// so far (`elapsed` since its first part started), plus one more step to combine them when
+/// `combines` (a summary of the summaries). `None` before a part is done (no pace yet).
+pub fn parts_left(done: u32, total: u32, elapsed: Duration, combines: bool) -> Option<Duration> {
+    if done == 0 || total == 0 {
+        return None;
+    }
+    let steps_left = total.saturating_sub(done) + u32::from(combines);
+    Some(elapsed.mul_f64(f64::from(steps_left) / f64::from(done)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_parts_left_take_the_pace_of_the_parts_done() {
+        assert_eq!(parts_left(0, 7, Duration::from_secs(30), true), None, "no pace yet");
+        assert_eq!(parts_left(2, 7, Duration::from_secs(60), false), Some(Duration::from_secs(150)));
+        assert_eq!(parts_left(2, 7, Duration::from_secs(60), true), Some(Duration::from_secs(180)));
+        assert_eq!(parts_left(7, 7, Duration::from_secs(60), false), Some(Duration::ZERO));
+    }
 
     #[test]
     fn alone_in_the_queue_the_rank_is_the_place() {
