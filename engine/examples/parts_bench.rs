@@ -49,7 +49,8 @@ async fn main() {
 
     // About four characters a token, in paragraphs of a few sentences.
     let paragraph = "The supplier delivers the goods named in schedule A by the agreed date. Payment follows within thirty days of delivery. ";
-    let text: String = paragraph.repeat(DOCUMENT_TOKENS * 4 / paragraph.len() + 1).chars().take(DOCUMENT_TOKENS * 4).collect();
+    let text: String =
+        paragraph.repeat(DOCUMENT_TOKENS * 4 / paragraph.len() + 1).chars().take(DOCUMENT_TOKENS * 4).collect();
     let text = text.replace("delivery. The", "delivery.\n\nThe");
     let key = Blobs::new_key();
     blobs.put(&key, text.clone().into_bytes().into()).await.unwrap();

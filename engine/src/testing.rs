@@ -152,6 +152,27 @@ pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
     }
 }
 
+/// Blob storage in a fresh temporary folder, removed when dropped.
+pub struct TempBlobs {
+    pub blobs: crate::documents::Blobs,
+    pub dir: std::path::PathBuf,
+}
+
+impl TempBlobs {
+    /// A fresh folder named after `name` and this process.
+    pub fn new(name: &str) -> TempBlobs {
+        let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        TempBlobs { blobs: crate::documents::Blobs::local(&dir).expect("a blob folder"), dir }
+    }
+}
+
+impl Drop for TempBlobs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A real one-page PDF whose text layer holds `lines` (Helvetica), made with lopdf.
 pub fn pdf_with_text(lines: &[&str]) -> Vec<u8> {
     let mut ops = vec!["BT".to_string(), "/F1 12 Tf".into(), "72 720 Td".into(), "14 TL".into()];

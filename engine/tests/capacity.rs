@@ -15,7 +15,7 @@ use engine::queue::hooks::NoHooks;
 use engine::queue::worker::WorkerPool;
 use engine::queue::{self, switches, JobState, NewJob};
 use engine::sizing::{estimate_input_tokens, SizeKind};
-use engine::testing::{enqueue_many, fast_worker, wait_for};
+use engine::testing::{enqueue_many, fast_worker, wait_for, TempBlobs};
 use fakeprovider::{FakeProvider, LimitReport, Reply};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -25,25 +25,13 @@ use uuid::Uuid;
 const INPUT_TOKENS_PER_MIN: u64 = 720_000;
 const BURST: Duration = Duration::from_millis(500);
 
-struct Docs {
-    blobs: Blobs,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Docs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn docs(name: &str) -> Docs {
-    let dir = std::env::temp_dir().join(format!("sluice-capacity-{name}-{}", std::process::id()));
-    Docs { blobs: Blobs::local(&dir).unwrap(), dir }
+fn docs(name: &str) -> TempBlobs {
+    TempBlobs::new(&format!("capacity-{name}"))
 }
 
 /// `n` text documents of mixed sizes (300 B to 4 KB, a fixed pseudo-random mix), each a job
 /// whose estimate is what upload would have given it. Returns the ids and the total bytes.
-async fn enqueue_documents(pool: &PgPool, docs: &Docs, owner: i64, n: usize) -> (Vec<Uuid>, u64) {
+async fn enqueue_documents(pool: &PgPool, docs: &TempBlobs, owner: i64, n: usize) -> (Vec<Uuid>, u64) {
     let mut seed: u64 = 0x5eed;
     let mut ids = Vec::new();
     let mut total = 0;
@@ -70,7 +58,7 @@ async fn enqueue_documents(pool: &PgPool, docs: &Docs, owner: i64, n: usize) -> 
     (ids, total)
 }
 
-fn workers(pool: &PgPool, docs: &Docs, fake: &FakeProvider, budget: Budget, concurrency: usize) -> WorkerPool {
+fn workers(pool: &PgPool, docs: &TempBlobs, fake: &FakeProvider, budget: Budget, concurrency: usize) -> WorkerPool {
     let processor = DocumentProcessor {
         blobs: docs.blobs.clone(),
         provider: providers::build(&ProviderConfig {

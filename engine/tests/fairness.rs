@@ -75,7 +75,13 @@ async fn the_claim_takes_the_fairest_jobs_on_random_lines(pool: PgPool) {
                 // Small documents mostly, and some parts of long ones (up to 200K tokens).
                 let est_input_tokens =
                     if rng.random_bool(0.3) { rng.random_range(25_000..200_000) } else { rng.random_range(0..25_000) };
-                let opts = JobOpts { owner_id: owner, state, run_at_ago: Some(run_at_ago), est_input_tokens, ..Default::default() };
+                let opts = JobOpts {
+                    owner_id: owner,
+                    state,
+                    run_at_ago: Some(run_at_ago),
+                    est_input_tokens,
+                    ..Default::default()
+                };
                 job(&pool, &opts).await;
             }
         }
@@ -108,10 +114,18 @@ async fn owners_are_weighed_by_the_tokens_they_have_running_not_by_their_jobs(po
     job(&pool, &running(1, 100_000)).await;
     job(&pool, &running(2, 2_000)).await;
     job(&pool, &running(2, 2_000)).await;
-    let a_next = job(&pool, &JobOpts { owner_id: 1, run_at_ago: Some(60.0), est_input_tokens: 100_000, ..Default::default() }).await;
-    let b_next = job(&pool, &JobOpts { owner_id: 2, run_at_ago: Some(1.0), est_input_tokens: 2_000, ..Default::default() }).await;
+    let a_next =
+        job(&pool, &JobOpts { owner_id: 1, run_at_ago: Some(60.0), est_input_tokens: 100_000, ..Default::default() })
+            .await;
+    let b_next =
+        job(&pool, &JobOpts { owner_id: 2, run_at_ago: Some(1.0), est_input_tokens: 2_000, ..Default::default() })
+            .await;
     let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![b_next], "the owner with fewer tokens running goes first");
+    assert_eq!(
+        claimed.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![b_next],
+        "the owner with fewer tokens running goes first"
+    );
     let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![a_next]);
 }

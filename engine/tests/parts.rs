@@ -15,27 +15,14 @@ use engine::queue::capacity::{self, Budget, CapacityConfig, ProviderLimits};
 use engine::queue::parts::PartStore;
 use engine::queue::worker::{work_once, WorkerPool};
 use engine::queue::{self, JobState};
-use engine::testing::{fast_worker, wait_for, wider_pool};
+use engine::testing::{fast_worker, wait_for, wider_pool, TempBlobs};
 use fakeprovider::{FakeProvider, Reply};
 use sluice_types::capacity::PriceTable;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-struct Docs {
-    blobs: Blobs,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Docs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn docs(name: &str) -> Docs {
-    let dir = std::env::temp_dir().join(format!("sluice-parts-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    Docs { blobs: Blobs::local(&dir).unwrap(), dir }
+fn docs(name: &str) -> TempBlobs {
+    TempBlobs::new(&format!("parts-{name}"))
 }
 
 /// A report of `paragraphs` paragraphs of a few sentences each, every one numbered.
@@ -53,10 +40,11 @@ fn report(paragraphs: usize) -> String {
 
 /// Admit `text` for `user` as a document job with `preset`, priced by the default table; the
 /// job's first claim reserves at most `call_tokens`.
-async fn submit(pool: &PgPool, docs: &Docs, user: i64, text: &str, preset: &str, call_tokens: u64) -> Uuid {
+async fn submit(pool: &PgPool, docs: &TempBlobs, user: i64, text: &str, preset: &str, call_tokens: u64) -> Uuid {
     let key = Blobs::new_key();
     docs.blobs.put(&key, text.as_bytes().to_vec().into()).await.unwrap();
-    let tokens = sluice_types::capacity::estimate_input_tokens(sluice_types::capacity::SizeKind::Text, text.len() as u64);
+    let tokens =
+        sluice_types::capacity::estimate_input_tokens(sluice_types::capacity::SizeKind::Text, text.len() as u64);
     let payload = serde_json::json!({
         "document": { "key": key, "type": "plain_text", "sha256": key, "size": text.len(), "name": "report.txt" },
         "preset": preset,
@@ -78,7 +66,13 @@ async fn submit(pool: &PgPool, docs: &Docs, user: i64, text: &str, preset: &str,
     }
 }
 
-fn processor(pool: &PgPool, docs: &Docs, provider: ProviderConfig, context: u64, budget: Budget) -> DocumentProcessor {
+fn processor(
+    pool: &PgPool,
+    docs: &TempBlobs,
+    provider: ProviderConfig,
+    context: u64,
+    budget: Budget,
+) -> DocumentProcessor {
     DocumentProcessor {
         blobs: docs.blobs.clone(),
         provider: providers::build(&provider),
@@ -213,8 +207,11 @@ async fn a_part_that_fails_three_times_fails_the_job_with_one_refund_and_a_notic
     let notices = notices::list(&pool, user.id, 10).await.unwrap();
     assert_eq!(notices.len(), 1);
     assert!(notices[0].message.contains("part 2 of"), "{:?}", notices[0]);
-    let balance: i64 =
-        sqlx::query_scalar("SELECT balance::int8 FROM users WHERE id = $1").bind(user.id).fetch_one(&pool).await.unwrap();
+    let balance: i64 = sqlx::query_scalar("SELECT balance::int8 FROM users WHERE id = $1")
+        .bind(user.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(balance, 20);
 }
 
@@ -278,12 +275,20 @@ fn seed_000_tokens(q: f64) -> u64 {
         let t = 1.0 / (1.0 + 0.2316419 * z.abs());
         let d = 0.398_942_3 * (-z * z / 2.0).exp();
         let p = d * t * (0.319_381_5 + t * (-0.356_563_8 + t * (1.781_478 + t * (-1.821_256 + t * 1.330_274))));
-        if z >= 0.0 { 1.0 - p } else { p }
+        if z >= 0.0 {
+            1.0 - p
+        } else {
+            p
+        }
     };
     let (mut lo, mut hi) = (-8.0, 8.0);
     for _ in 0..80 {
         let mid = (lo + hi) / 2.0;
-        if cdf(mid) < q { lo = mid } else { hi = mid }
+        if cdf(mid) < q {
+            lo = mid
+        } else {
+            hi = mid
+        }
     }
     let (z90, z99) = (1.281_551_6, 2.326_347_9);
     let sigma = ((492_000f64).ln() - (129_000f64).ln()) / (z99 - z90);
@@ -312,16 +317,20 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
     sizes.push(seed_000_tokens(0.99));
     assert!((20_000..32_000).contains(&seed_000_tokens(0.5)) && (480_000..500_000).contains(&sizes[20]), "{sizes:?}");
     let ceiling = 2_000_000;
-    let admission = AdmissionConfig { max_document_tokens: Some(ceiling), max_call_tokens: Some(100_000), ..Default::default() };
+    let admission =
+        AdmissionConfig { max_document_tokens: Some(ceiling), max_call_tokens: Some(100_000), ..Default::default() };
     let mut users_ = Vec::new();
     for u in 0..5 {
-        users_.push(users::create_user(&pool, &format!("c{u}@example.com"), "password123", Role::User, 1_000).await.unwrap());
+        users_.push(
+            users::create_user(&pool, &format!("c{u}@example.com"), "password123", Role::User, 1_000).await.unwrap(),
+        );
     }
     let mut ids = Vec::new();
     for (i, tokens) in sizes.iter().enumerate() {
         let text: String = report(tokens.div_ceil(35) as usize).chars().take(*tokens as usize * 4).collect();
         // The upload check passes every one of them (the ceiling is far above seed 000's p99).
-        let mut check = engine::documents::intake::UploadCheck::new(Some("doc.txt"), 50 << 20).with_ceiling(Some(ceiling));
+        let mut check =
+            engine::documents::intake::UploadCheck::new(Some("doc.txt"), 50 << 20).with_ceiling(Some(ceiling));
         for chunk in text.as_bytes().chunks(64 * 1024) {
             check.push(chunk).unwrap();
         }
@@ -335,7 +344,8 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
     assert!(matches!(refused, Err(engine::error::EngineError::TooManyTokens { max_tokens: 2_000_000 })), "{refused:?}");
 
     let processor = processor(&pool, &docs, fake_config(&fake), 100_000, Budget::new(pool.clone(), &config));
-    let workers = WorkerPool::start(pool.clone(), fast_worker("corpus", 24), Arc::new(processor), Arc::new(AccountHooks));
+    let workers =
+        WorkerPool::start(pool.clone(), fast_worker("corpus", 24), Arc::new(processor), Arc::new(AccountHooks));
     let ended = wait_for(Duration::from_secs(120), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE id = ANY($1) AND state NOT IN ('done', 'failed')")
             .bind(&ids)
@@ -364,5 +374,9 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
     assert!(rows.iter().all(|(state, ..)| state == "done"), "the fake never fails: all done");
     let in_parts = rows.iter().filter(|(_, parts, ..)| parts.is_some()).count();
     assert!(in_parts >= 2, "the heavy tail ({in_parts} documents) was done in parts");
-    assert!(fake.limit_report().refused <= 2, "the budget kept the calls under the limit: {} refused", fake.limit_report().refused);
+    assert!(
+        fake.limit_report().refused <= 2,
+        "the budget kept the calls under the limit: {} refused",
+        fake.limit_report().refused
+    );
 }

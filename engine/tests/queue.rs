@@ -724,10 +724,8 @@ async fn worker_slots_follow_the_gate_on_one_process_and_are_counted_alive(pool:
     let config = WorkerConfig { concurrency: WorkerConfig::default().concurrency, ..fast_worker("slots", 0) };
     assert_eq!(config.concurrency, 70);
     let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
-    let forty_running = wait_for(Duration::from_secs(10), || async {
-        count_in_state(&pool, JobState::Running).await == 40
-    })
-    .await;
+    let forty_running =
+        wait_for(Duration::from_secs(10), || async { count_in_state(&pool, JobState::Running).await == 40 }).await;
     assert!(forty_running, "the gate of 40 is used in full by one process");
     let live = queue::processes::live(&pool).await.unwrap();
     assert_eq!((live.processes, live.slots), (1, 70));

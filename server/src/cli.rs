@@ -19,10 +19,10 @@ use engine::documents::Blobs;
 use engine::maintenance::MaintenanceConfig;
 use engine::queue::capacity::{CapacityConfig, ProviderLimits};
 use engine::queue::policy::retry::RetryPolicy;
-use engine::sizing::TimeLimits;
 use engine::queue::retention::Retention;
 use engine::queue::worker::WorkerConfig;
 use engine::sizing::PriceTable;
+use engine::sizing::TimeLimits;
 use engine::webhooks::{DeliveryConfig, TargetPolicy};
 
 /// Sluice: documents through slow AI providers, behind a durable queue.

@@ -1,10 +1,13 @@
 //! Process roles: two `server web` processes and one `server worker` on one Postgres. Uploads
 //! through either web process are worked off by the worker process; the kill switch, flipped
 //! from the command line, holds across all of them; the operator commands read and change the
-//! queue.
+//! queue; a worker killed mid-document never redoes a finished part.
 
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
+
+use fakeprovider::{FakeProvider, Reply};
+use sqlx::PgPool;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -16,6 +19,14 @@ struct Process {
     port: u16,
     /// Its separate `/metrics` address.
     metrics_port: u16,
+}
+
+impl Process {
+    /// As a crash would: no graceful shutdown, no hand-back.
+    fn kill_9(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Process {
@@ -30,6 +41,18 @@ fn start(role: &str, url: &str, data: &std::path::Path) -> Process {
 }
 
 fn start_logging(role: &str, url: &str, data: &std::path::Path, log: &str, stdout: std::process::Stdio) -> Process {
+    start_with(role, url, data, log, stdout, &[])
+}
+
+/// A server process with these environment variables set besides the usual ones.
+fn start_with(
+    role: &str,
+    url: &str,
+    data: &std::path::Path,
+    log: &str,
+    stdout: std::process::Stdio,
+    env: &[(&str, &str)],
+) -> Process {
     let (port, metrics_port) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_server"))
         .arg(role)
@@ -40,6 +63,7 @@ fn start_logging(role: &str, url: &str, data: &std::path::Path, log: &str, stdou
         .env("SLUICE_WORKERS", "2")
         .env("SLUICE_LOG", log)
         .env("SLUICE_LOG_FORMAT", "json")
+        .envs(env.iter().copied())
         .stdout(stdout)
         .spawn()
         .expect("start the server");
@@ -196,5 +220,121 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
     let alerts = stdout(&operator(&url, &data, &["alerts"]));
     assert!(alerts.contains("nothing is firing") || alerts.contains("reconciliation_drift"), "{alerts}");
     pool.close().await;
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+async fn wait_until(timeout: Duration, pool: &PgPool, sql: &str) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if sqlx::query_scalar::<_, bool>(sql).fetch_one(pool).await.unwrap_or(false) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// A worker process killed (-9) in the middle of a long document: the parts it finished are
+/// never done again; another worker takes the job from the part that was running, and the
+/// job ends done with one debit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_document_never_redoes_a_finished_part() {
+    let cluster =
+        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-parts-crash")).await.unwrap().unwrap();
+    cluster.cluster.create_database("sluice").unwrap();
+    let url = cluster.cluster.url("sluice");
+    let data = std::env::temp_dir().join(format!("sluice-parts-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&data).unwrap();
+    let fake = FakeProvider::start().await;
+    // Every call takes 400 ms, so the kill lands while a part is with the provider.
+    fake.push((0..200).map(|_| Reply::Hang { millis: 400 }));
+
+    let provider = fake.base_url();
+    let env = [
+        ("SLUICE_WORKERS", "4"),
+        ("SLUICE_LEASE_SECS", "2"),
+        ("SLUICE_HEARTBEAT_SECS", "0.5"),
+        ("SLUICE_RETRY_DELAYS", "1,1"),
+        ("SLUICE_PROVIDER", "anthropic"),
+        ("SLUICE_PROVIDER_URL", provider.as_str()),
+        ("SLUICE_PROVIDER_API_KEY", "crash-test-key"),
+        ("SLUICE_PROVIDER_CONTEXT_TOKENS", "1000"),
+    ];
+    let start = |role| start_with(role, &url, &data, "warn", std::process::Stdio::inherit(), &env);
+    let web = start("web");
+    let mut first_worker = start("worker");
+    healthy(web.port).await;
+    healthy(first_worker.port).await;
+    let pool = PgPool::connect(&url).await.unwrap();
+
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let signed_up = browser
+        .post(format!("http://127.0.0.1:{}/api/sign_up", web.port))
+        .form(&[("email", "crash@example.com"), ("password", "a long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_up.status(), 200);
+    let text: String = (1..=400)
+        .map(|i| format!("Section {i} sets out the terms. Each party keeps its copy of section {i}.\n\n"))
+        .collect();
+    let form = reqwest::multipart::Form::new()
+        .part("file", reqwest::multipart::Part::bytes(text.into_bytes()).file_name("contract.txt"))
+        .text("preset", "summarize");
+    let accepted =
+        browser.post(format!("http://127.0.0.1:{}/api/v1/jobs", web.port)).multipart(form).send().await.unwrap();
+    assert_eq!(accepted.status(), 202);
+    let id: uuid::Uuid = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+
+    // Kill the worker once three parts are done and the fourth is with the provider.
+    let three_done = format!(
+        "SELECT parts_done >= 3 AND parts_stage = 'parts' AND state = 'running' AND stage = 'waiting_for_provider' FROM jobs WHERE id = '{id}'"
+    );
+    assert!(wait_until(Duration::from_secs(60), &pool, &three_done).await, "three parts done");
+    first_worker.kill_9();
+    let finished_before: Vec<(i32, uuid::Uuid)> = sqlx::query_as(
+        "SELECT idx, attempt_id FROM job_parts WHERE job_id = $1 AND level = 0 AND output IS NOT NULL ORDER BY idx",
+    )
+    .bind(id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let total: i32 =
+        sqlx::query_scalar("SELECT parts_total FROM jobs WHERE id = $1").bind(id).fetch_one(&pool).await.unwrap();
+    assert!(finished_before.len() >= 3 && (finished_before.len() as i32) < total, "{finished_before:?} of {total}");
+
+    let _second_worker = start("worker");
+    let done = format!("SELECT state = 'done' FROM jobs WHERE id = '{id}'");
+    assert!(wait_until(Duration::from_secs(90), &pool, &done).await, "another worker finishes the job");
+
+    // The parts finished before the kill kept their output from the first worker's attempts.
+    let after: Vec<(i32, uuid::Uuid)> = sqlx::query_as(
+        "SELECT idx, attempt_id FROM job_parts WHERE job_id = $1 AND level = 0 AND idx = ANY($2) ORDER BY idx",
+    )
+    .bind(id)
+    .bind(finished_before.iter().map(|(i, _)| *i).collect::<Vec<_>>())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(after, finished_before);
+    // One successful attempt per part and per combining step (and one writing the result);
+    // the provider saw each part once, but for the one the kill interrupted.
+    let (parts, succeeded): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM job_parts WHERE job_id = $1),
+                (SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome = 'succeeded')",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(succeeded, parts + 1);
+    assert!(fake.calls() as i64 <= parts + 1, "{} provider calls for {parts} parts", fake.calls());
+    let ledger: Vec<(String, i64)> = sqlx::query_as("SELECT kind, amount::int8 FROM ledger WHERE job_id = $1")
+        .bind(id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ledger.len(), 1, "one debit, no refund: {ledger:?}");
     let _ = std::fs::remove_dir_all(&data);
 }

@@ -112,7 +112,9 @@ fn timeout_warnings(info: &CapacityInfo) -> impl IntoView {
     let warnings: Vec<_> = info
         .stats
         .iter()
-        .flat_map(|s| info.time_limits.warnings(s).into_iter().map(move |w| format!("{}: {w}.", preset_text(&s.preset))))
+        .flat_map(|s| {
+            info.time_limits.warnings(s).into_iter().map(move |w| format!("{}: {w}.", preset_text(&s.preset)))
+        })
         .map(|w| view! { <li>{w}</li> })
         .collect();
     let limits = info.time_limits;

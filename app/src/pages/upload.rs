@@ -103,7 +103,10 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
             let pdf = size_text(max_bytes_for_context(SizeKind::Pdf, tier.up_to_tokens));
             match i {
                 _ if i + 1 == tiers.len() => {
-                    format!("{credits} up to {text} ({pdf}), and {} more for each {text} ({pdf}) after that", tier.credits)
+                    format!(
+                        "{credits} up to {text} ({pdf}), and {} more for each {text} ({pdf}) after that",
+                        tier.credits
+                    )
                 }
                 0 => format!("{credits} up to {text} of text ({pdf} as PDF)"),
                 _ => format!("{credits} up to {text} ({pdf})"),

@@ -166,7 +166,10 @@ where
         }
     }
     let form = paced_multipart(headers, body)?;
-    let limits = FileLimits { max_bytes: settings.max_upload_bytes, max_document_tokens: settings.admission.max_document_tokens };
+    let limits = FileLimits {
+        max_bytes: settings.max_upload_bytes,
+        max_document_tokens: settings.admission.max_document_tokens,
+    };
     let reading = read_form(form, &ctx.blobs, limits, &settings.presets, settings.upload_idle);
     let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
         .await
@@ -397,7 +400,8 @@ async fn read_form(
                 Some("file") if stored.is_none() => {
                     let name = field.file_name().map(str::to_string);
                     let chunks = with_idle_timeout(field, idle);
-                    let check = UploadCheck::new(name.as_deref(), limits.max_bytes).with_ceiling(limits.max_document_tokens);
+                    let check =
+                        UploadCheck::new(name.as_deref(), limits.max_bytes).with_ceiling(limits.max_document_tokens);
                     stored = Some(gate.reading(intake::receive(blobs, check, chunks)).await?);
                 }
                 Some("file") => return Err(AppError::invalid("send one file per upload")),

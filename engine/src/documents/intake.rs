@@ -70,7 +70,9 @@ impl UploadCheck {
 
     /// `TooManyTokens` once a text is past the document ceiling.
     fn check_context(&self) -> Result<()> {
-        let (Some(ceiling), Some(kind)) = (self.max_document_tokens, self.doc_type.map(size_kind)) else { return Ok(()) };
+        let (Some(ceiling), Some(kind)) = (self.max_document_tokens, self.doc_type.map(size_kind)) else {
+            return Ok(());
+        };
         if self.size > capacity::max_bytes_for_context(kind, ceiling) && kind == SizeKind::Text {
             return Err(EngineError::TooManyTokens { max_tokens: ceiling });
         }

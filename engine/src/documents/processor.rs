@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use super::blobs::Blobs;
 use super::providers::{PartOf, Provider, ProviderOutput, Task};
-use super::split;
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
+use super::split;
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
 use crate::queue::parts::{NewPart, PartDone, PartStore, PendingPart, Progress};
@@ -114,7 +114,12 @@ impl DocumentProcessor {
 
     /// The first claim: read the document; do it in one call if it fits, else split it and
     /// do its first part.
-    async fn read_document(&self, job: &ClaimedJob, spec: &DocumentJob, held: &mut Held) -> Result<JobOutput, JobError> {
+    async fn read_document(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
         self.stages.enter(job, JobStage::Reading, None).await?;
         let bytes = self.blobs.get(&spec.document.key).await.map_err(|e| match e {
             EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
@@ -204,7 +209,8 @@ impl DocumentProcessor {
         } else {
             format!("combining the parts ({} of {})", of.number, of.count)
         };
-        let task = Task { preset: spec.preset, language: spec.language.clone(), text: part.body, pages: None, part: Some(of) };
+        let task =
+            Task { preset: spec.preset, language: spec.language.clone(), text: part.body, pages: None, part: Some(of) };
         let estimated = task.estimated_tokens();
         let output = self.call(job, &task, estimated, held).await.map_err(|mut e| {
             e.message = format!("{where_}: {}", e.message);

@@ -147,10 +147,8 @@ pub async fn complete_many(
     let tokens: Vec<Uuid> = items.iter().map(|(j, _)| j.lease_token).collect();
     let (steps, finals): (Vec<_>, Vec<_>) = items.iter().copied().partition(|(_, o)| o.part.is_some());
     let mut tx = pool.begin().await?;
-    let steps: Vec<_> = steps
-        .iter()
-        .filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens)))
-        .collect();
+    let steps: Vec<_> =
+        steps.iter().filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens))).collect();
     let continued: HashSet<Uuid> = parts::store_and_requeue(&mut tx, &steps).await?.into_iter().collect();
     let done = write_results(&mut tx, &finals).await?;
     let mut written = HashSet::with_capacity(done.len());
