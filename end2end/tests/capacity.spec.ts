@@ -20,6 +20,15 @@ test('the capacity planner sizes the gate from measured attempts, and other limi
     const admin = await newPage(browser);
     await logInAsAdmin(admin);
     await open(admin, '/admin');
+    // The gate beside the worker slots alive: the suite's one server process has the default
+    // 70 slots, so the gate in force decides how many run.
+    const concurrency = admin.getByTestId('concurrency');
+    await expect(concurrency.getByTestId('worker-slots')).toHaveText('70 in 1 process');
+    await expect(concurrency.getByTestId('effective-concurrency')).toHaveText(
+      await concurrency.getByTestId('gate-size').innerText(),
+    );
+    await expect(admin.getByTestId('slots-short')).toHaveCount(0);
+
     const card = admin.getByTestId('capacity');
     await expect(card.getByTestId('budget')).toHaveText('No provider limits are configured: claims are held only by the gate.');
     const row = card.locator('[data-preset="planner_probe"]');

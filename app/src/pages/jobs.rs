@@ -186,22 +186,7 @@ pub fn running_text(
     }
 }
 
-/// Pure: a count with thousands separated: 12,345.
-pub fn thousands(n: i64) -> String {
-    let digits = n.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if n < 0 {
-        format!("-{out}")
-    } else {
-        out
-    }
-}
+pub use sluice_types::thousands;
 
 /// Pure: what a job cost: the credits charged (and refunded) and the provider's tokens.
 pub fn cost_text(cost: i32, refunded: i64, input_tokens: Option<i64>, output_tokens: Option<i64>) -> String {

@@ -49,8 +49,9 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
             num("retry_after_secs")
         )),
         413 if body["error"] == "too_many_tokens" => refused(format!(
-            "Too long: Sluice takes documents of up to about {} tokens (long ones are done in parts). Split it and upload the pieces. Nothing was charged.",
-            num("max_tokens")
+            "Too long: Sluice takes documents of up to {} tokens (about {} of text; those longer than one provider call are done in parts). Split it and upload the pieces. Nothing was charged.",
+            crate::pages::jobs::thousands(num("max_tokens")),
+            size_text(max_bytes_for_context(SizeKind::Text, num("max_tokens").max(0) as u64))
         )),
         413 => refused(format!("Too large: the limit is {} MB.", num("limit_bytes") / (1024 * 1024))),
         415 => refused(format!(
@@ -341,7 +342,8 @@ mod tests {
         assert_eq!((ok.kind, ok.job_id.as_deref()), ("ok", Some("abc")));
         assert_eq!(ok.message, "Accepted and queued. 2 credits charged.");
         let long = outcome_for(413, &serde_json::json!({"error": "too_many_tokens", "max_tokens": 2000000}));
-        assert!(long.message.contains("2000000 tokens") && long.message.contains("Nothing was charged"));
+        assert!(long.message.contains("2,000,000 tokens (about 7.6 MB of text;"), "{}", long.message);
+        assert!(long.message.contains("Nothing was charged"));
         assert_eq!(outcome_for(200, &serde_json::json!({"id": "abc"})).kind, "duplicate");
     }
 }

@@ -139,8 +139,8 @@ impl DocumentProcessor {
                 ErrorClass::InvalidInput,
                 format!(
                     "the document's text is about {} tokens, more than Sluice takes in one document ({}); split it and upload the pieces",
-                    thousands(estimated as u64),
-                    thousands(ceiling)
+                    sluice_types::thousands(estimated),
+                    sluice_types::thousands(ceiling as i64)
                 ),
             ));
         }
@@ -345,18 +345,6 @@ fn database_error(e: EngineError) -> JobError {
     JobError::new(ErrorClass::Connection, format!("the database did not answer: {e}"))
 }
 
-/// 2000000 as "2,000,000".
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 impl Processor for DocumentProcessor {
     fn process(&self, job: ClaimedJob) -> BoxFuture<'static, Result<JobOutput, JobError>> {
