@@ -32,6 +32,9 @@ pub enum AppError {
     TooManyUploads { limit: usize, retry_after_secs: u64 },
     #[error("the file is larger than the limit of {limit_bytes} bytes")]
     TooLarge { limit_bytes: u64 },
+    /// A request other than an upload carried more than its route takes.
+    #[error("the request is larger than the {limit_bytes} bytes this address takes")]
+    BodyTooLarge { limit_bytes: u64 },
     #[error("the document is longer than Sluice takes in one document (about {max_tokens} tokens); split it and upload the pieces")]
     TooManyTokens { max_tokens: u64 },
     #[error("{message}")]
@@ -76,7 +79,7 @@ impl AppError {
             AppError::NotReady { .. } | AppError::AlreadyEnded { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::Gone => 410,
-            AppError::TooLarge { .. } | AppError::TooManyTokens { .. } => 413,
+            AppError::TooLarge { .. } | AppError::BodyTooLarge { .. } | AppError::TooManyTokens { .. } => 413,
             AppError::UnsupportedType { .. } => 415,
             AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,
             AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } | AppError::TooManyUploads { .. } => 429,

@@ -246,6 +246,12 @@ pub struct Config {
     /// Seconds a request other than an upload or a download may take (slow clients too); 408 past it.
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", default_value_t = 30, global = true)]
     pub request_timeout_secs: u64,
+    /// Seconds a request's headers may take to arrive, and a kept-alive connection may sit idle.
+    #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_SECS", default_value_t = 10.0, global = true)]
+    pub header_read_timeout_secs: f64,
+    /// Connections open at once; past it a new one is answered 503 and closed.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4096, global = true)]
+    pub max_connections: usize,
     /// Intake bound: refuse uploads (503) past this many waiting jobs.
     #[arg(long, env = "SLUICE_MAX_BACKLOG", default_value_t = 10_000, global = true)]
     pub max_backlog: i64,
@@ -487,6 +493,8 @@ impl Config {
             max_upload_bytes: self.max_upload_bytes,
             max_concurrent_uploads: self.max_concurrent_uploads,
             request_timeout: Duration::from_secs(self.request_timeout_secs.max(1)),
+            header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_secs.clamp(0.1, 3600.0)),
+            max_connections: self.max_connections.max(1),
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),
             alert_webhook: self.alert_webhook_url.is_some(),

@@ -20,12 +20,23 @@ use engine::queue::worker::WorkerPool;
 
 use crate::cli::Config;
 use crate::database::{Cluster, Database};
+use crate::http::serve::{serve, ConnectionLimits};
 use crate::http::{leptos_options, router, AppState};
+
+/// The connection bounds the web settings name.
+fn connection_limits(settings: &WebSettings) -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout: settings.header_read_timeout,
+        max_connections: settings.max_connections,
+        ..ConnectionLimits::default()
+    }
+}
 
 /// A built application: listening, workers and maintenance running, ready to serve.
 pub struct Application {
     listener: TcpListener,
     router: axum::Router,
+    connections: ConnectionLimits,
     pool: PgPool,
     database: Database,
     workers: Option<WorkerPool>,
@@ -135,7 +146,8 @@ impl Application {
         };
         match built.await {
             Ok((pool, workers, background, router)) => {
-                Ok(Application { listener, router, pool, database, workers, background })
+                let connections = connection_limits(&config.web_settings());
+                Ok(Application { listener, router, connections, pool, database, workers, background })
             }
             Err(e) => Err((e, database)),
         }
@@ -149,11 +161,9 @@ impl Application {
     /// Serve until Ctrl-C or SIGTERM, then stop in order: stop accepting, let workers finish
     /// or hand back their jobs, close the pool, stop the embedded Postgres.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { listener, router, pool, database, workers, background } = self;
+        let Application { listener, router, connections, pool, database, workers, background } = self;
         tracing::info!("Sluice is listening on http://{}", listener.local_addr()?);
-        let served = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(shutdown_signal())
-            .await;
+        let served = serve(listener, router, connections, shutdown_signal()).await;
         tracing::info!("shutting down");
         for task in background {
             task.abort();
@@ -173,10 +183,11 @@ impl Application {
 pub async fn spawn_web(pool: PgPool, settings: WebSettings, blobs: Blobs) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let connections = connection_limits(&settings);
     let ctx = ServerContext::new(pool, settings, blobs);
     let app = router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?;
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
+        let _ = serve(listener, app, connections, std::future::pending()).await;
     });
     Ok(addr)
 }

@@ -112,6 +112,10 @@ pub struct WebSettings {
     pub session_renew_after: std::time::Duration,
     /// The provider timeout and attempt deadline, for the capacity card's warnings.
     pub time_limits: sluice_types::capacity::TimeLimits,
+    /// A request's headers must arrive within this (also the longest a kept-alive connection
+    /// sits idle), and at most `max_connections` are open at once.
+    pub header_read_timeout: std::time::Duration,
+    pub max_connections: usize,
 }
 
 impl Default for WebSettings {
@@ -134,6 +138,8 @@ impl Default for WebSettings {
             alert_webhook: false,
             session_renew_after: std::time::Duration::from_secs(24 * 3600),
             time_limits: Default::default(),
+            header_read_timeout: std::time::Duration::from_secs(10),
+            max_connections: 4096,
         }
     }
 }

@@ -39,6 +39,10 @@ struct Credentials {
 /// Unknown e-mail and wrong password answer the same, and cost the same argon2 work.
 pub async fn log_in(pool: &PgPool, email: &str, password: &str, client: &str, limits: LoginLimits) -> Result<User> {
     let email = normalize_email(email).map_err(|_| EngineError::BadCredentials)?;
+    // No account has a longer password (sign-up refuses them): wrong, without hashing it.
+    if password.len() > super::users::MAX_PASSWORD {
+        return Err(EngineError::BadCredentials);
+    }
     // Three windows: guesses at this account from this address (the tight one), at this
     // account from anywhere (looser, so a stranger cannot lock its owner out with a few
     // guesses), and from this address at any account.

@@ -1,10 +1,12 @@
 //! The whole HTTP surface: Leptos pages and server functions, the REST API (`/api/v1`),
 //! `/healthz` and static files; sessions in Postgres; cross-site writes refused.
 
+pub mod bounds;
 pub mod csrf;
 pub mod error;
 pub mod jobs;
 pub mod layers;
+pub mod serve;
 pub mod unavailable;
 
 use std::net::SocketAddr;
@@ -97,6 +99,8 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
                 .precompressed_gzip(),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        // Inside the request timeout (a slow body is a 408) and before any handler reads it.
+        .layer(middleware::from_fn(bounds::bound_body))
         .layer(middleware::from_fn(crate::metrics::record_http))
         .layer(middleware::from_fn(move |request, next| {
             layers::timeout_unless_transfer(request_timeout, request, next)

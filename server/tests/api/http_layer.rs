@@ -98,3 +98,127 @@ async fn a_slow_client_times_out_but_a_slow_upload_does_not(pool: PgPool) {
     .await
     .unwrap();
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn every_body_is_bounded_before_credentials_are_read(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let addr = app.addr;
+    // A 1 GB JSON body with no token: refused from its declared length, unread.
+    let declared = tokio::task::spawn_blocking(move || {
+        let head = format!(
+            "PUT /api/v1/webhook HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n"
+        );
+        server::testing::send_body(std::net::TcpStream::connect(addr).unwrap(), Instant::now(), head.as_bytes(), b' ', 1 << 30, b"")
+    })
+    .await
+    .unwrap();
+    assert_eq!(declared.status, 413);
+    assert!(declared.sent < 8 << 20, "answered before the body was read ({} bytes sent)", declared.sent);
+    // The same without a length (chunked): refused once 64 KiB have come, not after the gigabyte.
+    let chunked = tokio::task::spawn_blocking(move || {
+        let head = format!(
+            "PUT /api/v1/webhook HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n40000000\r\n"
+        );
+        server::testing::send_body(std::net::TcpStream::connect(addr).unwrap(), Instant::now(), head.as_bytes(), b' ', 1 << 30, b"\r\n0\r\n\r\n")
+    })
+    .await
+    .unwrap();
+    assert_eq!(chunked.status, 413);
+    assert!(chunked.sent < 8 << 20, "{} bytes sent", chunked.sent);
+
+    // A server function given more than a form takes: 413 in our words, not 500.
+    let client = reqwest::Client::new();
+    let big = client
+        .post(app.url("/api/log_in"))
+        .header("Origin", format!("http://{addr}"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(format!("email=a%40example.com&password={}", "x".repeat(100_000)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413);
+    let body: serde_json::Value = big.json().await.unwrap();
+    assert_eq!(body["error"], "body_too_large");
+    assert!(body["message"].as_str().unwrap().contains("65536 bytes"), "{body}");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_server_functions_bad_arguments_are_the_clients_fault_not_ours(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let client = reqwest::Client::new();
+    let overflow = call(&client, &app, "list_jobs", &[("page", "99999999999999999999")]).await;
+    assert_eq!(overflow.status(), 400, "{:?}", overflow.text().await);
+    let missing = call(&client, &app, "admin/set_gate", &[]).await;
+    assert_eq!(missing.status(), 400);
+    let text = missing.text().await.unwrap();
+    assert!(text.contains("server_fn") && text.contains("size"), "the error says what is wrong: {text}");
+    // A password longer than any account's is wrong at once (no hashing of a huge input).
+    let long = call(&client, &app, "log_in", &[("email", "a@example.com"), ("password", &"p".repeat(5_000))]).await;
+    assert_eq!(long.status(), 401);
+}
+
+/// Whether the server has closed `stream` (EOF or reset), reading whatever it sent first.
+fn closed_by_server(stream: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    stream.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        }
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn half_open_and_idle_connections_are_dropped_while_honest_requests_are_served(pool: PgPool) {
+    let settings =
+        WebSettings { header_read_timeout: Duration::from_secs(2), max_connections: 1_200, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let addr = app.addr;
+    // 1,000 connections that send half a request head and then nothing.
+    let mut held: Vec<std::net::TcpStream> = (0..1_000)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            stream.write_all(b"GET / HTTP/1.1\r\nHost: sluice\r\nX-Slow: ").unwrap();
+            stream
+        })
+        .collect();
+    // And one that finishes a request, then sits idle on its kept-alive connection.
+    let mut idle = std::net::TcpStream::connect(addr).unwrap();
+    idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
+    assert_eq!(status_within(&mut idle, Duration::from_secs(5)), 200);
+    // Honest requests are served throughout.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let answer = reqwest::get(app.url("/healthz")).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (closed, idle_closed) = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        (held.iter_mut().filter(|s| closed_by_server(s)).count(), closed_by_server(&mut idle))
+    })
+    .await
+    .unwrap();
+    assert_eq!(closed, 1_000, "every half-open connection is dropped after the header-read timeout");
+    assert!(idle_closed, "an idle kept-alive connection is dropped too");
+    assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn past_the_connection_cap_a_new_connection_is_refused_clearly(pool: PgPool) {
+    let settings = WebSettings { max_connections: 20, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let held: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(app.addr).unwrap()).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = std::net::TcpStream::connect(app.addr).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut extra, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503 ") && answer.contains("Retry-After: 5"), "{answer}");
+    assert!(answer.contains("too many connections"), "{answer}");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200, "served again once they close");
+}
