@@ -27,6 +27,9 @@ CREATE TABLE job_parts (
     CHECK ((output IS NULL) = (done_at IS NULL))
 );
 
+-- The next part of a job: its first part not done.
+CREATE INDEX job_parts_pending ON job_parts (job_id, level, idx) WHERE output IS NULL;
+
 -- Progress for the job's pages and the API: parts of the document, and how many are done.
 ALTER TABLE jobs
     ADD COLUMN parts_total integer CHECK (parts_total > 1),

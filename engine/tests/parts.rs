@@ -171,18 +171,18 @@ async fn a_translation_is_done_part_by_part_in_order_and_joined_without_a_combin
     assert_eq!(fake.calls(), total, "one call per part, none to combine");
     let expected: Vec<String> = (1..=total).map(|i| format!("Partie {i}.")).collect();
     assert_eq!(view.result.unwrap()["markdown"].as_str().unwrap(), expected.join("\n\n"));
-    // A translation's parts carry no overlap (it would be translated twice); the parts' bodies
-    // are the document, byte for byte.
-    let bodies: Vec<(String, String)> =
-        sqlx::query_as("SELECT body, overlap FROM job_parts WHERE job_id = $1 AND level = 0 ORDER BY idx")
+    // Once done, the document's text is not kept twice: the parts keep their answers only.
+    let kept: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT body, overlap, output FROM job_parts WHERE job_id = $1 AND level = 0 ORDER BY idx")
             .bind(job)
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert!(bodies.iter().all(|(_, overlap)| overlap.is_empty()));
-    assert_eq!(bodies.iter().map(|(b, _)| b.as_str()).collect::<String>(), text);
+    assert!(kept.iter().all(|(body, overlap, _)| body.is_empty() && overlap.is_empty()));
+    assert_eq!(kept.iter().map(|(.., output)| output.clone()).collect::<Vec<_>>(), expected);
     let prompt = fake.last_request().unwrap().to_string();
     assert!(prompt.contains(&format!("part {total} of {total}")), "the provider is told which part it reads");
+    assert!(!prompt.contains("<before>"), "a translation's parts carry no overlap (it would be translated twice)");
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -379,4 +379,39 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
         "the budget kept the calls under the limit: {} refused",
         fake.limit_report().refused
     );
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_pdf_far_denser_than_its_price_is_not_done_in_parts_and_is_refunded(pool: PgPool) {
+    let docs = docs("dense-pdf");
+    let user = users::create_user(&pool, "pdf@example.com", "password123", Role::User, 20).await.unwrap();
+    // An uncompressed text PDF: about one token of text per four bytes, priced at forty.
+    let lines: Vec<String> = (1..=400).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
+    let pdf = engine::testing::pdf_with_text(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+    let key = Blobs::new_key();
+    docs.blobs.put(&key, pdf.clone().into()).await.unwrap();
+    let payload = serde_json::json!({
+        "document": { "key": key, "type": "pdf", "sha256": key, "size": pdf.len(), "name": "dense.pdf" },
+        "preset": "summarize",
+    });
+    let submission = Submission {
+        cost: 1,
+        est_input_tokens: 100,
+        user_id: user.id,
+        payload,
+        content_key: key.clone(),
+        client_key: None,
+        fingerprint: key,
+    };
+    let Admission::Accepted { job_id } = admission::submit(&pool, &AdmissionConfig::default(), &submission).await.unwrap()
+    else {
+        panic!("accepted")
+    };
+    let processor = processor(&pool, &docs, ProviderConfig::default(), 1_000, Budget::disabled());
+    let view = drive(&pool, &processor, job_id).await;
+    assert_eq!(view.state, JobState::Failed);
+    assert_eq!(view.failure_kind, Some(engine::FailureKind::InvalidInput));
+    assert!(view.failure_reason.unwrap().contains("upload its text as a .txt file"));
+    assert_eq!(ledger_of(&pool, job_id).await.len(), 2, "debited, then refunded");
+    assert!(view.parts_total.is_none(), "no part was stored");
 }

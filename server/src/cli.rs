@@ -414,7 +414,7 @@ impl Config {
             lease: Duration::from_secs_f64(self.lease_secs),
             heartbeat: Duration::from_secs_f64(self.heartbeat_secs),
             attempt_deadline: Duration::from_secs_f64(self.attempt_deadline_secs.max(1.0)),
-            deadline_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.max(0.0)),
+            deadline_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.clamp(0.0, 86_400.0)),
             policy: self.retry_policy(),
             ..WorkerConfig::default()
         }
@@ -556,7 +556,7 @@ impl Config {
             model: self.provider_model.clone(),
             max_tokens: self.provider_max_tokens,
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
-            timeout_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.max(0.0)),
+            timeout_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.clamp(0.0, 86_400.0)),
         }
     }
 
@@ -565,7 +565,7 @@ impl Config {
         TimeLimits {
             provider_secs: self.provider_timeout_secs.max(0.1),
             attempt_secs: self.attempt_deadline_secs.max(1.0),
-            per_100k_tokens_secs: self.timeout_per_100k_tokens_secs.max(0.0),
+            per_100k_tokens_secs: self.timeout_per_100k_tokens_secs.clamp(0.0, 86_400.0),
         }
     }
 

@@ -220,7 +220,9 @@ impl Default for TimeLimits {
 
 impl TimeLimits {
     fn scaled(&self, base: f64, input_tokens: f64) -> f64 {
-        (base + self.per_100k_tokens_secs.max(0.0) * input_tokens.max(0.0) / 100_000.0).min(MAX_TIME_LIMIT_SECS)
+        // The allowance is capped, never the configured base.
+        let allowance = self.per_100k_tokens_secs.max(0.0) * input_tokens.max(0.0) / 100_000.0;
+        (base + allowance).min(MAX_TIME_LIMIT_SECS.max(base))
     }
 
     /// Seconds a provider call carrying `input_tokens` may take.

@@ -11,6 +11,7 @@ use super::blobs::Blobs;
 use super::providers::{PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
+use sluice_types::capacity::SizeKind;
 use super::split;
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
@@ -72,6 +73,9 @@ struct Held {
 
 /// Tokens a part's prompt adds around its text (the instruction and the part's place).
 const PART_PROMPT_TOKENS: u64 = 200;
+/// A PDF longer than one call is done in parts when its text is at most this many times the
+/// tokens its bytes suggested (what it was priced by).
+const PDF_PARTS_FACTOR: i64 = 4;
 /// Levels of summaries of summaries before giving up (each level must shrink the text).
 const MAX_LEVELS: i32 = 8;
 
@@ -155,7 +159,26 @@ impl DocumentProcessor {
                 ),
             ));
         }
-        let parts = split_for(spec.preset, &task.text, context, 0);
+        // A PDF is priced by its bytes before its text is known. Parts are paid work, so a PDF
+        // holding far more text than its bytes suggested (a dense, compressed one) is not done
+        // in parts for that price: up to PDF_PARTS_FACTOR times is the usual spread of real
+        // PDFs; past it, a text file (priced by its text) is the way.
+        let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size) as i64;
+        if spec.document.doc_type == DocType::Pdf && estimated > by_size.saturating_mul(PDF_PARTS_FACTOR) {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                format!(
+                    "the PDF holds about {} tokens of text, more than one provider call takes and over {PDF_PARTS_FACTOR} \
+                     times what its size suggested ({}), by which it was priced; upload its text as a .txt file (priced by its text)",
+                    sluice_types::thousands(estimated),
+                    sluice_types::thousands(by_size)
+                ),
+            ));
+        }
+        let parts = split_for(spec.preset, &task.text, self.part_tokens(spec.preset, context), 0);
+        if parts.len() < 2 {
+            return self.run_whole(job, spec, task, estimated, held).await;
+        }
         if !self.parts.add_level(job, 0, &parts).await.map_err(database_error)? {
             return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
         }
@@ -220,7 +243,8 @@ impl DocumentProcessor {
         // outputs (a join takes no call at all).
         let next_est_tokens = match part.following_est_tokens {
             Some(next) => next,
-            None if joins(spec.preset) && part.level == 0 => 0,
+            // A join, or the one answer at a combining level, is the result: no call.
+            None if (joins(spec.preset) && part.level == 0) || (part.level > 0 && part.count == 1) => 0,
             None => self.context_tokens.map_or(estimated, |c| c as i64).min(estimated),
         };
         Ok(JobOutput {
@@ -242,7 +266,7 @@ impl DocumentProcessor {
         held: &mut Held,
     ) -> Result<JobOutput, JobError> {
         let outputs = self.parts.outputs(job.id, level).await.map_err(database_error)?;
-        let parts_total: i64 = if level == 0 { i64::from(count) } else { self.level0_count(job).await? };
+        let parts_total = self.parts.count(job.id, 0).await.map_err(database_error)?;
         if (joins(spec.preset) && level == 0) || (level > 0 && count == 1) {
             // No provider call: give back what the claim reserved.
             self.budget.correct(-held.input, -held.output).await;
@@ -271,7 +295,7 @@ impl DocumentProcessor {
         }
         let combined = outputs.join("\n\n");
         let context = self.context_tokens.unwrap_or(u64::MAX / 8);
-        let parts = split_for(spec.preset, &combined, context, level + 1);
+        let parts = split_for(spec.preset, &combined, self.part_tokens(spec.preset, context), level + 1);
         if parts.len() >= count as usize {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
@@ -287,8 +311,14 @@ impl DocumentProcessor {
         }
     }
 
-    async fn level0_count(&self, job: &ClaimedJob) -> Result<i64, JobError> {
-        Ok(self.parts.outputs(job.id, 0).await.map_err(database_error)?.len() as i64)
+    /// The most tokens a part may carry: one call's context; for a translation also no more
+    /// than the answer may hold (its output is as long as its input, and an answer cut at the
+    /// provider's `max_tokens` would lose the end of the part).
+    fn part_tokens(&self, preset: Preset, context: u64) -> u64 {
+        match self.provider.max_output_tokens() {
+            Some(output) if joins(preset) => context.min(output.saturating_mul(3) / 4 + PART_PROMPT_TOKENS),
+            _ => context,
+        }
     }
 
     /// One provider call for `task`, with the budget settled by what the provider counted.
@@ -330,6 +360,8 @@ fn split_for(preset: Preset, text: &str, context_tokens: u64, level: i32) -> Vec
     let max_chars = context_tokens.saturating_sub(PART_PROMPT_TOKENS).max(100).saturating_mul(4);
     let max_chars = usize::try_from(max_chars).unwrap_or(usize::MAX / 2);
     let overlap = if joins(preset) || level > 0 { 0 } else { (max_chars / 50).min(2_000) };
+    // Postgres text holds no NUL, and no provider needs one.
+    let text = &text.replace('\0', "");
     split::split(text, max_chars, overlap)
         .into_iter()
         .map(|p| {

@@ -117,6 +117,16 @@ impl PartStore {
         .await?)
     }
 
+    /// How many parts `level` of `job` has.
+    pub async fn count(&self, job: Uuid, level: i32) -> Result<i64> {
+        let Some(pool) = &self.pool else { return Ok(0) };
+        Ok(sqlx::query_scalar("SELECT count(*) FROM job_parts WHERE job_id = $1 AND level = $2")
+            .bind(job)
+            .bind(level)
+            .fetch_one(pool)
+            .await?)
+    }
+
     /// Store a level's parts, if `job`'s attempt still holds its lease (and the level is not
     /// there yet: a second attempt that split the same text finds the first one's parts).
     /// Returns whether the attempt still holds the job.
@@ -171,49 +181,61 @@ pub(crate) async fn store_and_requeue(
     let tokens: Vec<Uuid> = items.iter().map(|(j, ..)| j.lease_token).collect();
     let levels: Vec<i32> = items.iter().map(|(_, p, ..)| p.level).collect();
     let idxs: Vec<i32> = items.iter().map(|(_, p, ..)| p.idx).collect();
-    let outputs: Vec<&str> = items.iter().map(|(_, p, ..)| p.output.as_str()).collect();
+    // Postgres text holds no NUL: a provider's stray one goes.
+    let outputs: Vec<String> = items.iter().map(|(_, p, ..)| p.output.replace('\0', "")).collect();
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
+    // The jobs first, each locked and checked against its lease (and a cancel request) after
+    // the lock, so a rescue or a cancel that won the race leaves its part untouched; then the
+    // parts of the jobs that moved, and their attempts.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::text[], $6::int8[],
-                                  $7::int8[], $8::int8[])
-                 AS t(id, token, level, idx, output, next_est, input_tokens, output_tokens)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int8[])
+                 AS t(id, token, level, idx, next_est)
+         )
+         UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now(), est_input_tokens = i.next_est,
+             parts_done = j.parts_done + (CASE WHEN i.level = 0 THEN 1 ELSE 0 END),
+             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
+             updated_at = now()
+         FROM input i
+         WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running' AND j.cancel_requested_at IS NULL
+           AND EXISTS (SELECT 1 FROM job_parts p
+                       WHERE p.job_id = i.id AND p.level = i.level AND p.idx = i.idx AND p.output IS NULL)
+         RETURNING j.id",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&levels)
+    .bind(&idxs)
+    .bind(&next)
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query(
+        "WITH input AS (
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::text[], $6::int8[], $7::int8[])
+                 AS t(id, token, level, idx, output, input_tokens, output_tokens)
+             WHERE t.id = ANY($8)
          ),
          part AS (
              UPDATE job_parts p SET output = i.output, input_tokens = i.input_tokens,
                  output_tokens = i.output_tokens, attempt_id = i.token, done_at = now()
-             FROM input i JOIN jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
-                  AND j.cancel_requested_at IS NULL
+             FROM input i
              WHERE p.job_id = i.id AND p.level = i.level AND p.idx = i.idx AND p.output IS NULL
-             RETURNING p.job_id, i.token, i.level, i.input_tokens, i.output_tokens
-         ),
-         moved AS (
-             UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now(), est_input_tokens = i.next_est,
-                 parts_done = j.parts_done + (CASE WHEN i.level = 0 THEN 1 ELSE 0 END),
-                 lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
-                 updated_at = now()
-             FROM input i, part p
-             WHERE j.id = i.id AND p.job_id = i.id AND j.lease_token = i.token AND j.state = 'running'
-             RETURNING j.id
-         ),
-         attempt_rows AS (
-             UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
-                 input_tokens = p.input_tokens, output_tokens = p.output_tokens
-             FROM part p WHERE a.id = p.token
          )
-         SELECT id FROM moved",
+         UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
+             input_tokens = i.input_tokens, output_tokens = i.output_tokens
+         FROM input i WHERE a.id = i.token",
     )
     .bind(&ids)
     .bind(&tokens)
     .bind(&levels)
     .bind(&idxs)
     .bind(&outputs)
-    .bind(&next)
     .bind(&input_tokens)
     .bind(&output_tokens)
-    .fetch_all(&mut *tx)
+    .bind(&moved)
+    .execute(&mut *tx)
     .await?;
     if !moved.is_empty() {
         super::notify_workers(tx).await?;

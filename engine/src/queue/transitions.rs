@@ -151,6 +151,14 @@ pub async fn complete_many(
         steps.iter().filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens))).collect();
     let continued: HashSet<Uuid> = parts::store_and_requeue(&mut tx, &steps).await?.into_iter().collect();
     let done = write_results(&mut tx, &finals).await?;
+    if !done.is_empty() {
+        // A finished document's text is not kept twice: its parts keep their answers only.
+        let ids: Vec<Uuid> = done.iter().map(|d| d.job.id).collect();
+        sqlx::query("UPDATE job_parts SET body = '', overlap = '' WHERE job_id = ANY($1) AND body <> ''")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+    }
     let mut written = HashSet::with_capacity(done.len());
     for DoneRow { job, .. } in &done {
         hooks.on_done(&mut tx, job).await?;

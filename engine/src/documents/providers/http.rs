@@ -157,6 +157,10 @@ impl Provider for AnthropicProvider {
         true
     }
 
+    fn max_output_tokens(&self) -> Option<u64> {
+        Some(u64::from(self.max_tokens))
+    }
+
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
             let body = chat_body(&self.model, self.max_tokens, task);
@@ -219,6 +223,10 @@ impl Provider for OpenAiProvider {
 
     fn supports(&self, _preset: Preset) -> bool {
         true
+    }
+
+    fn max_output_tokens(&self) -> Option<u64> {
+        Some(u64::from(self.max_tokens))
     }
 
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {

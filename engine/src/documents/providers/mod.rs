@@ -82,6 +82,10 @@ pub trait Provider: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Whether it can do this preset (the local provider has no language model).
     fn supports(&self, preset: Preset) -> bool;
+    /// The most output tokens an answer may have (`max_tokens`), when the provider caps it.
+    fn max_output_tokens(&self) -> Option<u64> {
+        None
+    }
     /// Run the task; a failure is classified so the engine's retry policy can decide.
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>>;
 }
