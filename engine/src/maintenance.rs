@@ -21,6 +21,8 @@ pub struct MaintenanceConfig {
     pub rescue_every: Duration,
     /// Retention pruning.
     pub prune_every: Duration,
+    /// Releasing documents no job needs (canceled, failed past the inspection window).
+    pub release_every: Duration,
     pub retention: Retention,
     /// Forgetting failed logins older than `login_window`.
     pub account_upkeep_every: Duration,
@@ -34,6 +36,7 @@ impl Default for MaintenanceConfig {
         MaintenanceConfig {
             rescue_every: Duration::from_secs(5),
             prune_every: Duration::from_secs(3600),
+            release_every: Duration::from_secs(30),
             retention: Retention::default(),
             account_upkeep_every: Duration::from_secs(3600),
             login_window: crate::accounts::login::LoginLimits::default().window,
@@ -54,6 +57,7 @@ pub async fn run(
     let mut prune_tick = tokio::time::interval(config.prune_every);
     let mut account_tick = tokio::time::interval(config.account_upkeep_every);
     let mut reconcile_tick = tokio::time::interval(config.reconcile_every);
+    let mut release_tick = tokio::time::interval(config.release_every);
     // Not at start-up: a fleet restarting should not all reconcile at once.
     reconcile_tick.reset();
     loop {
@@ -73,6 +77,15 @@ pub async fn run(
                     }
                     Ok(_) => {}
                     Err(e) => tracing::error!(error = %e, "retention pruning failed"),
+                }
+            }
+            _ = release_tick.tick() => {
+                if let Some(blobs) = &blobs {
+                    match crate::documents::sweep::release_documents(&pool, blobs, config.retention.failed_documents).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(documents = n, "released documents no job needs"),
+                        Err(e) => tracing::warn!(error = %e, "releasing documents failed"),
+                    }
                 }
             }
             _ = reconcile_tick.tick() => {

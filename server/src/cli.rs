@@ -355,6 +355,10 @@ pub struct Config {
     /// Days to keep failed jobs.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DAYS", default_value_t = 90, global = true)]
     pub keep_failed_days: u64,
+    /// Days a failed job's document is kept for the admins to inspect and replay; then it is
+    /// deleted (the job stays). A canceled job's document is deleted at once.
+    #[arg(long, env = "SLUICE_KEEP_FAILED_DOCUMENTS_DAYS", default_value_t = 7.0, global = true)]
+    pub keep_failed_documents_days: f64,
     /// Where alerts are sent (POST, JSON, signed with --alert-webhook-secret): once when one
     /// fires and once when it resolves. Unset: alerts show on the admin page and in /metrics only.
     #[arg(long, env = "SLUICE_ALERT_WEBHOOK_URL", global = true)]
@@ -426,6 +430,7 @@ impl Config {
             retention: Retention {
                 done: Duration::from_secs(self.keep_done_days * 86_400),
                 failed: Duration::from_secs(self.keep_failed_days * 86_400),
+                failed_documents: Duration::from_secs_f64(self.keep_failed_documents_days.clamp(0.0, 3650.0) * 86_400.0),
             },
             login_window: self.web_settings().login_limits.window,
             ..MaintenanceConfig::default()

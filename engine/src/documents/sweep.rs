@@ -51,3 +51,23 @@ pub async fn delete_documents_of(blobs: &Blobs, jobs: &[PrunedJob]) {
         }
     }
 }
+
+/// Delete the documents no job needs any more (canceled jobs' at once, failed jobs' after the
+/// inspection window), and mark them released. Returns how many.
+pub async fn release_documents(pool: &PgPool, blobs: &Blobs, failed_documents: Duration) -> Result<usize> {
+    let mut released = 0;
+    loop {
+        let jobs = crate::queue::retention::releasable_documents(pool, failed_documents, 500).await?;
+        if jobs.is_empty() {
+            return Ok(released);
+        }
+        for job in &jobs {
+            if let Some(key) = blob_key(&job.payload) {
+                blobs.delete(key).await?;
+            }
+        }
+        let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id).collect();
+        crate::queue::retention::mark_released(pool, &ids).await?;
+        released += jobs.len();
+    }
+}

@@ -13,12 +13,19 @@ use crate::error::Result;
 pub struct Retention {
     pub done: Duration,
     pub failed: Duration,
+    /// A failed job's document is kept this long for the admins to inspect (and replay), then
+    /// released; a canceled job's is released at once.
+    pub failed_documents: Duration,
 }
 
 impl Default for Retention {
     /// Done jobs 30 days, failed ones 90 (DESIGN).
     fn default() -> Self {
-        Retention { done: Duration::from_secs(30 * 86_400), failed: Duration::from_secs(90 * 86_400) }
+        Retention {
+            done: Duration::from_secs(30 * 86_400),
+            failed: Duration::from_secs(90 * 86_400),
+            failed_documents: Duration::from_secs(7 * 86_400),
+        }
     }
 }
 
@@ -55,4 +62,29 @@ pub async fn prune(pool: &PgPool, retention: Retention) -> Result<Vec<PrunedJob>
         }
     }
     Ok(pruned)
+}
+
+/// Documents no job needs any more: those of canceled jobs, and of failed jobs finished more
+/// than `failed_documents` ago, not released yet (at most `limit`).
+pub async fn releasable_documents(pool: &PgPool, failed_documents: Duration, limit: i64) -> Result<Vec<PrunedJob>> {
+    Ok(sqlx::query_as(
+        "SELECT id, payload FROM jobs
+         WHERE state IN ('canceled', 'failed') AND document_released_at IS NULL AND kind = 'document'
+           AND (state = 'canceled' OR finished_at < now() - make_interval(secs => $1))
+         ORDER BY finished_at LIMIT $2",
+    )
+    .bind(failed_documents.as_secs_f64())
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Record that these jobs' documents are deleted (after deleting them: a crash in between
+/// only deletes them again).
+pub async fn mark_released(pool: &PgPool, ids: &[Uuid]) -> Result<u64> {
+    Ok(sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = ANY($1) AND document_released_at IS NULL")
+        .bind(ids)
+        .execute(pool)
+        .await?
+        .rows_affected())
 }
