@@ -422,13 +422,22 @@ async fn canceled_documents_are_released_at_once_and_failed_ones_after_the_inspe
     let mut keys = Vec::new();
     let mut jobs = Vec::new();
     // Canceled a second ago; failed a day ago; failed eight days ago; done.
-    for (state, finished_ago) in
-        [(JobState::Canceled, 1.0), (JobState::Failed, 86_400.0), (JobState::Failed, 8.0 * 86_400.0), (JobState::Done, 1.0)]
-    {
+    for (state, finished_ago) in [
+        (JobState::Canceled, 1.0),
+        (JobState::Failed, 86_400.0),
+        (JobState::Failed, 8.0 * 86_400.0),
+        (JobState::Done, 1.0),
+    ] {
         let key = Blobs::new_key();
         store.blobs.put(&key, b"some text".to_vec().into()).await.unwrap();
         let payload = serde_json::json!({ "document": { "key": key, "type": "plain_text", "sha256": "x", "size": 9, "name": null } });
-        let opts = JobOpts { state, payload, finished_ago: Some(finished_ago), accepted_ago: finished_ago + 10.0, ..Default::default() };
+        let opts = JobOpts {
+            state,
+            payload,
+            finished_ago: Some(finished_ago),
+            accepted_ago: finished_ago + 10.0,
+            ..Default::default()
+        };
         jobs.push(job(&pool, &opts).await);
         keys.push(key);
     }
@@ -440,11 +449,13 @@ async fn canceled_documents_are_released_at_once_and_failed_ones_after_the_inspe
         kept.push(store.blobs.exists(key).await.unwrap());
     }
     assert_eq!(kept, [false, true, false, true], "the canceled and the old failed documents are gone");
-    let marked: Vec<bool> = sqlx::query_scalar("SELECT document_released_at IS NOT NULL FROM jobs WHERE id = ANY($1) ORDER BY array_position($1, id)")
-        .bind(&jobs)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let marked: Vec<bool> = sqlx::query_scalar(
+        "SELECT document_released_at IS NOT NULL FROM jobs WHERE id = ANY($1) ORDER BY array_position($1, id)",
+    )
+    .bind(&jobs)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(marked, [true, false, true, false]);
     assert_eq!(engine::documents::sweep::release_documents(&pool, &store.blobs, week).await.unwrap(), 0, "once");
 }

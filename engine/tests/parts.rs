@@ -388,7 +388,8 @@ async fn a_pdf_far_denser_than_its_price_is_not_done_in_parts_and_is_refunded(po
     let docs = docs("dense-pdf");
     let user = users::create_user(&pool, "pdf@example.com", "password123", Role::User, 20).await.unwrap();
     // An uncompressed text PDF: about one token of text per four bytes, priced at forty.
-    let lines: Vec<String> = (1..=400).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
+    let lines: Vec<String> =
+        (1..=400).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
     let pdf = engine::testing::pdf_with_text(&lines.iter().map(String::as_str).collect::<Vec<_>>());
     let key = Blobs::new_key();
     docs.blobs.put(&key, pdf.clone().into()).await.unwrap();
@@ -405,7 +406,8 @@ async fn a_pdf_far_denser_than_its_price_is_not_done_in_parts_and_is_refunded(po
         client_key: None,
         fingerprint: key,
     };
-    let Admission::Accepted { job_id } = admission::submit(&pool, &AdmissionConfig::default(), &submission).await.unwrap()
+    let Admission::Accepted { job_id } =
+        admission::submit(&pool, &AdmissionConfig::default(), &submission).await.unwrap()
     else {
         panic!("accepted")
     };

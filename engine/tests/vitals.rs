@@ -87,7 +87,10 @@ async fn retention_prunes_old_done_and_failed_jobs_only(pool: PgPool) {
     let left: Vec<String> = sqlx::query_scalar("SELECT state FROM jobs ORDER BY state").fetch_all(&pool).await.unwrap();
     assert_eq!(left, vec!["done", "failed", "queued"]);
     // Shorter retention is configuration.
-    let short =
-        Retention { done: Duration::from_secs(day as u64), failed: Duration::from_secs(day as u64), ..Retention::default() };
+    let short = Retention {
+        done: Duration::from_secs(day as u64),
+        failed: Duration::from_secs(day as u64),
+        ..Retention::default()
+    };
     assert_eq!(prune(&pool, short).await.unwrap().len(), 2);
 }

@@ -430,7 +430,9 @@ impl Config {
             retention: Retention {
                 done: Duration::from_secs(self.keep_done_days * 86_400),
                 failed: Duration::from_secs(self.keep_failed_days * 86_400),
-                failed_documents: Duration::from_secs_f64(self.keep_failed_documents_days.clamp(0.0, 3650.0) * 86_400.0),
+                failed_documents: Duration::from_secs_f64(
+                    self.keep_failed_documents_days.clamp(0.0, 3650.0) * 86_400.0,
+                ),
             },
             login_window: self.web_settings().login_limits.window,
             ..MaintenanceConfig::default()

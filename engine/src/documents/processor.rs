@@ -11,7 +11,6 @@ use super::blobs::Blobs;
 use super::providers::{PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
-use sluice_types::capacity::SizeKind;
 use super::split;
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
@@ -22,6 +21,7 @@ use crate::queue::worker::Processor;
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
 use sluice_types::capacity;
+use sluice_types::capacity::SizeKind;
 
 /// What a document job's payload holds (ids and metadata, never the bytes).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -376,7 +376,6 @@ fn split_for(preset: Preset, text: &str, context_tokens: u64, level: i32) -> Vec
 fn database_error(e: EngineError) -> JobError {
     JobError::new(ErrorClass::Connection, format!("the database did not answer: {e}"))
 }
-
 
 impl Processor for DocumentProcessor {
     fn process(&self, job: ClaimedJob) -> BoxFuture<'static, Result<JobOutput, JobError>> {

@@ -113,8 +113,7 @@ mod tests {
     fn the_refusal_is_a_whole_http_answer() {
         let text = std::str::from_utf8(REFUSAL).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        let length: usize =
-            head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).unwrap().parse().unwrap();
+        let length: usize = head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).unwrap().parse().unwrap();
         assert_eq!(body.len(), length);
         assert!(head.starts_with("HTTP/1.1 503 ") && head.contains("Retry-After: 5"));
     }
