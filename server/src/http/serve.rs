@@ -3,9 +3,7 @@
 //! at most `max_connections` are open at once; past that a new one is answered 503 at once and
 //! closed. hyper's own settings, not a hand-written loop over the bytes.
 
-use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,7 +80,7 @@ pub async fn serve(
             request.extensions_mut().insert(ConnectInfo(peer));
             request
         });
-        let service = TowerToHyperService::new(service.map_err(|e: Infallible| match e {}));
+        let service = TowerToHyperService::new(service);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -178,17 +178,28 @@ async fn half_open_and_idle_connections_are_dropped_while_honest_requests_are_se
     let app = TestApp::spawn(pool, settings).await;
     let addr = app.addr;
     // 1,000 connections that send half a request head and then nothing.
-    let mut held: Vec<std::net::TcpStream> = (0..1_000)
-        .map(|_| {
-            let mut stream = std::net::TcpStream::connect(addr).unwrap();
-            stream.write_all(b"GET / HTTP/1.1\r\nHost: sluice\r\nX-Slow: ").unwrap();
-            stream
-        })
-        .collect();
-    // And one that finishes a request, then sits idle on its kept-alive connection.
-    let mut idle = std::net::TcpStream::connect(addr).unwrap();
-    idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
-    assert_eq!(status_within(&mut idle, Duration::from_secs(5)), 200);
+    let mut held: Vec<std::net::TcpStream> = tokio::task::spawn_blocking(move || {
+        (0..1_000)
+            .map(|_| {
+                let mut stream = std::net::TcpStream::connect(addr).unwrap();
+                stream.write_all(b"GET / HTTP/1.1\r\nHost: sluice\r\nX-Slow: ").unwrap();
+                stream
+            })
+            .collect()
+    })
+    .await
+    .unwrap();
+    // And one that finishes a request, then sits idle on its kept-alive connection (blocking
+    // reads off the runtime's thread, which serves the app too).
+    let (mut idle, status) = tokio::task::spawn_blocking(move || {
+        let mut idle = std::net::TcpStream::connect(addr).unwrap();
+        idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
+        let status = status_within(&mut idle, Duration::from_secs(5));
+        (idle, status)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
     // Honest requests are served throughout.
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(3) {
@@ -198,7 +209,7 @@ async fn half_open_and_idle_connections_are_dropped_while_honest_requests_are_se
     }
     let (closed, idle_closed) = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_secs(1));
-        (held.iter_mut().filter(|s| closed_by_server(s)).count(), closed_by_server(&mut idle))
+        (held.iter_mut().map(closed_by_server).filter(|closed| *closed).count(), closed_by_server(&mut idle))
     })
     .await
     .unwrap();
@@ -213,9 +224,16 @@ async fn past_the_connection_cap_a_new_connection_is_refused_clearly(pool: PgPoo
     let app = TestApp::spawn(pool, settings).await;
     let held: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(app.addr).unwrap()).collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut extra = std::net::TcpStream::connect(app.addr).unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut extra, &mut answer).unwrap();
+    let addr = app.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut extra = std::net::TcpStream::connect(addr).unwrap();
+        extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut extra, &mut answer);
+        answer
+    })
+    .await
+    .unwrap();
     assert!(answer.starts_with("HTTP/1.1 503 ") && answer.contains("Retry-After: 5"), "{answer}");
     assert!(answer.contains("too many connections"), "{answer}");
     drop(held);
