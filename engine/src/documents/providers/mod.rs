@@ -173,14 +173,17 @@ pub fn prompt(task: &Task) -> String {
     match &task.part {
         None => format!("{ask}\n\n<document>\n{}\n</document>", task.text),
         Some(part) if part.level == 0 => {
-            let context = if part.overlap.is_empty() {
-                String::new()
+            let (note, context) = if part.overlap.is_empty() {
+                (String::new(), String::new())
             } else {
-                format!("<before>\n{}\n</before>\n\n", part.overlap)
+                (
+                    " Only the text inside <document> is yours to answer; <before> is the end of the part before, for context."
+                        .to_string(),
+                    format!("<before>\n{}\n</before>\n\n", part.overlap),
+                )
             };
             format!(
-                "{ask}\nThe document is long: below is part {} of {}. Only the text inside <document> is yours to \
-                 answer; <before> is the end of the part before, for context.\n\n{context}<document>\n{}\n</document>",
+                "{ask}\nThe document is long: below is part {} of {}.{note}\n\n{context}<document>\n{}\n</document>",
                 part.number, part.count, task.text
             )
         }
