@@ -112,6 +112,21 @@ async fn drive(pool: &PgPool, processor: &DocumentProcessor, job: Uuid) -> queue
     }
 }
 
+/// An input-token limit of `per_min` in buckets of `burst`, told to Sluice (which plans to 95 %
+/// of it); the fake allows a tenth more, as a real limit does (its count of a request and
+/// Sluice's estimate differ by the prompt's few words).
+async fn token_limit(pool: &PgPool, fake: &FakeProvider, per_min: u64, burst: Duration) -> CapacityConfig {
+    fake.limit_input_tokens(per_min * 11 / 10, burst);
+    let config = CapacityConfig {
+        limits: ProviderLimits { input_tokens_per_min: Some(per_min), ..Default::default() },
+        burst,
+        output_reserve: 64,
+        ..CapacityConfig::default()
+    };
+    capacity::configure(pool, &config).await.unwrap();
+    config
+}
+
 async fn ledger_of(pool: &PgPool, job: Uuid) -> Vec<(String, i64)> {
     sqlx::query_as("SELECT kind, amount::int8 FROM ledger WHERE job_id = $1 ORDER BY id")
         .bind(job)
@@ -220,19 +235,8 @@ async fn a_small_document_does_not_wait_behind_a_long_one_under_the_token_budget
     let pool = wider_pool(&pool, 20).await;
     let docs = docs("fair");
     let fake = FakeProvider::start().await;
-    // 6M input tokens a minute (100K a second) in one-second buckets in Sluice, which plans
-    // to 95 % of it; the fake allows a tenth more (its count of a request and Sluice's
-    // estimate differ by the prompt's few words).
-    let per_min = 6_000_000;
-    let burst = Duration::from_secs(1);
-    fake.limit_input_tokens(per_min * 11 / 10, burst);
-    let config = CapacityConfig {
-        limits: ProviderLimits { input_tokens_per_min: Some(per_min), ..Default::default() },
-        burst,
-        output_reserve: 64,
-        ..CapacityConfig::default()
-    };
-    capacity::configure(&pool, &config).await.unwrap();
+    // 6M input tokens a minute (100K a second) in one-second buckets.
+    let config = token_limit(&pool, &fake, 6_000_000, Duration::from_secs(1)).await;
     let a = users::create_user(&pool, "a@example.com", "password123", Role::User, 100).await.unwrap();
     let b = users::create_user(&pool, "b@example.com", "password123", Role::User, 100).await.unwrap();
     // A: about 490K tokens (parts of up to 100K); B, a second later: about 2K.
@@ -302,18 +306,8 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
     let pool = wider_pool(&pool, 30).await;
     let docs = docs("corpus");
     let fake = FakeProvider::start().await;
-    // 60M input tokens a minute in Sluice (a tenth more at the fake, as above); parts of at
-    // most 100K tokens.
-    let per_min = 60_000_000;
-    let burst = Duration::from_millis(200);
-    fake.limit_input_tokens(per_min * 11 / 10, burst);
-    let config = CapacityConfig {
-        limits: ProviderLimits { input_tokens_per_min: Some(per_min), ..Default::default() },
-        burst,
-        output_reserve: 64,
-        ..CapacityConfig::default()
-    };
-    capacity::configure(&pool, &config).await.unwrap();
+    // 60M input tokens a minute; parts of at most 100K tokens.
+    let config = token_limit(&pool, &fake, 60_000_000, Duration::from_millis(200)).await;
     // 20 documents at evenly spread quantiles, and seed 000's p99 itself.
     let mut sizes: Vec<u64> = (0..20).map(|i| seed_000_tokens((i as f64 + 0.5) / 20.0)).collect();
     sizes.push(seed_000_tokens(0.99));

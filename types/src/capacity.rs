@@ -218,11 +218,16 @@ impl Default for TimeLimits {
     }
 }
 
+/// Seconds a limit of `base` seconds grows to for a call of `input_tokens`, at
+/// `per_100k_tokens` seconds more per 100K: the allowance is capped, never the configured base.
+pub fn scaled_secs(base: f64, per_100k_tokens: f64, input_tokens: f64) -> f64 {
+    let allowance = per_100k_tokens.max(0.0) * input_tokens.max(0.0) / 100_000.0;
+    (base + allowance).min(MAX_TIME_LIMIT_SECS.max(base))
+}
+
 impl TimeLimits {
     fn scaled(&self, base: f64, input_tokens: f64) -> f64 {
-        // The allowance is capped, never the configured base.
-        let allowance = self.per_100k_tokens_secs.max(0.0) * input_tokens.max(0.0) / 100_000.0;
-        (base + allowance).min(MAX_TIME_LIMIT_SECS.max(base))
+        scaled_secs(base, self.per_100k_tokens_secs, input_tokens)
     }
 
     /// Seconds a provider call carrying `input_tokens` may take.

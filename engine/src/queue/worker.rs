@@ -340,12 +340,11 @@ async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, J
 /// Run the processor within the attempt deadline. A processor past the deadline is dropped
 /// (a sandboxed child with it) and counts as a timeout; a panicking one as a server error.
 async fn run_within_deadline(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
-    let limits = sluice_types::capacity::TimeLimits {
-        provider_secs: 0.0,
-        attempt_secs: shared.config.attempt_deadline.as_secs_f64(),
-        per_100k_tokens_secs: shared.config.deadline_per_100k_tokens.as_secs_f64(),
-    };
-    let deadline = Duration::from_secs_f64(limits.attempt_secs(job.est_input_tokens as f64));
+    let deadline = Duration::from_secs_f64(sluice_types::capacity::scaled_secs(
+        shared.config.attempt_deadline.as_secs_f64(),
+        shared.config.deadline_per_100k_tokens.as_secs_f64(),
+        job.est_input_tokens as f64,
+    ));
     let attempt = AssertUnwindSafe(shared.processor.process(job.clone())).catch_unwind();
     let Ok(outcome) = tokio::time::timeout(deadline, attempt).await else {
         tracing::warn!(job = %job.id, ?deadline, "attempt abandoned at its deadline");

@@ -51,7 +51,13 @@ fn too_large() -> Response {
 /// A 500 whose body is one of our errors with a status of its own (a server function's
 /// arguments that did not decode are 400, not 500) gets that status.
 async fn with_the_errors_status(response: Response) -> Response {
-    if response.status() != StatusCode::INTERNAL_SERVER_ERROR {
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    // Only our errors are JSON of a few fields; anything else (a page) passes untouched.
+    if response.status() != StatusCode::INTERNAL_SERVER_ERROR || !json {
         return response;
     }
     let (mut parts, body) = response.into_parts();

@@ -45,12 +45,11 @@ pub struct PartOf {
 impl ProviderConfig {
     /// The timeout of a call carrying `input_tokens`.
     pub fn call_timeout(&self, input_tokens: i64) -> Duration {
-        let limits = sluice_types::capacity::TimeLimits {
-            provider_secs: self.timeout.as_secs_f64(),
-            attempt_secs: 0.0,
-            per_100k_tokens_secs: self.timeout_per_100k_tokens.as_secs_f64(),
-        };
-        Duration::from_secs_f64(limits.provider_call_secs(input_tokens as f64))
+        Duration::from_secs_f64(sluice_types::capacity::scaled_secs(
+            self.timeout.as_secs_f64(),
+            self.timeout_per_100k_tokens.as_secs_f64(),
+            input_tokens as f64,
+        ))
     }
 }
 
