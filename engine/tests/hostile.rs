@@ -81,6 +81,7 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
 
     let mut talker = SandboxConfig::new("/usr/bin/yes".into(), Vec::new());
     talker.max_output_bytes = 1 << 20;
+    talker.run_as = None; // `yes` would refuse the flag
     let within = tokio::time::timeout(
         Duration::from_secs(20),
         extract_in_child(&talker, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")),
@@ -202,4 +203,80 @@ async fn documents_no_job_points_at_are_removed_after_their_grace_on_the_record(
     let key = job.payload["document"]["key"].as_str().unwrap();
     assert!(blobs.get(key).await.is_ok(), "a job's document stays");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The reader is a wall: locked down as in production, a child that tries to reach the
+/// database's trust-auth socket, a file in the data folder or the network gets nowhere, while
+/// this process (the server's user) reaches all three.
+#[sqlx::test]
+async fn a_reader_cannot_reach_the_database_socket_the_data_folder_or_the_network(pool: PgPool) {
+    let socket_dir = pool.connect_options().get_socket().cloned().expect("the test cluster listens on a Unix socket");
+    let socket = std::fs::read_dir(&socket_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with(".s.PGSQL.") && !name.ends_with(".lock")
+        })
+        .expect("the cluster's socket");
+    // The cluster keeps its socket in its data folder.
+    let data_file = socket_dir.join("PG_VERSION");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = listener.local_addr().unwrap().to_string();
+    let (socket_, data_file_, tcp_) = (socket.clone(), data_file.clone(), tcp.clone());
+    tokio::task::spawn_blocking(move || {
+        std::os::unix::net::UnixStream::connect(&socket_).expect("the server reaches the socket");
+        std::fs::read(&data_file_).expect("the server reads the data folder");
+        std::net::TcpStream::connect(&tcp_).expect("the server reaches the network");
+    })
+    .await
+    .unwrap();
+
+    let probe = SandboxConfig::new(
+        env!("CARGO_BIN_EXE_sluice-extract").into(),
+        vec!["probe".into(), socket.display().to_string(), data_file.display().to_string(), tcp],
+    );
+    let report = extract_in_child(&probe, DocType::PlainText, bytes::Bytes::new()).await.expect("the probe answers");
+    let report: serde_json::Value = serde_json::from_str(&report.text).unwrap();
+    for reach in ["socket", "file", "tcp"] {
+        assert!(report[reach].as_str().unwrap().starts_with("denied"), "{reach}: {report}");
+    }
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_ne!(report["uid"], 0, "root starts the reader; the reader is not root: {report}");
+    }
+    if report["landlock_abi"].as_i64().unwrap() > 0 {
+        // Only landlock denies a file anyone may read.
+        assert!(report["world_readable_file"].as_str().unwrap().starts_with("denied"), "{report}");
+    }
+    drop(listener);
+}
+
+/// At most `max_readers` readers run at once, however many documents wait.
+#[tokio::test]
+async fn readers_beyond_the_limit_wait_for_a_turn() {
+    let dir = std::env::temp_dir().join(format!("sluice-readers-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(dir.join("running")).unwrap();
+    std::fs::create_dir_all(dir.join("seen")).unwrap();
+    let dir_ = dir.display();
+    // Each child notes how many run beside it, stays a moment, then leaves (in folder names:
+    // the reader may write no file).
+    let command = format!(
+        "mkdir {dir_}/seen/$(ls {dir_}/running | wc -l)-$$; mkdir {dir_}/running/$$; sleep 0.3; rmdir {dir_}/running/$$"
+    );
+    let mut reader = SandboxConfig::new("/bin/sh".into(), vec!["-c".into(), command, "sh".into()]);
+    reader.limit_readers(2, u64::MAX);
+    let runs = (0..8).map(|_| extract_in_child(&reader, DocType::Pdf, bytes::Bytes::from_static(b"%PDF-")));
+    // The children answer nothing readable: each fails as unreadable, after it ran.
+    for result in futures::future::join_all(runs).await {
+        assert_eq!(result.unwrap_err().class, ErrorClass::InvalidInput);
+    }
+    let peaks: Vec<u32> = std::fs::read_dir(dir.join("seen"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().split('-').next().unwrap().parse().unwrap())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(peaks.len(), 8, "every child ran");
+    assert!(peaks.iter().all(|&others| others < 2), "at most two at once: {peaks:?}");
+    assert!(peaks.iter().any(|&others| others == 1), "two did run side by side: {peaks:?}");
 }

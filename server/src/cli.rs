@@ -14,7 +14,7 @@ use engine::accounts::login::LoginLimits;
 use engine::accounts::users::SignupLimits;
 use engine::alerts::{AlertConfig, Thresholds};
 use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
-use engine::documents::sandbox::SandboxConfig;
+use engine::documents::sandbox::{RunAs, SandboxConfig};
 use engine::documents::Blobs;
 use engine::maintenance::MaintenanceConfig;
 use engine::queue::capacity::{CapacityConfig, ProviderLimits};
@@ -114,6 +114,9 @@ pub enum Command {
     /// The sandboxed document reader the workers start (document on stdin, text on stdout).
     #[command(hide = true)]
     Extract {
+        /// The user to become before reading (`uid:gid`).
+        #[arg(long)]
+        run_as: Option<String>,
         /// pdf, text or markdown
         doc_type: String,
     },
@@ -352,6 +355,15 @@ pub struct Config {
     /// Wall-clock seconds the document reader may take per document.
     #[arg(long, env = "SLUICE_EXTRACT_WALL_SECS", default_value_t = 60, global = true)]
     pub extract_wall_secs: u64,
+    /// Document readers running at once per process (0: one per core).
+    #[arg(long, env = "SLUICE_EXTRACT_READERS", default_value_t = 0, global = true)]
+    pub extract_readers: usize,
+    /// Address space of all document readers running at once, in MiB.
+    #[arg(long, env = "SLUICE_EXTRACT_MEMORY_BUDGET_MIB", default_value_t = 4096, global = true)]
+    pub extract_memory_budget_mib: u64,
+    /// The unprivileged user the document reader becomes when the server runs as root.
+    #[arg(long, env = "SLUICE_EXTRACT_USER", default_value = "nobody", global = true)]
+    pub extract_user: String,
     /// Days to keep failed jobs.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DAYS", default_value_t = 90, global = true)]
     pub keep_failed_days: u64,
@@ -583,6 +595,17 @@ impl Config {
         sandbox.memory_bytes = self.extract_memory_mib << 20;
         sandbox.cpu_secs = self.extract_cpu_secs;
         sandbox.wall_clock = Duration::from_secs(self.extract_wall_secs);
+        let readers = match self.extract_readers {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        sandbox.limit_readers(readers, self.extract_memory_budget_mib << 20);
+        if sandbox.run_as.is_some() {
+            // Root: never let a document be parsed by uid 0.
+            sandbox.run_as = Some(RunAs::lookup(&self.extract_user).with_context(|| {
+                format!("the document reader's user {:?} does not exist (--extract-user)", self.extract_user)
+            })?);
+        }
         Ok(sandbox)
     }
 

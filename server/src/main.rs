@@ -6,9 +6,9 @@ use server::Role;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Extract { doc_type }) = &cli.command {
+    if let Some(Command::Extract { doc_type, run_as }) = &cli.command {
         // The sandboxed document reader: no logging, no runtime, nothing but the document.
-        return engine::documents::sandbox::child_main(Some(doc_type));
+        return engine::documents::sandbox::child_main(Some(doc_type), run_as.as_deref());
     }
     server::telemetry::init_tracing(&cli.config.log, cli.config.log_format);
     match run(cli) {

@@ -4,6 +4,12 @@
 //! and the size of the answer are all bounded, the child gets no environment (no database URL,
 //! no provider key) and, where the kernel allows it, no network.
 //!
+//! The child is a wall, not a fence: before it reads a byte of the document it drops to an
+//! unprivileged user (when started by root), gives up every file and TCP access with landlock
+//! (where the kernel has it), and may hold only a few files and processes. A parser bug then
+//! reaches neither the database's trust-auth socket nor the data folder nor the network.
+//! At most a few readers run at once, bounded by the cores and a total memory budget.
+//!
 //! The child is this same program started with an `extract` command (the server binary, or
 //! `sluice-extract` in the engine's tests); it runs [`child_main`].
 
@@ -11,11 +17,13 @@ use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
 
 use super::extract::{extract_text, Extracted};
 use super::sniff::DocType;
@@ -37,19 +45,90 @@ pub struct SandboxConfig {
     pub wall_clock: Duration,
     /// The most the child may answer (the text and its envelope).
     pub max_output_bytes: usize,
+    /// The user the child becomes before it reads the document (`None`: it keeps ours, which
+    /// is all a non-root server can do).
+    pub run_as: Option<RunAs>,
+    /// Readers running at once, shared by every clone of this config.
+    readers: Arc<Semaphore>,
+    max_readers: usize,
 }
 
+/// The default total address space of all readers running at once.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 4 << 30;
+
 impl SandboxConfig {
-    /// The default limits for `program args...`: 1 GiB, 30 CPU seconds, 60 s, 64 MiB of answer.
+    /// The default limits for `program args...`: 1 GiB, 30 CPU seconds, 60 s, 64 MiB of answer;
+    /// as many readers at once as there are cores, within 4 GiB in all; `nobody` when run by root.
     pub fn new(program: PathBuf, args: Vec<String>) -> SandboxConfig {
-        SandboxConfig {
+        let mut config = SandboxConfig {
             program,
             args,
             memory_bytes: 1 << 30,
             cpu_secs: 30,
             wall_clock: Duration::from_secs(60),
             max_output_bytes: 64 << 20,
-        }
+            run_as: RunAs::default_for_root(),
+            readers: Arc::new(Semaphore::new(1)),
+            max_readers: 1,
+        };
+        config.limit_readers(cores(), DEFAULT_MEMORY_BUDGET);
+        config
+    }
+
+    /// At most `max_readers` readers at once, and no more than `memory_budget` of address space
+    /// among them (call after setting `memory_bytes`).
+    pub fn limit_readers(&mut self, max_readers: usize, memory_budget: u64) {
+        self.max_readers = readers_within(max_readers, memory_budget, self.memory_bytes);
+        self.readers = Arc::new(Semaphore::new(self.max_readers));
+    }
+
+    /// How many readers may run at once.
+    pub fn max_readers(&self) -> usize {
+        self.max_readers
+    }
+}
+
+/// Readers at once: no more than asked, no more than the budget holds, and at least one.
+pub fn readers_within(max_readers: usize, memory_budget: u64, memory_per_reader: u64) -> usize {
+    let fit = memory_budget / memory_per_reader.max(1);
+    (max_readers as u64).min(fit).max(1) as usize
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// An unprivileged user and group for the reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl RunAs {
+    /// The named user's ids, if it exists.
+    pub fn lookup(name: &str) -> Option<RunAs> {
+        let name = std::ffi::CString::new(name).ok()?;
+        // SAFETY: getpwnam returns a pointer into static storage or null; read at once, at startup.
+        let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+        // SAFETY: checked for null.
+        (!entry.is_null()).then(|| unsafe { RunAs { uid: (*entry).pw_uid, gid: (*entry).pw_gid } })
+    }
+
+    /// `nobody` when this process is root (uid 0 must never parse a document); nothing otherwise.
+    pub fn default_for_root() -> Option<RunAs> {
+        // SAFETY: plain syscall.
+        (unsafe { libc::geteuid() } == 0).then(|| RunAs::lookup("nobody")).flatten()
+    }
+
+    fn to_arg(self) -> String {
+        format!("--run-as={}:{}", self.uid, self.gid)
+    }
+
+    /// `uid:gid`, as the child is given it.
+    pub fn parse(text: &str) -> Option<RunAs> {
+        let (uid, gid) = text.split_once(':')?;
+        Some(RunAs { uid: uid.parse().ok()?, gid: gid.parse().ok()? })
     }
 }
 
@@ -71,10 +150,10 @@ fn invalid(message: impl Into<String>) -> JobError {
 /// a limit or answers nonsense fails the job as `invalid_input` (never retried: the same file
 /// would do the same again).
 pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: Bytes) -> Result<Extracted, JobError> {
+    // Waiting for a turn is not the document's time: the wall clock starts with the child.
+    let _turn = config.readers.acquire().await.expect("the readers' semaphore is never closed");
     let mut command = tokio::process::Command::new(&config.program);
-    command
-        .args(&config.args)
-        .arg(doc_type_arg(doc_type))
+    command.args(&config.args).args(config.run_as.map(RunAs::to_arg)).arg(doc_type_arg(doc_type))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -156,11 +235,6 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
 /// In the child, before exec: hard limits, no core dumps, and a network namespace of its own
 /// where the kernel lets us (as root; elsewhere the empty environment must do).
 fn confine(memory_bytes: u64, cpu_secs: u64) {
-    fn limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {
-        let value = libc::rlimit { rlim_cur: soft, rlim_max: hard };
-        // SAFETY: plain syscall with a valid pointer.
-        unsafe { libc::setrlimit(resource, &value) };
-    }
     limit(libc::RLIMIT_AS, memory_bytes, memory_bytes);
     // SIGXCPU at the soft limit, SIGKILL one second later.
     limit(libc::RLIMIT_CPU, cpu_secs, cpu_secs + 1);
@@ -168,6 +242,95 @@ fn confine(memory_bytes: u64, cpu_secs: u64) {
     limit(libc::RLIMIT_FSIZE, 0, 0);
     // SAFETY: affects only this (child) process.
     unsafe { libc::unshare(libc::CLONE_NEWNET) };
+}
+
+fn limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {
+    let value = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: plain syscall with a valid pointer.
+    unsafe { libc::setrlimit(resource, &value) };
+}
+
+/// What [`lock_down`] achieved.
+#[derive(Clone, Copy, Debug)]
+pub struct Walls {
+    /// The landlock ABI that now denies every file and TCP access (0: the kernel has none).
+    pub landlock_abi: i64,
+}
+
+/// In the child, after exec and before the document: few files, the unprivileged user (for
+/// good: no way back to root), and landlock denying every file and TCP access. Fails if the
+/// user could not be changed; landlock is best effort (older kernels lack it).
+pub fn lock_down(run_as: Option<RunAs>) -> Result<Walls, &'static str> {
+    // stdin, stdout, stderr and a few for the runtime; the reader opens nothing.
+    limit(libc::RLIMIT_NOFILE, 16, 16);
+    if let Some(RunAs { uid, gid }) = run_as {
+        // Counted per user: one reader needs two threads; 64 leaves room for the others at once.
+        limit(libc::RLIMIT_NPROC, 64, 64);
+        // SAFETY: plain syscalls; the order matters (groups and group while still root).
+        let dropped = unsafe {
+            libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0
+        };
+        // SAFETY: plain syscalls.
+        let stays = unsafe { libc::getuid() == uid && libc::geteuid() == uid && libc::getegid() == gid };
+        // SAFETY: plain syscall; must fail now that root is gone (unless uid 0 was asked for).
+        let no_way_back = uid == 0 || unsafe { libc::setuid(0) } != 0;
+        if !(dropped && stays && no_way_back) {
+            return Err("could not become the unprivileged user");
+        }
+    }
+    Ok(Walls { landlock_abi: deny_files_and_network() })
+}
+
+/// Landlock with no rules: every file access and every TCP bind or connect is denied, and
+/// (from ABI 6) abstract Unix sockets and signals outside the child. Returns the ABI used.
+fn deny_files_and_network() -> i64 {
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+        handled_access_net: u64,
+        scoped: u64,
+    }
+    const CREATE_RULESET_VERSION: libc::c_long = 1;
+    // SAFETY: the version query takes no pointer.
+    let abi = unsafe {
+        libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<RulesetAttr>(), 0usize, CREATE_RULESET_VERSION)
+    };
+    if abi < 1 {
+        return 0;
+    }
+    let mut fs = (1u64 << 13) - 1; // ABI 1: execute, read, write, make, remove...
+    if abi >= 2 {
+        fs |= 1 << 13; // refer
+    }
+    if abi >= 3 {
+        fs |= 1 << 14; // truncate
+    }
+    if abi >= 5 {
+        fs |= 1 << 15; // ioctl on devices
+    }
+    let attr = RulesetAttr {
+        handled_access_fs: fs,
+        handled_access_net: if abi >= 4 { 0b11 } else { 0 },
+        scoped: if abi >= 6 { 0b11 } else { 0 },
+    };
+    let size = match abi {
+        1..=3 => 8,
+        4 | 5 => 16,
+        _ => std::mem::size_of::<RulesetAttr>(),
+    };
+    // SAFETY: a valid struct of the size given; the fd is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, &attr as *const RulesetAttr, size, 0) };
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: plain syscalls on our own fd; no_new_privs is required to restrict ourselves.
+    let restricted = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::syscall(libc::SYS_landlock_restrict_self, fd as libc::c_int, 0) == 0
+    };
+    // SAFETY: our own fd.
+    unsafe { libc::close(fd as libc::c_int) };
+    if restricted { abi } else { 0 }
 }
 
 fn doc_type_arg(doc_type: DocType) -> &'static str {
@@ -181,13 +344,21 @@ fn doc_type_arg(doc_type: DocType) -> &'static str {
 /// The child's side: read the document from stdin, extract its text, answer on stdout.
 /// The parsing runs on a thread with a large stack, so honest deep documents fit; hostile
 /// ones hit the address-space limit or the parser's own nesting limit instead.
-pub fn child_main(doc_type: Option<&str>) -> ExitCode {
+pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     let doc_type = match doc_type {
         Some("pdf") => DocType::Pdf,
         Some("text") => DocType::PlainText,
         Some("markdown") => DocType::Markdown,
         _ => return ExitCode::from(2),
     };
+    let run_as = match run_as.map(RunAs::parse) {
+        None => None,
+        Some(Some(run_as)) => Some(run_as),
+        Some(None) => return ExitCode::from(2),
+    };
+    if lock_down(run_as).is_err() {
+        return ExitCode::from(6);
+    }
     let mut bytes = Vec::new();
     if std::io::stdin().read_to_end(&mut bytes).is_err() {
         return ExitCode::from(3);
@@ -200,9 +371,41 @@ pub fn child_main(doc_type: Option<&str>) -> ExitCode {
         Ok(Err(_)) => Answer::Refused { reason: "the document's text could not be read".into() },
         Err(_) => return ExitCode::from(4),
     };
+    write_answer(&answer)
+}
+
+/// A text answer, as [`child_main`] gives it (for probes in the tests).
+pub fn answer_text(text: String) -> ExitCode {
+    write_answer(&Answer::Text { text, pages: None })
+}
+
+fn write_answer(answer: &Answer) -> ExitCode {
     let mut stdout = std::io::stdout().lock();
-    if serde_json::to_writer(&mut stdout, &answer).is_err() || stdout.flush().is_err() {
+    if serde_json::to_writer(&mut stdout, answer).is_err() || stdout.flush().is_err() {
         return ExitCode::from(5);
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readers_fit_the_count_and_the_memory_budget() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(readers_within(2, 4 * GIB, GIB), 2, "the cores bound");
+        assert_eq!(readers_within(16, 4 * GIB, GIB), 4, "the budget bounds");
+        assert_eq!(readers_within(16, 4 * GIB, 3 * GIB), 1);
+        assert_eq!(readers_within(0, 0, GIB), 1, "one reader always runs, or nothing would");
+        assert_eq!(readers_within(8, u64::MAX, 0), 8);
+    }
+
+    #[test]
+    fn run_as_round_trips_and_rejects_garbage() {
+        let nobody = RunAs { uid: 65534, gid: 65534 };
+        assert_eq!(RunAs::parse(nobody.to_arg().trim_start_matches("--run-as=")), Some(nobody));
+        assert_eq!(RunAs::parse("65534"), None);
+        assert_eq!(RunAs::parse("a:b"), None);
+    }
 }
