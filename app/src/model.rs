@@ -74,6 +74,9 @@ pub struct JobStatus {
     /// Its cancellation was asked for while it ran; it stops at its next safe point.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// Credits its cancel keeps (the provider calls started when it was asked for).
+    #[serde(default)]
+    pub cancel_kept: i64,
     /// Provider tokens in and out over all attempts, once known.
     #[serde(default)]
     pub input_tokens: Option<i64>,
@@ -239,6 +242,7 @@ mod convert {
                 pages: j.stage_pages,
                 refunded: j.refunded,
                 cancel_requested: j.cancel_requested_at.is_some() && !j.state.is_terminal(),
+                cancel_kept: j.cancel_kept_credits.into(),
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
                 parts: j.parts_total.map(|total| {

@@ -187,6 +187,12 @@ test('a waiting job is canceled from the jobs list and its credit comes back at 
     const job = page.locator('.job').first();
     await expect(job.locator('.badge')).toHaveAttribute('data-state', 'queued');
     await job.getByRole('button', { name: 'Cancel not-needed.txt' }).click();
+    // Asked first, with what it costs: nothing, since the provider has not started.
+    await expect(job.locator('.cancel-question')).toHaveText('Cancel not-needed.txt? Your 1 credit comes back.');
+    await job.getByRole('button', { name: 'Keep it' }).click();
+    await expect(job.locator('.badge')).toHaveAttribute('data-state', 'queued');
+    await job.getByRole('button', { name: 'Cancel not-needed.txt' }).click();
+    await job.getByRole('button', { name: 'Yes, cancel not-needed.txt' }).click();
     await expect(job.locator('.badge')).toHaveAttribute('data-state', 'canceled');
     await expect(job.locator('.state-detail')).toHaveText('Canceled. 1 credit refunded.');
     await expect(job.getByRole('button', { name: /^Cancel / })).toHaveCount(0);

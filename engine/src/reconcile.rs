@@ -6,8 +6,8 @@
 //! - each user's balance equals the sum of their ledger;
 //! - each user's in-flight count equals their jobs not yet ended;
 //! - every job that cost something has exactly one debit;
-//! - every failed or canceled job that cost something has exactly one refund, and no other job
-//!   has one (but a job replayed from the dead-letter queue keeps its refund: a replay is free);
+//! - every failed or canceled job that cost something has exactly one refund (of between 0,
+//!   when it is charged after all, and its cost), and no other job has one (but a job replayed from the dead-letter queue keeps its refund: a replay is free);
 //! - no job is `running` with a lease far in the future (a clock or a bug);
 //! - every job not yet ended still has its document; no stored document older than an hour
 //!   lacks a job (an upload stored before a crash).
@@ -85,10 +85,14 @@ const SQL_CHECKS: [(&str, &str, &str); 5] = [
     (
         "refunds_match_state",
         "SELECT count(*) FROM jobs",
-        "SELECT 'job ' || j.id, format('%s with %s refunds', j.state, coalesce(r.n, 0))
-         FROM jobs j LEFT JOIN (SELECT job_id, count(*) AS n FROM ledger WHERE kind = 'refund' GROUP BY job_id) r
+        "SELECT 'job ' || j.id, format('%s with %s refunds of %s credits (cost %s)', j.state, coalesce(r.n, 0),
+                    coalesce(r.amount, 0), j.cost)
+         FROM jobs j LEFT JOIN (SELECT job_id, count(*) AS n, sum(amount) AS amount FROM ledger
+                                WHERE kind = 'refund' GROUP BY job_id) r
                 ON r.job_id = j.id
          WHERE (j.state IN ('failed', 'canceled') AND j.cost > 0 AND coalesce(r.n, 0) <> 1)
+            -- A settlement gives back between nothing (charged after all) and the whole cost.
+            OR r.amount < 0 OR r.amount > j.cost
             -- A job replayed from the dead-letter queue runs again for free: its refund stands.
             OR (j.state NOT IN ('failed', 'canceled') AND coalesce(r.n, 0) > CASE WHEN j.replays > 0 THEN 1 ELSE 0 END)
          ORDER BY j.accepted_at",

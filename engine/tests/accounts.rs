@@ -8,7 +8,7 @@ use engine::queue::hooks::{TerminalHooks, TerminalJob};
 use engine::queue::policy::retry::{ErrorClass, RetryPolicy};
 use engine::queue::{self, JobError, JobOutput};
 use engine::testing::wider_pool;
-use engine::{FailureKind, JobState};
+use engine::{FailureKind, JobStage, JobState};
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 
@@ -55,8 +55,8 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
             let (pool, job) = (pool.clone(), job.clone());
             tokio::spawn(async move {
                 let mut tx = pool.begin().await.unwrap();
-                let refunded = ledger::refund_job(&mut tx, &job).await.unwrap();
-                notices::add_refund_notice(&mut tx, &job).await.unwrap();
+                let refunded = ledger::refund_job(&mut tx, &job, job.cost.into(), "boom").await.unwrap();
+                notices::add_refund_notice(&mut tx, &job, job.cost.into()).await.unwrap();
                 tx.commit().await.unwrap();
                 refunded
             })
@@ -106,7 +106,7 @@ async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool
         failure: Some((FailureKind::RetriesExhausted, "provider overloaded".into())),
     };
     let mut tx = pool.begin().await.unwrap();
-    assert!(ledger::refund_job(&mut tx, &failed).await.unwrap());
+    assert!(ledger::refund_job(&mut tx, &failed, failed.cost.into(), "boom").await.unwrap());
     tx.commit().await.unwrap();
     // Last month's activity is its own row.
     sqlx::query("UPDATE ledger SET at = at - interval '40 days' WHERE job_id = $1 AND kind = 'debit'")
@@ -355,7 +355,7 @@ async fn cancel_racing_claim_and_complete_keeps_money_and_jobs_exact(pool: PgPoo
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn a_running_job_canceled_is_not_charged_for_a_result_that_arrives_anyway(pool: PgPool) {
+async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_charged(pool: PgPool) {
     let hooks = AccountHooks;
     let user = users::create_user(&pool, "late@example.com", "password123", Role::User, 3).await.unwrap();
     let mut ids = Vec::new();
@@ -377,25 +377,35 @@ async fn a_running_job_canceled_is_not_charged_for_a_result_that_arrives_anyway(
     }
     let mut running = queue::claim(&pool, "w", 2, std::time::Duration::from_secs(60)).await.unwrap();
     running.sort_by_key(|j| j.id);
+    // The first is still reading its document; the second's provider call has started.
+    let stage = |job: &queue::ClaimedJob, stage| {
+        engine::queue::stages::set_stage(&pool, job.id, job.lease_token, stage, None)
+    };
+    assert!(stage(&running[0], JobStage::Reading).await.unwrap().written);
+    assert!(stage(&running[1], JobStage::WaitingForProvider).await.unwrap().written);
     for job in &running {
         assert_eq!(queue::cancel(&pool, &hooks, job.id, "owner", false).await.unwrap(), queue::Canceled::Requested);
     }
-    // One attempt brings a result, the other an error: both end canceled, neither charged.
+    // One attempt brings a result, the other an error: both end canceled, without a result.
     let output = JobOutput { result: serde_json::json!({ "markdown": "late" }), ..JobOutput::default() };
     assert_eq!(queue::complete(&pool, &hooks, &running[0], &output).await.unwrap(), queue::Recorded::Canceled);
     let policy = RetryPolicy::default();
     let error = JobError::new(ErrorClass::Overloaded, "busy");
     assert_eq!(queue::fail(&pool, &hooks, &policy, &running[1], &error).await.unwrap(), queue::Recorded::Canceled);
-    for job in &running {
-        let view = queue::get(&pool, job.id).await.unwrap();
-        assert_eq!((view.state, view.result.is_none(), view.refunded), (JobState::Canceled, true, 1));
+    let views = [queue::get(&pool, running[0].id).await.unwrap(), queue::get(&pool, running[1].id).await.unwrap()];
+    for view in &views {
+        assert_eq!((view.state, view.result.is_none()), (JobState::Canceled, true));
     }
-    // The waiting one is canceled at once; a done job cannot be canceled.
+    assert_eq!((views[0].refunded, views[0].cancel_kept_credits), (1, 0), "canceled before the call: free");
+    assert_eq!((views[1].refunded, views[1].cancel_kept_credits), (0, 1), "after the call started: charged");
+    // The waiting one is canceled at once and free; a done job cannot be canceled.
     let waiting = ids.iter().find(|id| !running.iter().any(|j| j.id == **id)).unwrap();
     assert_eq!(queue::cancel(&pool, &hooks, *waiting, "owner", false).await.unwrap(), queue::Canceled::Now);
     let u = users::get(&pool, user.id).await.unwrap();
-    assert_eq!((u.balance, u.in_flight), (3, 0), "everything refunded, nothing in flight");
-    assert_eq!(ledger::ledger_sum(&pool, user.id).await.unwrap(), 3);
+    assert_eq!((u.balance, u.in_flight), (2, 0), "one credit kept, the rest refunded, nothing in flight");
+    assert_eq!(ledger::ledger_sum(&pool, user.id).await.unwrap(), 2);
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "the books add up: {:?}", report.discrepancies);
 
     // The same document uploaded again after a cancel is a new job (the key is free again).
     let again = Submission {

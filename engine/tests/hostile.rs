@@ -15,6 +15,7 @@ use engine::queue::policy::retry::ErrorClass;
 use engine::queue::worker::WorkerPool;
 use engine::testing::*;
 use engine::{FailureKind, JobState};
+use sluice_types::settlement::FREE_UNREADABLE_PER_DAY;
 use sqlx::PgPool;
 
 fn sandbox() -> SandboxConfig {
@@ -120,8 +121,10 @@ async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &
     }
 }
 
+/// Hostile files fail cleanly and cost their sender: the first few a day are refunded, the
+/// rest charged (and told so), while another user's documents are done meanwhile.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: PgPool) {
+async fn hostile_jobs_fail_refunded_up_to_the_daily_allowance_while_another_users_jobs_finish(pool: PgPool) {
     let pool = wider_pool(&pool, 20).await;
     let dir = std::env::temp_dir().join(format!("sluice-hostile-{}", std::process::id()));
     let blobs = Blobs::local(&dir).unwrap();
@@ -155,11 +158,18 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
     })
     .await;
     workers.shutdown().await;
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(all_ended, "every job ended");
 
-    for (name, id) in hostile {
-        let job = engine::queue::get(&pool, id).await.unwrap();
+    let mut charged = 0;
+    let mut refunded = 0;
+    for (name, id) in &hostile {
+        let job = engine::queue::get(&pool, *id).await.unwrap();
+        if job.refunded == 0 {
+            charged += i64::from(job.cost);
+        } else {
+            assert_eq!(job.refunded, i64::from(job.cost), "{name}: refunded in full or not at all");
+            refunded += 1;
+        }
         assert_eq!((job.state, job.failure_kind), (JobState::Failed, Some(FailureKind::InvalidInput)), "{name}");
         assert_eq!(job.attempts, 1, "{name}: not retried");
         assert!(
@@ -171,10 +181,20 @@ async fn hostile_jobs_fail_with_a_refund_while_another_users_jobs_finish(pool: P
     for id in honest {
         assert_eq!(engine::queue::get(&pool, id).await.unwrap().state, JobState::Done);
     }
+    assert_eq!(hostile.len(), 4);
+    assert_eq!(refunded, FREE_UNREADABLE_PER_DAY, "the day's allowance, then charged");
+    assert!(charged > 0);
     let mallory = users::get(&pool, mallory.id).await.unwrap();
-    assert_eq!((mallory.balance, mallory.in_flight), (10, 0), "every hostile job was refunded");
+    assert_eq!((mallory.balance, mallory.in_flight), (10 - charged, 0));
+    let told: Vec<String> =
+        engine::accounts::notices::list(&pool, mallory.id, 10).await.unwrap().into_iter().map(|n| n.message).collect();
+    assert_eq!(told.len(), 4);
+    assert_eq!(told.iter().filter(|m| m.contains("Charged")).count(), 1, "{told:?}");
     let alice = users::get(&pool, alice.id).await.unwrap();
     assert_eq!((alice.balance, alice.in_flight), (8, 0));
+    let report = engine::reconcile::run(&pool, Some(&blobs), "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

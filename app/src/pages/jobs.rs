@@ -10,6 +10,7 @@ use crate::pages::endings::{self, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
 use crate::server::jobs::{job_detail, list_jobs, CancelJob};
+use sluice_types::settlement::{calls_started, kept_on_cancel};
 
 /// Ticks `now` every second and calls `refresh` every 2 s while the tab is visible, every
 /// 10 s while it is hidden, and at once when a hidden tab is shown again.
@@ -70,10 +71,14 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
     let state = job.state;
     let detail = move || match job.state {
         JobState::Queued => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
-        JobState::Running if job.cancel_requested => {
-            "Cancel requested: it stops at its next safe point, and nothing is charged.".to_string()
-        }
-        JobState::Canceled => canceled_text(job.refunded),
+        JobState::Running if job.cancel_requested => match job.cancel_kept {
+            0 => "Cancel requested: it stops at its next safe point, and nothing is charged.".to_string(),
+            kept => format!(
+                "Cancel requested: it stops at its next safe point. {} kept: the provider had already started.",
+                credits_text(kept)
+            ),
+        },
+        JobState::Canceled => canceled_text(job.refunded, job.cost.into()),
         JobState::Running => {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             let in_stage = job.stage_since.as_deref().map(|s| seconds_between(parse_ms(s), now.get()));
@@ -121,20 +126,45 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
 }
 
 /// Pure: the line under a canceled badge.
-pub fn canceled_text(refunded: i64) -> String {
-    if refunded > 0 {
-        format!("Canceled. {} refunded.", credits_text(refunded))
-    } else {
-        "Canceled. Nothing was charged.".into()
+pub fn canceled_text(refunded: i64, cost: i64) -> String {
+    let kept = (cost - refunded).max(0);
+    match (refunded, kept) {
+        (0, 0) => "Canceled. Nothing was charged.".into(),
+        (r, 0) => format!("Canceled. {} refunded.", credits_text(r)),
+        (0, k) => format!("Canceled. {} kept: the provider had already started.", credits_text(k)),
+        (r, k) => format!("Canceled. {} refunded, {} kept: the provider had already started.", credits_text(r), credits_text(k)),
     }
 }
 
-/// Cancels a job that has not ended (and has no request yet); `done` tells the page to ask
-/// again and the header to show the refund.
+/// Pure: what canceling now costs, asked before the user confirms. The server fixes the same
+/// sum (`sluice_types::settlement`) when the cancel arrives.
+pub fn cancel_question(name: &str, cost: i64, stage: Option<JobStage>, parts: Option<(i32, i32)>) -> String {
+    let in_flight = matches!(stage, Some(JobStage::WaitingForProvider | JobStage::Writing));
+    let (done, total) = parts.unwrap_or((0, 1));
+    let kept = kept_on_cancel(cost, calls_started(done.max(0) as u32, in_flight), total.max(1) as u32);
+    match kept {
+        0 if cost == 1 => format!("Cancel {name}? Your 1 credit comes back."),
+        0 if cost > 1 => format!("Cancel {name}? Your {cost} credits come back."),
+        0 => format!("Cancel {name}?"),
+        k if k >= cost => format!(
+            "The provider is already working on {name}: canceling now still costs {}. Cancel anyway?",
+            credits_text(cost)
+        ),
+        k => format!(
+            "The provider has already done part of {name}: canceling now keeps {} and gives back {}. Cancel anyway?",
+            credits_text(k),
+            credits_text(cost - k)
+        ),
+    }
+}
+
+/// Cancels a job that has not ended (and has no request yet), after the user confirmed what
+/// it costs; `done` tells the page to ask again and the header to show the refund.
 #[component]
 pub fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
     let can_cancel = !job.state.is_terminal() && !job.cancel_requested;
     let cancel = ServerAction::<CancelJob>::new();
+    let asking = RwSignal::new(false);
     let id = job.id.clone();
     Effect::new(move |_| {
         if let Some(result) = cancel.value().get() {
@@ -146,17 +176,41 @@ pub fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
     });
     can_cancel.then(|| {
         let name = job.file_name.clone().unwrap_or_else(|| "this document".into());
+        let question =
+            cancel_question(&name, job.cost.into(), job.stage, job.parts.as_ref().map(|p| (p.done, p.total)));
+        let confirm_label = format!("Yes, cancel {name}");
         view! {
             <span class="cancel">
-                <button
-                    class="button small"
-                    aria-label=format!("Cancel {name}")
-                    on:click=move |_| {
-                        cancel.dispatch(CancelJob { id: id.clone() });
+                <Show
+                    when=move || asking.get()
+                    fallback=move || {
+                        view! {
+                            <button class="button small" aria-label=format!("Cancel {name}") on:click=move |_| asking.set(true)>
+                                "Cancel"
+                            </button>
+                        }
                     }
                 >
-                    "Cancel"
-                </button>
+                    <span class="cancel-question" role="alert">{question.clone()}</span>
+                    " "
+                    <button
+                        class="button small danger"
+                        aria-label=confirm_label.clone()
+                        on:click={
+                            let id = id.clone();
+                            move |_| {
+                                asking.set(false);
+                                cancel.dispatch(CancelJob { id: id.clone() });
+                            }
+                        }
+                    >
+                        "Yes, cancel"
+                    </button>
+                    " "
+                    <button class="button small secondary" on:click=move |_| asking.set(false)>
+                        "Keep it"
+                    </button>
+                </Show>
                 <span class="form-error">{move || cancel.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
             </span>
         }
@@ -517,8 +571,29 @@ mod tests {
 
     #[test]
     fn canceled_lines_say_the_refund() {
-        assert_eq!(super::canceled_text(1), "Canceled. 1 credit refunded.");
-        assert_eq!(super::canceled_text(0), "Canceled. Nothing was charged.");
+        assert_eq!(super::canceled_text(1, 1), "Canceled. 1 credit refunded.");
+        assert_eq!(super::canceled_text(0, 0), "Canceled. Nothing was charged.");
+        assert_eq!(super::canceled_text(0, 3), "Canceled. 3 credits kept: the provider had already started.");
+        assert_eq!(
+            super::canceled_text(4, 8),
+            "Canceled. 4 credits refunded, 4 credits kept: the provider had already started."
+        );
+    }
+
+    #[test]
+    fn the_cancel_question_says_what_canceling_costs_before_it_is_confirmed() {
+        use super::cancel_question;
+        assert_eq!(cancel_question("a.txt", 1, None, None), "Cancel a.txt? Your 1 credit comes back.");
+        assert_eq!(cancel_question("a.txt", 2, Some(JobStage::Reading), None), "Cancel a.txt? Your 2 credits come back.");
+        assert_eq!(
+            cancel_question("a.txt", 2, Some(JobStage::WaitingForProvider), None),
+            "The provider is already working on a.txt: canceling now still costs 2 credits. Cancel anyway?"
+        );
+        assert_eq!(
+            cancel_question("big.pdf", 12, Some(JobStage::WaitingForProvider), Some((2, 6))),
+            "The provider has already done part of big.pdf: canceling now keeps 6 credits and gives back 6 credits. Cancel anyway?"
+        );
+        assert_eq!(cancel_question("free.txt", 0, Some(JobStage::Writing), None), "Cancel free.txt?");
     }
 
     #[test]

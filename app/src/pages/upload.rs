@@ -215,6 +215,7 @@ pub fn UploadPage() -> impl IntoView {
                 <p class="hint">
                     {move || terms.get().and_then(|r| r.ok()).map(|t| terms_hint(t.max_upload_bytes, &t.prices))}
                 </p>
+                <p class="policy" data-testid="refund-policy">{refund_policy()}</p>
             </div>
             <ul class="uploads" aria-live="polite">
                 {move || {
@@ -303,6 +304,14 @@ fn send(
     xhr.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
     let _ = xhr.send_with_opt_form_data(Some(&form));
+}
+
+/// Pure: when a document that does not get a result is refunded, said before the upload.
+pub fn refund_policy() -> String {
+    format!(
+        "A document that fails is refunded. Unreadable files are refunded {} times a day; after that they are charged. Canceling before the provider starts costs nothing; after, its calls so far are charged.",
+        sluice_types::settlement::FREE_UNREADABLE_PER_DAY
+    )
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
 //! Accounts at the queue's terminal transitions: in-flight down on done, failed and canceled,
-//! the refund on failed (with a notice) and on canceled; a replay from the DLQ counts in flight again (free: the
-//! refund stands).
+//! the settlement on failed (with a notice) and on canceled (what `sluice_types::settlement`
+//! says is given back); a replay from the DLQ counts in flight again (free: the refund stands).
 
 use sqlx::PgConnection;
 
+use sluice_types::settlement::{refund_on_failure, FREE_UNREADABLE_PER_DAY};
+
 use super::{ledger, notices};
 use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
+use crate::FailureKind;
 
 /// The hooks the server runs the queue with.
 #[derive(Clone, Copy, Debug, Default)]
@@ -29,8 +32,18 @@ impl TerminalHooks for AccountHooks {
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            ledger::refund_job(tx, job).await?;
-            notices::add_refund_notice(tx, job).await?;
+            let unreadable = matches!(job.failure, Some((FailureKind::InvalidInput, _)));
+            let earlier = if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
+            let refund = refund_on_failure(i64::from(job.cost), unreadable, earlier);
+            let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str()).unwrap_or("it failed");
+            let note = if refund < i64::from(job.cost) {
+                format!("{reason}; charged: more than {FREE_UNREADABLE_PER_DAY} unreadable documents in a day")
+            } else {
+                reason.to_string()
+            };
+            ledger::refund_job(tx, job, refund, &note).await?;
+            // Once per job, like the refund (a replayed job failing again is told nothing new).
+            notices::add_refund_notice(tx, job, refund).await?;
             Ok(())
         })
     }
@@ -39,12 +52,18 @@ impl TerminalHooks for AccountHooks {
         Box::pin(change_in_flight(tx, job.owner_id, 1))
     }
 
-    /// Canceled: out of flight and refunded (once, by the ledger's unique index). No notice:
-    /// the user (or an admin, whom the audit log names) asked for it.
+    /// Canceled: out of flight and refunded less what the cancel keeps (fixed when it was
+    /// asked for), once, by the ledger's unique index. No notice: the user (or an admin, whom
+    /// the audit log names) asked for it.
     fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            ledger::refund_job(tx, job).await?;
+            let kept: i32 = sqlx::query_scalar("SELECT cancel_kept_credits FROM jobs WHERE id = $1")
+                .bind(job.id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let note = if kept > 0 { "canceled after the provider call started" } else { "canceled" };
+            ledger::refund_job(tx, job, i64::from(job.cost - kept), note).await?;
             Ok(())
         })
     }

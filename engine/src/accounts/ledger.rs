@@ -124,30 +124,50 @@ pub async fn ledger_sum(pool: &PgPool, user_id: i64) -> Result<i64> {
         .await?)
 }
 
-/// Refund a failed job's cost, at most once whatever races (the unique index on refunds
-/// decides). Returns whether this call refunded.
-pub async fn refund_job(conn: &mut PgConnection, job: &TerminalJob) -> Result<bool, sqlx::Error> {
+/// Settle a job that ended without a result: one `refund` row of `amount` credits (0 when the
+/// job is charged after all; the row still records that it was settled and why), at most once
+/// whatever races (the unique index on refunds decides). A job that cost nothing gets no row.
+/// Returns whether this call settled it.
+pub async fn refund_job(conn: &mut PgConnection, job: &TerminalJob, amount: i64, note: &str) -> Result<bool, sqlx::Error> {
+    let amount = amount.clamp(0, i64::from(job.cost.max(0)));
     let inserted = sqlx::query(
         "INSERT INTO ledger (user_id, kind, amount, job_id, note)
-         SELECT $1, 'refund', $2, $3, $4 WHERE $2 > 0
+         SELECT $1, 'refund', $2, $3, $4 WHERE $5 > 0
          ON CONFLICT (job_id) WHERE kind = 'refund' DO NOTHING",
     )
     .bind(job.owner_id)
-    .bind(job.cost as i64)
+    .bind(amount)
     .bind(job.id)
-    .bind(job.failure.as_ref().map(|(_, reason)| reason.as_str()))
+    .bind(note)
+    .bind(job.cost)
     .execute(&mut *conn)
     .await?
     .rows_affected()
         == 1;
-    if inserted {
+    if inserted && amount > 0 {
         // Counted when written (a transaction rolled back later would over-count by one).
-        metrics::counter!("sluice_credits_refunded_total").increment(job.cost.max(0) as u64);
+        metrics::counter!("sluice_credits_refunded_total").increment(amount as u64);
         sqlx::query("UPDATE users SET balance = balance + $2 WHERE id = $1")
             .bind(job.owner_id)
-            .bind(job.cost as i64)
+            .bind(amount)
             .execute(&mut *conn)
             .await?;
     }
     Ok(inserted)
+}
+
+/// How many unreadable documents `owner_id` was refunded for in the last 24 hours, `job_id`
+/// aside. Run after the owner's row is locked (the in-flight update), so two failing at once
+/// count each other.
+pub async fn unreadable_refunded_today(conn: &mut PgConnection, owner_id: i64, job_id: uuid::Uuid) -> Result<u32, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs j JOIN ledger l ON l.job_id = j.id AND l.kind = 'refund' AND l.amount > 0
+         WHERE j.owner_id = $1 AND j.failure_kind = 'invalid_input' AND j.finished_at > now() - interval '1 day'
+           AND j.id <> $2",
+    )
+    .bind(owner_id)
+    .bind(job_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(n.clamp(0, u32::MAX as i64) as u32)
 }

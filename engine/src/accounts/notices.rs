@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::error::Result;
 use crate::queue::hooks::TerminalJob;
+use sluice_types::settlement::FREE_UNREADABLE_PER_DAY;
 
 /// One notice as its user reads it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
@@ -20,18 +21,22 @@ pub struct Notice {
     pub read: bool,
 }
 
-/// Pure: what a user is told when a job failed, and what was refunded.
-pub fn refund_message(reason: Option<&str>, cost: i32) -> String {
+/// Pure: what a user is told when a job failed, and what was refunded of what it cost.
+pub fn refund_message(reason: Option<&str>, cost: i32, refunded: i64) -> String {
     let reason = reason.unwrap_or("it failed");
-    match cost {
-        0 => format!("Your document could not be processed ({reason})."),
-        1 => format!("Your document could not be processed ({reason}). 1 credit refunded."),
-        n => format!("Your document could not be processed ({reason}). {n} credits refunded."),
+    let credits = |n: i64| if n == 1 { "1 credit".to_string() } else { format!("{n} credits") };
+    match (cost, refunded) {
+        (0, _) => format!("Your document could not be processed ({reason})."),
+        (_, 0) => format!(
+            "Your document could not be processed ({reason}). Charged {}: only {FREE_UNREADABLE_PER_DAY} unreadable documents a day are refunded.",
+            credits(i64::from(cost))
+        ),
+        (_, n) => format!("Your document could not be processed ({reason}). {} refunded.", credits(n)),
     }
 }
 
 /// Tell the owner a job failed (and what was refunded), once per job whatever races.
-pub async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob) -> Result<(), sqlx::Error> {
+pub async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob, refunded: i64) -> Result<(), sqlx::Error> {
     let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str());
     sqlx::query(
         "INSERT INTO notices (user_id, job_id, kind, message) VALUES ($1, $2, 'refund', $3)
@@ -39,7 +44,7 @@ pub async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob) -> Re
     )
     .bind(job.owner_id)
     .bind(job.id)
-    .bind(refund_message(reason, job.cost))
+    .bind(refund_message(reason, job.cost, refunded))
     .execute(conn)
     .await?;
     Ok(())
@@ -83,8 +88,9 @@ mod tests {
 
     #[test]
     fn refund_messages_count_credits_in_words() {
-        assert_eq!(refund_message(Some("timeout"), 0), "Your document could not be processed (timeout).");
-        assert!(refund_message(None, 1).ends_with("(it failed). 1 credit refunded."));
-        assert!(refund_message(Some("x"), 3).ends_with("3 credits refunded."));
+        assert_eq!(refund_message(Some("timeout"), 0, 0), "Your document could not be processed (timeout).");
+        assert!(refund_message(None, 1, 1).ends_with("(it failed). 1 credit refunded."));
+        assert!(refund_message(Some("x"), 3, 3).ends_with("3 credits refunded."));
+        assert!(refund_message(Some("x"), 3, 0).contains("Charged 3 credits: only 3 unreadable documents a day"));
     }
 }

@@ -2,7 +2,10 @@
 //! flight and refunded in one transaction. A running job gets a request instead: its worker
 //! stops at the next safe point (before the provider call), and whatever its attempt ends with
 //! (a result, an error, an expired lease) it becomes `canceled` and refunded: a result that
-//! arrives anyway is not charged. Done, failed and canceled jobs stay as they are.
+//! arrives anyway is not delivered. Done, failed and canceled jobs stay as they are.
+//!
+//! What the cancel keeps is fixed when it is asked for (`sluice_types::settlement`): the share
+//! of the job's provider calls already made or in flight, which the provider bills us for.
 
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -11,6 +14,7 @@ use super::hooks::{TerminalHooks, TerminalJob};
 use crate::audit::audit;
 use crate::error::{EngineError, Result};
 use crate::JobState;
+use sluice_types::settlement::{calls_started, kept_on_cancel};
 
 /// What a cancellation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +25,16 @@ pub enum Canceled {
     Requested,
     /// The job had already ended (or a request was already made): nothing changed.
     AlreadyEnded(JobState),
+}
+
+#[derive(sqlx::FromRow)]
+struct Found {
+    state: JobState,
+    requested: bool,
+    cost: i32,
+    parts_done: i32,
+    parts_total: Option<i32>,
+    provider_call_in_flight: bool,
 }
 
 /// Cancel `job_id` for `actor`. `audited` puts it in the audit log (an admin acting on
@@ -34,32 +48,46 @@ pub async fn cancel(
     audited: bool,
 ) -> Result<Canceled> {
     let mut tx = pool.begin().await?;
-    let found: Option<(JobState, bool)> =
-        sqlx::query_as("SELECT state, cancel_requested_at IS NOT NULL FROM jobs WHERE id = $1 FOR UPDATE")
-            .bind(job_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let (state, requested) = found.ok_or(EngineError::NotFound)?;
+    let found: Option<Found> = sqlx::query_as(
+        "SELECT state, cancel_requested_at IS NOT NULL AS requested, cost, parts_done, parts_total,
+             coalesce(state = 'running' AND stage IN ('waiting_for_provider', 'writing')
+                 AND stage_since >= started_at, false) AS provider_call_in_flight
+         FROM jobs WHERE id = $1 FOR UPDATE",
+    )
+    .bind(job_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let found = found.ok_or(EngineError::NotFound)?;
+    let state = found.state;
+    let kept = kept_on_cancel(
+        i64::from(found.cost),
+        calls_started(found.parts_done.max(0) as u32, found.provider_call_in_flight),
+        found.parts_total.unwrap_or(1).max(1) as u32,
+    );
     let outcome = match state {
         JobState::Queued | JobState::Retrying => {
             let job: TerminalJob = sqlx::query_as(
                 "UPDATE jobs SET state = 'canceled', canceled_by = $2, cancel_requested_at = now(),
-                     finished_at = now(), updated_at = now()
+                     cancel_kept_credits = $3, finished_at = now(), updated_at = now()
                  WHERE id = $1 RETURNING id, owner_id, cost, attempts",
             )
             .bind(job_id)
             .bind(actor)
+            .bind(kept as i32)
             .fetch_one(&mut *tx)
             .await?;
             hooks.on_canceled(&mut tx, &job).await?;
             Canceled::Now
         }
-        JobState::Running if !requested => {
+        JobState::Running if !found.requested => {
             sqlx::query(
-                "UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, updated_at = now() WHERE id = $1",
+                "UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, cancel_kept_credits = $3,
+                     updated_at = now()
+                 WHERE id = $1",
             )
             .bind(job_id)
             .bind(actor)
+            .bind(kept as i32)
             .execute(&mut *tx)
             .await?;
             Canceled::Requested

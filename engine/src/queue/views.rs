@@ -52,6 +52,9 @@ pub struct JobView {
     pub parts_done: i32,
     #[sqlx(default)]
     pub parts_stage: Option<String>,
+    /// Credits a cancel keeps (fixed when it was asked for: the provider calls started).
+    #[sqlx(default)]
+    pub cancel_kept_credits: i32,
     /// Credits given back for this job (read where the owner sees costs; 0 elsewhere).
     #[sqlx(default)]
     pub refunded: i64,
