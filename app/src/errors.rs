@@ -35,6 +35,8 @@ pub enum AppError {
     /// A request other than an upload carried more than its route takes.
     #[error("the request is larger than the {limit_bytes} bytes this address takes")]
     BodyTooLarge { limit_bytes: u64 },
+    #[error("your stored documents take {} of your {} of storage; this one would pass it (nothing was stored)", crate::pages::upload::size_text(*used_bytes), crate::pages::upload::size_text(*quota_bytes))]
+    StorageFull { used_bytes: u64, quota_bytes: u64 },
     #[error("the document is longer than Sluice takes in one document (about {max_tokens} tokens); split it and upload the pieces")]
     TooManyTokens { max_tokens: u64 },
     #[error("{message}")]
@@ -79,7 +81,10 @@ impl AppError {
             AppError::NotReady { .. } | AppError::AlreadyEnded { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::Gone => 410,
-            AppError::TooLarge { .. } | AppError::BodyTooLarge { .. } | AppError::TooManyTokens { .. } => 413,
+            AppError::TooLarge { .. }
+            | AppError::BodyTooLarge { .. }
+            | AppError::TooManyTokens { .. }
+            | AppError::StorageFull { .. } => 413,
             AppError::UnsupportedType { .. } => 415,
             AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,
             AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } | AppError::TooManyUploads { .. } => 429,
@@ -149,6 +154,7 @@ mod ssr {
                     AppError::TooManyInFlight { in_flight, limit, retry_after_secs }
                 }
                 Refusal::Overloaded { retry_after_secs } => AppError::Overloaded { retry_after_secs },
+                Refusal::StorageFull { used_bytes, quota_bytes } => AppError::StorageFull { used_bytes, quota_bytes },
             }
         }
     }

@@ -29,6 +29,8 @@ pub struct MaintenanceConfig {
     pub login_window: Duration,
     /// Reconciliation runs (reports only; see [`crate::reconcile`]).
     pub reconcile_every: Duration,
+    /// Delivered and given-up webhook deliveries are kept this long (pruned with the logins).
+    pub webhook_retention: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -41,6 +43,7 @@ impl Default for MaintenanceConfig {
             account_upkeep_every: Duration::from_secs(3600),
             login_window: crate::accounts::login::LoginLimits::default().window,
             reconcile_every: Duration::from_secs(3600),
+            webhook_retention: Duration::from_secs(7 * 86_400),
         }
     }
 }
@@ -72,7 +75,7 @@ pub async fn run(
                     Ok(jobs) if !jobs.is_empty() => {
                         tracing::info!(jobs = jobs.len(), "pruned old jobs");
                         if let Some(blobs) = &blobs {
-                            delete_documents_of(blobs, &jobs).await;
+                            delete_documents_of(&pool, blobs, &jobs).await;
                         }
                     }
                     Ok(_) => {}
@@ -96,6 +99,9 @@ pub async fn run(
             _ = account_tick.tick() => {
                 if let Err(e) = crate::accounts::login::prune_login_failures(&pool, config.login_window).await {
                     tracing::warn!(error = %e, "pruning failed logins failed");
+                }
+                if let Err(e) = crate::webhooks::outbox::prune(&pool, config.webhook_retention).await {
+                    tracing::warn!(error = %e, "pruning webhook deliveries failed");
                 }
             }
         }

@@ -15,6 +15,7 @@ use sqlx::PgPool;
 /// A one-credit document of `user` whose content (and request) is `key`.
 fn one_credit_document(user_id: i64, key: &str) -> Submission {
     Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id,
@@ -30,6 +31,7 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
     let pool = wider_pool(&pool, 30).await;
     let user = users::create_user(&pool, "race@example.com", "password123", Role::User, 5).await.unwrap();
     let submission = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id: user.id,
@@ -78,6 +80,7 @@ async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool
     let mut jobs = Vec::new();
     for n in 0..3 {
         let submission = Submission {
+            shared_document: None,
             cost: 1,
             est_input_tokens: 0,
             user_id: user.id,
@@ -237,6 +240,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
     // Paused 45 minutes ago; a job has waited 40 minutes, all of them paused.
     sqlx::query("UPDATE processing_pauses SET paused_at = now() - interval '45 minutes'").execute(&pool).await.unwrap();
     let submission = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id: user.id,
@@ -253,7 +257,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(admission::precheck(&pool, &config, user.id, 1).await.unwrap(), None, "paused time does not count");
+    assert_eq!(admission::precheck(&pool, &config, user.id, 1, 0).await.unwrap(), None, "paused time does not count");
 
     // Resumed 35 minutes ago: the job has now waited 35 counted minutes, past the bound.
     switches::set_processing(&pool, true, "ops@example.com").await.unwrap();
@@ -263,7 +267,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
         .unwrap();
     assert!(
         matches!(
-            admission::precheck(&pool, &config, user.id, 1).await.unwrap(),
+            admission::precheck(&pool, &config, user.id, 1, 0).await.unwrap(),
             Some(admission::Refusal::Overloaded { .. })
         ),
         "time waited while processing runs still counts"
@@ -283,6 +287,7 @@ async fn cancel_racing_claim_and_complete_keeps_money_and_jobs_exact(pool: PgPoo
     let mut ids = Vec::new();
     for n in 0..40 {
         let s = Submission {
+            shared_document: None,
             cost: 1,
             est_input_tokens: 0,
             user_id: user.id,
@@ -361,6 +366,7 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
     let mut ids = Vec::new();
     for n in 0..3 {
         let s = Submission {
+            shared_document: None,
             cost: 1,
             est_input_tokens: 0,
             user_id: user.id,
@@ -378,9 +384,8 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
     let mut running = queue::claim(&pool, "w", 2, std::time::Duration::from_secs(60)).await.unwrap();
     running.sort_by_key(|j| j.id);
     // The first is still reading its document; the second's provider call has started.
-    let stage = |job: &queue::ClaimedJob, stage| {
-        engine::queue::stages::set_stage(&pool, job.id, job.lease_token, stage, None)
-    };
+    let stage =
+        |job: &queue::ClaimedJob, stage| engine::queue::stages::set_stage(&pool, job.id, job.lease_token, stage, None);
     assert!(stage(&running[0], JobStage::Reading).await.unwrap().written);
     assert!(stage(&running[1], JobStage::WaitingForProvider).await.unwrap().written);
     for job in &running {
@@ -409,6 +414,7 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
 
     // The same document uploaded again after a cancel is a new job (the key is free again).
     let again = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id: user.id,
@@ -433,6 +439,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
         let key = Blobs::new_key();
         blobs.put(&key, bytes::Bytes::from_static(b"text")).await.unwrap();
         let s = Submission {
+            shared_document: None,
             cost: 1,
             est_input_tokens: 0,
             user_id: user.id,
@@ -449,6 +456,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     }
     // A job that failed (refunded), was replayed (free) and then finished is in order.
     let extra = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id: user.id,
@@ -560,6 +568,7 @@ async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_t
             let (pool, config, user_id) = (pool.clone(), config.clone(), users_[n % 4]);
             tokio::spawn(async move {
                 let s = Submission {
+                    shared_document: None,
                     cost: 1,
                     est_input_tokens: 0,
                     user_id,

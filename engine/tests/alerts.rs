@@ -281,3 +281,70 @@ async fn callbacks_never_reach_private_addresses_unless_allowed(pool: PgPool) {
     assert!(delivery(&pool, "revoked").await.3, "given up");
     assert_eq!(receiver.received().len(), 1);
 }
+
+/// One token's flood does not delay another token's callback: due deliveries are taken a token
+/// at a time. A token's waiting deliveries are bounded, and ended ones are pruned.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_outbox_takes_tokens_in_turn_bounds_each_and_prunes_what_ended(pool: PgPool) {
+    let receiver = WebhookReceiver::start().await;
+    let lab = TargetPolicy { allow_private: true, ..TargetPolicy::default() };
+    let config = DeliveryConfig { policy: lab.clone(), ..delivery_config() };
+    let user = engine::accounts::users::create_user(
+        &pool,
+        "hooks@example.com",
+        "password123",
+        engine::accounts::Role::User,
+        0,
+    )
+    .await
+    .unwrap();
+    let mut tokens = Vec::new();
+    for name in ["flood", "quiet"] {
+        let (token, _) = engine::accounts::tokens::create(&pool, user.id, name).await.unwrap();
+        engine::webhooks::completion::register(&pool, &lab, user.id, token.id, &receiver.url(&format!("/{name}")))
+            .await
+            .unwrap();
+        tokens.push(token.id);
+    }
+    // The flood's 40 are older than the quiet token's one.
+    for n in 0..40 {
+        enqueue(&pool, &format!("flood-{n}"), &receiver.url("/flood"), Some(tokens[0])).await;
+    }
+    exec(&pool, &["UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 minute'"]).await;
+    enqueue(&pool, "quiet-0", &receiver.url("/quiet"), Some(tokens[1])).await;
+    assert_eq!(deliver_due(&pool, &config, 4).await.unwrap(), 4);
+    let first: Vec<String> =
+        receiver.wait_for(4, Duration::from_secs(5)).await.iter().map(|r| r.header("sluice-delivery")).collect();
+    assert!(first.contains(&"quiet-0".to_string()), "the quiet token's turn comes in the first batch: {first:?}");
+
+    // The bound: a token with MAX_PENDING_PER_TOKEN waiting gets a new one given up, with why.
+    let waiting = outbox::MAX_PENDING_PER_TOKEN - 37;
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (event_key, url, token_id, body)
+         SELECT 'bulk-' || n, 'http://127.0.0.1:9/x', $1, '{}' FROM generate_series(1, $2) n",
+    )
+    .bind(tokens[0])
+    .bind(waiting)
+    .execute(&pool)
+    .await
+    .unwrap();
+    enqueue(&pool, "one-too-many", &receiver.url("/flood"), Some(tokens[0])).await;
+    let (_, _, delivered, gave_up, _) = delivery(&pool, "one-too-many").await;
+    assert_eq!((delivered, gave_up), (false, true), "refused by the bound");
+    enqueue(&pool, "quiet-1", &receiver.url("/quiet"), Some(tokens[1])).await;
+    assert_eq!(delivery(&pool, "quiet-1").await.3, false, "another token is not bound by the flood's");
+
+    // Pruning: what ended more than the retention ago goes; what waits stays.
+    exec(
+        &pool,
+        &[
+            "UPDATE webhook_deliveries SET delivered_at = now() - interval '8 days' WHERE delivered_at IS NOT NULL",
+            "UPDATE webhook_deliveries SET gave_up_at = now() - interval '8 days' WHERE gave_up_at IS NOT NULL",
+        ],
+    )
+    .await;
+    let pruned = outbox::prune(&pool, Duration::from_secs(7 * 86_400)).await.unwrap();
+    assert_eq!(pruned, 5, "four delivered and one given up");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries").fetch_one(&pool).await.unwrap();
+    assert_eq!(left, 37 + waiting + 1, "every waiting delivery stays");
+}

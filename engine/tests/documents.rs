@@ -186,6 +186,7 @@ async fn submit_pdf(s: &Setup) -> uuid::Uuid {
         "preset": "summarize",
     });
     let submission = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id: s.user,
@@ -294,6 +295,7 @@ async fn an_encrypted_pdf_fails_at_once_as_invalid_input_without_calling_the_pro
         "document": { "key": key, "type": "pdf", "sha256": "e", "size": 1, "name": null }, "preset": "summarize",
     });
     let submission = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 0,
         user_id: s.user,

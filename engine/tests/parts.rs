@@ -51,6 +51,7 @@ async fn submit(pool: &PgPool, docs: &TempBlobs, user: i64, text: &str, preset: 
         "language": "French",
     });
     let submission = Submission {
+        shared_document: None,
         cost: PriceTable::default().price(tokens),
         est_input_tokens: tokens.min(call_tokens) as i64,
         user_id: user,
@@ -392,6 +393,7 @@ async fn a_pdf_far_denser_than_its_price_is_not_done_in_parts_and_is_refunded(po
         "preset": "summarize",
     });
     let submission = Submission {
+        shared_document: None,
         cost: 1,
         est_input_tokens: 100,
         user_id: user.id,

@@ -270,6 +270,9 @@ pub struct Config {
     /// Accounts one client address may make per hour.
     #[arg(long, env = "SLUICE_SIGNUPS_PER_ADDRESS", default_value_t = 10, global = true)]
     pub signups_per_address: i64,
+    /// Accounts one network (an IPv4 /24, an IPv6 /48) may make per hour.
+    #[arg(long, env = "SLUICE_SIGNUPS_PER_NETWORK", default_value_t = 30, global = true)]
+    pub signups_per_network: i64,
     /// Accounts that may be made per hour in all.
     #[arg(long, env = "SLUICE_SIGNUPS_PER_HOUR", default_value_t = 300, global = true)]
     pub signups_per_hour: i64,
@@ -371,6 +374,10 @@ pub struct Config {
     /// deleted (the job stays). A canceled job's document is deleted at once.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DOCUMENTS_DAYS", default_value_t = 7.0, global = true)]
     pub keep_failed_documents_days: f64,
+    /// Storage per user, in MiB: the documents of their jobs that keep them (shared ones once).
+    /// Uploads past it get 413 `storage_full` before their body is read. 0 = none.
+    #[arg(long, env = "SLUICE_STORAGE_QUOTA_MIB", default_value_t = 1024, global = true)]
+    pub storage_quota_mib: u64,
     /// Where alerts are sent (POST, JSON, signed with --alert-webhook-secret): once when one
     /// fires and once when it resolves. Unset: alerts show on the admin page and in /metrics only.
     #[arg(long, env = "SLUICE_ALERT_WEBHOOK_URL", global = true)]
@@ -495,9 +502,12 @@ impl Config {
                 max_backlog: self.max_backlog,
                 max_oldest_wait: Duration::from_secs(self.max_oldest_wait_secs),
                 max_attempts: self.max_attempts.max(1) as i32,
+                storage_quota_bytes: (self.storage_quota_mib > 0)
+                    .then(|| self.storage_quota_mib.saturating_mul(1 << 20)),
                 ..Default::default()
             },
             signup_grant: self.signup_grant.max(0),
+            secure_cookies: self.secure_cookies,
             login_limits: LoginLimits {
                 per_account: self.login_failures_per_account,
                 per_address: self.login_failures_per_address,
@@ -505,6 +515,7 @@ impl Config {
             },
             signup_limits: SignupLimits {
                 per_address: self.signups_per_address,
+                per_network: self.signups_per_network,
                 overall: self.signups_per_hour,
                 ..SignupLimits::default()
             },

@@ -340,6 +340,7 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
         .env("SLUICE_GATE_RECOVER_SECS", "1")
         // The browser suite signs up dozens of users from one address.
         .env("SLUICE_SIGNUPS_PER_ADDRESS", "1000")
+        .env("SLUICE_SIGNUPS_PER_NETWORK", "1000")
         .env("SLUICE_PROVIDER", "anthropic")
         .env("SLUICE_PROVIDER_URL", &fake_url)
         .env("SLUICE_PROVIDER_API_KEY", "e2e-test-key")

@@ -29,7 +29,9 @@ pub fn ending_message(job: &JobStatus) -> (String, String) {
     let name = job.file_name.clone().unwrap_or_else(|| "Your document".into());
     match job.state {
         JobState::Done => (format!("{name} is done"), "The result is ready in Sluice.".into()),
-        JobState::Canceled => (format!("{name} was canceled"), crate::pages::jobs::canceled_text(job.refunded, job.cost.into())),
+        JobState::Canceled => {
+            (format!("{name} was canceled"), crate::pages::jobs::canceled_text(job.refunded, job.cost.into()))
+        }
         _ => (
             format!("{name} failed"),
             crate::pages::jobs::failed_text(job.failure_kind, job.failure_reason.as_deref(), job.attempts, job.cost),

@@ -132,7 +132,11 @@ pub fn canceled_text(refunded: i64, cost: i64) -> String {
         (0, 0) => "Canceled. Nothing was charged.".into(),
         (r, 0) => format!("Canceled. {} refunded.", credits_text(r)),
         (0, k) => format!("Canceled. {} kept: the provider had already started.", credits_text(k)),
-        (r, k) => format!("Canceled. {} refunded, {} kept: the provider had already started.", credits_text(r), credits_text(k)),
+        (r, k) => format!(
+            "Canceled. {} refunded, {} kept: the provider had already started.",
+            credits_text(r),
+            credits_text(k)
+        ),
     }
 }
 
@@ -584,7 +588,10 @@ mod tests {
     fn the_cancel_question_says_what_canceling_costs_before_it_is_confirmed() {
         use super::cancel_question;
         assert_eq!(cancel_question("a.txt", 1, None, None), "Cancel a.txt? Your 1 credit comes back.");
-        assert_eq!(cancel_question("a.txt", 2, Some(JobStage::Reading), None), "Cancel a.txt? Your 2 credits come back.");
+        assert_eq!(
+            cancel_question("a.txt", 2, Some(JobStage::Reading), None),
+            "Cancel a.txt? Your 2 credits come back."
+        );
         assert_eq!(
             cancel_question("a.txt", 2, Some(JobStage::WaitingForProvider), None),
             "The provider is already working on a.txt: canceling now still costs 2 credits. Cancel anyway?"

@@ -53,6 +53,11 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
             crate::pages::jobs::thousands(num("max_tokens")),
             size_text(max_bytes_for_context(SizeKind::Text, num("max_tokens").max(0) as u64))
         )),
+        413 if body["error"] == "storage_full" => refused(format!(
+            "Your storage is full: your documents take {} of your {}. Documents are removed once their jobs no longer need them; try again then. Nothing was stored or charged.",
+            size_text(num("used_bytes").max(0) as u64),
+            size_text(num("quota_bytes").max(0) as u64)
+        )),
         413 => refused(format!("Too large: the limit is {} MB.", num("limit_bytes") / (1024 * 1024))),
         415 => refused(format!(
             "Not a supported document: {}.",

@@ -5,7 +5,9 @@ use leptos::prelude::*;
 use crate::errors::AppError;
 use crate::model::UserInfo;
 #[cfg(feature = "ssr")]
-use crate::server::session::{answer, client_address, context, end_session, session, session_user, start_session};
+use crate::server::session::{
+    answer, client_address, context, device_token, end_session, keep_device_token, session, session_user, start_session,
+};
 
 /// Create an account with the sign-up grant and log it in (throttled per address and overall).
 #[server(endpoint = "sign_up")]
@@ -17,6 +19,8 @@ pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppErr
         let (grant, limits) = (settings.signup_grant, settings.signup_limits);
         let user = engine::accounts::users::sign_up(&ctx.pool, &email, &password, grant, &client, limits).await?;
         start_session(&session().await?, &user).await?;
+        let device = engine::accounts::login::issue_device_token(&ctx.pool, user.id).await?;
+        keep_device_token(&device, settings.secure_cookies);
         Ok(user.into())
     })
     .await
@@ -29,9 +33,12 @@ pub async fn log_in(email: String, password: String) -> Result<UserInfo, AppErro
         let ctx = context()?;
         let client = client_address(&ctx.settings.trusted_proxies).await;
         let limits = ctx.settings.login_limits;
-        let user = engine::accounts::login::log_in(&ctx.pool, &email, &password, &client, limits).await?;
-        start_session(&session().await?, &user).await?;
-        Ok(user.into())
+        let device = device_token().await;
+        let logged_in =
+            engine::accounts::login::log_in(&ctx.pool, &email, &password, &client, device.as_deref(), limits).await?;
+        start_session(&session().await?, &logged_in.user).await?;
+        keep_device_token(&logged_in.device_token, ctx.settings.secure_cookies);
+        Ok(logged_in.user.into())
     })
     .await
 }

@@ -116,6 +116,8 @@ pub struct WebSettings {
     /// sits idle), and at most `max_connections` are open at once.
     pub header_read_timeout: std::time::Duration,
     pub max_connections: usize,
+    /// Cookies are marked `Secure` (served over HTTPS).
+    pub secure_cookies: bool,
 }
 
 impl Default for WebSettings {
@@ -140,6 +142,7 @@ impl Default for WebSettings {
             time_limits: Default::default(),
             header_read_timeout: std::time::Duration::from_secs(10),
             max_connections: 4096,
+            secure_cookies: false,
         }
     }
 }
@@ -219,6 +222,32 @@ pub async fn start_session(session: &Session, user: &User) -> Result<(), AppErro
 /// Ends the server-side session (the record is deleted, not just the cookie).
 pub async fn end_session(session: &Session) -> Result<(), AppError> {
     session.flush().await.map_err(session_error)
+}
+
+/// The cookie a browser keeps its device token in (see `engine::accounts::login`).
+pub const DEVICE_COOKIE: &str = "sluice_device";
+
+/// The device token the browser sent, if any.
+pub async fn device_token() -> Option<String> {
+    let headers = leptos_axum::extract::<http::HeaderMap>().await.ok()?;
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(DEVICE_COOKIE)?.strip_prefix('=').map(str::to_string))
+}
+
+/// Have the browser keep `token` as its device token (a year; only the server reads it).
+pub fn keep_device_token(token: &str, secure: bool) {
+    let Some(options) = leptos::prelude::use_context::<leptos_axum::ResponseOptions>() else { return };
+    let cookie = format!(
+        "{DEVICE_COOKIE}={token}; Path=/; Max-Age=31536000; HttpOnly; SameSite=Strict{}",
+        if secure { "; Secure" } else { "" }
+    );
+    if let Ok(value) = http::HeaderValue::from_str(&cookie) {
+        options.append_header(http::header::SET_COOKIE, value);
+    }
 }
 
 /// The client's address, for the throttles: the peer, or, when the peer is a trusted proxy,

@@ -158,7 +158,9 @@ where
         .unwrap_or(0);
     let file_at_least = declared.saturating_sub(MAX_FORM_OVERHEAD);
     let least_price = settings.admission.prices.price(estimate_input_tokens(SizeKind::Pdf, file_at_least));
-    if let Some(refusal) = admission::precheck(&ctx.pool, &settings.admission, user.id, least_price).await? {
+    if let Some(refusal) =
+        admission::precheck(&ctx.pool, &settings.admission, user.id, least_price, file_at_least).await?
+    {
         // A retried key may get its earlier job back whatever the balance, so only an
         // overloaded intake refuses it unread; everyone else is refused here.
         if !retried || matches!(refusal, Refusal::Overloaded { .. }) {
@@ -229,8 +231,7 @@ pub async fn run_again(
         callback_url: None,
     };
     options.check(&ctx.settings.presets)?;
-    let admitted =
-        intake::run_again(&ctx.pool, &ctx.blobs, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
+    let admitted = intake::run_again(&ctx.pool, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
         Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged }),
         Ok(Admission::Existing { job_id }) => Ok(Uploaded { job_id, duplicate: true, charged: 0 }),

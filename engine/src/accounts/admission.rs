@@ -37,6 +37,9 @@ pub struct AdmissionConfig {
     pub retry_after_overloaded: Duration,
     /// Attempts each admitted job gets, the first included.
     pub max_attempts: i32,
+    /// The most bytes of documents one user may have stored (jobs that still keep theirs; a
+    /// document shared by several jobs counts once): past it, uploads get 413 unread.
+    pub storage_quota_bytes: Option<u64>,
 }
 
 impl Default for AdmissionConfig {
@@ -50,6 +53,7 @@ impl Default for AdmissionConfig {
             retry_after_busy: Duration::from_secs(15),
             retry_after_overloaded: Duration::from_secs(60),
             max_attempts: 3,
+            storage_quota_bytes: None,
         }
     }
 }
@@ -69,6 +73,10 @@ pub struct Submission {
     pub cost: i64,
     /// Input tokens its provider request is estimated at.
     pub est_input_tokens: i64,
+    /// The stored document it shares with earlier jobs ("run again"), if any: admitted only
+    /// while that document is still kept (checked under the document's lock, so a release
+    /// cannot delete it in between).
+    pub shared_document: Option<String>,
 }
 
 /// Why a document was not admitted; nothing was stored.
@@ -80,6 +88,8 @@ pub enum Refusal {
     TooManyInFlight { in_flight: i32, limit: i32, retry_after_secs: u64 },
     /// 503: the system is not accepting work now; nothing was stored.
     Overloaded { retry_after_secs: u64 },
+    /// 413: the user's stored documents would pass their quota; nothing was stored.
+    StorageFull { used_bytes: u64, quota_bytes: u64 },
 }
 
 /// What admission decided.
@@ -164,10 +174,22 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
 /// at least `cost`? Answers 402 / 429 / 503 without the server reading, storing or hashing a
 /// byte. Only a hint: the conditional write in [`submit`] still decides (a check that passes
 /// here can still end 402 / 429 there).
-pub async fn precheck(pool: &PgPool, config: &AdmissionConfig, user_id: i64, cost: i64) -> Result<Option<Refusal>> {
+pub async fn precheck(
+    pool: &PgPool,
+    config: &AdmissionConfig,
+    user_id: i64,
+    cost: i64,
+    incoming_bytes: u64,
+) -> Result<Option<Refusal>> {
     let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;
     if let Some(refusal) = intake_refusal(backlog, oldest, config) {
         return Ok(Some(refusal));
+    }
+    if let Some(quota) = config.storage_quota_bytes {
+        let used = storage_used(&mut *pool.acquire().await?, user_id).await?;
+        if let Some(refusal) = storage_refusal(used, incoming_bytes, quota) {
+            return Ok(Some(refusal));
+        }
     }
     let (balance, in_flight, limit): (i64, i32, i32) =
         sqlx::query_as("SELECT balance, in_flight, max_in_flight FROM users WHERE id = $1")
@@ -177,6 +199,25 @@ pub async fn precheck(pool: &PgPool, config: &AdmissionConfig, user_id: i64, cos
             .ok_or(EngineError::NotFound)?;
     let refused = balance < cost || in_flight >= limit;
     Ok(refused.then(|| refusal_reason(balance, in_flight, limit, cost, config.retry_after_busy)))
+}
+
+/// Pure: refused when `incoming` more bytes would take a user's stored documents past `quota`.
+pub fn storage_refusal(used: u64, incoming: u64, quota: u64) -> Option<Refusal> {
+    (used.saturating_add(incoming) > quota).then_some(Refusal::StorageFull { used_bytes: used, quota_bytes: quota })
+}
+
+/// Bytes of documents `user_id` has stored: those of jobs that keep theirs, a document shared
+/// by several jobs ("run again") counted once.
+pub async fn storage_used(conn: &mut sqlx::PgConnection, user_id: i64) -> Result<u64> {
+    let used: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(size), 0)::int8 FROM (
+             SELECT DISTINCT payload #>> '{document,key}' AS key, (payload #>> '{document,size}')::numeric AS size
+             FROM jobs WHERE owner_id = $1 AND kind = 'document' AND document_released_at IS NULL) stored",
+    )
+    .bind(user_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(used.max(0) as u64)
 }
 
 /// Whether this user already has a job under this client `Idempotency-Key`: such a request is
@@ -232,6 +273,23 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         return Ok(Admission::Existing { job_id });
     }
 
+    match (&s.shared_document, config.storage_quota_bytes) {
+        (Some(key), _) => {
+            if !crate::documents::sweep::document_needed(&mut tx, key).await? {
+                return Err(EngineError::NotFound);
+            }
+        }
+        // Checked again with the stored size (the upload's declared length was only a hint);
+        // uploads racing past it at once overshoot by at most the user's uploads in progress.
+        (None, Some(quota)) => {
+            let incoming = s.payload.pointer("/document/size").and_then(|v| v.as_u64()).unwrap_or(0);
+            let used = storage_used(&mut tx, s.user_id).await?;
+            if let Some(refusal) = storage_refusal(used, incoming, quota) {
+                return Ok(Admission::Refused(refusal));
+            }
+        }
+        (None, None) => {}
+    }
     // The owner's line before the owner's row, in the order cancel and replay take them.
     queue::lock_line(&mut tx, s.user_id).await?;
     // The compound check: one conditional write.
@@ -273,6 +331,13 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn storage_is_refused_only_past_the_quota() {
+        assert_eq!(storage_refusal(900, 100, 1000), None, "up to the quota exactly");
+        assert_eq!(storage_refusal(900, 101, 1000), Some(Refusal::StorageFull { used_bytes: 900, quota_bytes: 1000 }));
+        assert!(storage_refusal(u64::MAX, 1, u64::MAX).is_some(), "no overflow");
+    }
 
     #[test]
     fn short_balance_is_402_even_at_the_in_flight_limit() {

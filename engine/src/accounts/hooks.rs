@@ -33,7 +33,8 @@ impl TerminalHooks for AccountHooks {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
             let unreadable = matches!(job.failure, Some((FailureKind::InvalidInput, _)));
-            let earlier = if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
+            let earlier =
+                if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
             let refund = refund_on_failure(i64::from(job.cost), unreadable, earlier);
             let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str()).unwrap_or("it failed");
             let note = if refund < i64::from(job.cost) {

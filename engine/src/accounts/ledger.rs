@@ -128,7 +128,12 @@ pub async fn ledger_sum(pool: &PgPool, user_id: i64) -> Result<i64> {
 /// job is charged after all; the row still records that it was settled and why), at most once
 /// whatever races (the unique index on refunds decides). A job that cost nothing gets no row.
 /// Returns whether this call settled it.
-pub async fn refund_job(conn: &mut PgConnection, job: &TerminalJob, amount: i64, note: &str) -> Result<bool, sqlx::Error> {
+pub async fn refund_job(
+    conn: &mut PgConnection,
+    job: &TerminalJob,
+    amount: i64,
+    note: &str,
+) -> Result<bool, sqlx::Error> {
     let amount = amount.clamp(0, i64::from(job.cost.max(0)));
     let inserted = sqlx::query(
         "INSERT INTO ledger (user_id, kind, amount, job_id, note)
@@ -159,7 +164,11 @@ pub async fn refund_job(conn: &mut PgConnection, job: &TerminalJob, amount: i64,
 /// How many unreadable documents `owner_id` was refunded for in the last 24 hours, `job_id`
 /// aside. Run after the owner's row is locked (the in-flight update), so two failing at once
 /// count each other.
-pub async fn unreadable_refunded_today(conn: &mut PgConnection, owner_id: i64, job_id: uuid::Uuid) -> Result<u32, sqlx::Error> {
+pub async fn unreadable_refunded_today(
+    conn: &mut PgConnection,
+    owner_id: i64,
+    job_id: uuid::Uuid,
+) -> Result<u32, sqlx::Error> {
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM jobs j JOIN ledger l ON l.job_id = j.id AND l.kind = 'refund' AND l.amount > 0
          WHERE j.owner_id = $1 AND j.failure_kind = 'invalid_input' AND j.finished_at > now() - interval '1 day'

@@ -14,6 +14,19 @@ pub fn wait_for(count: i64, oldest_age: Duration, limit: i64, window: Duration) 
     (count >= limit).then(|| window.saturating_sub(oldest_age).max(Duration::from_secs(1)))
 }
 
+/// Pure: the network a throttle subject belongs to, for limits one network shares: an IPv4
+/// address's /24, an IPv6 /64's /48 (what one site is given). Anything else is its own network.
+pub fn network_of(subject: &str) -> String {
+    if let Ok(std::net::IpAddr::V4(v4)) = subject.parse::<std::net::IpAddr>() {
+        let [a, b, c, _] = v4.octets();
+        return format!("{a}.{b}.{c}.0/24");
+    }
+    match subject.strip_suffix("::/64").map(|prefix| prefix.split(':').collect::<Vec<_>>()) {
+        Some(segments) if segments.len() == 4 => format!("{}:{}:{}::/48", segments[0], segments[1], segments[2]),
+        _ => subject.to_string(),
+    }
+}
+
 /// One counted event, to give back if it turns out not to count (a successful log-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Taken(i64);
@@ -48,6 +61,24 @@ pub async fn take(pool: &PgPool, key: &str, limit: i64, window: Duration) -> Res
     Ok(Taken(id))
 }
 
+/// Take one event in each `(key, limit)` window, or none: a refusal gives back those already
+/// taken. Returns the events taken, to give back if the attempt turns out not to count.
+pub async fn take_all(pool: &PgPool, windows: &[(String, i64)], window: Duration) -> Result<Vec<Taken>> {
+    let mut taken = Vec::with_capacity(windows.len());
+    for (key, limit) in windows {
+        match take(pool, key, *limit, window).await {
+            Ok(t) => taken.push(t),
+            Err(e) => {
+                for t in taken {
+                    give_back(pool, t).await?;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(taken)
+}
+
 /// Give one event back.
 pub async fn give_back(pool: &PgPool, taken: Taken) -> Result<()> {
     sqlx::query("DELETE FROM throttle_events WHERE id = $1").bind(taken.0).execute(pool).await?;
@@ -72,6 +103,15 @@ pub async fn prune(pool: &PgPool, age: Duration) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn networks_are_the_ipv4_24_and_the_ipv6_48() {
+        assert_eq!(network_of("198.51.100.7"), "198.51.100.0/24");
+        assert_eq!(network_of("198.51.100.250"), network_of("198.51.100.1"));
+        assert_ne!(network_of("198.51.101.1"), network_of("198.51.100.1"));
+        assert_eq!(network_of("2001:db8:1:2::/64"), "2001:db8:1::/48");
+        assert_eq!(network_of("unknown"), "unknown");
+    }
 
     #[test]
     fn the_wait_ends_when_the_oldest_event_leaves_the_window() {

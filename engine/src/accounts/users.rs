@@ -141,19 +141,21 @@ pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role,
     get(pool, user.id).await
 }
 
-/// How many accounts may be made, per client address and in all, within a window.
+/// How many accounts may be made, per client address, per network and in all, within a window.
 #[derive(Clone, Copy, Debug)]
 pub struct SignupLimits {
     pub per_address: i64,
+    /// Per IPv4 /24 or IPv6 /48, so one network cannot use up the overall limit.
+    pub per_network: i64,
     pub overall: i64,
     pub window: Duration,
 }
 
 impl Default for SignupLimits {
-    /// 10 per address and 300 in all per hour: each account gets free credits and costs an
-    /// argon2 hash, so a burst from one place must not be free.
+    /// 10 per address, 30 per network and 300 in all per hour: each account gets free credits
+    /// and costs an argon2 hash, so a burst from one place must not be free.
     fn default() -> Self {
-        SignupLimits { per_address: 10, overall: 300, window: Duration::from_secs(3600) }
+        SignupLimits { per_address: 10, per_network: 30, overall: 300, window: Duration::from_secs(3600) }
     }
 }
 
@@ -169,12 +171,12 @@ pub async fn sign_up(
 ) -> Result<User> {
     normalize_email(email)?;
     check_password_rules(password)?;
-    let by_address =
-        throttle::take(pool, &format!("signup:address:{client}"), limits.per_address, limits.window).await?;
-    if let Err(e) = throttle::take(pool, "signup:all", limits.overall, limits.window).await {
-        throttle::give_back(pool, by_address).await?;
-        return Err(e);
-    }
+    let windows = [
+        (format!("signup:address:{client}"), limits.per_address),
+        (format!("signup:network:{}", throttle::network_of(client)), limits.per_network),
+        ("signup:all".to_string(), limits.overall),
+    ];
+    throttle::take_all(pool, &windows, limits.window).await?;
     create_user(pool, email, password, Role::User, grant).await
 }
 

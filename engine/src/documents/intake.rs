@@ -309,6 +309,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         payload["callback"] = serde_json::to_value(callback).expect("a callback serialises");
     }
     let submission = Submission {
+        shared_document: None,
         user_id: intake.user_id,
         payload,
         fingerprint: content_key.clone(),
@@ -327,11 +328,10 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
 
 /// "Run again": the user means to process a document of theirs again (another preset, or
 /// after a cancel), so this is a new job with a new debit, never a duplicate of the earlier one
-/// (DESIGN: idempotency). The document is copied under a new key, so each job owns its blob
-/// and retention can prune them apart. `Err(NotFound)` when the original is no longer kept.
+/// (DESIGN: idempotency). It shares the stored document (no copy of its bytes); the document is
+/// deleted once no job naming it needs it. `Err(NotFound)` when the document is no longer kept.
 pub async fn run_again(
     pool: &PgPool,
-    blobs: &Blobs,
     admission: &AdmissionConfig,
     user_id: i64,
     earlier: &serde_json::Value,
@@ -341,44 +341,25 @@ pub async fn run_again(
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
     let (tokens, cost) = document_price(admission, job.document.doc_type, job.document.size);
     // Refused before anything is copied (a user out of credits copies nothing).
-    if let Some(refusal) = admission::precheck(pool, admission, user_id, cost).await? {
+    if let Some(refusal) = admission::precheck(pool, admission, user_id, cost, 0).await? {
         return Ok(Admission::Refused(refusal));
     }
-    let key = Blobs::new_key();
-    let mut reading = blobs.stream(&job.document.key).await?;
-    let mut writer = blobs.writer(&key).await?;
-    let copied = async {
-        while let Some(chunk) = reading.next().await {
-            writer.write(&chunk?).await?;
-        }
-        Ok::<_, EngineError>(())
-    }
-    .await;
-    if let Err(e) = copied {
-        writer.abort().await;
-        return Err(e);
-    }
-    writer.finish().await?;
-    let again = DocumentJob {
-        document: DocumentRef { key: key.clone(), ..job.document },
-        preset: options.preset,
-        language: options.language.clone(),
-    };
+    // The same stored document, not a copy: it is shared by the jobs that name it, and kept
+    // while one of them needs it (`sweep::delete_if_unneeded`).
+    let key = job.document.key.clone();
+    let again = DocumentJob { preset: options.preset, language: options.language.clone(), ..job };
     let submission = Submission {
         user_id,
         payload: serde_json::to_value(&again).expect("a document job serialises"),
         // Its own key: asked for explicitly, so never the earlier job again.
-        content_key: format!("again:{key}"),
+        content_key: format!("again:{}", Blobs::new_key()),
         fingerprint: format!("again:{key}"),
         client_key: None,
         cost,
         est_input_tokens: first_claim_tokens(admission, tokens),
+        shared_document: Some(key),
     };
-    let admitted = admission::submit(pool, admission, &submission).await;
-    if !matches!(admitted, Ok(Admission::Accepted { .. })) {
-        let _ = blobs.delete(&key).await;
-    }
-    admitted
+    admission::submit(pool, admission, &submission).await
 }
 
 #[cfg(test)]

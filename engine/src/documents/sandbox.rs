@@ -153,7 +153,10 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
     // Waiting for a turn is not the document's time: the wall clock starts with the child.
     let _turn = config.readers.acquire().await.expect("the readers' semaphore is never closed");
     let mut command = tokio::process::Command::new(&config.program);
-    command.args(&config.args).args(config.run_as.map(RunAs::to_arg)).arg(doc_type_arg(doc_type))
+    command
+        .args(&config.args)
+        .args(config.run_as.map(RunAs::to_arg))
+        .arg(doc_type_arg(doc_type))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -267,9 +270,8 @@ pub fn lock_down(run_as: Option<RunAs>) -> Result<Walls, &'static str> {
         // Counted per user: one reader needs two threads; 64 leaves room for the others at once.
         limit(libc::RLIMIT_NPROC, 64, 64);
         // SAFETY: plain syscalls; the order matters (groups and group while still root).
-        let dropped = unsafe {
-            libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0
-        };
+        let dropped =
+            unsafe { libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0 };
         // SAFETY: plain syscalls.
         let stays = unsafe { libc::getuid() == uid && libc::geteuid() == uid && libc::getegid() == gid };
         // SAFETY: plain syscall; must fail now that root is gone (unless uid 0 was asked for).
@@ -293,7 +295,12 @@ fn deny_files_and_network() -> i64 {
     const CREATE_RULESET_VERSION: libc::c_long = 1;
     // SAFETY: the version query takes no pointer.
     let abi = unsafe {
-        libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<RulesetAttr>(), 0usize, CREATE_RULESET_VERSION)
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<RulesetAttr>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
     };
     if abi < 1 {
         return 0;
@@ -330,7 +337,11 @@ fn deny_files_and_network() -> i64 {
     };
     // SAFETY: our own fd.
     unsafe { libc::close(fd as libc::c_int) };
-    if restricted { abi } else { 0 }
+    if restricted {
+        abi
+    } else {
+        0
+    }
 }
 
 fn doc_type_arg(doc_type: DocType) -> &'static str {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::processor::blob_key;
 use super::Blobs;
@@ -41,15 +41,42 @@ pub async fn without_jobs(pool: &PgPool, keys: &[String]) -> Result<Vec<String>>
     .await?)
 }
 
-/// Delete the documents of jobs retention removed.
-pub async fn delete_documents_of(blobs: &Blobs, jobs: &[PrunedJob]) {
+/// Delete the documents of jobs retention removed (those no other job still needs).
+pub async fn delete_documents_of(pool: &PgPool, blobs: &Blobs, jobs: &[PrunedJob]) {
     for job in jobs {
         if let Some(key) = blob_key(&job.payload) {
-            if let Err(e) = blobs.delete(key).await {
+            if let Err(e) = delete_if_unneeded(pool, blobs, key).await {
                 tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's document");
             }
         }
     }
+}
+
+/// Whether a job still needs the stored document `key` (one naming it has not released it),
+/// holding the document's lock until `tx` ends: a job admitted to share it ("run again")
+/// checks this in its admission, a deletion just before deleting, so neither outruns the other.
+pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 23))").bind(key).execute(&mut *tx).await?;
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' = $1
+                        AND document_released_at IS NULL)",
+    )
+    .bind(key)
+    .fetch_one(&mut *tx)
+    .await?)
+}
+
+/// Delete the stored document `key` unless a job still needs it (documents are shared by the
+/// jobs that name them: "run again" does not copy). Returns whether it was deleted. A job
+/// admitted to share it after this check finds it unneeded, and is refused (as gone).
+pub async fn delete_if_unneeded(pool: &PgPool, blobs: &Blobs, key: &str) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let needed = document_needed(&mut tx, key).await?;
+    tx.commit().await?;
+    if !needed {
+        blobs.delete(key).await?;
+    }
+    Ok(!needed)
 }
 
 /// Delete the documents no job needs any more (canceled jobs' at once, failed jobs' after the
@@ -61,13 +88,15 @@ pub async fn release_documents(pool: &PgPool, blobs: &Blobs, failed_documents: D
         if jobs.is_empty() {
             return Ok(released);
         }
-        for job in &jobs {
-            if let Some(key) = blob_key(&job.payload) {
-                blobs.delete(key).await?;
-            }
-        }
+        // Released first, so the deletion sees these jobs no longer needing their documents
+        // (a crash in between leaves a document no unreleased job names: the orphan sweep's).
         let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id).collect();
         crate::queue::retention::mark_released(pool, &ids).await?;
+        for job in &jobs {
+            if let Some(key) = blob_key(&job.payload) {
+                delete_if_unneeded(pool, blobs, key).await?;
+            }
+        }
         released += jobs.len();
     }
 }

@@ -1,6 +1,12 @@
 //! The webhook outbox: enqueue a delivery with the event that caused it, and deliver due
 //! ones from any process (claimed with `SKIP LOCKED` and a lease, so each is sent by one
 //! process at a time and a crashed sender's delivery is picked up again).
+//!
+//! Fair and bounded: a token has at most [`MAX_PENDING_PER_TOKEN`] deliveries pending (past
+//! it a new one is given up at once, on the record); due deliveries are taken a token at a
+//! time (alerts first, then each token's oldest, then each token's second...), so one token's
+//! thousand callbacks do not delay another's one; delivered and given-up rows are pruned after
+//! a retention period.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,9 +56,13 @@ pub fn retry_delay(attempt: i32) -> Duration {
     Duration::from_secs(10u64.saturating_mul(1 << doublings).min(3600))
 }
 
+/// Deliveries one token may have waiting; past it, new ones are given up at once.
+pub const MAX_PENDING_PER_TOKEN: i64 = 1000;
+
 /// Queue a delivery inside the caller's transaction; a second one for the same `event_key`
 /// is ignored (each event is delivered once). `token_id` names whose secret signs it; `None`
-/// means an alert, signed with the operator's secret.
+/// means an alert, signed with the operator's secret. A token with [`MAX_PENDING_PER_TOKEN`]
+/// deliveries waiting gets this one recorded as given up, with the reason.
 pub async fn enqueue(
     conn: &mut PgConnection,
     event_key: &str,
@@ -61,16 +71,37 @@ pub async fn enqueue(
     body: &Value,
 ) -> std::result::Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO webhook_deliveries (event_key, url, token_id, body) VALUES ($1, $2, $3, $4)
+        "WITH pending AS (
+             SELECT count(*) AS n FROM (
+                 SELECT 1 FROM webhook_deliveries
+                 WHERE token_id = $3 AND delivered_at IS NULL AND gave_up_at IS NULL LIMIT $5) p)
+         INSERT INTO webhook_deliveries (event_key, url, token_id, body, gave_up_at, last_error)
+         SELECT $1, $2, $3, $4, CASE WHEN pending.n >= $5 THEN now() END,
+                CASE WHEN pending.n >= $5 THEN format('%s deliveries were already waiting for this token', $5) END
+         FROM pending
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(event_key)
     .bind(url)
     .bind(token_id)
     .bind(body)
+    .bind(MAX_PENDING_PER_TOKEN)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Delete delivered and given-up deliveries that ended more than `age` ago (maintenance).
+pub async fn prune(pool: &PgPool, age: Duration) -> Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM webhook_deliveries
+         WHERE (delivered_at IS NOT NULL OR gave_up_at IS NOT NULL)
+           AND coalesce(delivered_at, gave_up_at) < now() - make_interval(secs => $1)",
+    )
+    .bind(age.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
 
 #[derive(sqlx::FromRow)]
@@ -86,37 +117,51 @@ struct Claimed {
 /// Deliveries sent at once by one process: a slow receiver holds one lane, not all.
 const LANES: usize = 8;
 
-/// Deliver up to `max` due deliveries, [`LANES`] at a time; returns how many were tried.
+/// Claim up to `max` due deliveries in fair order, send them [`LANES`] at a time, and record
+/// what happened; returns how many were tried.
 pub async fn deliver_due(pool: &PgPool, config: &DeliveryConfig, max: i64) -> Result<usize> {
     use futures::StreamExt;
-    let results: Vec<Result<bool>> =
-        futures::stream::iter(0..max.max(0)).map(|_| deliver_one(pool, config)).buffer_unordered(LANES).collect().await;
-    let mut tried = 0;
-    for result in results {
-        tried += usize::from(result?);
-    }
+    let claimed = claim_due(pool, config, max).await?;
+    let tried = claimed.len();
+    let results: Vec<Result<()>> = futures::stream::iter(claimed)
+        .map(|delivery| async move {
+            let outcome = attempt(pool, config, &delivery).await;
+            record(pool, config, &delivery, outcome).await
+        })
+        .buffer_unordered(LANES)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
     Ok(tried)
 }
 
-/// Claim the next due delivery (alerts first, then the oldest), send it, and record what
-/// happened. Each claim is one row with its own lease, which outlasts one POST (timeout plus
-/// the name lookup), so no other sender takes it while it is being sent.
-async fn deliver_one(pool: &PgPool, config: &DeliveryConfig) -> Result<bool> {
-    let claimed: Option<Claimed> = sqlx::query_as(
+/// Claim up to `max` due deliveries: alerts first, then a token at a time (each token's
+/// oldest, then each one's second, ...). Each gets a lease that outlasts sending the whole
+/// batch (a POST's timeout plus two name lookups, per round of [`LANES`]), so no other sender
+/// takes it meanwhile; a crashed sender's are due again when it ends.
+async fn claim_due(pool: &PgPool, config: &DeliveryConfig, max: i64) -> Result<Vec<Claimed>> {
+    let rounds = (max.max(1) as u32).div_ceil(LANES as u32);
+    let lease = config.lease.max((config.timeout + LOOKUP_TIMEOUT * 2) * rounds);
+    Ok(sqlx::query_as(
         "UPDATE webhook_deliveries d
          SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $1)
-         WHERE d.id = (SELECT id FROM webhook_deliveries
-                       WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
-                       ORDER BY token_id IS NOT NULL, next_attempt_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+         WHERE d.id IN (
+             SELECT id FROM webhook_deliveries
+             WHERE id IN (
+                 SELECT id FROM (
+                     SELECT id, token_id, next_attempt_at,
+                            row_number() OVER (PARTITION BY token_id ORDER BY next_attempt_at, id) AS turn
+                     FROM webhook_deliveries
+                     WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()) due
+                 ORDER BY token_id IS NOT NULL, turn, next_attempt_at, id LIMIT $2)
+               AND delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
+             FOR UPDATE SKIP LOCKED)
          RETURNING d.id, d.event_key, d.url, d.token_id, d.body, d.attempts",
     )
-    .bind(config.lease.max(config.timeout + LOOKUP_TIMEOUT * 2).as_secs_f64())
-    .fetch_optional(pool)
-    .await?;
-    let Some(delivery) = claimed else { return Ok(false) };
-    let outcome = attempt(pool, config, &delivery).await;
-    record(pool, config, &delivery, outcome).await?;
-    Ok(true)
+    .bind(lease.as_secs_f64())
+    .bind(max.max(0))
+    .fetch_all(pool)
+    .await?)
 }
 
 /// How long looking up a callback's host may take.

@@ -37,6 +37,7 @@ async fn operators_create_admins_grant_credits_and_list_users(pool: PgPool) {
         "root@example.com",
         "admin password",
         "cli-test",
+        None,
         Default::default()
     )
     .await

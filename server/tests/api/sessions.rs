@@ -17,7 +17,13 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
         call(&browser, &app, "sign_up", &[("email", "Carol@Example.com"), ("password", "long password")]).await;
     assert_eq!(signed_up.status(), StatusCode::OK);
     let first_cookie = session_cookie(&signed_up).expect("a session cookie");
-    let raw = signed_up.headers().get("set-cookie").unwrap().to_str().unwrap().to_lowercase();
+    let raw = signed_up
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_lowercase())
+        .find(|c| c.starts_with("sluice_session="))
+        .unwrap();
     assert!(raw.contains("httponly") && raw.contains("samesite=lax"), "{raw}");
     let me: serde_json::Value = call(&browser, &app, "me", &[]).await.json().await.unwrap();
     assert_eq!((me["email"].as_str(), me["balance"].as_i64()), (Some("carol@example.com"), Some(20)));
@@ -167,6 +173,106 @@ async fn a_strangers_guesses_do_not_lock_the_owner_out(pool: PgPool) {
     let owner = from("127.0.0.3");
     let welcome = call(&owner, &app, "log_in", &[("email", "owner@example.com"), ("password", "right password")]);
     assert_eq!(welcome.await.status(), StatusCode::OK, "the owner, elsewhere, still gets in");
+}
+
+/// OWASP's device cookies: strangers on ten addresses fill the account-wide window and lock
+/// out every new device, but the browser the owner logged in with before still gets in, and a
+/// made-up or another account's token does not count as known.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn strangers_on_many_addresses_cannot_lock_the_owner_out_of_a_device_it_used(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    users::create_user(&app.pool, "owner@example.com", "right password", Role::User, 0).await.unwrap();
+    users::create_user(&app.pool, "other@example.com", "other password", Role::User, 0).await.unwrap();
+    let browser = |ip: &str| {
+        reqwest::Client::builder()
+            .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+            .cookie_store(true)
+            .build()
+            .unwrap()
+    };
+    let log_in = |client: &reqwest::Client, email: &str, password: &str| {
+        let form = [("email", email.to_string()), ("password", password.to_string())];
+        let (client, url, origin) = (client.clone(), app.url("/api/log_in"), format!("http://{}", app.addr));
+        async move { client.post(url).header("Origin", origin).form(&form).send().await.unwrap() }
+    };
+    let owners_laptop = browser("127.0.1.100");
+    let first = log_in(&owners_laptop, "owner@example.com", "right password").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let device = first
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|c| c.starts_with("sluice_device="))
+        .expect("a device cookie at log-in");
+    assert!(device.contains("HttpOnly") && device.contains("SameSite=Strict"), "{device}");
+    let others_device = browser("127.0.1.101");
+    assert_eq!(log_in(&others_device, "other@example.com", "other password").await.status(), StatusCode::OK);
+
+    // Ten addresses, five guesses each: the account-wide window (50) is full.
+    for n in 1..=10 {
+        let stranger = browser(&format!("127.0.1.{n}"));
+        for _ in 0..5 {
+            assert_eq!(log_in(&stranger, "owner@example.com", "a guess").await.status(), StatusCode::UNAUTHORIZED);
+        }
+    }
+    let new_device = browser("127.0.1.50");
+    let locked = log_in(&new_device, "owner@example.com", "right password").await;
+    assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS, "a device the account never saw waits");
+    // Another account's device token is not this account's.
+    let borrowed = log_in(&others_device, "owner@example.com", "right password").await;
+    assert_eq!(borrowed.status(), StatusCode::TOO_MANY_REQUESTS);
+    let forged =
+        reqwest::Client::builder().local_address("127.0.1.51".parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let forged = forged
+        .post(app.url("/api/log_in"))
+        .header("Origin", format!("http://{}", app.addr))
+        .header("Cookie", "sluice_device=00ff00ff")
+        .form(&[("email", "owner@example.com"), ("password", "right password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // The owner's laptop gets in, whatever the strangers did.
+    assert_eq!(log_in(&owners_laptop, "owner@example.com", "right password").await.status(), StatusCode::OK);
+    // Guesses with the device token are limited too: the device's own window.
+    for _ in 0..5 {
+        assert_eq!(log_in(&owners_laptop, "owner@example.com", "wrong").await.status(), StatusCode::UNAUTHORIZED);
+    }
+    let tired = log_in(&owners_laptop, "owner@example.com", "right password").await;
+    assert_eq!(tired.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// One network (an IPv4 /24) cannot use up the overall sign-up limit from many addresses.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn sign_ups_are_limited_per_network_as_well_as_per_address(pool: PgPool) {
+    let mut settings = WebSettings::default();
+    settings.signup_limits.per_network = 3;
+    let app = TestApp::spawn(pool, settings).await;
+    let from =
+        |ip: &str| reqwest::Client::builder().local_address(ip.parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let mut answers = Vec::new();
+    for n in 1..=4 {
+        let form = [("email", format!("n{n}@example.com")), ("password", "long password".into())];
+        let answer = from(&format!("127.0.2.{n}"))
+            .post(app.url("/api/sign_up"))
+            .header("Origin", format!("http://{}", app.addr))
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        answers.push(answer.status());
+    }
+    assert_eq!(answers, [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    let elsewhere = from("127.0.3.1")
+        .post(app.url("/api/sign_up"))
+        .header("Origin", format!("http://{}", app.addr))
+        .form(&[("email", "else@example.com"), ("password", "long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.status(), StatusCode::OK, "another network still signs up");
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

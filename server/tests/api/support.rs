@@ -123,7 +123,7 @@ async fn admins_find_any_job_and_change_users_on_the_record(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn run_again_makes_a_new_charged_job_of_the_same_document(pool: PgPool) {
+async fn run_again_makes_a_new_charged_job_sharing_the_stored_document(pool: PgPool) {
     let app = TestApp::spawn(pool, WebSettings::default()).await;
     let (user, token) = app.user_with_token("again@example.com", 2, 5).await;
     let first: serde_json::Value = app.upload(&token, doc(1), None).await.json().await.unwrap();
@@ -146,14 +146,16 @@ async fn run_again_makes_a_new_charged_job_of_the_same_document(pool: PgPool) {
     let job = engine::queue::get(&app.pool, second.parse().unwrap()).await.unwrap();
     assert_eq!(job.payload["preset"], "key_facts");
     let key = job.payload["document"]["key"].as_str().unwrap().to_string();
+    let first_job = engine::queue::get(&app.pool, first.parse().unwrap()).await.unwrap();
+    assert_eq!(first_job.payload["document"]["key"].as_str(), Some(key.as_str()), "the same stored document");
     let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
-    assert_eq!(blobs.get(&key).await.unwrap().as_ref(), doc(1).as_slice(), "its own copy of the document");
-    assert_eq!(app.stored_blobs(), 2);
+    assert_eq!(blobs.get(&key).await.unwrap().as_ref(), doc(1).as_slice());
+    assert_eq!(app.stored_blobs(), 1, "shared, not copied");
 
     // Out of credits now: 402, and nothing stored.
     let broke = run_again(&first, serde_json::json!({})).await.unwrap();
     assert_eq!(broke.status(), 402);
-    assert_eq!(app.stored_blobs(), 2);
+    assert_eq!(app.stored_blobs(), 1);
     // Another user's job does not exist for them; a job whose document is gone is 410.
     let (_, stranger) = app.user_with_token("stranger@example.com", 5, 5).await;
     let answer = client
@@ -165,7 +167,59 @@ async fn run_again_makes_a_new_charged_job_of_the_same_document(pool: PgPool) {
         .unwrap();
     assert_eq!(answer.status(), 404);
     sqlx::query("UPDATE users SET balance = balance + 1 WHERE id = $1").bind(user).execute(&app.pool).await.unwrap();
-    blobs.delete(&key).await.unwrap();
+
+    // The run-again job canceled: its document is released, but the first job still needs it.
+    let cancel = |id: &str| client.post(app.url(&format!("/api/v1/jobs/{id}/cancel"))).bearer_auth(&token).send();
+    assert_eq!(cancel(&second).await.unwrap().status(), 200);
+    let week = std::time::Duration::from_secs(7 * 86_400);
+    assert_eq!(engine::documents::sweep::release_documents(&app.pool, &blobs, week).await.unwrap(), 1);
+    assert!(blobs.exists(&key).await.unwrap(), "kept while a job needs it");
+    // The first canceled too: no job needs it, so it is deleted, and running it again is 410.
+    assert_eq!(cancel(&first).await.unwrap().status(), 200);
+    assert_eq!(engine::documents::sweep::release_documents(&app.pool, &blobs, week).await.unwrap(), 1);
+    assert!(!blobs.exists(&key).await.unwrap(), "deleted with its last job");
     let gone = run_again(&second, serde_json::json!({})).await.unwrap();
     assert_eq!(gone.status(), 410);
+    assert_eq!(app.user_state(user).await.1, 0, "nothing admitted for a document that is gone");
+}
+
+/// Storage is paid for: past a user's quota an upload gets 413 before its body is read, and
+/// documents released by their jobs make room again.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn uploads_past_the_storage_quota_are_refused_unread_until_documents_are_released(pool: PgPool) {
+    let mut settings = WebSettings::default();
+    settings.admission.storage_quota_bytes = Some(100_000);
+    let app = TestApp::spawn(pool, settings).await;
+    let (user, token) = app.user_with_token("hoarder@example.com", 10, 10).await;
+    let page = |n: usize| format!("{n} ").repeat(20_000).into_bytes();
+    let first: serde_json::Value = app.upload(&token, page(1), None).await.json().await.unwrap();
+    assert_eq!(app.upload(&token, page(2), None).await.status(), 202, "80 KB of 100 KB");
+    // Past the quota: the declared length is enough to refuse, while the body still streams.
+    let addr = app.addr;
+    let token_ = token.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        server::testing::raw_upload(addr, &token_, &server::testing::file_part("more.txt"), b"", b'x', 8 << 20)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer.status, 413);
+    assert!(answer.sent < 8 << 20, "refused before the body was read ({} bytes sent)", answer.sent);
+    // 25 KB: its declared length passes the check before the body (which allows for the form's
+    // own bytes), its stored size does not; refused once that is known, and not kept.
+    let small = |n: usize| format!("{n} ").repeat(12_500).into_bytes();
+    let over = app.upload(&token, small(3), None).await;
+    assert_eq!(over.status(), 413);
+    let body: serde_json::Value = over.json().await.unwrap();
+    assert_eq!((body["error"].as_str(), body["quota_bytes"].as_u64()), (Some("storage_full"), Some(100_000)));
+    assert!(body["message"].as_str().unwrap().contains("of storage"), "{body}");
+    assert_eq!(app.stored_blobs(), 2, "nothing of the refused uploads is kept");
+    assert_eq!(app.user_state(user).await.1, 2, "and nothing charged");
+
+    // A canceled job's document is released: room again.
+    let id = first["id"].as_str().unwrap();
+    let cancel = reqwest::Client::new().post(app.url(&format!("/api/v1/jobs/{id}/cancel"))).bearer_auth(&token);
+    assert_eq!(cancel.send().await.unwrap().status(), 200);
+    let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
+    engine::documents::sweep::release_documents(&app.pool, &blobs, std::time::Duration::ZERO).await.unwrap();
+    assert_eq!(app.upload(&token, small(3), None).await.status(), 202);
 }
