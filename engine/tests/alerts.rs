@@ -332,7 +332,7 @@ async fn the_outbox_takes_tokens_in_turn_bounds_each_and_prunes_what_ended(pool:
     let (_, _, delivered, gave_up, _) = delivery(&pool, "one-too-many").await;
     assert_eq!((delivered, gave_up), (false, true), "refused by the bound");
     enqueue(&pool, "quiet-1", &receiver.url("/quiet"), Some(tokens[1])).await;
-    assert_eq!(delivery(&pool, "quiet-1").await.3, false, "another token is not bound by the flood's");
+    assert!(!delivery(&pool, "quiet-1").await.3, "another token is not bound by the flood's");
 
     // Pruning: what ended more than the retention ago goes; what waits stays.
     exec(
