@@ -115,6 +115,8 @@ async fn main() {
             max_oldest_wait: Duration::from_secs(86_400),
             ..Default::default()
         },
+        // The clients stand for many people on their own addresses, all on loopback here.
+        max_uploads_per_address: 1024,
         ..Default::default()
     };
     let blob_dir = std::env::temp_dir().join(format!("sluice-bench-blobs-{}", std::process::id()));

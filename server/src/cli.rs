@@ -246,6 +246,10 @@ pub struct Config {
     /// Uploads read at once; more get 503 with Retry-After before their body is read.
     #[arg(long, env = "SLUICE_MAX_CONCURRENT_UPLOADS", default_value_t = 32, global = true)]
     pub max_concurrent_uploads: usize,
+    /// Uploads one client address may have in progress at once, whatever the accounts (several
+    /// free accounts on one address share it); past it, 429.
+    #[arg(long, env = "SLUICE_MAX_UPLOADS_PER_ADDRESS", default_value_t = 16, global = true)]
+    pub max_uploads_per_address: usize,
     /// Seconds a request other than an upload or a download may take (slow clients too); 408 past it.
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", default_value_t = 30, global = true)]
     pub request_timeout_secs: u64,
@@ -522,6 +526,7 @@ impl Config {
             trusted_proxies: self.trusted_proxies.clone(),
             max_upload_bytes: self.max_upload_bytes,
             max_concurrent_uploads: self.max_concurrent_uploads,
+            max_uploads_per_address: self.max_uploads_per_address.max(1),
             request_timeout: Duration::from_secs(self.request_timeout_secs.max(1)),
             header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_secs.clamp(0.1, 3600.0)),
             max_connections: self.max_connections.max(1),

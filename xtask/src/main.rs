@@ -341,6 +341,8 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
         // The browser suite signs up dozens of users from one address.
         .env("SLUICE_SIGNUPS_PER_ADDRESS", "1000")
         .env("SLUICE_SIGNUPS_PER_NETWORK", "1000")
+        // ...and uploads from it, several tests at once.
+        .env("SLUICE_MAX_UPLOADS_PER_ADDRESS", "256")
         .env("SLUICE_PROVIDER", "anthropic")
         .env("SLUICE_PROVIDER_URL", &fake_url)
         .env("SLUICE_PROVIDER_API_KEY", "e2e-test-key")

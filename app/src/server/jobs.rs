@@ -114,7 +114,8 @@ pub async fn upload_document(body: UploadBody) -> Result<UploadReply, AppError> 
         let ctx = context()?;
         let user = require_user(&ctx).await?;
         let headers: http::HeaderMap = leptos_axum::extract().await.map_err(|_| AppError::Internal)?;
-        let uploaded = crate::server::upload::upload(&ctx, &user, None, &headers, body).await?;
+        let client = crate::server::session::client_address(&ctx.settings.trusted_proxies).await;
+        let uploaded = crate::server::upload::upload(&ctx, &user, None, &client, &headers, body).await?;
         let status_url = uploaded.status_url();
         if let Some(options) = use_context::<leptos_axum::ResponseOptions>() {
             options.set_status(if uploaded.duplicate { http::StatusCode::OK } else { http::StatusCode::ACCEPTED });

@@ -27,25 +27,35 @@ pub struct ServerContext {
     pub blobs: Blobs,
     /// One permit per upload in progress (see [`WebSettings::max_concurrent_uploads`]).
     pub uploads: Arc<tokio::sync::Semaphore>,
-    /// Uploads in progress per user (see [`WebSettings::max_uploads_per_user`]).
-    uploads_by_user: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+    /// Uploads in progress per user and per client address (see
+    /// [`WebSettings::max_uploads_per_user`]).
+    uploads_by_holder: Arc<std::sync::Mutex<std::collections::HashMap<UploadHolder, usize>>>,
     /// Everyone's place in line, read at most once a second for all the polls.
     pub line: Arc<engine::queue::SharedLine>,
 }
 
-/// One of a user's uploads in progress; dropping it ends it.
+/// Who holds upload slots: an account, and the address it uploads from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum UploadHolder {
+    User(i64),
+    Address(String),
+}
+
+/// One upload in progress, counted for its account and its address; dropping it ends it.
 pub struct UserUpload {
-    user_id: i64,
-    counts: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+    holders: [UploadHolder; 2],
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<UploadHolder, usize>>>,
 }
 
 impl Drop for UserUpload {
     fn drop(&mut self) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = counts.get_mut(&self.user_id) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.user_id);
+        for holder in &self.holders {
+            if let Some(n) = counts.get_mut(holder) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(holder);
+                }
             }
         }
     }
@@ -60,20 +70,27 @@ impl ServerContext {
             settings: Arc::new(settings),
             blobs,
             uploads,
-            uploads_by_user: Default::default(),
+            uploads_by_holder: Default::default(),
             line: Default::default(),
         }
     }
 
-    /// Start one of `user_id`'s uploads, unless they already have the most allowed at once.
-    pub fn begin_upload(&self, user_id: i64) -> Option<UserUpload> {
-        let mut counts = self.uploads_by_user.lock().unwrap_or_else(|e| e.into_inner());
-        let n = counts.entry(user_id).or_default();
-        if *n >= self.settings.max_uploads_per_user {
+    /// Start an upload of `user_id`'s from `client`, unless the account or the address already
+    /// has the most allowed at once: several free accounts on one address share one allowance.
+    pub fn begin_upload(&self, user_id: i64, client: &str) -> Option<UserUpload> {
+        let holders = [UploadHolder::User(user_id), UploadHolder::Address(client.to_string())];
+        let mut counts = self.uploads_by_holder.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = |holder: &UploadHolder| match holder {
+            UploadHolder::User(_) => self.settings.max_uploads_per_user,
+            UploadHolder::Address(_) => self.settings.max_uploads_per_address,
+        };
+        if holders.iter().any(|h| counts.get(h).copied().unwrap_or(0) >= limit(h)) {
             return None;
         }
-        *n += 1;
-        Some(UserUpload { user_id, counts: self.uploads_by_user.clone() })
+        for holder in &holders {
+            *counts.entry(holder.clone()).or_default() += 1;
+        }
+        Some(UserUpload { holders, counts: self.uploads_by_holder.clone() })
     }
 }
 
@@ -93,6 +110,9 @@ pub struct WebSettings {
     /// Uploads one user may have in progress at once (the upload page sends several files
     /// together); past it, 429.
     pub max_uploads_per_user: usize,
+    /// Uploads one client address may have in progress at once, whatever the accounts (free
+    /// accounts cost nothing, so several on one address share this); past it, 429.
+    pub max_uploads_per_address: usize,
     /// How long an upload waits for its turn (also the `Retry-After` of that 503).
     pub busy_uploads_wait: std::time::Duration,
     /// The longest an upload may send nothing (between parts or inside one) before it is dropped.
@@ -131,6 +151,7 @@ impl Default for WebSettings {
             max_upload_bytes: 50 * 1024 * 1024,
             max_concurrent_uploads: 32,
             max_uploads_per_user: 8,
+            max_uploads_per_address: 16,
             busy_uploads_wait: std::time::Duration::from_secs(5),
             upload_idle: std::time::Duration::from_secs(30),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
@@ -258,11 +279,14 @@ pub async fn client_address(trusted_proxies: &[IpAddr]) -> String {
     let Ok(ConnectInfo(peer)) = leptos_axum::extract::<ConnectInfo<SocketAddr>>().await else {
         return "unknown".into();
     };
-    let forwarded = leptos_axum::extract::<http::HeaderMap>().await.ok().and_then(|headers| {
-        let values: Vec<String> =
-            headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok().map(str::to_string)).collect();
-        (!values.is_empty()).then(|| values.join(","))
-    });
+    let headers = leptos_axum::extract::<http::HeaderMap>().await.unwrap_or_default();
+    client_of(peer, &headers, trusted_proxies)
+}
+
+/// The client's throttle subject, from the peer and the request's headers.
+pub fn client_of(peer: std::net::SocketAddr, headers: &http::HeaderMap, trusted_proxies: &[IpAddr]) -> String {
+    let values: Vec<&str> = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
+    let forwarded = (!values.is_empty()).then(|| values.join(","));
     throttle_subject(client_ip(peer.ip(), forwarded.as_deref(), trusted_proxies))
 }
 

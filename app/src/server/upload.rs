@@ -90,6 +90,7 @@ pub async fn upload<S, E>(
     ctx: &ServerContext,
     user: &User,
     token_id: Option<i64>,
+    client: &str,
     headers: &HeaderMap,
     body: S,
 ) -> Result<Uploaded, AppError>
@@ -97,7 +98,7 @@ where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
     E: std::fmt::Display + Send + 'static,
 {
-    let uploaded = admit_upload(ctx, user, token_id, headers, body).await;
+    let uploaded = admit_upload(ctx, user, token_id, client, headers, body).await;
     let outcome = match &uploaded {
         Ok(Uploaded { duplicate: false, .. }) => "accepted".to_string(),
         Ok(Uploaded { duplicate: true, .. }) => "duplicate".to_string(),
@@ -114,6 +115,7 @@ async fn admit_upload<S, E>(
     ctx: &ServerContext,
     user: &User,
     token_id: Option<i64>,
+    client: &str,
     headers: &HeaderMap,
     body: S,
 ) -> Result<Uploaded, AppError>
@@ -127,7 +129,7 @@ where
     // upload past it waits its turn (unread) like any other, then gets 429.
     let waiting_since = tokio::time::Instant::now();
     let _mine = loop {
-        if let Some(mine) = ctx.begin_upload(user.id) {
+        if let Some(mine) = ctx.begin_upload(user.id, client) {
             break mine;
         }
         if waiting_since.elapsed() >= settings.busy_uploads_wait {

@@ -13,7 +13,7 @@ use tower_sessions::Session;
 
 use app::errors::AppError;
 use app::model::JobStatus;
-use app::server::session::{cancel_visible_job, job_status, session_user, visible_job};
+use app::server::session::{cancel_visible_job, client_of, job_status, session_user, visible_job};
 use app::server::upload;
 use engine::accounts::User;
 use engine::documents::processor::{DocumentJob, DocumentRef};
@@ -108,8 +108,12 @@ pub async fn create_job(
     request: Request,
 ) -> Result<Response, ApiError> {
     let (user, token_id) = caller_and_token(&state, &headers, &session).await?;
+    let client = match request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+        Some(axum::extract::ConnectInfo(peer)) => client_of(*peer, &headers, &state.ctx.settings.trusted_proxies),
+        None => "unknown".to_string(),
+    };
     let body = request.into_body().into_data_stream();
-    let uploaded = upload::upload(&state.ctx, &user, token_id, &headers, body).await?;
+    let uploaded = upload::upload(&state.ctx, &user, token_id, &client, &headers, body).await?;
     Ok(accepted(uploaded))
 }
 

@@ -118,26 +118,47 @@ async fn a_body_with_no_boundary_is_refused_after_a_bounded_read(pool: PgPool) {
     assert!(sent < 100 * MIB, "refused while the client was still sending ({sent} bytes)");
 }
 
+/// An upload of `bytes` sent from the local address `from` (127.0.0.x: another client).
+async fn upload_from(app: &TestApp, from: &str, token: &str, bytes: Vec<u8>) -> reqwest::Response {
+    let client = reqwest::Client::builder().local_address(from.parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let form =
+        reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(bytes).file_name("doc.txt"));
+    client.post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
+}
+
+/// Upload slots are shared fairly: one account, or several accounts on one address (free
+/// accounts cost nothing), hold at most their allowance while others still upload.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn one_user_cannot_take_every_upload_slot(pool: PgPool) {
+async fn one_account_or_one_address_cannot_take_every_upload_slot(pool: PgPool) {
     let settings = WebSettings {
         max_uploads_per_user: 1,
+        max_uploads_per_address: 2,
         busy_uploads_wait: Duration::from_millis(500),
         ..WebSettings::default()
     };
     let app = TestApp::spawn(pool, settings).await;
-    let (_, greedy) = app.user_with_token("greedy@example.com", 5, 5).await;
+    let mut sybils = Vec::new();
+    for n in 0..4 {
+        sybils.push(app.user_with_token(&format!("sybil{n}@example.com"), 5, 5).await.1);
+    }
     let (_, other) = app.user_with_token("other@example.com", 5, 5).await;
-    // Hold the slot with an upload that is still sending.
+    // Two accounts on 127.0.0.1 each hold an upload that is still sending: the address's two.
     let opening = format!("--{BOUNDARY}\r\n{}\r\n\r\n%PDF-1.7\n", file_part("slow.pdf"));
-    let slow = open_upload(app.addr, &greedy, &multipart_type(), 100_000, opening.as_bytes());
+    let held: Vec<_> =
+        sybils[..2].iter().map(|t| open_upload(app.addr, t, &multipart_type(), 100_000, opening.as_bytes())).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = app.upload(&greedy, doc(1), None).await;
-    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(second.headers().get("retry-after").is_some());
-    assert_eq!(second.json::<serde_json::Value>().await.unwrap()["error"], "too_many_uploads");
-    assert_eq!(app.upload(&other, doc(2), None).await.status(), StatusCode::ACCEPTED, "others still upload");
-    drop(slow);
+    // The third and fourth accounts on that address wait their turn, then get 429.
+    for token in &sybils[2..] {
+        let refused = upload_from(&app, "127.0.0.1", token, doc(1)).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(refused.headers().get("retry-after").is_some());
+        assert_eq!(refused.json::<serde_json::Value>().await.unwrap()["error"], "too_many_uploads");
+    }
+    // An account holding its one slot is bounded on any address; others elsewhere still upload.
+    let elsewhere = upload_from(&app, "127.0.0.3", &sybils[0], doc(3)).await;
+    assert_eq!(elsewhere.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(upload_from(&app, "127.0.0.2", &other, doc(2)).await.status(), StatusCode::ACCEPTED);
+    drop(held);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
