@@ -256,6 +256,10 @@ pub struct Config {
     /// Seconds a request's headers may take to arrive, and a kept-alive connection may sit idle.
     #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_SECS", default_value_t = 10.0, global = true)]
     pub header_read_timeout_secs: f64,
+    /// Seconds a client may take to read 16 KiB of an answer waiting for it (a download's
+    /// minimum rate); past it the connection is closed.
+    #[arg(long, env = "SLUICE_STALLED_WRITE_TIMEOUT_SECS", default_value_t = 30.0, global = true)]
+    pub stalled_write_timeout_secs: f64,
     /// Connections open at once; past it a new one is answered 503 and closed.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4096, global = true)]
     pub max_connections: usize,
@@ -529,6 +533,7 @@ impl Config {
             max_uploads_per_address: self.max_uploads_per_address.max(1),
             request_timeout: Duration::from_secs(self.request_timeout_secs.max(1)),
             header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_secs.clamp(0.1, 3600.0)),
+            stalled_write_timeout: Duration::from_secs_f64(self.stalled_write_timeout_secs.clamp(0.1, 3600.0)),
             max_connections: self.max_connections.max(1),
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),

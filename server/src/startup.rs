@@ -28,6 +28,7 @@ fn connection_limits(settings: &WebSettings) -> ConnectionLimits {
     ConnectionLimits {
         header_read_timeout: settings.header_read_timeout,
         max_connections: settings.max_connections,
+        stalled_write_timeout: settings.stalled_write_timeout,
         ..ConnectionLimits::default()
     }
 }

@@ -136,6 +136,9 @@ pub struct WebSettings {
     /// sits idle), and at most `max_connections` are open at once.
     pub header_read_timeout: std::time::Duration,
     pub max_connections: usize,
+    /// While an answer waits to be written, the client must take 16 KiB within this, or the
+    /// connection is closed (a download's minimum rate).
+    pub stalled_write_timeout: std::time::Duration,
     /// Cookies are marked `Secure` (served over HTTPS).
     pub secure_cookies: bool,
 }
@@ -163,6 +166,7 @@ impl Default for WebSettings {
             time_limits: Default::default(),
             header_read_timeout: std::time::Duration::from_secs(10),
             max_connections: 4096,
+            stalled_write_timeout: std::time::Duration::from_secs(30),
             secure_cookies: false,
         }
     }

@@ -2,9 +2,17 @@
 //! within `header_read_timeout` (also the longest a kept-alive connection may sit idle), and
 //! at most `max_connections` are open at once; past that a new one is answered 503 at once and
 //! closed. hyper's own settings, not a hand-written loop over the bytes.
+//!
+//! Answers are bounded the other way too: while an answer waits to be written, the client must
+//! take at least [`MIN_PROGRESS`] bytes every `stalled_write_timeout` (nginx's `send_timeout`,
+//! with a floor on progress), or the connection is closed. A reader that stops, or trickles a
+//! 50 MiB download at a few bytes a second, holds a connection and a blob stream for seconds,
+//! not for ever.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -13,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -26,6 +34,9 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Connections open at once.
     pub max_connections: usize,
+    /// While an answer waits to be written, the client must take [`MIN_PROGRESS`] bytes within
+    /// this, or the connection is closed.
+    pub stalled_write_timeout: Duration,
     /// How long shutdown waits for open connections to finish their requests.
     pub shutdown_grace: Duration,
 }
@@ -35,6 +46,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 4096,
+            stalled_write_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -81,6 +93,7 @@ pub async fn serve(
             request
         });
         let service = TowerToHyperService::new(service);
+        let stream = ProgressBound::new(stream, limits.stalled_write_timeout);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -101,6 +114,85 @@ pub async fn serve(
 async fn refuse(mut stream: tokio::net::TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(REFUSAL)).await;
     let _ = stream.shutdown().await;
+}
+
+/// What a client must take, per `stalled_write_timeout`, of an answer waiting for it.
+pub const MIN_PROGRESS: usize = 16 * 1024;
+
+/// A connection whose writes must make progress: once a write has to wait for the client, a
+/// clock starts; [`MIN_PROGRESS`] bytes written stop it; if it runs out first, the write fails
+/// (hyper then closes the connection). Time with nothing to write never counts.
+struct ProgressBound<S> {
+    inner: S,
+    timeout: Duration,
+    /// Armed at the first write that waited: the deadline, and the bytes written since.
+    waiting: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+}
+
+impl<S> ProgressBound<S> {
+    fn new(inner: S, timeout: Duration) -> Self {
+        ProgressBound { inner, timeout, waiting: None }
+    }
+
+    fn on_write(&mut self, cx: &mut Context<'_>, result: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+        match result {
+            Poll::Ready(Ok(n)) => {
+                if let Some((_, taken)) = &mut self.waiting {
+                    *taken += n;
+                    if *taken >= MIN_PROGRESS {
+                        self.waiting = None;
+                    }
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let (deadline, _) = self.waiting.get_or_insert_with(|| (Box::pin(tokio::time::sleep(timeout)), 0));
+                match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client takes the answer too slowly",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ProgressBound<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ProgressBound<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.on_write(cx, result)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.on_write(cx, result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]

@@ -240,3 +240,55 @@ async fn past_the_connection_cap_a_new_connection_is_refused_clearly(pool: PgPoo
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200, "served again once they close");
 }
+
+/// A download's minimum rate: a reader that stops, or trickles, has its connection closed
+/// mid-answer once it takes less than 16 KiB in the stalled-write timeout; an honest one gets
+/// every byte.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_reader_that_stalls_or_trickles_a_download_is_cut_off_and_an_honest_one_is_not(pool: PgPool) {
+    let settings = WebSettings { stalled_write_timeout: Duration::from_secs(1), ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, token) = app.user_with_token("reader@example.com", 50, 5).await;
+    const SIZE: usize = 24 << 20;
+    let text = "A line of an honest document.\n".repeat(SIZE / 30 + 1).into_bytes();
+    let uploaded: serde_json::Value = app.upload(&token, text, None).await.json().await.unwrap();
+    let path = format!("/api/v1/jobs/{}/original", uploaded["id"].as_str().unwrap());
+
+    let honest = reqwest::Client::new().get(app.url(&path)).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(honest.status(), 200);
+    let whole = honest.bytes().await.unwrap().len();
+    assert!(whole >= SIZE, "the honest reader gets it all ({whole} bytes)");
+
+    // Each reader reads `pace` (bytes, every 200 ms) for 4 s, then drains as fast as it can.
+    let addr = app.addr;
+    for pace in [0usize, 2048] {
+        let (token, path) = (token.clone(), path.clone());
+        let (got, took) = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n").unwrap();
+            let started = Instant::now();
+            let mut got = 0;
+            let mut buf = vec![0u8; 64 * 1024];
+            while started.elapsed() < Duration::from_secs(4) {
+                if pace > 0 {
+                    got += stream.read(&mut buf[..pace]).unwrap_or(0);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            (got, started.elapsed())
+        })
+        .await
+        .unwrap();
+        assert!(got < SIZE, "pace {pace}: cut off mid-answer ({got} of {SIZE} bytes)");
+        assert!(took < Duration::from_secs(30), "pace {pace}: {took:?}");
+    }
+    assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200);
+}
