@@ -76,6 +76,7 @@ async fn main() {
         context_tokens: Some(CONTEXT),
         parts: PartStore::new(pool.clone()),
         max_document_tokens: None,
+        settle_pdfs: None,
     };
     let workers = WorkerConfig { name: "parts-bench".into(), concurrency: 24, ..WorkerConfig::default() };
     let started = Instant::now();

@@ -7,7 +7,8 @@
 //! - each user's in-flight count equals their jobs not yet ended;
 //! - every job that cost something has exactly one debit;
 //! - every failed or canceled job that cost something has exactly one refund (of between 0,
-//!   when it is charged after all, and its cost), and no other job has one (but a job replayed from the dead-letter queue keeps its refund: a replay is free);
+//!   when it is charged after all, and its cost); a done job has one only for what a PDF's
+//!   settlement gave back (exactly its cost less its settled price), and no other job has one (but a job replayed from the dead-letter queue keeps its refund: a replay is free);
 //! - no job is `running` with a lease far in the future (a clock or a bug);
 //! - every job not yet ended still has its document; no stored document older than an hour
 //!   lacks a job (an upload stored before a crash).
@@ -91,10 +92,14 @@ const SQL_CHECKS: [(&str, &str, &str); 5] = [
                                 WHERE kind = 'refund' GROUP BY job_id) r
                 ON r.job_id = j.id
          WHERE (j.state IN ('failed', 'canceled') AND j.cost > 0 AND coalesce(r.n, 0) <> 1)
+            -- A done PDF admitted at a hold gets back exactly what its text's price left over.
+            OR (j.state = 'done' AND j.replays = 0
+                AND coalesce(r.amount, 0) <> j.cost - coalesce(j.settled_cost, j.cost))
             -- A settlement gives back between nothing (charged after all) and the whole cost.
             OR r.amount < 0 OR r.amount > j.cost
             -- A job replayed from the dead-letter queue runs again for free: its refund stands.
-            OR (j.state NOT IN ('failed', 'canceled') AND coalesce(r.n, 0) > CASE WHEN j.replays > 0 THEN 1 ELSE 0 END)
+            OR (j.state NOT IN ('failed', 'canceled', 'done') AND coalesce(r.n, 0) > CASE WHEN j.replays > 0 THEN 1 ELSE 0 END)
+            OR (j.state = 'done' AND coalesce(r.n, 0) > 1)
          ORDER BY j.accepted_at",
     ),
     // A lease further ahead than 10 minutes is not one a worker set (leases are a minute).

@@ -175,13 +175,23 @@ impl Drop for TempBlobs {
 
 /// A real one-page PDF whose text layer holds `lines` (Helvetica), made with lopdf.
 pub fn pdf_with_text(lines: &[&str]) -> Vec<u8> {
+    build_pdf(text_operators(lines), false)
+}
+
+/// The same with its page's text compressed (FlateDecode), as most real PDFs are: far more
+/// text per byte.
+pub fn pdf_with_compressed_text(lines: &[&str]) -> Vec<u8> {
+    build_pdf_with(text_operators(lines), false, true)
+}
+
+fn text_operators(lines: &[&str]) -> Vec<u8> {
     let mut ops = vec!["BT".to_string(), "/F1 12 Tf".into(), "72 720 Td".into(), "14 TL".into()];
     for line in lines {
         let escaped = line.replace('\\', "\\\\").replace('(', "\\(").replace(')', "\\)");
         ops.push(format!("({escaped}) Tj T*"));
     }
     ops.push("ET".into());
-    build_pdf(ops.join("\n").into_bytes(), false)
+    ops.join("\n").into_bytes()
 }
 
 /// A PDF with a page that has no text (a filled rectangle, as a scan would be an image).
@@ -195,12 +205,20 @@ pub fn encrypted_pdf() -> Vec<u8> {
 }
 
 fn build_pdf(content: Vec<u8>, encrypted: bool) -> Vec<u8> {
+    build_pdf_with(content, encrypted, false)
+}
+
+fn build_pdf_with(content: Vec<u8>, encrypted: bool, compressed: bool) -> Vec<u8> {
     use lopdf::{dictionary, Document, Object, Stream};
     let mut doc = Document::with_version("1.5");
     let pages_id = doc.new_object_id();
     let font_id = doc.add_object(dictionary! { "Type" => "Font", "Subtype" => "Type1", "BaseFont" => "Helvetica" });
     let resources_id = doc.add_object(dictionary! { "Font" => dictionary! { "F1" => font_id } });
-    let content_id = doc.add_object(Stream::new(dictionary! {}, content));
+    let mut content = Stream::new(dictionary! {}, content);
+    if compressed {
+        content.compress().expect("compress the page");
+    }
+    let content_id = doc.add_object(content);
     let page_id = doc.add_object(dictionary! {
         "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources_id,
         "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],

@@ -15,6 +15,7 @@ use sqlx::PgPool;
 /// A one-credit document of `user` whose content (and request) is `key`.
 fn one_credit_document(user_id: i64, key: &str) -> Submission {
     Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -31,6 +32,7 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
     let pool = wider_pool(&pool, 30).await;
     let user = users::create_user(&pool, "race@example.com", "password123", Role::User, 5).await.unwrap();
     let submission = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -80,6 +82,7 @@ async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool
     let mut jobs = Vec::new();
     for n in 0..3 {
         let submission = Submission {
+            price_by_size: None,
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -240,6 +243,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
     // Paused 45 minutes ago; a job has waited 40 minutes, all of them paused.
     sqlx::query("UPDATE processing_pauses SET paused_at = now() - interval '45 minutes'").execute(&pool).await.unwrap();
     let submission = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -287,6 +291,7 @@ async fn cancel_racing_claim_and_complete_keeps_money_and_jobs_exact(pool: PgPoo
     let mut ids = Vec::new();
     for n in 0..40 {
         let s = Submission {
+            price_by_size: None,
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -366,6 +371,7 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
     let mut ids = Vec::new();
     for n in 0..3 {
         let s = Submission {
+            price_by_size: None,
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -414,6 +420,7 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
 
     // The same document uploaded again after a cancel is a new job (the key is free again).
     let again = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -439,6 +446,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
         let key = Blobs::new_key();
         blobs.put(&key, bytes::Bytes::from_static(b"text")).await.unwrap();
         let s = Submission {
+            price_by_size: None,
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -456,6 +464,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     }
     // A job that failed (refunded), was replayed (free) and then finished is in order.
     let extra = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -568,6 +577,7 @@ async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_t
             let (pool, config, user_id) = (pool.clone(), config.clone(), users_[n % 4]);
             tokio::spawn(async move {
                 let s = Submission {
+                    price_by_size: None,
                     shared_document: None,
                     cost: 1,
                     est_input_tokens: 0,

@@ -186,6 +186,7 @@ async fn submit_pdf(s: &Setup) -> uuid::Uuid {
         "preset": "summarize",
     });
     let submission = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -216,6 +217,7 @@ fn workers(s: &Setup) -> WorkerPool {
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
+        settle_pdfs: None,
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -295,6 +297,7 @@ async fn an_encrypted_pdf_fails_at_once_as_invalid_input_without_calling_the_pro
         "document": { "key": key, "type": "pdf", "sha256": "e", "size": 1, "name": null }, "preset": "summarize",
     });
     let submission = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -350,6 +353,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
+        settle_pdfs: None,
     };
     let job = claimed_pdf(&key, "key_facts");
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
@@ -408,6 +412,7 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
         context_tokens: Some(200),
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
+        settle_pdfs: None,
     };
     let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();

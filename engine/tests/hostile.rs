@@ -150,6 +150,7 @@ async fn hostile_jobs_fail_refunded_up_to_the_daily_allowance_while_another_user
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
+        settle_pdfs: None,
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));

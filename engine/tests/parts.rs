@@ -9,6 +9,7 @@ use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use engine::accounts::{notices, users, AccountHooks, Role};
 use engine::documents::blobs::Blobs;
 use engine::documents::processor::DocumentProcessor;
+use engine::documents::processor::PdfSettlement;
 use engine::documents::providers::{self, ProviderConfig, ProviderKind};
 use engine::documents::sandbox::SandboxConfig;
 use engine::queue::capacity::{self, Budget, CapacityConfig, ProviderLimits};
@@ -51,6 +52,7 @@ async fn submit(pool: &PgPool, docs: &TempBlobs, user: i64, text: &str, preset: 
         "language": "French",
     });
     let submission = Submission {
+        price_by_size: None,
         shared_document: None,
         cost: PriceTable::default().price(tokens),
         est_input_tokens: tokens.min(call_tokens) as i64,
@@ -83,6 +85,7 @@ fn processor(
         context_tokens: Some(context),
         parts: PartStore::new(pool.clone()),
         max_document_tokens: Some(2_000_000),
+        settle_pdfs: None,
     }
 }
 
@@ -378,40 +381,77 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
     );
 }
 
-#[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn a_pdf_far_denser_than_its_price_is_not_done_in_parts_and_is_refunded(pool: PgPool) {
-    let docs = docs("dense-pdf");
-    let user = users::create_user(&pool, "pdf@example.com", "password123", Role::User, 20).await.unwrap();
-    // An uncompressed text PDF: about one token of text per four bytes, priced at forty.
-    let lines: Vec<String> =
-        (1..=400).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
-    let pdf = engine::testing::pdf_with_text(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+/// Admit `pdf` for `user` at `hold` credits (its price by size `by_size`), as intake does.
+async fn submit_pdf(pool: &PgPool, docs: &TempBlobs, user: i64, pdf: &[u8], hold: i64, by_size: i64) -> Uuid {
     let key = Blobs::new_key();
-    docs.blobs.put(&key, pdf.clone().into()).await.unwrap();
+    docs.blobs.put(&key, pdf.to_vec().into()).await.unwrap();
     let payload = serde_json::json!({
         "document": { "key": key, "type": "pdf", "sha256": key, "size": pdf.len(), "name": "dense.pdf" },
         "preset": "summarize",
     });
     let submission = Submission {
+        price_by_size: Some(by_size),
         shared_document: None,
-        cost: 1,
+        cost: hold,
         est_input_tokens: 100,
-        user_id: user.id,
+        user_id: user,
         payload,
         content_key: key.clone(),
         client_key: None,
         fingerprint: key,
     };
-    let Admission::Accepted { job_id } =
-        admission::submit(&pool, &AdmissionConfig::default(), &submission).await.unwrap()
-    else {
-        panic!("accepted")
-    };
-    let processor = processor(&pool, &docs, ProviderConfig::default(), 1_000, Budget::disabled());
+    match admission::submit(pool, &AdmissionConfig::default(), &submission).await.unwrap() {
+        Admission::Accepted { job_id } => job_id,
+        other => panic!("refused: {other:?}"),
+    }
+}
+
+fn settling(pool: &PgPool) -> Option<PdfSettlement> {
+    Some(PdfSettlement { pool: pool.clone(), prices: PriceTable::default() })
+}
+
+/// A PDF is admitted at the price of its worst case and settled to its text's price once read:
+/// the difference comes back in the transaction that ends the job, and the books add up.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_pdf_held_at_its_worst_case_is_settled_to_its_texts_price(pool: PgPool) {
+    let docs = docs("held-pdf");
+    let user = users::create_user(&pool, "held@example.com", "password123", Role::User, 20).await.unwrap();
+    let pdf = engine::testing::pdf_with_text(&["Quarterly report.", "Revenue grew by twelve percent."]);
+    let job = submit_pdf(&pool, &docs, user.id, &pdf, 4, 1).await;
+    assert_eq!(users::get(&pool, user.id).await.unwrap().balance, 16, "the hold is taken at admission");
+    let mut processor = processor(&pool, &docs, ProviderConfig::default(), 200_000, Budget::disabled());
+    processor.settle_pdfs = settling(&pool);
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done);
+    assert_eq!((view.cost, view.refunded), (4, 3), "settled to 1 credit: its text's price");
+    assert_eq!(users::get(&pool, user.id).await.unwrap().balance, 19);
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
+}
+
+/// A compressed PDF whose text costs more than the price held for it is not done in parts for
+/// less: it fails before any provider call, refunded, asking for its text as a .txt file.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_pdf_denser_than_its_hold_is_not_done_in_parts_and_is_refunded(pool: PgPool) {
+    let docs = docs("dense-pdf");
+    let user = users::create_user(&pool, "pdf@example.com", "password123", Role::User, 20).await.unwrap();
+    // 2,000 clauses, about 30K tokens (2 credits), compressed into a few KB (held at 1).
+    let lines: Vec<String> =
+        (1..=2000).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
+    let pdf = engine::testing::pdf_with_compressed_text(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+    let hold_tokens = sluice_types::settlement::pdf_hold_tokens(
+        sluice_types::capacity::estimate_input_tokens(sluice_types::capacity::SizeKind::Pdf, pdf.len() as u64),
+        None,
+    );
+    assert_eq!(PriceTable::default().price(hold_tokens), 1, "{} bytes hold {hold_tokens} tokens", pdf.len());
+    let job_id = submit_pdf(&pool, &docs, user.id, &pdf, 1, 1).await;
+    let mut processor = processor(&pool, &docs, ProviderConfig::default(), 1_000, Budget::disabled());
+    processor.settle_pdfs = settling(&pool);
     let view = drive(&pool, &processor, job_id).await;
     assert_eq!(view.state, JobState::Failed);
     assert_eq!(view.failure_kind, Some(engine::FailureKind::InvalidInput));
     assert!(view.failure_reason.unwrap().contains("upload its text as a .txt file"));
     assert_eq!(ledger_of(&pool, job_id).await.len(), 2, "debited, then refunded");
+    assert_eq!(view.refunded, 1);
     assert!(view.parts_total.is_none(), "no part was stored");
 }

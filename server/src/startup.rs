@@ -105,6 +105,10 @@ impl Application {
                 context_tokens: config.context_tokens(),
                 parts: engine::queue::parts::PartStore::new(pool.clone()),
                 max_document_tokens: config.document_ceiling(),
+                settle_pdfs: Some(engine::documents::processor::PdfSettlement {
+                    pool: pool.clone(),
+                    prices: config.prices.clone(),
+                }),
             });
             let workers = (config.workers > 0 && role != Role::Web)
                 .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));

@@ -7,14 +7,33 @@
 //! - A canceled job is refunded, less the share of its provider calls already made or in
 //!   flight when the cancel was asked for: the provider bills those whatever happens next.
 
+/// A PDF's text is known only once read, so its admission holds the price of this many times
+/// the tokens its bytes suggest (real PDFs spread up to about 4x; compressed text goes
+/// further), and the job is settled to the price of its text once read: the difference comes
+/// back. A PDF whose text is dearer than the hold pays the hold (a single call), or fails,
+/// refunded, if it needs parts (paid work the hold does not cover).
+pub const PDF_HOLD_FACTOR: u64 = 8;
+
+/// The tokens a PDF's hold is priced at: [`PDF_HOLD_FACTOR`] times its size's estimate, but no
+/// more than the document ceiling (no text past it is taken).
+pub fn pdf_hold_tokens(by_size_tokens: u64, ceiling: Option<u64>) -> u64 {
+    by_size_tokens.saturating_mul(PDF_HOLD_FACTOR).min(ceiling.unwrap_or(u64::MAX)).max(by_size_tokens)
+}
+
+/// What a read PDF costs: its text's price, never more than what was held.
+pub fn settled_price(held: i64, text_price: i64) -> i64 {
+    text_price.clamp(0, held.max(0))
+}
+
 /// Unreadable documents refunded per user in any 24 hours; later ones are charged.
 pub const FREE_UNREADABLE_PER_DAY: u32 = 3;
 
-/// Credits refunded when a job fails, given how many unreadable documents its owner was
-/// already refunded for in the last 24 hours.
-pub fn refund_on_failure(cost: i64, unreadable: bool, refunded_unreadable_today: u32) -> i64 {
+/// Credits refunded when a job fails, given what it cost, what its document's price came to
+/// (less than the cost for a PDF held at its worst case), and how many unreadable documents
+/// its owner was already refunded for in the last 24 hours. A charged one pays its price.
+pub fn refund_on_failure(cost: i64, price: i64, unreadable: bool, refunded_unreadable_today: u32) -> i64 {
     if unreadable && refunded_unreadable_today >= FREE_UNREADABLE_PER_DAY {
-        0
+        (cost - price.clamp(0, cost.max(0))).max(0)
     } else {
         cost.max(0)
     }
@@ -40,10 +59,25 @@ mod tests {
 
     #[test]
     fn unreadable_documents_are_free_only_up_to_the_allowance() {
-        assert_eq!(refund_on_failure(4, true, 0), 4);
-        assert_eq!(refund_on_failure(4, true, FREE_UNREADABLE_PER_DAY - 1), 4);
-        assert_eq!(refund_on_failure(4, true, FREE_UNREADABLE_PER_DAY), 0);
-        assert_eq!(refund_on_failure(4, false, 100), 4, "other failures are always refunded");
+        assert_eq!(refund_on_failure(4, 4, true, 0), 4);
+        assert_eq!(refund_on_failure(4, 4, true, FREE_UNREADABLE_PER_DAY - 1), 4);
+        assert_eq!(refund_on_failure(4, 4, true, FREE_UNREADABLE_PER_DAY), 0);
+        assert_eq!(
+            refund_on_failure(8, 2, true, FREE_UNREADABLE_PER_DAY),
+            6,
+            "a held PDF pays its price, not the hold"
+        );
+        assert_eq!(refund_on_failure(4, 4, false, 100), 4, "other failures are always refunded");
+    }
+
+    #[test]
+    fn a_pdf_holds_its_worst_case_and_settles_to_its_text() {
+        assert_eq!(pdf_hold_tokens(1_000, None), 8_000);
+        assert_eq!(pdf_hold_tokens(1_000_000, Some(2_000_000)), 2_000_000, "no more than the ceiling");
+        assert_eq!(pdf_hold_tokens(3_000_000, Some(2_000_000)), 3_000_000, "never below its own estimate");
+        assert_eq!(settled_price(8, 2), 2);
+        assert_eq!(settled_price(8, 12), 8, "never more than held");
+        assert_eq!(settled_price(8, -1), 0);
     }
 
     #[test]

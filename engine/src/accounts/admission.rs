@@ -77,6 +77,9 @@ pub struct Submission {
     /// while that document is still kept (checked under the document's lock, so a release
     /// cannot delete it in between).
     pub shared_document: Option<String>,
+    /// What it costs if it is never settled to its text, when that is less than `cost` (a
+    /// PDF's price by size: its cost is a hold). None: its cost is its price.
+    pub price_by_size: Option<i64>,
 }
 
 /// Why a document was not admitted; nothing was stored.
@@ -203,7 +206,8 @@ pub async fn precheck(
 
 /// Pure: refused when `incoming` more bytes would take a user's stored documents past `quota`.
 pub fn storage_refusal(used: u64, incoming: u64, quota: u64) -> Option<Refusal> {
-    (used.saturating_add(incoming) > quota).then_some(Refusal::StorageFull { used_bytes: used, quota_bytes: quota })
+    let past = used.checked_add(incoming).is_none_or(|total| total > quota);
+    past.then_some(Refusal::StorageFull { used_bytes: used, quota_bytes: quota })
 }
 
 /// Bytes of documents `user_id` has stored: those of jobs that keep theirs, a document shared
@@ -322,6 +326,14 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         request_fingerprint: Some(s.fingerprint.clone()),
     };
     let job_id = queue::enqueue(&mut tx, &job).await?;
+    if let Some(price) = s.price_by_size.filter(|p| *p < s.cost) {
+        // A PDF's cost is a hold: until its text is read, its price is its size's.
+        sqlx::query("UPDATE jobs SET settled_cost = $2 WHERE id = $1")
+            .bind(job_id)
+            .bind(price.max(0) as i32)
+            .execute(&mut *tx)
+            .await?;
+    }
     ledger::debit_for_job(&mut tx, s.user_id, job_id, s.cost).await?;
     tx.commit().await?;
     Ok(Admission::Accepted { job_id })

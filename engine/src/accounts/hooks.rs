@@ -14,6 +14,13 @@ use crate::FailureKind;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AccountHooks;
 
+/// What the job's document costs: its settled price (a PDF admitted at a hold), else its cost.
+async fn settled_price(conn: &mut PgConnection, job: &TerminalJob) -> Result<i64, sqlx::Error> {
+    let settled: Option<i32> =
+        sqlx::query_scalar("SELECT settled_cost FROM jobs WHERE id = $1").bind(job.id).fetch_one(conn).await?;
+    Ok(i64::from(settled.unwrap_or(job.cost).min(job.cost)))
+}
+
 /// Move a user's in-flight count (never below zero).
 async fn change_in_flight(conn: &mut PgConnection, user_id: i64, delta: i32) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE users SET in_flight = greatest(in_flight + $2, 0) WHERE id = $1")
@@ -25,8 +32,17 @@ async fn change_in_flight(conn: &mut PgConnection, user_id: i64, delta: i32) -> 
 }
 
 impl TerminalHooks for AccountHooks {
+    /// Done: out of flight, and a PDF admitted at a hold gets back what its text's price
+    /// left over (in this transaction, once).
     fn on_done<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(change_in_flight(tx, job.owner_id, -1))
+        Box::pin(async move {
+            change_in_flight(tx, job.owner_id, -1).await?;
+            let price = settled_price(tx, job).await?;
+            if price < i64::from(job.cost) {
+                ledger::refund_job(tx, job, i64::from(job.cost) - price, "settled to the price of its text").await?;
+            }
+            Ok(())
+        })
     }
 
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
@@ -35,7 +51,8 @@ impl TerminalHooks for AccountHooks {
             let unreadable = matches!(job.failure, Some((FailureKind::InvalidInput, _)));
             let earlier =
                 if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
-            let refund = refund_on_failure(i64::from(job.cost), unreadable, earlier);
+            let price = settled_price(tx, job).await?;
+            let refund = refund_on_failure(i64::from(job.cost), price, unreadable, earlier);
             let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str()).unwrap_or("it failed");
             let note = if refund < i64::from(job.cost) {
                 format!("{reason}; charged: more than {FREE_UNREADABLE_PER_DAY} unreadable documents in a day")

@@ -15,6 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::webhooks::completion::Callback;
 use crate::Preset;
 use sluice_types::capacity::{self, SizeKind};
+use sluice_types::settlement;
 
 /// Checks an upload chunk by chunk, so a refusal comes as soon as the bytes decide it.
 pub struct UploadCheck {
@@ -265,10 +266,21 @@ pub fn price(config: &AdmissionConfig, upload: &CheckedUpload) -> i64 {
     document_price(config, upload.doc_type, upload.size).1
 }
 
-/// A stored document's estimated input tokens and its price.
+/// A stored document's estimated input tokens and what admission charges: its price, or for a
+/// PDF the price held until its text is read (see [`document_price_by_size`]).
 pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64) -> (u64, i64) {
     let tokens = capacity::estimate_input_tokens(size_kind(doc_type), size);
-    (tokens, config.prices.price(tokens))
+    let priced = match doc_type {
+        DocType::Pdf => settlement::pdf_hold_tokens(tokens, config.max_document_tokens),
+        _ => tokens,
+    };
+    (tokens, config.prices.price(priced))
+}
+
+/// A document's price by its size alone: what a PDF costs if its text is never read (an
+/// unreadable one past the day's allowance), before it is settled to its text.
+pub fn document_price_by_size(config: &AdmissionConfig, doc_type: DocType, size: u64) -> i64 {
+    config.prices.price(capacity::estimate_input_tokens(size_kind(doc_type), size))
 }
 
 /// What a document's first claim reserves from the token budget: all of it, or its first
@@ -317,6 +329,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         client_key: intake.client_key,
         cost: price(intake.admission, &upload),
         est_input_tokens: first_claim_tokens(intake.admission, upload.estimated_tokens()),
+        price_by_size: Some(document_price_by_size(intake.admission, upload.doc_type, upload.size)),
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
@@ -358,6 +371,7 @@ pub async fn run_again(
         cost,
         est_input_tokens: first_claim_tokens(admission, tokens),
         shared_document: Some(key),
+        price_by_size: Some(document_price_by_size(admission, again.document.doc_type, again.document.size)),
     };
     admission::submit(pool, admission, &submission).await
 }
@@ -365,6 +379,22 @@ pub async fn run_again(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pdf_is_charged_a_hold_of_its_worst_case_and_a_text_its_price() {
+        let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
+        // 600 KB of PDF suggests 15K tokens (1 credit); its hold is priced at 120K (4 credits).
+        assert_eq!(document_price(&config, DocType::Pdf, 600_000), (15_040, 4));
+        assert_eq!(document_price_by_size(&config, DocType::Pdf, 600_000), 1);
+        // A text's price is its price: nothing held.
+        assert_eq!(
+            document_price(&config, DocType::PlainText, 60_000).1,
+            document_price_by_size(&config, DocType::PlainText, 60_000)
+        );
+        // The hold never passes the document ceiling.
+        let capped = AdmissionConfig { max_document_tokens: Some(50_000), ..config };
+        assert_eq!(document_price(&capped, DocType::Pdf, 600_000).1, 2);
+    }
 
     fn check_in_chunks(bytes: &[u8], chunk: usize, limit: u64) -> Result<CheckedUpload> {
         let mut check = UploadCheck::new(Some("a.txt"), limit);

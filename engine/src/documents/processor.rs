@@ -63,6 +63,17 @@ pub struct DocumentProcessor {
     /// The most estimated tokens a document may have at all (a text is refused at upload; a
     /// PDF's text is only known here).
     pub max_document_tokens: Option<u64>,
+    /// Settling a PDF (admitted at a hold) to its text's price once read. None: PDFs are not
+    /// settled (the engine's own tests), and one needing parts is refused past
+    /// [`PDF_HOLD_FACTOR`] times its size's estimate.
+    pub settle_pdfs: Option<PdfSettlement>,
+}
+
+/// The price table, and where a PDF's settled price is recorded.
+#[derive(Clone, Debug)]
+pub struct PdfSettlement {
+    pub pool: sqlx::PgPool,
+    pub prices: sluice_types::capacity::PriceTable,
 }
 
 /// What this attempt still holds of the budget (reserved at the claim, not yet settled).
@@ -73,9 +84,7 @@ struct Held {
 
 /// Tokens a part's prompt adds around its text (the instruction and the part's place).
 const PART_PROMPT_TOKENS: u64 = 200;
-/// A PDF longer than one call is done in parts when its text is at most this many times the
-/// tokens its bytes suggested (what it was priced by).
-const PDF_PARTS_FACTOR: i64 = 4;
+use sluice_types::settlement::PDF_HOLD_FACTOR;
 /// Levels of summaries of summaries before giving up (each level must shrink the text).
 const MAX_LEVELS: i32 = 8;
 
@@ -138,6 +147,10 @@ impl DocumentProcessor {
             part: None,
         };
         let estimated = task.estimated_tokens();
+        let pdf_within_hold = match spec.document.doc_type {
+            DocType::Pdf => self.settle_pdf(job, spec, estimated).await?,
+            _ => true,
+        };
         if let Some(ceiling) = self.max_document_tokens.filter(|c| estimated as u64 > *c) {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
@@ -159,17 +172,17 @@ impl DocumentProcessor {
                 ),
             ));
         }
-        // A PDF is priced by its bytes before its text is known. Parts are paid work, so a PDF
-        // holding far more text than its bytes suggested (a dense, compressed one) is not done
-        // in parts for that price: up to PDF_PARTS_FACTOR times is the usual spread of real
-        // PDFs; past it, a text file (priced by its text) is the way.
-        let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size) as i64;
-        if spec.document.doc_type == DocType::Pdf && estimated > by_size.saturating_mul(PDF_PARTS_FACTOR) {
+        // Parts are paid work: a PDF whose text costs more than the price held for it (a
+        // dense, compressed one) is not done in parts for less; a text file (priced by its
+        // text) is the way.
+        if !pdf_within_hold {
+            let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size) as i64;
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
-                    "the PDF holds about {} tokens of text, more than one provider call takes and over {PDF_PARTS_FACTOR} \
-                     times what its size suggested ({}), by which it was priced; upload its text as a .txt file (priced by its text)",
+                    "the PDF holds about {} tokens of text, more than one provider call takes and more than the \
+                     price held for it covers ({PDF_HOLD_FACTOR} times the {} its size suggested); upload its text \
+                     as a .txt file (priced by its text)",
                     sluice_types::thousands(estimated),
                     sluice_types::thousands(by_size)
                 ),
@@ -186,6 +199,29 @@ impl DocumentProcessor {
             Progress::Pending(part) => self.run_part(job, spec, part, held).await,
             _ => Err(JobError::new(ErrorClass::ServerError, "the document's parts were not stored")),
         }
+    }
+
+    /// A PDF was admitted at a hold (its worst case); now that its text is known, settle it to
+    /// its text's price (the difference comes back when the job ends). Returns whether the
+    /// text's price is within the hold.
+    async fn settle_pdf(&self, job: &ClaimedJob, spec: &DocumentJob, estimated: i64) -> Result<bool, JobError> {
+        let Some(settlement) = &self.settle_pdfs else {
+            let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size);
+            return Ok(estimated.max(0) as u64 <= by_size.saturating_mul(PDF_HOLD_FACTOR));
+        };
+        let text_price = settlement.prices.price(estimated.max(0) as u64);
+        let held: Option<i32> = sqlx::query_scalar(
+            "UPDATE jobs SET settled_cost = least(cost, $3) WHERE id = $1 AND lease_token = $2 AND state = 'running'
+             RETURNING cost",
+        )
+        .bind(job.id)
+        .bind(job.lease_token)
+        .bind(text_price.clamp(0, i32::MAX as i64) as i32)
+        .fetch_optional(&settlement.pool)
+        .await
+        .map_err(|e| database_error(e.into()))?;
+        let held = held.ok_or_else(|| JobError::new(ErrorClass::Timeout, "the attempt lost its lease"))?;
+        Ok(text_price <= i64::from(held))
     }
 
     /// The document in one call, as it always was.

@@ -31,7 +31,8 @@ pub enum Canceled {
 struct Found {
     state: JobState,
     requested: bool,
-    cost: i32,
+    /// What its document costs: its settled price (a PDF held at admission), else its cost.
+    price: i32,
     parts_done: i32,
     parts_total: Option<i32>,
     provider_call_in_flight: bool,
@@ -49,7 +50,8 @@ pub async fn cancel(
 ) -> Result<Canceled> {
     let mut tx = pool.begin().await?;
     let found: Option<Found> = sqlx::query_as(
-        "SELECT state, cancel_requested_at IS NOT NULL AS requested, cost, parts_done, parts_total,
+        "SELECT state, cancel_requested_at IS NOT NULL AS requested, coalesce(settled_cost, cost) AS price,
+             parts_done, parts_total,
              coalesce(state = 'running' AND stage IN ('waiting_for_provider', 'writing')
                  AND stage_since >= started_at, false) AS provider_call_in_flight
          FROM jobs WHERE id = $1 FOR UPDATE",
@@ -60,7 +62,7 @@ pub async fn cancel(
     let found = found.ok_or(EngineError::NotFound)?;
     let state = found.state;
     let kept = kept_on_cancel(
-        i64::from(found.cost),
+        i64::from(found.price),
         calls_started(found.parts_done.max(0) as u32, found.provider_call_in_flight),
         found.parts_total.unwrap_or(1).max(1) as u32,
     );
