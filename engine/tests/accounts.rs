@@ -713,3 +713,37 @@ async fn one_users_uploads_and_cancels_at_once_never_deadlock(pool: PgPool) {
     assert_eq!(in_flight as i64, queued, "in flight = still waiting");
     assert_eq!(balance, 1_000 - queued, "canceled jobs refunded");
 }
+
+/// A document the reader could not read fails as unreadable even when its cancel was asked for
+/// meanwhile (else canceling while it is read would make hostile files free past the daily
+/// allowance); any other error of a canceled attempt still ends it canceled.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_cancel_does_not_turn_an_unreadable_document_into_a_free_one(pool: PgPool) {
+    let hooks = AccountHooks;
+    let user = users::create_user(&pool, "sly@example.com", "password123", Role::User, 5).await.unwrap();
+    for n in 0..2 {
+        admission::submit(&pool, &AdmissionConfig::default(), &one_credit_document(user.id, &format!("sly-{n}")))
+            .await
+            .unwrap();
+    }
+    let mut running = queue::claim(&pool, "w", 2, std::time::Duration::from_secs(60)).await.unwrap();
+    running.sort_by_key(|j| j.id);
+    for job in &running {
+        assert_eq!(queue::cancel(&pool, &hooks, job.id, "owner", false).await.unwrap(), queue::Canceled::Requested);
+    }
+    let policy = RetryPolicy::default();
+    let unreadable = JobError::new(ErrorClass::InvalidInput, "the document is too complex").unreadable();
+    let recorded = queue::fail(&pool, &hooks, &policy, &running[0], &unreadable).await.unwrap();
+    assert_eq!(recorded, queue::Recorded::Failed(FailureKind::InvalidInput));
+    let busy = JobError::new(ErrorClass::Overloaded, "busy");
+    assert_eq!(queue::fail(&pool, &hooks, &policy, &running[1], &busy).await.unwrap(), queue::Recorded::Canceled);
+    let flagged: Vec<(JobState, bool)> =
+        sqlx::query_as("SELECT state, failed_unreadable FROM jobs WHERE id = ANY($1) ORDER BY id")
+            .bind(running.iter().map(|j| j.id).collect::<Vec<_>>())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(flagged, [(JobState::Failed, true), (JobState::Canceled, false)]);
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
+}

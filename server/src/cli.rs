@@ -621,11 +621,13 @@ impl Config {
             n => n,
         };
         sandbox.limit_readers(readers, self.extract_memory_budget_mib << 20);
-        if sandbox.run_as.is_some() {
-            // Root: never let a document be parsed by uid 0.
-            sandbox.run_as = Some(RunAs::lookup(&self.extract_user).with_context(|| {
+        if engine::documents::sandbox::running_as_root() {
+            // Root: never let a document be parsed by uid 0; no such user is no start.
+            let user = RunAs::lookup(&self.extract_user).with_context(|| {
                 format!("the document reader's user {:?} does not exist (--extract-user)", self.extract_user)
-            })?);
+            })?;
+            anyhow::ensure!(user.uid != 0 && user.gid != 0, "--extract-user must not be root");
+            sandbox.run_as = Some(user);
         }
         Ok(sandbox)
     }

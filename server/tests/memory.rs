@@ -41,7 +41,9 @@ async fn twenty_refused_50_mib_uploads_at_once_leave_memory_flat(pool: PgPool) {
 }
 
 async fn twenty_accepted_50_mib_uploads_at_once_stream_in_bounded_memory(pool: PgPool) {
-    let app = Arc::new(TestApp::spawn(pool, WebSettings::default()).await);
+    // Twenty people, all on loopback here: more than one address's share of the upload slots.
+    let settings = WebSettings { max_uploads_per_address: 32, ..WebSettings::default() };
+    let app = Arc::new(TestApp::spawn(pool, settings).await);
     let mut tokens = Vec::new();
     for n in 0..20 {
         tokens.push(app.user_with_token(&format!("rich{n}@example.com"), 5, 5).await.1);

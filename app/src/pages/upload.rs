@@ -123,8 +123,21 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
 }
 
 /// Pure: what a file will cost, from its name and size, before it is sent.
-pub fn price_of_file(prices: &PriceTable, name: &str, bytes: u64) -> i64 {
-    prices.price(estimate_input_tokens(SizeKind::from_file_name(name), bytes))
+pub fn price_of_file(prices: &PriceTable, ceiling: Option<u64>, name: &str, bytes: u64) -> i64 {
+    let kind = SizeKind::from_file_name(name);
+    let tokens = estimate_input_tokens(kind, bytes);
+    // A PDF is charged its hold (settled to its text's price once read).
+    let charged =
+        if kind == SizeKind::Pdf { sluice_types::settlement::pdf_hold_tokens(tokens, ceiling) } else { tokens };
+    prices.price(charged)
+}
+
+/// Pure: a row's price: "2 credits", or for a PDF "2 credits held" (settled once read).
+pub fn price_label(name: &str, price: i64) -> String {
+    match SizeKind::from_file_name(name) {
+        SizeKind::Pdf => format!("{} held", crate::pages::credits_text(price)),
+        _ => crate::pages::credits_text(price),
+    }
 }
 
 #[derive(Clone)]
@@ -149,8 +162,9 @@ pub fn UploadPage() -> impl IntoView {
     let start = move |files: web_sys::FileList| {
         for i in 0..files.length() {
             if let Some(file) = files.get(i) {
-                let prices = terms.get_untracked().and_then(|r| r.ok()).map(|t| t.prices);
-                let price = prices.map(|p| price_of_file(&p, &file.name(), file.size() as u64));
+                let terms = terms.get_untracked().and_then(|r| r.ok());
+                let price =
+                    terms.map(|t| price_of_file(&t.prices, t.max_document_tokens, &file.name(), file.size() as u64));
                 let row =
                     UploadRow { name: file.name(), price, progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
                 rows.update(|r| r.push(row.clone()));
@@ -228,11 +242,12 @@ pub fn UploadPage() -> impl IntoView {
                         .into_iter()
                         .map(|row| {
                             let UploadRow { name, price, progress, outcome } = row;
+                            let price = price.map(|p| price_label(&name, p));
                             view! {
                                 <li class="upload" data-outcome=move || outcome.get().map(|o| o.kind).unwrap_or("uploading")>
                                     <span class="file-name">{name}</span>
                                     {price.map(|p| view! {
-                                        <span class="price" data-testid="price">{crate::pages::credits_text(p)}</span>
+                                        <span class="price" data-testid="price">{p}</span>
                                     })}
                                     <progress max="1" value=move || progress.get()></progress>
                                     {move || {
@@ -314,7 +329,7 @@ fn send(
 /// Pure: when a document that does not get a result is refunded, said before the upload.
 pub fn refund_policy() -> String {
     format!(
-        "A document that fails is refunded. Unreadable files are refunded {} times a day; after that they are charged. Canceling before the provider starts costs nothing; after, its calls so far are charged.",
+        "A PDF's price is held at its largest and settled to its text's once read; the rest comes back. A document that fails is refunded. Unreadable files are refunded {} times a day; after that they are charged. Canceling before the provider starts costs nothing; after, its calls so far are charged.",
         sluice_types::settlement::FREE_UNREADABLE_PER_DAY
     )
 }
@@ -332,10 +347,18 @@ mod tests {
             terms_hint(50 * 1024 * 1024, &table),
             "Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each 781 KB (7.6 MB) after that."
         );
-        assert_eq!(price_of_file(&table, "long.txt", 1_000_000), 8, "past the last step the price keeps growing");
-        assert_eq!(price_of_file(&table, "notes.txt", 1_000), 1);
-        assert_eq!(price_of_file(&table, "book.txt", 200_000), 2);
-        assert_eq!(price_of_file(&table, "book.pdf", 200_000), 1, "a PDF's bytes are mostly not text");
+        assert_eq!(price_of_file(&table, None, "long.txt", 1_000_000), 8, "past the last step the price keeps growing");
+        assert_eq!(price_of_file(&table, None, "notes.txt", 1_000), 1);
+        assert_eq!(price_of_file(&table, None, "book.txt", 200_000), 2);
+        assert_eq!(price_of_file(&table, None, "book.pdf", 20_000), 1, "a PDF's bytes are mostly not text");
+        assert_eq!(
+            price_of_file(&table, None, "book.pdf", 200_000),
+            2,
+            "a PDF is charged its hold: 8 times its bytes' tokens"
+        );
+        assert_eq!(price_of_file(&table, Some(25_000), "book.pdf", 200_000), 1, "never past the ceiling");
+        assert_eq!(price_label("book.pdf", 2), "2 credits held");
+        assert_eq!(price_label("notes.txt", 1), "1 credit");
     }
 
     #[test]

@@ -8,7 +8,6 @@ use sluice_types::settlement::{refund_on_failure, FREE_UNREADABLE_PER_DAY};
 
 use super::{ledger, notices};
 use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
-use crate::FailureKind;
 
 /// The hooks the server runs the queue with.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,7 +47,11 @@ impl TerminalHooks for AccountHooks {
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            let unreadable = matches!(job.failure, Some((FailureKind::InvalidInput, _)));
+            // Only the reader's failures count (not a policy refusal such as a dense PDF).
+            let unreadable: bool = sqlx::query_scalar("SELECT failed_unreadable FROM jobs WHERE id = $1")
+                .bind(job.id)
+                .fetch_one(&mut *tx)
+                .await?;
             let earlier =
                 if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
             let price = settled_price(tx, job).await?;

@@ -161,8 +161,8 @@ pub async fn refund_job(
     Ok(inserted)
 }
 
-/// How many unreadable documents `owner_id` was refunded for in the last 24 hours, `job_id`
-/// aside. Run after the owner's row is locked (the in-flight update), so two failing at once
+/// How many unreadable documents `owner_id` was refunded for in full (free ones) in the last
+/// 24 hours, `job_id` aside. Run after the owner's row is locked (the in-flight update), so two failing at once
 /// count each other.
 pub async fn unreadable_refunded_today(
     conn: &mut PgConnection,
@@ -170,9 +170,9 @@ pub async fn unreadable_refunded_today(
     job_id: uuid::Uuid,
 ) -> Result<u32, sqlx::Error> {
     let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM jobs j JOIN ledger l ON l.job_id = j.id AND l.kind = 'refund' AND l.amount > 0
-         WHERE j.owner_id = $1 AND j.failure_kind = 'invalid_input' AND j.finished_at > now() - interval '1 day'
-           AND j.id <> $2",
+        "SELECT count(*) FROM jobs j JOIN ledger l ON l.job_id = j.id AND l.kind = 'refund' AND l.amount = j.cost
+         WHERE j.owner_id = $1 AND j.failed_unreadable AND j.state = 'failed'
+           AND j.finished_at > now() - interval '1 day' AND j.id <> $2",
     )
     .bind(owner_id)
     .bind(job_id)

@@ -29,10 +29,12 @@ fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode 
         // SAFETY: plain syscall.
         "uid": unsafe { libc::getuid() },
         "landlock_abi": walls.landlock_abi,
+        "seccomp": walls.seccomp,
         "socket": outcome(std::os::unix::net::UnixStream::connect(socket).map(drop)),
         "file": outcome(std::fs::read(file).map(drop)),
         "tcp": outcome(std::net::TcpStream::connect(tcp).map(drop)),
         "world_readable_file": outcome(std::fs::read("/etc/passwd").map(drop)),
+        "socket_pair": outcome(std::os::unix::net::UnixStream::pair().map(drop)),
     });
     answer_text(report.to_string())
 }

@@ -98,6 +98,12 @@ fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
+/// Whether this process runs as root (then the reader must become someone else).
+pub fn running_as_root() -> bool {
+    // SAFETY: plain syscall.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// An unprivileged user and group for the reader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunAs {
@@ -117,8 +123,7 @@ impl RunAs {
 
     /// `nobody` when this process is root (uid 0 must never parse a document); nothing otherwise.
     pub fn default_for_root() -> Option<RunAs> {
-        // SAFETY: plain syscall.
-        (unsafe { libc::geteuid() } == 0).then(|| RunAs::lookup("nobody")).flatten()
+        running_as_root().then(|| RunAs::lookup("nobody")).flatten()
     }
 
     fn to_arg(self) -> String {
@@ -143,7 +148,7 @@ enum Answer {
 pub const TOO_COMPLEX: &str = "the document is too complex or too large to read safely";
 
 fn invalid(message: impl Into<String>) -> JobError {
-    JobError::new(ErrorClass::InvalidInput, message)
+    JobError::new(ErrorClass::InvalidInput, message).unreadable()
 }
 
 /// Extract a document's text in a sandboxed child. A child that is killed, crashes, overruns
@@ -258,6 +263,9 @@ fn limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {
 pub struct Walls {
     /// The landlock ABI that now denies every file and TCP access (0: the kernel has none).
     pub landlock_abi: i64,
+    /// A seccomp filter now refuses to make sockets (so no Unix socket can be reached by its
+    /// path, which landlock does not cover).
+    pub seccomp: bool,
 }
 
 /// In the child, after exec and before the document: few files, the unprivileged user (for
@@ -280,7 +288,42 @@ pub fn lock_down(run_as: Option<RunAs>) -> Result<Walls, &'static str> {
             return Err("could not become the unprivileged user");
         }
     }
-    Ok(Walls { landlock_abi: deny_files_and_network() })
+    let landlock_abi = deny_files_and_network();
+    Ok(Walls { landlock_abi, seccomp: deny_sockets() })
+}
+
+/// A seccomp filter refusing `socket` and `socketpair` (EACCES): the reader needs neither, and
+/// without a socket no Unix socket is reachable, whatever its folder's permissions. Needs
+/// no_new_privs (set with landlock, or here). Returns whether the filter is in place.
+fn deny_sockets() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    const ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+    #[cfg(target_arch = "aarch64")]
+    const ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return false;
+    const LOAD_WORD: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JUMP_IF_EQUAL: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RETURN: u16 = 0x06; // BPF_RET | BPF_K
+    const ALLOW: u32 = 0x7fff_0000; // SECCOMP_RET_ALLOW
+    const REFUSE: u32 = 0x0005_0000 | libc::EACCES as u32; // SECCOMP_RET_ERRNO
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let filter = [
+        op(LOAD_WORD, 0, 0, 4), // seccomp_data.arch
+        op(JUMP_IF_EQUAL, 1, 0, ARCH),
+        op(RETURN, 0, 0, ALLOW), // another ABI's calls: not ours to judge
+        op(LOAD_WORD, 0, 0, 0),  // seccomp_data.nr
+        op(JUMP_IF_EQUAL, 2, 0, libc::SYS_socket as u32),
+        op(JUMP_IF_EQUAL, 1, 0, libc::SYS_socketpair as u32),
+        op(RETURN, 0, 0, ALLOW),
+        op(RETURN, 0, 0, REFUSE),
+    ];
+    let program = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: plain syscalls; the program outlives the call (the kernel copies it).
+    unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &program as *const libc::sock_fprog) == 0
+    }
 }
 
 /// Landlock with no rules: every file access and every TCP bind or connect is denied, and

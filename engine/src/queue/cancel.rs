@@ -52,8 +52,10 @@ pub async fn cancel(
     let found: Option<Found> = sqlx::query_as(
         "SELECT state, cancel_requested_at IS NOT NULL AS requested, coalesce(settled_cost, cost) AS price,
              parts_done, parts_total,
+             -- This attempt's stage (one left by an earlier attempt or part is older than it).
              coalesce(state = 'running' AND stage IN ('waiting_for_provider', 'writing')
-                 AND stage_since >= started_at, false) AS provider_call_in_flight
+                 AND stage_since >= (SELECT a.started_at FROM job_attempts a WHERE a.id = jobs.lease_token),
+                 false) AS provider_call_in_flight
          FROM jobs WHERE id = $1 FOR UPDATE",
     )
     .bind(job_id)

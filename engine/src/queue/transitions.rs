@@ -42,12 +42,30 @@ pub struct JobError {
     /// What the provider said, masked and cut short: for admins, never shown to users.
     #[serde(default)]
     pub detail: Option<String>,
+    /// The document reader could not read the document (the file's doing): such a failure
+    /// counts against its owner's daily allowance of refunded unreadable documents, and a
+    /// cancel asked for meanwhile does not turn it into a free cancel.
+    #[serde(default)]
+    pub unreadable: bool,
 }
 
 impl JobError {
     /// An error of `class` with a message a user may read.
     pub fn new(class: ErrorClass, message: impl Into<String>) -> JobError {
-        JobError { class, message: message.into(), provider_status: None, retry_after: None, detail: None }
+        JobError {
+            class,
+            message: message.into(),
+            provider_status: None,
+            retry_after: None,
+            detail: None,
+            unreadable: false,
+        }
+    }
+
+    /// The reader could not read the document (see [`JobError::unreadable`]).
+    pub fn unreadable(mut self) -> JobError {
+        self.unreadable = true;
+        self
     }
 
     /// The provider's `Retry-After`, a floor for the next attempt's delay.
@@ -305,7 +323,9 @@ pub(crate) async fn apply_failure(
     error: &JobError,
     decision: Decision,
 ) -> Result<Recorded> {
-    if job.cancel_requested {
+    // A document the reader could not read fails as such, cancel or not: otherwise canceling
+    // while it is read would make hostile files free past the daily allowance.
+    if job.cancel_requested && !error.unreadable {
         // No retry and no failure for a job its owner canceled: canceled and refunded.
         super::cancel::end_requested(tx, hooks, &[(job.id, job.lease_token)], Some(&error.message)).await?;
         return Ok(Recorded::Canceled);
@@ -340,12 +360,13 @@ pub(crate) async fn apply_failure(
             let mut terminal: TerminalJob = sqlx::query_as(
                 "UPDATE jobs SET state = 'failed', failure_kind = $2, failure_reason = $3, last_error = $3,
                      finished_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
-                     updated_at = now()
+                     failed_unreadable = $4, updated_at = now()
                  WHERE id = $1 RETURNING id, owner_id, cost, attempts",
             )
             .bind(job.id)
             .bind(kind)
             .bind(&error.message)
+            .bind(error.unreadable)
             .fetch_one(&mut *tx)
             .await?;
             terminal.failure = Some((kind, error.message.clone()));

@@ -110,7 +110,7 @@ pub async fn enqueue_ending(
     ending: &str,
 ) -> std::result::Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO webhook_deliveries (event_key, url, token_id, body)
+        "INSERT INTO webhook_deliveries (event_key, url, token_id, body, gave_up_at, last_error)
          SELECT format('job:%s:%s:%s:%s', j.id, $2, j.attempts, j.replays),
                 j.payload #>> '{callback,url}',
                 (j.payload #>> '{callback,token_id}')::bigint,
@@ -123,14 +123,23 @@ pub async fn enqueue_ending(
                         'failure_kind', j.failure_kind, 'failure_reason', j.failure_reason,
                         'cost', j.cost, 'accepted_at', j.accepted_at, 'finished_at', coalesce(j.finished_at, now()),
                         'status_url', '/api/v1/jobs/' || j.id,
-                        'result_url', CASE WHEN $2 = 'done' THEN '/api/v1/jobs/' || j.id || '/result' END))
+                        'result_url', CASE WHEN $2 = 'done' THEN '/api/v1/jobs/' || j.id || '/result' END)),
+                -- A token with the most deliveries waiting gets this one given up, on the record.
+                CASE WHEN pending.n >= $3 THEN now() END,
+                CASE WHEN pending.n >= $3 THEN format('%s deliveries were already waiting for this token', $3) END
          FROM jobs j
+         CROSS JOIN LATERAL (
+             SELECT count(*) AS n FROM (
+                 SELECT 1 FROM webhook_deliveries d
+                 WHERE d.token_id = (j.payload #>> '{callback,token_id}')::bigint
+                   AND d.delivered_at IS NULL AND d.gave_up_at IS NULL LIMIT $3) p) pending
          WHERE j.id = $1 AND j.payload #>> '{callback,url}' IS NOT NULL
            AND EXISTS (SELECT 1 FROM api_tokens t WHERE t.id = (j.payload #>> '{callback,token_id}')::bigint)
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(job_id)
     .bind(ending)
+    .bind(super::outbox::MAX_PENDING_PER_TOKEN)
     .execute(conn)
     .await?;
     Ok(())

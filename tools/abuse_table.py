@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Re-measure issue 23's abuse table against a running Sluice, black-box (standard library only).
+
+    python3 tools/abuse_table.py http://127.0.0.1:3000 /path/to/data-folder
+
+Each row is what an abuser (a stranger, or a free account) does, and what it cost the operator.
+"""
+import json
+import os
+import socket
+import sys
+import time
+import urllib.parse
+import uuid
+
+BASE = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:3000"
+DATA = sys.argv[2] if len(sys.argv) > 2 else ".data"
+HOST, PORT = urllib.parse.urlparse(BASE).hostname, urllib.parse.urlparse(BASE).port or 80
+
+
+def folder_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def request(method, path, body=b"", headers=None, read_answer=True):
+    """One HTTP/1.1 request on its own connection: (status, headers, body)."""
+    sock = socket.create_connection((HOST, PORT), timeout=30)
+    head = f"{method} {path} HTTP/1.1\r\nHost: {HOST}:{PORT}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
+    for k, v in (headers or {}).items():
+        head += f"{k}: {v}\r\n"
+    sock.sendall(head.encode() + b"\r\n" + body)
+    data = b""
+    while read_answer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode(errors="replace").split("\r\n")
+    status = int(lines[0].split()[1]) if lines and len(lines[0].split()) > 1 else 0
+    hdrs = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        hdrs.setdefault(k.strip().lower(), []).append(v.strip())
+    if "chunked" in ",".join(hdrs.get("transfer-encoding", [])):
+        out, rest2 = b"", rest
+        while rest2:
+            size_line, _, rest2 = rest2.partition(b"\r\n")
+            size = int(size_line.split(b";")[0] or b"0", 16)
+            if size == 0:
+                break
+            out, rest2 = out + rest2[:size], rest2[size + 2:]
+        rest = out
+    return status, hdrs, rest
+
+
+def sign_up():
+    email = f"abuser-{uuid.uuid4().hex[:8]}@example.com"
+    form = urllib.parse.urlencode({"email": email, "password": "a long password"}).encode()
+    status, hdrs, _ = request("POST", "/api/sign_up", form, {
+        "Content-Type": "application/x-www-form-urlencoded", "Origin": BASE})
+    assert status == 200, status
+    cookie = next(c.split(";")[0] for c in hdrs["set-cookie"] if c.startswith("sluice_session="))
+    return {"Cookie": cookie, "Origin": BASE}
+
+
+def balance(session):
+    _, _, body = request("POST", "/api/me", b"", session)
+    return json.loads(body)["balance"]
+
+
+def upload(session, name, data):
+    boundary = "abuse-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"preset\"\r\n\r\nsummarize\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+            f"Content-Type: text/plain\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    status, _, answer = request("POST", "/api/v1/jobs", body, dict(session, **{
+        "Content-Type": f"multipart/form-data; boundary={boundary}"}))
+    return status, json.loads(answer or b"{}")
+
+
+def row_storage():
+    session = sign_up()
+    before = folder_bytes(DATA)
+    text = ("Ten megabytes of honest words, line after line.\n" * 220_000).encode()[:10_000_000]
+    status, job = upload(session, "big.txt", text)
+    assert status == 202, (status, job)
+    statuses = [request("POST", f"/api/v1/jobs/{job['id']}/cancel", b"", session)[0]]
+    last = job["id"]
+    for _ in range(20):
+        status, _, answer = request("POST", f"/api/v1/jobs/{last}/run-again", b"{}",
+                                    dict(session, **{"Content-Type": "application/json"}))
+        statuses.append(status)
+        if status == 202:
+            last = json.loads(answer)["id"]
+            request("POST", f"/api/v1/jobs/{last}/cancel", b"", session)
+    grown = folder_bytes(DATA) - before
+    time.sleep(35)  # the release runs every 30 s
+    kept = folder_bytes(DATA) - before
+    return (f"upload 10 MB, cancel, then run again + cancel 20 times",
+            f"run-again answers {sorted(set(statuses))}; the data folder grew {grown / 1e6:.1f} MB at most "
+            f"(shared, not copied), {kept / 1e6:.1f} MB 35 s later; balance {balance(session)} of 20")
+
+
+def row_unread_body():
+    sock = socket.create_connection((HOST, PORT), timeout=30)
+    sock.sendall(f"PUT /api/v1/webhook HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {1 << 30}\r\n\r\n".encode())
+    sent, started, chunk = 0, time.time(), b"[" * 65536
+    sock.settimeout(0.2)
+    answer = b""
+    while time.time() - started < 8:
+        try:
+            sock.sendall(chunk)
+            sent += len(chunk)
+        except OSError:
+            break
+        try:
+            answer = sock.recv(4096)
+            if answer:
+                break
+        except socket.timeout:
+            pass
+    status = answer.split(b" ")[1].decode() if answer else "none"
+    return ("`PUT /api/v1/webhook` with a 1 GB JSON body and no token",
+            f"{status} after {time.time() - started:.2f} s with {sent / 1e6:.1f} MB sent (the declared length alone refuses it)")
+
+
+def row_server_fn_body():
+    session = sign_up()
+    status, _, body = request("POST", "/api/log_in", b"email=a%40b.c&password=" + b"x" * 200_000,
+                              dict(session, **{"Content-Type": "application/x-www-form-urlencoded"}))
+    return ("a server function (`/api/log_in`) given a body over its limit", f"{status} {body[:60].decode(errors='replace')}")
+
+
+def row_server_fn_args():
+    session = sign_up()
+    status, _, body = request("POST", "/api/list_jobs", b"page=99999999999999999999",
+                              dict(session, **{"Content-Type": "application/x-www-form-urlencoded"}))
+    return ("a server function given a bad argument (`list_jobs` with `page=99999999999999999999`)",
+            f"{status} {body[:80].decode(errors='replace')}")
+
+
+def row_half_open():
+    held = []
+    for _ in range(1500):
+        s = socket.create_connection((HOST, PORT), timeout=5)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: sluice\r\nX-Slow: ")
+        held.append(s)
+    served = 0
+    started = time.time()
+    while time.time() - started < 15:
+        if request("GET", "/healthz")[0] == 200:
+            served += 1
+        time.sleep(0.5)
+    still_open = 0
+    for s in held:
+        s.settimeout(0.05)
+        try:
+            if s.recv(1) == b"":
+                continue
+            still_open += 1
+        except socket.timeout:
+            still_open += 1
+        except OSError:
+            pass
+        s.close()
+    return ("1,500 connections that send half a request header",
+            f"{still_open} still open after 15 s; {served} of {served} health checks answered 200 meanwhile")
+
+
+if __name__ == "__main__":
+    import resource
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+    print("| what | measured |\n|---|---|")
+    for row in (row_storage, row_unread_body, row_server_fn_body, row_server_fn_args, row_half_open):
+        what, measured = row()
+        print(f"| {what} | {measured} |", flush=True)
