@@ -12,6 +12,8 @@
 //! does not fit gets 429 with `Retry-After` and the tokens left, and uses nothing.
 
 pub mod receiver;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("pg") => pg(),
-        Some("setup") => ensure_tools(),
+        Some("setup") => ensure_system_packages(true).and_then(|()| ensure_tools()),
         Some("dist") => dist(),
         _ => {
             eprintln!("usage: cargo xtask <run|test|bench|pg|setup|dist>");
@@ -81,6 +81,53 @@ fn locked_wasm_bindgen() -> Result<String> {
 
 /// Install the wasm target, cargo-leptos and wasm-bindgen-cli when they are missing or at the
 /// wrong version. Each takes long to build, so the installed versions are checked first.
+/// What the machine itself must have: Postgres's server binaries (the private clusters), and
+/// for the browser suite Debian's Chromium (Playwright drives it; nothing is downloaded from a
+/// browser CDN). Installed with apt when this runs as root on Debian; otherwise the run stops
+/// at once with the exact command to run.
+fn ensure_system_packages(browser: bool) -> Result {
+    let postgres = Command::new("sh")
+        .args(["-c", "command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let mut missing = Vec::new();
+    if !postgres {
+        missing.push("postgresql");
+    }
+    match std::env::var("CHROMIUM_PATH") {
+        Ok(own) if browser && !Path::new(&own).exists() => {
+            return Err(format!("CHROMIUM_PATH names {own}, which does not exist"));
+        }
+        Err(_) if browser && !Path::new(CHROMIUM).exists() => missing.push("chromium"),
+        _ => {}
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let packages = missing.join(" ");
+    // SAFETY: plain syscall.
+    let root = unsafe { libc::geteuid() } == 0;
+    let apt = Path::new("/usr/bin/apt-get").exists();
+    if !(root && apt) {
+        return Err(format!(
+            "this machine lacks {packages}; install {} with `sudo apt-get install -y {packages}` (or your system's \
+             packages), then run this command again",
+            if missing.len() == 1 { "it" } else { "them" }
+        ));
+    }
+    eprintln!("xtask: installing Debian's {packages}");
+    status(Command::new("apt-get").args(["update", "-qq"]), "apt-get update")?;
+    status(
+        Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),
+        "apt-get install",
+    )
+}
+
+/// The browser the Playwright suite drives unless `CHROMIUM_PATH` names another (see
+/// end2end/playwright.config.ts).
+const CHROMIUM: &str = "/usr/bin/chromium";
+
 fn ensure_tools() -> Result {
     let targets = output_of(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
     if !targets.lines().any(|t| t.trim() == "wasm32-unknown-unknown") {
@@ -231,6 +278,7 @@ fn test(args: &[String]) -> Result {
     let skip_rust = args.iter().any(|a| a == "--e2e-only");
     let mut steps: Vec<Step> = Vec::new();
     let started = Instant::now();
+    ensure_system_packages(!skip_e2e)?;
     if !skip_e2e {
         ensure_tools()?;
     }

@@ -39,9 +39,15 @@ impl Blobs {
     /// `s3://bucket/prefix` and the like; credentials and endpoint from the usual `AWS_*`
     /// environment variables (e.g. `AWS_ENDPOINT` for MinIO or other S3-compatible stores).
     pub fn from_url(url: &str) -> Result<Blobs> {
-        let parsed = url::Url::parse(url).map_err(|e| EngineError::Invalid(format!("blob store URL: {e}")))?;
-        let options: Vec<(String, String)> =
+        let options =
             std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).map(|(k, v)| (k.to_lowercase(), v)).collect();
+        Blobs::from_url_with(url, options)
+    }
+
+    /// `s3://bucket/prefix` with the store's options given (`aws_endpoint`, `aws_region`, ...:
+    /// what the `AWS_*` variables say, lower-cased).
+    pub fn from_url_with(url: &str, options: Vec<(String, String)>) -> Result<Blobs> {
+        let parsed = url::Url::parse(url).map_err(|e| EngineError::Invalid(format!("blob store URL: {e}")))?;
         let (store, prefix) = object_store::parse_url_opts(&parsed, options).map_err(storage)?;
         let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
             Arc::from(store)

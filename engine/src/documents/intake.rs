@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use super::blobs::Blobs;
+use super::encoding::Transcoder;
 use super::processor::{DocumentJob, DocumentRef};
 use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
 use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
@@ -235,11 +236,20 @@ where
 {
     let key = Blobs::new_key();
     let mut writer = blobs.writer(&key).await?;
+    // UTF-16 and Latin-1 text become UTF-8 before the checks see them (the bounds apply to
+    // what is stored).
+    let mut text = Transcoder::default();
     let streamed = async {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| EngineError::Invalid(format!("the upload broke off: {e}")))?;
-            check.push(&chunk)?;
-            writer.write(&chunk).await?;
+            if let Some(utf8) = text.push(&chunk) {
+                check.push(&utf8)?;
+                writer.write(&utf8).await?;
+            }
+        }
+        if let Some(utf8) = text.finish() {
+            check.push(&utf8)?;
+            writer.write(&utf8).await?;
         }
         Ok::<_, EngineError>(())
     }

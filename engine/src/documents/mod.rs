@@ -4,6 +4,7 @@
 //! ([`providers`]) through the document [`processor`].
 
 pub mod blobs;
+pub mod encoding;
 pub mod extract;
 pub mod intake;
 pub mod processor;

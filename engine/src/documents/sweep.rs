@@ -91,12 +91,12 @@ pub async fn release_documents(pool: &PgPool, blobs: &Blobs, failed_documents: D
         // Released first, so the deletion sees these jobs no longer needing their documents
         // (a crash in between leaves a document no unreleased job names: the orphan sweep's).
         let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id).collect();
-        crate::queue::retention::mark_released(pool, &ids).await?;
-        for job in &jobs {
+        let marked = crate::queue::retention::mark_released(pool, &ids).await?;
+        for job in &marked {
             if let Some(key) = blob_key(&job.payload) {
                 delete_if_unneeded(pool, blobs, key).await?;
             }
         }
-        released += jobs.len();
+        released += marked.len();
     }
 }

@@ -81,10 +81,14 @@ pub async fn releasable_documents(pool: &PgPool, failed_documents: Duration, lim
 
 /// Record that these jobs' documents are deleted (after deleting them: a crash in between
 /// only deletes them again).
-pub async fn mark_released(pool: &PgPool, ids: &[Uuid]) -> Result<u64> {
-    Ok(sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = ANY($1) AND document_released_at IS NULL")
-        .bind(ids)
-        .execute(pool)
-        .await?
-        .rows_affected())
+pub async fn mark_released(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<PrunedJob>> {
+    // Still ended: a job replayed from the dead-letter queue meanwhile keeps its document.
+    Ok(sqlx::query_as(
+        "UPDATE jobs SET document_released_at = now()
+         WHERE id = ANY($1) AND document_released_at IS NULL AND state IN ('canceled', 'failed')
+         RETURNING id, payload",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?)
 }

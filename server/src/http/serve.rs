@@ -64,7 +64,9 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let mut builder = Builder::new(TokioExecutor::new());
+    // HTTP/1.1 only: browsers speak HTTP/2 only over TLS, which a proxy in front terminates,
+    // and cleartext HTTP/2 would let a client stall answers by flow control, past the bounds.
+    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     let builder = Arc::new(builder);
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));

@@ -292,3 +292,24 @@ async fn a_reader_that_stalls_or_trickles_a_download_is_cut_off_and_an_honest_on
     }
     assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200);
 }
+
+/// Cleartext HTTP/2 is not spoken (its flow control would let a client stall answers past the
+/// bounds): a prior-knowledge HTTP/2 preface gets an HTTP/1.1 refusal, not a SETTINGS frame.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn cleartext_http2_is_not_spoken(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let addr = app.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        let n = stream.read(&mut buf).unwrap_or(0);
+        buf[..n].to_vec()
+    })
+    .await
+    .unwrap();
+    assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 4") || answer.starts_with(b"HTTP/1.1 5"), "{answer:?}");
+    assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200);
+}

@@ -143,7 +143,6 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
         ),
         ("archive.pdf", zip, "summarize", 415),
         ("tool.pdf", b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00".to_vec(), "summarize", 415),
-        ("latin1.txt", b"caf\xe9 au lait".to_vec(), "summarize", 415),
         ("huge.txt", vec![b'a'; 200 * 1024], "summarize", 413),
         ("empty.txt", Vec::new(), "summarize", 422),
         ("doc.txt", b"fine text".to_vec(), "translate", 422),
@@ -161,6 +160,9 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
         ("notes.txt", "Plain notes.\nSecond line with ünïcödé.".as_bytes().to_vec()),
         ("readme.md", b"# Heading\n\nSome **bold** text.\n- one\n- two\n".to_vec()),
         ("looks-like-html.txt", b"This text mentions <b> tags but is plain text.".to_vec()),
+        // Text as older editors save it: Latin-1, and UTF-16 with its byte-order mark.
+        ("latin1.txt", b"caf\xe9 au lait".to_vec()),
+        ("utf16.txt", [&[0xFF, 0xFE][..], &"thé vert".encode_utf16().flat_map(u16::to_le_bytes).collect::<Vec<u8>>()].concat()),
     ];
     let mut ids = Vec::new();
     for (name, bytes) in accepted {
@@ -168,15 +170,24 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
         assert_eq!(r.status(), StatusCode::ACCEPTED, "{name}");
         ids.push(r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string());
     }
-    assert_eq!(app.stored_blobs(), 4);
+    assert_eq!(app.stored_blobs(), 6);
     let types: Vec<String> = sqlx::query_scalar("SELECT payload->'document'->>'type' FROM jobs ORDER BY accepted_at")
         .fetch_all(&app.pool)
         .await
         .unwrap();
-    assert_eq!(types, vec!["pdf", "plain_text", "markdown", "plain_text"]);
+    assert_eq!(types, vec!["pdf", "plain_text", "markdown", "plain_text", "plain_text", "plain_text"]);
+    // They are stored as UTF-8, which is what the reader and the downloads see.
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT payload #>> '{document,key}' FROM jobs ORDER BY accepted_at DESC LIMIT 2")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
+    assert_eq!(blobs.get(&keys[0]).await.unwrap().as_ref(), "thé vert".as_bytes());
+    assert_eq!(blobs.get(&keys[1]).await.unwrap().as_ref(), "café au lait".as_bytes());
     // A duplicate keeps the first upload's bytes only.
     assert_eq!(upload_file(&app, &token, "again.pdf", pdf, "summarize").await.status(), StatusCode::OK);
-    assert_eq!(app.stored_blobs(), 4);
+    assert_eq!(app.stored_blobs(), 6);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
