@@ -114,8 +114,9 @@ async fn a_refused_upload_leaves_nothing_behind_alike() {
         // An accepted one is stored whole.
         let text = "Plain words.\n".repeat(1000);
         let chunks = text.as_bytes().chunks(4096).map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c)));
-        let stored =
-            intake::receive(blobs, UploadCheck::new(Some("ok.txt"), 5 << 20), futures::stream::iter(chunks)).await.unwrap();
+        let stored = intake::receive(blobs, UploadCheck::new(Some("ok.txt"), 5 << 20), futures::stream::iter(chunks))
+            .await
+            .unwrap();
         assert_eq!(blobs.get(&stored.key).await.unwrap().as_ref(), text.as_bytes(), "{name}");
     }
 }

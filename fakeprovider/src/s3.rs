@@ -76,10 +76,7 @@ impl S3Server {
         fn count(dir: &std::path::Path) -> usize {
             std::fs::read_dir(dir)
                 .map(|entries| {
-                    entries
-                        .filter_map(|e| e.ok())
-                        .map(|e| if e.path().is_dir() { count(&e.path()) } else { 1 })
-                        .sum()
+                    entries.filter_map(|e| e.ok()).map(|e| if e.path().is_dir() { count(&e.path()) } else { 1 }).sum()
                 })
                 .unwrap_or(0)
         }

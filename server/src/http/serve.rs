@@ -96,7 +96,7 @@ pub async fn serve(
         });
         let service = TowerToHyperService::new(service);
         let stream = ProgressBound::new(stream, limits.stalled_write_timeout);
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {

@@ -162,7 +162,10 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
         ("looks-like-html.txt", b"This text mentions <b> tags but is plain text.".to_vec()),
         // Text as older editors save it: Latin-1, and UTF-16 with its byte-order mark.
         ("latin1.txt", b"caf\xe9 au lait".to_vec()),
-        ("utf16.txt", [&[0xFF, 0xFE][..], &"thé vert".encode_utf16().flat_map(u16::to_le_bytes).collect::<Vec<u8>>()].concat()),
+        (
+            "utf16.txt",
+            [&[0xFF, 0xFE][..], &"thé vert".encode_utf16().flat_map(u16::to_le_bytes).collect::<Vec<u8>>()].concat(),
+        ),
     ];
     let mut ids = Vec::new();
     for (name, bytes) in accepted {
