@@ -338,3 +338,139 @@ async fn a_worker_killed_mid_document_never_redoes_a_finished_part() {
     assert_eq!(ledger.len(), 1, "one debit, no refund: {ledger:?}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// The documented topology on one machine: one web-only process and two worker-only processes
+/// on one Postgres and one S3-compatible store (a real one: `s3s-fs`, signatures checked).
+/// Uploads go through the web process into the bucket, both workers claim, one is killed (-9)
+/// mid-job, the other finishes everything, the global gate holds across them throughout, the
+/// originals come back from S3 through the web process, and the reconciliation run is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_worker_dies() {
+    let cluster =
+        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-topology")).await.unwrap().unwrap();
+    cluster.cluster.create_database("sluice").unwrap();
+    let url = cluster.cluster.url("sluice");
+    let data = std::env::temp_dir().join(format!("sluice-topology-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&data).unwrap();
+    let s3 = fakeprovider::s3::S3Server::start("sluice-documents").await;
+    let fake = FakeProvider::start().await;
+    // Each call takes 600 ms, so the kill lands while jobs are with the provider.
+    fake.push((0..200).map(|_| Reply::Hang { millis: 600 }));
+
+    let provider = fake.base_url();
+    let blob_store = s3.url("sluice");
+    let options = s3.options();
+    let mut env: Vec<(String, String)> = options.iter().map(|(k, v)| (k.to_uppercase(), v.clone())).collect();
+    for (k, v) in [
+        ("SLUICE_BLOB_STORE", blob_store.as_str()),
+        ("SLUICE_WORKERS", "3"),
+        ("SLUICE_LEASE_SECS", "2"),
+        ("SLUICE_HEARTBEAT_SECS", "0.5"),
+        ("SLUICE_RETRY_DELAYS", "1,1"),
+        ("SLUICE_PROVIDER", "anthropic"),
+        ("SLUICE_PROVIDER_URL", provider.as_str()),
+        ("SLUICE_PROVIDER_API_KEY", "topology-key"),
+    ] {
+        env.push((k.to_string(), v.to_string()));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let start = |role| start_with(role, &url, &data, "warn", std::process::Stdio::inherit(), &env);
+    assert!(stdout(&operator(&url, &data, &["migrate"])).contains("migrations applied"));
+    const GATE: i64 = 4;
+    assert!(operator(&url, &data, &["gate", &GATE.to_string()]).status.success());
+    let web = start("web");
+    let mut doomed = start("worker");
+    let survivor = start("worker");
+    for port in [web.port, doomed.port, survivor.port] {
+        healthy(port).await;
+    }
+    let pool = PgPool::connect(&url).await.unwrap();
+
+    // Four users, five documents each: twenty jobs through the web process into the bucket.
+    let mut uploaded = Vec::new();
+    for user in 0..4 {
+        let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+        let signed_up = browser
+            .post(format!("http://127.0.0.1:{}/api/sign_up", web.port))
+            .form(&[("email", format!("user{user}@example.com")), ("password", "a long password".into())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(signed_up.status(), 200);
+        for n in 0..5 {
+            let text = format!("Document {n} of user {user}.\n").repeat(200);
+            let form = reqwest::multipart::Form::new()
+                .part("file", reqwest::multipart::Part::bytes(text.clone().into_bytes()).file_name("notes.txt"))
+                .text("preset", "summarize");
+            let answer = browser
+                .post(format!("http://127.0.0.1:{}/api/v1/jobs", web.port))
+                .multipart(form)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 202);
+            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+            uploaded.push((browser.clone(), id, text));
+        }
+    }
+    assert!(s3.stored_files() >= 20, "the documents are in the bucket, not on a local disk");
+
+    // Watch the gate while both workers claim; kill one once it has jobs with the provider.
+    let watch = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut most = 0i64;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                let (running, open): (i64, i64) = sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state NOT IN ('done', 'failed', 'canceled')) FROM jobs",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                most = most.max(running);
+                if open == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            most
+        })
+    };
+    let both_claimed = "SELECT count(DISTINCT worker) >= 2 FROM job_attempts";
+    assert!(wait_until(Duration::from_secs(60), &pool, both_claimed).await, "both workers claim");
+    let doomed_busy = format!(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'running' AND stage = 'waiting_for_provider' AND lease_owner LIKE '%-{}')",
+        doomed.child.id()
+    );
+    assert!(wait_until(Duration::from_secs(60), &pool, &doomed_busy).await, "the doomed worker holds a job");
+    doomed.kill_9();
+    let all_done = "SELECT count(*) = 20 FROM jobs WHERE state = 'done'";
+    assert!(wait_until(Duration::from_secs(120), &pool, all_done).await, "the survivor finishes every job");
+    let most_running = watch.await.unwrap();
+    assert!(most_running <= GATE, "the gate ({GATE}) held across the processes: {most_running} ran at once");
+    assert!(most_running >= 2, "jobs did run side by side ({most_running})");
+    let survivor_finished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_attempts WHERE outcome = 'succeeded' AND worker LIKE '%-' || $1::text",
+    )
+    .bind(survivor.child.id().to_string())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(survivor_finished > 0);
+
+    // The originals come back from the bucket through the web process, byte for byte.
+    for (browser, id, text) in uploaded.iter().step_by(5) {
+        let original =
+            browser.get(format!("http://127.0.0.1:{}/api/v1/jobs/{id}/original", web.port)).send().await.unwrap();
+        assert_eq!(original.status(), 200);
+        assert_eq!(original.bytes().await.unwrap(), text.as_bytes());
+    }
+    // Books and documents add up (the check lists the bucket for documents without a job).
+    let mut reconcile = Command::new(env!("CARGO_BIN_EXE_server"));
+    reconcile.arg("reconcile").env("DATABASE_URL", &url).env("SLUICE_DATA_DIR", &data).envs(env.iter().copied());
+    let out = reconcile.output().unwrap();
+    assert!(out.status.success(), "{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&data);
+}
