@@ -41,7 +41,10 @@ impl S3Server {
         let task = tokio::spawn(async move {
             let http = Builder::new(TokioExecutor::new());
             loop {
-                let Ok((socket, _)) = listener.accept().await else { continue };
+                let Ok((socket, _)) = listener.accept().await else {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                };
                 let connection = http.serve_connection(TokioIo::new(socket), service.clone()).into_owned();
                 tokio::spawn(async move {
                     let _ = connection.await;

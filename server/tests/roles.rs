@@ -31,8 +31,11 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let _ = self.child.wait();
+        // Only a process still running: a reaped one's pid may be someone else's by now.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -386,6 +389,8 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
         healthy(port).await;
     }
     let pool = PgPool::connect(&url).await.unwrap();
+    // Paused while the uploads arrive, so the workers meet a full queue when it resumes.
+    assert!(operator(&url, &data, &["pause", "--reason", "topology test"]).status.success());
 
     // Four users, five documents each: twenty jobs through the web process into the bucket.
     let mut uploaded = Vec::new();
@@ -416,7 +421,8 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
     }
     assert!(s3.stored_files() >= 20, "the documents are in the bucket, not on a local disk");
 
-    // Watch the gate while both workers claim; kill one once it has jobs with the provider.
+    // Watch the gate from the moment processing resumes; kill one worker once it has a job
+    // with the provider.
     let watch = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -438,6 +444,7 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
             most
         })
     };
+    assert!(operator(&url, &data, &["resume", "--reason", "topology test"]).status.success());
     let both_claimed = "SELECT count(DISTINCT worker) >= 2 FROM job_attempts";
     assert!(wait_until(Duration::from_secs(60), &pool, both_claimed).await, "both workers claim");
     let doomed_busy = format!(

@@ -79,8 +79,6 @@ fn locked_wasm_bindgen() -> Result<String> {
     Err("wasm-bindgen is not in Cargo.lock".into())
 }
 
-/// Install the wasm target, cargo-leptos and wasm-bindgen-cli when they are missing or at the
-/// wrong version. Each takes long to build, so the installed versions are checked first.
 /// What the machine itself must have: Postgres's server binaries (the private clusters), and
 /// for the browser suite Debian's Chromium (Playwright drives it; nothing is downloaded from a
 /// browser CDN). Installed with apt when this runs as root on Debian; otherwise the run stops
@@ -102,6 +100,11 @@ fn ensure_system_packages(browser: bool) -> Result {
         Err(_) if browser && !Path::new(CHROMIUM).exists() => missing.push("chromium"),
         _ => {}
     }
+    // The browser half also needs Node.js and npm (Playwright, and wasm-opt for the release build).
+    let npm = Command::new("npm").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if browser && !npm.map(|s| s.success()).unwrap_or(false) {
+        missing.extend(["nodejs", "npm"]);
+    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -112,7 +115,7 @@ fn ensure_system_packages(browser: bool) -> Result {
     if !(root && apt) {
         return Err(format!(
             "this machine lacks {packages}; install {} with `sudo apt-get install -y {packages}` (or your system's \
-             packages), then run this command again",
+             packages; a Chromium elsewhere is named by CHROMIUM_PATH), then run this command again",
             if missing.len() == 1 { "it" } else { "them" }
         ));
     }
@@ -128,6 +131,8 @@ fn ensure_system_packages(browser: bool) -> Result {
 /// end2end/playwright.config.ts).
 const CHROMIUM: &str = "/usr/bin/chromium";
 
+/// Install the wasm target, cargo-leptos and wasm-bindgen-cli when they are missing or at the
+/// wrong version. Each takes long to build, so the installed versions are checked first.
 fn ensure_tools() -> Result {
     let targets = output_of(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
     if !targets.lines().any(|t| t.trim() == "wasm32-unknown-unknown") {

@@ -242,12 +242,12 @@ where
     let streamed = async {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| EngineError::Invalid(format!("the upload broke off: {e}")))?;
-            if let Some(utf8) = text.push(&chunk) {
+            if let Some(utf8) = text.push(chunk).map_err(EngineError::UnsupportedType)? {
                 check.push(&utf8)?;
                 writer.write(&utf8).await?;
             }
         }
-        if let Some(utf8) = text.finish() {
+        if let Some(utf8) = text.finish().map_err(EngineError::UnsupportedType)? {
             check.push(&utf8)?;
             writer.write(&utf8).await?;
         }
