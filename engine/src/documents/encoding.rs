@@ -152,9 +152,7 @@ impl Transcoder {
 
 /// Latin-1 decodes any byte: refuse those no text has.
 fn refuse_binary(bytes: &[u8]) -> Result<(), String> {
-    let binary = |b: &u8| {
-        matches!(b, 0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F | 0x81 | 0x8D | 0x8F | 0x90 | 0x9D)
-    };
+    let binary = |b: &u8| matches!(b, 0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F | 0x81 | 0x8D | 0x8F | 0x90 | 0x9D);
     match bytes.iter().any(binary) {
         true => Err(BINARY_REFUSAL.into()),
         false => Ok(()),
