@@ -116,37 +116,40 @@ impl Transcoder {
                 decode(decoder, &bytes, last)
             }
             State::Ascii { carry } => {
-                let mut bytes = [std::mem::take(carry), bytes].concat();
-                match std::str::from_utf8(&bytes) {
-                    Ok(text) => {
-                        if !text.is_ascii() {
-                            self.state = State::PassThrough;
-                        }
-                        bytes
-                    }
-                    // A character cut at the end: keep it for the next chunk.
-                    Err(e) if e.error_len().is_none() && !last => {
-                        *carry = bytes.split_off(e.valid_up_to());
-                        if !bytes.is_ascii() {
-                            self.state = State::PassThrough;
-                            bytes.extend(std::mem::take(carry));
-                        }
-                        bytes
-                    }
-                    // Not UTF-8, after ASCII only: Latin-1 from the start (the ASCII reads the same).
-                    Err(e) if bytes[..e.valid_up_to()].is_ascii() => {
-                        self.state = decoding(WINDOWS_1252);
-                        return self.feed(bytes, last);
-                    }
-                    // UTF-8, then a broken character: the UTF-8 check refuses it.
-                    Err(_) => {
-                        self.state = State::PassThrough;
-                        bytes
-                    }
+                let bytes = [std::mem::take(carry), bytes].concat();
+                let (next, out) = after_ascii(bytes, last);
+                let latin1 = matches!(next, State::Decoding { .. });
+                self.state = next;
+                if latin1 {
+                    return self.feed(out, last);
                 }
+                out
             }
         };
         Ok((!out.is_empty()).then(|| Bytes::from(out)))
+    }
+}
+
+/// Pure: the state after `bytes` that came while the text was ASCII only, and what to emit (for
+/// Latin-1, the bytes still to decode).
+fn after_ascii(mut bytes: Vec<u8>, last: bool) -> (State, Vec<u8>) {
+    match std::str::from_utf8(&bytes) {
+        Ok(text) if text.is_ascii() => (State::Ascii { carry: Vec::new() }, bytes),
+        Ok(_) => (State::PassThrough, bytes),
+        // A character cut at the end: keep it for the next chunk.
+        Err(e) if e.error_len().is_none() && !last => {
+            let carry = bytes.split_off(e.valid_up_to());
+            if bytes.is_ascii() {
+                (State::Ascii { carry }, bytes)
+            } else {
+                bytes.extend(carry);
+                (State::PassThrough, bytes)
+            }
+        }
+        // Not UTF-8, after ASCII only: Latin-1 from the start (the ASCII reads the same).
+        Err(e) if bytes[..e.valid_up_to()].is_ascii() => (decoding(WINDOWS_1252), bytes),
+        // UTF-8, then a broken character: the UTF-8 check refuses it.
+        Err(_) => (State::PassThrough, bytes),
     }
 }
 
