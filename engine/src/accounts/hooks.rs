@@ -13,11 +13,26 @@ use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AccountHooks;
 
-/// What the job's document costs: its settled price (a PDF admitted at a hold), else its cost.
-async fn settled_price(conn: &mut PgConnection, job: &TerminalJob) -> Result<i64, sqlx::Error> {
-    let settled: Option<i32> =
-        sqlx::query_scalar("SELECT settled_cost FROM jobs WHERE id = $1").bind(job.id).fetch_one(conn).await?;
-    Ok(i64::from(settled.unwrap_or(job.cost).min(job.cost)))
+/// What settling an ended job depends on, read in one query.
+#[derive(sqlx::FromRow)]
+struct Settlement {
+    /// What its document costs: its settled price (a PDF admitted at a hold), else its cost.
+    price: i64,
+    /// The reader could not read it (counts against the daily allowance).
+    unreadable: bool,
+    /// What its cancel keeps (fixed when the cancel was asked for).
+    kept: i64,
+}
+
+async fn settlement_of(conn: &mut PgConnection, job: &TerminalJob) -> Result<Settlement, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT least(coalesce(settled_cost, cost), cost)::int8 AS price, failed_unreadable AS unreadable,
+                cancel_kept_credits::int8 AS kept
+         FROM jobs WHERE id = $1",
+    )
+    .bind(job.id)
+    .fetch_one(conn)
+    .await
 }
 
 /// Move a user's in-flight count (never below zero).
@@ -36,7 +51,7 @@ impl TerminalHooks for AccountHooks {
     fn on_done<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            let price = settled_price(tx, job).await?;
+            let price = settlement_of(tx, job).await?.price;
             if price < i64::from(job.cost) {
                 ledger::refund_job(tx, job, i64::from(job.cost) - price, "settled to the price of its text").await?;
             }
@@ -48,13 +63,9 @@ impl TerminalHooks for AccountHooks {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
             // Only the reader's failures count (not a policy refusal such as a dense PDF).
-            let unreadable: bool = sqlx::query_scalar("SELECT failed_unreadable FROM jobs WHERE id = $1")
-                .bind(job.id)
-                .fetch_one(&mut *tx)
-                .await?;
+            let Settlement { price, unreadable, .. } = settlement_of(tx, job).await?;
             let earlier =
                 if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
-            let price = settled_price(tx, job).await?;
             let refund = refund_on_failure(i64::from(job.cost), price, unreadable, earlier);
             let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str()).unwrap_or("it failed");
             let note = if refund < i64::from(job.cost) {
@@ -79,12 +90,9 @@ impl TerminalHooks for AccountHooks {
     fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            let kept: i32 = sqlx::query_scalar("SELECT cancel_kept_credits FROM jobs WHERE id = $1")
-                .bind(job.id)
-                .fetch_one(&mut *tx)
-                .await?;
+            let kept = settlement_of(tx, job).await?.kept;
             let note = if kept > 0 { "canceled after the provider call started" } else { "canceled" };
-            ledger::refund_job(tx, job, i64::from(job.cost - kept), note).await?;
+            ledger::refund_job(tx, job, i64::from(job.cost) - kept, note).await?;
             Ok(())
         })
     }
