@@ -23,6 +23,7 @@ pub struct JobsPage {
 
 /// An accepted upload: the job (new, or the earlier one for a repeated key).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct UploadReply {
     pub id: String,
     pub status_url: String,
@@ -34,6 +35,7 @@ pub struct UploadReply {
 
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct JobStatus {
     pub id: String,
     pub state: JobState,
@@ -89,6 +91,7 @@ pub struct JobStatus {
 
 /// How far a document done in parts is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct PartsProgress {
     pub done: i32,
     pub total: i32,

@@ -186,11 +186,21 @@ impl Application {
 /// Serve the web app alone on a random loopback port, for tests and benchmarks: no workers,
 /// no maintenance, the caller's pool.
 pub async fn spawn_web(pool: PgPool, settings: WebSettings, blobs: Blobs) -> anyhow::Result<SocketAddr> {
+    spawn_web_wrapped(pool, settings, blobs, |router| router).await
+}
+
+/// [`spawn_web`] with its router wrapped first (tests check the API's answers this way).
+pub async fn spawn_web_wrapped(
+    pool: PgPool,
+    settings: WebSettings,
+    blobs: Blobs,
+    wrap: impl FnOnce(axum::Router) -> axum::Router,
+) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let connections = connection_limits(&settings);
     let ctx = ServerContext::new(pool, settings, blobs);
-    let app = router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?;
+    let app = wrap(router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?);
     tokio::spawn(async move {
         let _ = serve(listener, app, connections, std::future::pending()).await;
     });

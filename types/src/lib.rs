@@ -10,6 +10,7 @@ pub mod settlement;
 /// Where a job is in its life: `queued -> running -> done`, with `retrying` and `failed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "text", rename_all = "snake_case"))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Durably accepted, waiting for a worker (also while processing is paused).
@@ -57,6 +58,7 @@ impl JobState {
 /// What a running job is doing right now, so people watching it see it move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "text", rename_all = "snake_case"))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobStage {
     /// Fetching the document and extracting its text (in the sandbox).
@@ -89,6 +91,7 @@ impl JobStage {
 /// Why a job ended in `failed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "text", rename_all = "snake_case"))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {
     /// The document cannot be processed (encrypted, no text, damaged).
@@ -201,6 +204,7 @@ impl CreditKind {
 
 /// What to do with a document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Preset {
     Summarize,

@@ -19,7 +19,7 @@ pub struct Callback {
 }
 
 /// A token's registered callback (the secret is shown when it is set, and on rotation).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Registered {
     pub url: String,
     pub secret: String,

@@ -2,7 +2,7 @@
 //! codes as the UI. Auth: `Authorization: Bearer <token>`, or the session cookie. This module
 //! only speaks HTTP: upload checks, storage and admission are the engine's intake.
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -21,6 +21,7 @@ use engine::queue::JobView;
 use engine::JobState;
 
 use super::error::ApiError;
+use super::openapi::{ErrorBody, ResultBody, UploadForm};
 use super::AppState;
 
 /// The caller from a bearer token or the session; 401 otherwise.
@@ -90,6 +91,12 @@ impl FromRequestParts<AppState> for VisibleJob {
     }
 }
 
+/// A JSON body, read once the caller is known (so a stranger gets 401, not a parse error);
+/// one that does not decode is 422 in the API's error shape.
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError(AppError::invalid(format!("the JSON body does not decode: {e}"))))
+}
+
 /// A done job's result, or 409 saying what state the job is in.
 fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
     match (&job.state, &job.result) {
@@ -98,9 +105,46 @@ fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
     }
 }
 
+/// Answers any call may get: no valid token or session, a body over what the route takes, the
+/// database restarting (nothing was changed; `Retry-After` says when to try again).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum Common {
+    #[response(status = 401, description = "No valid token or session")]
+    Unauthenticated(ErrorBody),
+    #[response(status = 403, description = "A browser's request from another site")]
+    CrossSite(ErrorBody),
+    #[response(status = 413, description = "The request is larger than this route takes")]
+    TooLarge(ErrorBody),
+    #[response(status = 503, description = "Unavailable for a moment (Retry-After): nothing was stored or changed")]
+    Unavailable(ErrorBody),
+}
+
+/// The path's job id.
+const JOB_ID: &str = "The job's id (a UUID); anyone else's job is 404";
+
 /// `POST /api/v1/jobs`: 202 with `Location` once the job is committed; 200 with the earlier
 /// job for a duplicate; 402, 429, 503 (nothing stored), 413, 415, 422 otherwise. The same path
 /// as the upload page's server function ([`upload::upload`]).
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs",
+    tag = "jobs",
+    request_body(content = UploadForm, content_type = "multipart/form-data"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat an upload safely: the same key answers the first job (200) for 24 h")),
+    responses(
+        (status = 202, description = "Accepted and charged; `Location` is the job's status URL", body = app::model::UploadReply,
+            headers(("Location" = String, description = "The job's status URL"))),
+        (status = 200, description = "A repeated Idempotency-Key: the earlier job, not charged again", body = app::model::UploadReply),
+        (status = 402, description = "Out of credits (nothing stored)", body = ErrorBody),
+        (status = 409, description = "The Idempotency-Key names another upload", body = ErrorBody),
+        (status = 413, description = "Too large: bytes, tokens or your storage quota (nothing stored)", body = ErrorBody),
+        (status = 415, description = "Not a document type Sluice reads", body = ErrorBody),
+        (status = 422, description = "A malformed form, preset or language", body = ErrorBody),
+        (status = 429, description = "Too many documents or uploads in progress (Retry-After)", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn create_job(
     State(state): State<AppState>,
     session: Session,
@@ -124,7 +168,7 @@ fn accepted(uploaded: upload::Uploaded) -> Response {
 }
 
 /// The body of `POST /api/v1/jobs/{id}/run-again` (all optional).
-#[derive(Default, serde::Deserialize)]
+#[derive(Default, serde::Deserialize, utoipa::ToSchema)]
 pub struct RunAgain {
     preset: Option<String>,
     language: Option<String>,
@@ -133,12 +177,29 @@ pub struct RunAgain {
 /// `POST /api/v1/jobs/{id}/run-again`: the same document as a new job and a new debit
 /// (202 + `Location`), with another preset if given; 402/429/503 like an upload, 410 when the
 /// document is no longer kept.
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs/{id}/run-again",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    request_body(content = Option<RunAgain>, content_type = "application/json"),
+    responses(
+        (status = 202, description = "A new job for the same document, charged", body = app::model::UploadReply,
+            headers(("Location" = String, description = "The new job's status URL"))),
+        (status = 402, description = "Out of credits", body = ErrorBody),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        (status = 410, description = "The document is no longer kept", body = ErrorBody),
+        (status = 422, description = "A body that does not decode, or an unknown preset or language", body = ErrorBody),
+        (status = 429, description = "Too many documents in progress (Retry-After)", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn run_again(
     State(state): State<AppState>,
     VisibleJob(job, caller): VisibleJob,
-    body: Option<Json<RunAgain>>,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body.unwrap_or_default();
+    let body: RunAgain = if body.is_empty() { RunAgain::default() } else { json_body(&body)? };
     let id = job.id.to_string();
     let again = upload::run_again(&state.ctx, &caller, &id, body.preset.as_deref(), body.language.as_deref()).await?;
     Ok(accepted(again))
@@ -147,6 +208,18 @@ pub async fn run_again(
 /// `POST /api/v1/jobs/{id}/cancel`: 200 with the job as it is now (`canceled`, or still
 /// `running` with `cancel_requested` until its next safe point); 409 once it has ended; another
 /// user's job is 404.
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs/{id}/cancel",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "Canceled, or `cancel_requested` while it reaches a safe point", body = JobStatus),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        (status = 409, description = "The job has already ended", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn cancel_job(
     State(state): State<AppState>,
     session: Session,
@@ -158,6 +231,17 @@ pub async fn cancel_job(
 }
 
 /// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "The job as it is now", body = JobStatus),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn get_job(
     State(state): State<AppState>,
     VisibleJob(job, _): VisibleJob,
@@ -166,6 +250,18 @@ pub async fn get_job(
 }
 
 /// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}/result",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "The result", body = ResultBody),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        (status = 409, description = "Not done (yet)", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn get_result(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
     let result = done_result(&job)?;
     let body = Json(serde_json::json!({ "id": job.id.to_string(), "result": result }));
@@ -201,6 +297,20 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
 }
 
 /// `GET /api/v1/jobs/{id}/original`: the uploaded document, as an attachment.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}/original",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "The uploaded document, as an attachment", content(
+            ("application/pdf"), ("text/markdown"), ("text/html"), ("text/plain"),
+        )),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        (status = 410, description = "The document is no longer kept", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn get_original(
     State(state): State<AppState>,
     VisibleJob(job, caller): VisibleJob,
@@ -220,6 +330,18 @@ pub async fn get_original(
 }
 
 /// `GET /api/v1/jobs/{id}/result.md`: a done job's result as a Markdown attachment.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}/result.md",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "The result as a Markdown attachment", content_type = "text/markdown"),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        (status = 409, description = "Not done (yet)", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
     let markdown = done_result(&job)?["markdown"].as_str().unwrap_or_default().to_string();
     let stem = document_of(&job).ok().and_then(|d| d.name).unwrap_or_else(|| "document".into());
@@ -239,20 +361,32 @@ async fn calling_token(state: &AppState, headers: &HeaderMap, session: &Session)
 }
 
 /// The body of `PUT /api/v1/webhook`.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 pub struct WebhookRequest {
     url: String,
 }
 
 /// `PUT /api/v1/webhook`: register (or replace) the calling token's completion callback. The
 /// answer holds the signing secret, shown this once (a new PUT makes a new one).
+#[utoipa::path(
+    put,
+    path = "/api/v1/webhook",
+    tag = "webhook",
+    request_body = WebhookRequest,
+    responses(
+        (status = 200, description = "Registered; the signing secret is shown this once", body = engine::webhooks::completion::Registered),
+        (status = 422, description = "A body that does not decode, a URL Sluice may not call, or a call without a token", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn put_webhook(
     State(state): State<AppState>,
     session: Session,
     headers: HeaderMap,
-    Json(request): Json<WebhookRequest>,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
     let (user, token_id) = calling_token(&state, &headers, &session).await?;
+    let request: WebhookRequest = json_body(&body)?;
     let policy = &state.ctx.settings.webhook_policy;
     let registered =
         engine::webhooks::completion::register(&state.ctx.pool, policy, user.id, token_id, &request.url).await?;
@@ -260,6 +394,16 @@ pub async fn put_webhook(
 }
 
 /// `DELETE /api/v1/webhook`: the calling token's job endings are no longer sent.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/webhook",
+    tag = "webhook",
+    responses(
+        (status = 204, description = "Job endings are no longer sent"),
+        (status = 422, description = "Called without a token", body = ErrorBody),
+        Common,
+    )
+)]
 pub async fn delete_webhook(
     State(state): State<AppState>,
     session: Session,

@@ -6,6 +6,7 @@ pub mod csrf;
 pub mod error;
 pub mod jobs;
 pub mod layers;
+pub mod openapi;
 pub mod serve;
 pub mod unavailable;
 
@@ -16,7 +17,7 @@ use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use leptos::prelude::*;
 use leptos_axum::{generate_route_list, LeptosRoutes};
@@ -69,14 +70,8 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
     let request_timeout = state.ctx.settings.request_timeout;
     let app = Router::new()
         .route("/healthz", get(healthz))
-        .route("/api/v1/jobs", post(jobs::create_job))
-        .route("/api/v1/jobs/{id}", get(jobs::get_job))
-        .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel_job))
-        .route("/api/v1/jobs/{id}/run-again", post(jobs::run_again))
-        .route("/api/v1/jobs/{id}/result", get(jobs::get_result))
-        .route("/api/v1/jobs/{id}/result.md", get(jobs::get_result_markdown))
-        .route("/api/v1/jobs/{id}/original", get(jobs::get_original))
-        .route("/api/v1/webhook", axum::routing::put(jobs::put_webhook).delete(jobs::delete_webhook))
+        .merge(openapi::api_routes().split_for_parts().0)
+        .merge(openapi::docs_routes())
         // The upload path enforces its own cap while streaming (413).
         .layer(DefaultBodyLimit::disable())
         .leptos_routes_with_context(

@@ -14,11 +14,17 @@ pub struct TestApp {
     pub addr: SocketAddr,
     pub pool: PgPool,
     pub blob_dir: std::path::PathBuf,
+    /// Every `/api/v1` answer this app gave, checked against its OpenAPI document.
+    pub contract: server::testing::contract::ContractCheck,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.blob_dir);
+        let violations = self.contract.violations();
+        if !violations.is_empty() && !std::thread::panicking() {
+            panic!("answers outside the API's OpenAPI document:\n{}", violations.join("\n"));
+        }
     }
 }
 
@@ -31,8 +37,11 @@ impl TestApp {
         // Database names repeat from run to run: an interrupted run's files must not count here.
         let _ = std::fs::remove_dir_all(&blob_dir);
         let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
-        let addr = server::spawn_web(pool.clone(), settings, blobs).await.expect("the app starts");
-        TestApp { addr, pool, blob_dir }
+        let contract = server::testing::contract::ContractCheck::default();
+        let addr = server::startup::spawn_web_wrapped(pool.clone(), settings, blobs, |router| contract.around(router))
+            .await
+            .expect("the app starts");
+        TestApp { addr, pool, blob_dir, contract }
     }
 
     /// Files in blob storage (refusals must leave none behind).

@@ -2,6 +2,7 @@
 //! so the helpers are compiled once.
 
 mod cancel;
+mod contract;
 mod downloads;
 mod helpers;
 mod http_layer;

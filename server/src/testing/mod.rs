@@ -2,6 +2,8 @@
 //! that speaks plain HTTP/1.1 over a socket, so a test can be a slow or hostile client and see
 //! the answer while it is still sending.
 
+pub mod contract;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};

@@ -1,0 +1,78 @@
+//! The OpenAPI contract itself: served, complete, and routed. (Every other API test checks its
+//! answers against it through [`TestApp`]'s contract check.)
+
+use crate::helpers::TestApp;
+use app::server::session::WebSettings;
+use sqlx::PgPool;
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_openapi_document_is_served_and_every_operation_it_describes_is_routed(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let client = reqwest::Client::new();
+    let doc: serde_json::Value = client
+        .get(app.url("/api/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    let mut operations = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            operations.push((method.to_uppercase(), path.replace("{id}", "0b6c5f0e-1f1e-4a51-9f0e-0d3c1a2b3c4d")));
+        }
+    }
+    operations.sort();
+    let expected = [
+        ("DELETE", "/api/v1/webhook"),
+        ("GET", "/api/v1/jobs/{id}"),
+        ("GET", "/api/v1/jobs/{id}/original"),
+        ("GET", "/api/v1/jobs/{id}/result"),
+        ("GET", "/api/v1/jobs/{id}/result.md"),
+        ("POST", "/api/v1/jobs"),
+        ("POST", "/api/v1/jobs/{id}/cancel"),
+        ("POST", "/api/v1/jobs/{id}/run-again"),
+        ("PUT", "/api/v1/webhook"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.replace("{id}", "0b6c5f0e-1f1e-4a51-9f0e-0d3c1a2b3c4d")))
+        .collect();
+    assert_eq!(operations, expected);
+    // Each described operation reaches its handler: without credentials it answers 401 (not the
+    // pages' 404, not 405), and that answer is checked against the document too.
+    for (method, path) in &operations {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let response = client.request(method.clone(), app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 401, "{method} {path}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], "unauthenticated");
+    }
+    assert_eq!(app.contract.checked(), operations.len());
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_docs_page_is_served_from_the_binary(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let client = reqwest::Client::new();
+    let page = client.get(app.url("/api/v1/docs/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(policy.contains("default-src 'self'"), "{policy}");
+    let html = page.text().await.unwrap();
+    assert!(html.contains("swagger-ui"), "{html}");
+    // Its script, styles and the settings naming our document come from the binary itself.
+    for asset in ["swagger-ui-bundle.js", "swagger-ui.css", "swagger-initializer.js"] {
+        let response = client.get(app.url(&format!("/api/v1/docs/{asset}"))).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{asset}");
+        let text = response.text().await.unwrap();
+        assert!(text.len() > 100, "{asset}");
+        if asset == "swagger-initializer.js" {
+            assert!(text.contains("/api/v1/openapi.json"), "{text}");
+        }
+    }
+}
