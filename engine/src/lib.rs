@@ -29,6 +29,7 @@ pub mod maintenance;
 pub mod queue;
 pub mod reconcile;
 pub mod repair;
+pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod webhooks;

@@ -303,6 +303,11 @@ pub struct Config {
     /// job id, the attempt and the user id).
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     pub log_format: LogFormat,
+    /// Export traces over OTLP/HTTP (JSON) to this collector, e.g. `http://127.0.0.1:4318`
+    /// (spans are posted to `<url>/v1/traces`). Off when unset. An upload's trace is stored
+    /// with its job, and each attempt and provider call joins it.
+    #[arg(long, env = "SLUICE_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
     /// The AI provider: local (built in, no network), anthropic, or openai (any
     /// OpenAI-compatible server: Ollama, vLLM, llama.cpp).
     #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "local", global = true)]

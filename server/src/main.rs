@@ -10,8 +10,27 @@ fn main() -> ExitCode {
         // The sandboxed document reader: no logging, no runtime, nothing but the document.
         return engine::documents::sandbox::child_main(Some(doc_type), run_as.as_deref());
     }
-    server::telemetry::init_tracing(&cli.config.log, cli.config.log_format);
-    match run(cli) {
+    let role = match &cli.command {
+        None | Some(Command::Serve) => "all",
+        Some(Command::Web) => "web",
+        Some(Command::Worker) => "worker",
+        Some(_) => "operator",
+    };
+    let traces = match server::telemetry::init_tracing(
+        &cli.config.log,
+        cli.config.log_format,
+        cli.config.otlp_endpoint.as_deref(),
+        role,
+    ) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = run(cli);
+    traces.flush();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("Error: {e:?}");

@@ -481,3 +481,161 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
     assert!(out.status.success(), "{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// A loopback OTLP/HTTP collector: every `POST /v1/traces` body (OTLP JSON), kept.
+async fn collector() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = received.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push(serde_json::from_slice(&body).expect("OTLP JSON"));
+                axum::Json(serde_json::json!({}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (port, received)
+}
+
+/// Every span the collector received, flattened.
+fn spans(received: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let mut spans = Vec::new();
+    for export in received {
+        for resource in export["resourceSpans"].as_array().into_iter().flatten() {
+            for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                spans.extend(scope["spans"].as_array().into_iter().flatten().cloned());
+            }
+        }
+    }
+    spans
+}
+
+fn attribute<'s>(span: &'s serde_json::Value, key: &str) -> Option<&'s serde_json::Value> {
+    span["attributes"].as_array()?.iter().find(|a| a["key"] == key).map(|a| &a["value"])
+}
+
+#[tokio::test]
+async fn an_uploads_trace_follows_its_job_through_every_attempt_to_the_provider() {
+    let cluster =
+        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-traces")).await.unwrap().unwrap();
+    cluster.cluster.create_database("sluice").unwrap();
+    let url = cluster.cluster.url("sluice");
+    let data = std::env::temp_dir().join(format!("sluice-traces-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&data).unwrap();
+    let (collector_port, received) = collector().await;
+    let fake = FakeProvider::start().await;
+    // The first attempt meets an overloaded provider; the retry succeeds.
+    fake.push([Reply::Overloaded, Reply::Success { text: "A summary.".into(), input_tokens: 40, output_tokens: 5 }]);
+    let provider = fake.base_url();
+    let endpoint = format!("http://127.0.0.1:{collector_port}");
+    let env = [
+        ("SLUICE_RETRY_DELAYS", "1,1"),
+        ("SLUICE_PROVIDER", "anthropic"),
+        ("SLUICE_PROVIDER_URL", provider.as_str()),
+        ("SLUICE_PROVIDER_API_KEY", "trace-test-key"),
+        ("SLUICE_OTLP_ENDPOINT", endpoint.as_str()),
+        // Send batches quickly, so the test need not wait for the default 5 s.
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+    ];
+    // Logging at `warn` does not turn traces off.
+    let web = start_with("web", &url, &data, "warn", std::process::Stdio::inherit(), &env);
+    let worker = start_with("worker", &url, &data, "warn", std::process::Stdio::inherit(), &env);
+    healthy(web.port).await;
+    healthy(worker.port).await;
+
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let signed_up = browser
+        .post(format!("http://127.0.0.1:{}/api/sign_up", web.port))
+        .form(&[("email", "traces@example.com"), ("password", "a long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_up.status(), 200);
+    let form = reqwest::multipart::Form::new()
+        .part("file", reqwest::multipart::Part::bytes(b"Traced document. Two sentences.\n".to_vec()).file_name("t.txt"))
+        .text("preset", "summarize");
+    let accepted =
+        browser.post(format!("http://127.0.0.1:{}/api/v1/jobs", web.port)).multipart(form).send().await.unwrap();
+    assert_eq!(accepted.status(), 202);
+    let id = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while state_of(&browser, web.port, &id).await != "done" {
+        assert!(Instant::now() < deadline, "job {id} was not done in time");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pool = PgPool::connect(&url).await.unwrap();
+    let stored: String = sqlx::query_scalar("SELECT trace_parent FROM jobs WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&pool)
+        .await
+        .expect("the job carries its upload's trace");
+    let (trace_id, upload_span_id) = (&stored[3..35], &stored[36..52]);
+
+    // Wait for the worker's batch to arrive: two attempts and their provider calls.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans = spans(&received.lock().unwrap());
+        let provider_calls = spans.iter().filter(|s| s["name"] == "provider call" && s["traceId"] == trace_id).count();
+        if provider_calls >= 2 || Instant::now() > deadline {
+            break spans;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|s| s["name"] == name && s["traceId"] == trace_id).collect()
+    };
+    // The upload: the web process's request span is the one stored with the job.
+    let upload = named("POST /api/v1/jobs");
+    assert_eq!(upload.len(), 1, "{spans:#?}");
+    assert_eq!(upload[0]["spanId"], upload_span_id);
+    // Each attempt is a child of the upload, linked to it, with its queue wait.
+    let attempts = named("attempt");
+    assert_eq!(attempts.len(), 2, "{spans:#?}");
+    for attempt in &attempts {
+        assert_eq!(attempt["parentSpanId"], upload_span_id);
+        let links = attempt["links"].as_array().expect("a link");
+        assert!(links.iter().any(|l| l["traceId"] == trace_id && l["spanId"] == upload_span_id), "{attempt:#}");
+        assert_eq!(attribute(attempt, "job_id").unwrap()["stringValue"], id.as_str());
+        assert!(attribute(attempt, "queue_wait_ms").is_some(), "{attempt:#}");
+    }
+    let numbers: Vec<String> = attempts
+        .iter()
+        .map(|a| attribute(a, "attempt").unwrap()["intValue"].to_string().trim_matches('"').to_string())
+        .collect();
+    assert!(numbers.contains(&"1".to_string()) && numbers.contains(&"2".to_string()), "{numbers:?}");
+    // Each provider call is a child of an attempt: the overloaded one says so.
+    let calls = named("provider call");
+    assert_eq!(calls.len(), 2, "{spans:#?}");
+    let attempt_ids: Vec<&serde_json::Value> = attempts.iter().map(|a| &a["spanId"]).collect();
+    assert!(calls.iter().all(|c| attempt_ids.contains(&&c["parentSpanId"])), "{calls:#?}");
+    assert!(
+        calls.iter().any(|c| attribute(c, "provider_status").map(|v| v.to_string().contains("529")) == Some(true)),
+        "{calls:#?}"
+    );
+    // The document was read inside the first attempt.
+    assert!(named("read document").iter().any(|r| attempt_ids.contains(&&r["parentSpanId"])), "{spans:#?}");
+    // The processes name themselves.
+    let roles: Vec<String> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|e| e["resourceSpans"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| {
+            r["resource"]["attributes"]
+                .as_array()?
+                .iter()
+                .find(|a| a["key"] == "sluice.role")
+                .map(|a| a["value"]["stringValue"].as_str().unwrap_or("").to_string())
+        })
+        .collect();
+    assert!(roles.contains(&"web".to_string()) && roles.contains(&"worker".to_string()), "{roles:?}");
+    pool.close().await;
+    drop((web, worker));
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::blobs::Blobs;
 use super::providers::{PartOf, Provider, ProviderOutput, Task};
@@ -138,7 +139,8 @@ impl DocumentProcessor {
             EngineError::NotFound => JobError::new(ErrorClass::InvalidInput, "the uploaded document is gone"),
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
         })?;
-        let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).await?;
+        let reading = tracing::info_span!("read document", doc_type = ?spec.document.doc_type, bytes = bytes.len());
+        let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
         let task = Task {
             preset: spec.preset,
             language: spec.language.clone(),
@@ -368,7 +370,28 @@ impl DocumentProcessor {
         self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
         held.input = estimated;
         self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
-        let output = self.provider.run(task).await?;
+        let span = tracing::info_span!(
+            "provider call",
+            provider = self.provider.name(),
+            preset = ?task.preset,
+            estimated_input_tokens = estimated,
+            input_tokens = tracing::field::Empty,
+            output_tokens = tracing::field::Empty,
+            error = tracing::field::Empty,
+            provider_status = tracing::field::Empty,
+        );
+        let output = self.provider.run(task).instrument(span.clone()).await;
+        match &output {
+            Ok(output) => {
+                span.record("input_tokens", output.input_tokens);
+                span.record("output_tokens", output.output_tokens);
+            }
+            Err(e) => {
+                span.record("error", e.message.as_str());
+                span.record("provider_status", e.provider_status.map(u64::from));
+            }
+        }
+        let output = output?;
         // The provider counted what it counted: settle the reservation with the real usage, as
         // far as it is believable (tokenizers differ from our estimate, but not fourfold; an
         // answer is never longer than the `max_tokens` reserved for it).

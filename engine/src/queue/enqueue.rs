@@ -46,8 +46,8 @@ impl NewJob {
 pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     Ok(sqlx::query_scalar(
         "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint,
-                           est_input_tokens)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+                           est_input_tokens, trace_parent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
     )
     .bind(job.owner_id)
     .bind(&job.kind)
@@ -58,6 +58,8 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     .bind(&job.client_key)
     .bind(&job.request_fingerprint)
     .bind(job.est_input_tokens.max(0))
+    // The request's trace, when traces are exported: the job's attempts join it.
+    .bind(crate::telemetry::current_trace_parent())
     .fetch_one(conn)
     .await?)
 }

@@ -317,7 +317,17 @@ async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedR
 /// logs carries them), and count and time the attempt by outcome and provider status.
 async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, JobError> {
     use tracing::Instrument;
-    let span = tracing::info_span!("job", job_id = %job.id, attempt = job.attempt, user_id = job.owner_id);
+    let span = tracing::info_span!(
+        "job",
+        otel.name = "attempt",
+        job_id = %job.id,
+        attempt = job.attempt,
+        user_id = job.owner_id,
+        queue_wait_ms = tracing::field::Empty,
+    );
+    if crate::telemetry::exporting() {
+        join_upload_trace(&shared.pool, job, &span).await;
+    }
     let started = std::time::Instant::now();
     let result = run_within_deadline(shared, job).instrument(span.clone()).await;
     let (outcome, status) = match &result {
@@ -335,6 +345,25 @@ async fn run_processor(shared: &Shared, job: &ClaimedJob) -> Result<JobOutput, J
         .record(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::debug!(outcome, "attempt finished"));
     result
+}
+
+/// Traces only: make the attempt's span part of its upload's trace, and record how long the
+/// job waited in line for this attempt (since it was accepted, or since its retry was due).
+async fn join_upload_trace(pool: &PgPool, job: &ClaimedJob, span: &tracing::Span) {
+    let found: Option<(Option<String>, f64)> = sqlx::query_as(
+        "SELECT trace_parent,
+                extract(epoch FROM now() - CASE WHEN attempts > 1 THEN run_at ELSE accepted_at END)::float8 * 1000
+         FROM jobs WHERE id = $1",
+    )
+    .bind(job.id)
+    .fetch_optional(pool)
+    .await
+    .unwrap_or(None);
+    let Some((trace_parent, waited_ms)) = found else { return };
+    span.record("queue_wait_ms", waited_ms.max(0.0) as i64);
+    if let Some(trace_parent) = trace_parent {
+        crate::telemetry::join_upload_trace(span, &trace_parent);
+    }
 }
 
 /// Run the processor within the attempt deadline. A processor past the deadline is dropped

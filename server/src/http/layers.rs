@@ -166,6 +166,8 @@ fn request_span(request: &Request) -> Span {
     let id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
     tracing::info_span!(
         "request",
+        otel.name = format!("{} {route}", request.method()),
+        otel.kind = "server",
         method = %request.method(),
         route,
         request_id = id,
