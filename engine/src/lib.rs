@@ -26,6 +26,7 @@ pub mod documents;
 pub mod error;
 pub mod hooks;
 pub mod maintenance;
+pub mod periodic;
 pub mod queue;
 pub mod reconcile;
 pub mod repair;

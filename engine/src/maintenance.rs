@@ -1,4 +1,4 @@
-//! Background upkeep, one loop per process: rescue jobs whose worker vanished, prune old jobs
+//! Background upkeep, one loop per process (the periodic tasks taking turns across processes): rescue jobs whose worker vanished, prune old jobs
 //! and their documents, reconcile the books (reporting only), and forget old failed logins. It
 //! spans the queue, documents and accounts, so it lives beside them rather than in any.
 
@@ -9,6 +9,7 @@ use sqlx::PgPool;
 
 use crate::documents::sweep::delete_documents_of;
 use crate::documents::Blobs;
+use crate::periodic::{ask_every, start_clock, take_turn};
 use crate::queue::hooks::TerminalHooks;
 use crate::queue::policy::retry::RetryPolicy;
 use crate::queue::rescue::rescue_expired;
@@ -31,6 +32,8 @@ pub struct MaintenanceConfig {
     pub reconcile_every: Duration,
     /// Delivered and given-up webhook deliveries are kept this long (pruned with the logins).
     pub webhook_retention: Duration,
+    /// Reconciliation reports and resolved alert firings are kept this long.
+    pub evidence_retention: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -44,11 +47,14 @@ impl Default for MaintenanceConfig {
             login_window: crate::accounts::login::LoginLimits::default().window,
             reconcile_every: Duration::from_secs(3600),
             webhook_retention: Duration::from_secs(7 * 86_400),
+            evidence_retention: Duration::from_secs(90 * 86_400),
         }
     }
 }
 
-/// Run every upkeep task on its own schedule until aborted.
+/// Run every upkeep task on its own schedule until aborted. Lease rescue and document release
+/// run in every process (they are idempotent and must be prompt); pruning, account upkeep and
+/// reconciliation run once per interval across all processes ([`crate::periodic`]).
 pub async fn run(
     pool: PgPool,
     hooks: Arc<dyn TerminalHooks>,
@@ -56,13 +62,25 @@ pub async fn run(
     config: MaintenanceConfig,
     blobs: Option<Blobs>,
 ) {
+    let runner = format!("pid {}", std::process::id());
     let mut rescue_tick = tokio::time::interval(config.rescue_every);
-    let mut prune_tick = tokio::time::interval(config.prune_every);
-    let mut account_tick = tokio::time::interval(config.account_upkeep_every);
-    let mut reconcile_tick = tokio::time::interval(config.reconcile_every);
     let mut release_tick = tokio::time::interval(config.release_every);
+    let mut prune_tick = tokio::time::interval(ask_every(config.prune_every));
+    let mut account_tick = tokio::time::interval(ask_every(config.account_upkeep_every));
+    let mut reconcile_tick = tokio::time::interval(ask_every(config.reconcile_every));
     // Not at start-up: a fleet restarting should not all reconcile at once.
-    reconcile_tick.reset();
+    if let Err(e) = start_clock(&pool, RECONCILE, &runner).await {
+        tracing::warn!(error = %e, "starting the reconciliation clock failed");
+    }
+    let turn = |task: &'static str, every: Duration| {
+        let (pool, runner) = (pool.clone(), runner.clone());
+        async move {
+            take_turn(&pool, task, every, &runner).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, task, "could not ask whether it is this process's turn");
+                false
+            })
+        }
+    };
     loop {
         tokio::select! {
             _ = rescue_tick.tick() => {
@@ -71,6 +89,9 @@ pub async fn run(
                 }
             }
             _ = prune_tick.tick() => {
+                if !turn(PRUNE, config.prune_every).await {
+                    continue;
+                }
                 match prune(&pool, config.retention).await {
                     Ok(jobs) if !jobs.is_empty() => {
                         tracing::info!(jobs = jobs.len(), "pruned old jobs");
@@ -92,18 +113,54 @@ pub async fn run(
                 }
             }
             _ = reconcile_tick.tick() => {
+                if !turn(RECONCILE, config.reconcile_every).await {
+                    continue;
+                }
                 if let Err(e) = crate::reconcile::run(&pool, blobs.as_ref(), "maintenance").await {
                     tracing::warn!(error = %e, "reconciliation failed");
                 }
             }
             _ = account_tick.tick() => {
+                if !turn(UPKEEP, config.account_upkeep_every).await {
+                    continue;
+                }
                 if let Err(e) = crate::accounts::login::prune_login_failures(&pool, config.login_window).await {
                     tracing::warn!(error = %e, "pruning failed logins failed");
                 }
                 if let Err(e) = crate::webhooks::outbox::prune(&pool, config.webhook_retention).await {
                     tracing::warn!(error = %e, "pruning webhook deliveries failed");
                 }
+                if let Err(e) = prune_evidence(&pool, config.evidence_retention).await {
+                    tracing::warn!(error = %e, "pruning old reports and alerts failed");
+                }
             }
         }
     }
+}
+
+/// The periodic tasks' names in `periodic_runs`.
+const PRUNE: &str = "retention";
+const RECONCILE: &str = "reconciliation";
+const UPKEEP: &str = "account_upkeep";
+
+/// Reconciliation reports and resolved alert firings older than `keep` are deleted (the
+/// newest report is always kept: the admin page and the drift alert read it).
+pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Result<u64> {
+    let reports = sqlx::query(
+        "DELETE FROM reconciliation_reports
+         WHERE finished_at < now() - make_interval(secs => $1)
+           AND id <> (SELECT max(id) FROM reconciliation_reports)",
+    )
+    .bind(keep.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let alerts = sqlx::query(
+        "DELETE FROM alert_firings WHERE resolved_at IS NOT NULL AND resolved_at < now() - make_interval(secs => $1)",
+    )
+    .bind(keep.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(reports + alerts)
 }

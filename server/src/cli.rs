@@ -387,6 +387,13 @@ pub struct Config {
     /// deleted (the job stays). A canceled job's document is deleted at once.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DOCUMENTS_DAYS", default_value_t = 7.0, global = true)]
     pub keep_failed_documents_days: f64,
+    /// Days reconciliation reports and resolved alert firings are kept (the newest report
+    /// always is).
+    #[arg(long, env = "SLUICE_KEEP_EVIDENCE_DAYS", default_value_t = 90.0, global = true)]
+    pub keep_evidence_days: f64,
+    /// Days delivered and given-up webhook deliveries are kept (they name the job and its file).
+    #[arg(long, env = "SLUICE_KEEP_WEBHOOK_DELIVERIES_DAYS", default_value_t = 7.0, global = true)]
+    pub keep_webhook_deliveries_days: f64,
     /// Storage per user, in MiB: the documents of their jobs that keep them (shared ones once).
     /// Uploads past it get 413 `storage_full` before their body is read. 0 = none.
     #[arg(long, env = "SLUICE_STORAGE_QUOTA_MIB", default_value_t = 1024, global = true)]
@@ -462,11 +469,11 @@ impl Config {
             retention: Retention {
                 done: Duration::from_secs(self.keep_done_days * 86_400),
                 failed: Duration::from_secs(self.keep_failed_days * 86_400),
-                failed_documents: Duration::from_secs_f64(
-                    self.keep_failed_documents_days.clamp(0.0, 3650.0) * 86_400.0,
-                ),
+                failed_documents: days(self.keep_failed_documents_days),
             },
             login_window: self.web_settings().login_limits.window,
+            evidence_retention: days(self.keep_evidence_days),
+            webhook_retention: days(self.keep_webhook_deliveries_days),
             ..MaintenanceConfig::default()
         }
     }
@@ -648,6 +655,11 @@ impl Config {
 
 fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+}
+
+/// A number of days (0 to 10 years) as a duration.
+fn days(days: f64) -> Duration {
+    Duration::from_secs_f64(if days.is_finite() { days.clamp(0.0, 3650.0) } else { 0.0 } * 86_400.0)
 }
 
 #[cfg(test)]
