@@ -31,6 +31,10 @@ pub struct UploadReply {
     /// Credits this upload took (the price by its size; 0 for a duplicate).
     #[serde(default)]
     pub charged: i64,
+    /// With an `Idempotency-Key`: until when (RFC 3339) a repeat with it answers this job;
+    /// after that the key is forgotten.
+    #[serde(default)]
+    pub idempotency_key_expires_at: Option<String>,
 }
 
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.

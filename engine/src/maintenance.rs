@@ -34,6 +34,8 @@ pub struct MaintenanceConfig {
     pub webhook_retention: Duration,
     /// Reconciliation reports and resolved alert firings are kept this long.
     pub evidence_retention: Duration,
+    /// Client `Idempotency-Key`s are forgotten this long after their job was accepted.
+    pub client_key_lifetime: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -48,6 +50,7 @@ impl Default for MaintenanceConfig {
             reconcile_every: Duration::from_secs(3600),
             webhook_retention: Duration::from_secs(7 * 86_400),
             evidence_retention: Duration::from_secs(90 * 86_400),
+            client_key_lifetime: crate::accounts::admission::CLIENT_KEY_LIFETIME,
         }
     }
 }
@@ -129,6 +132,9 @@ pub async fn run(
                 }
                 if let Err(e) = crate::webhooks::outbox::prune(&pool, config.webhook_retention).await {
                     tracing::warn!(error = %e, "pruning webhook deliveries failed");
+                }
+                if let Err(e) = crate::accounts::admission::forget_client_keys(&pool, config.client_key_lifetime).await {
+                    tracing::warn!(error = %e, "forgetting old idempotency keys failed");
                 }
                 if let Err(e) = prune_evidence(&pool, config.evidence_retention).await {
                     tracing::warn!(error = %e, "pruning old reports and alerts failed");

@@ -269,6 +269,10 @@ pub struct Config {
     /// Intake bound: refuse uploads (503) while the oldest waiting job has waited this long.
     #[arg(long, env = "SLUICE_MAX_OLDEST_WAIT_SECS", default_value_t = 1800, global = true)]
     pub max_oldest_wait_secs: u64,
+    /// Hours a client's `Idempotency-Key` names its job; after that it is forgotten (a repeat
+    /// makes a new job). Uploads' answers say when (`idempotency_key_expires_at`).
+    #[arg(long, env = "SLUICE_IDEMPOTENCY_KEY_HOURS", default_value_t = 24.0, global = true)]
+    pub idempotency_key_hours: f64,
     /// Failed logins per account within 15 minutes before 429.
     #[arg(long, env = "SLUICE_LOGIN_FAILURES_PER_ACCOUNT", default_value_t = 5, global = true)]
     pub login_failures_per_account: i64,
@@ -463,6 +467,12 @@ impl Config {
         }
     }
 
+    /// How long a client's `Idempotency-Key` names its job (1 minute to 30 days).
+    pub fn client_key_lifetime(&self) -> Duration {
+        let hours = if self.idempotency_key_hours.is_finite() { self.idempotency_key_hours } else { 24.0 };
+        Duration::from_secs_f64(hours.clamp(1.0 / 60.0, 720.0) * 3600.0)
+    }
+
     /// Upkeep schedules and retention.
     pub fn maintenance_config(&self) -> MaintenanceConfig {
         MaintenanceConfig {
@@ -474,6 +484,7 @@ impl Config {
             login_window: self.web_settings().login_limits.window,
             evidence_retention: days(self.keep_evidence_days),
             webhook_retention: days(self.keep_webhook_deliveries_days),
+            client_key_lifetime: self.client_key_lifetime(),
             ..MaintenanceConfig::default()
         }
     }
@@ -524,6 +535,7 @@ impl Config {
                 max_attempts: self.max_attempts.max(1) as i32,
                 storage_quota_bytes: (self.storage_quota_mib > 0)
                     .then(|| self.storage_quota_mib.saturating_mul(1 << 20)),
+                client_key_lifetime: self.client_key_lifetime(),
                 ..Default::default()
             },
             signup_grant: self.signup_grant.max(0),

@@ -31,6 +31,8 @@ pub struct Uploaded {
     pub duplicate: bool,
     /// Credits this upload took (0 for a duplicate).
     pub charged: i64,
+    /// With a client key: when it stops naming this job.
+    pub key_expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Uploaded {
@@ -46,6 +48,7 @@ impl Uploaded {
             status_url: self.status_url(),
             duplicate: self.duplicate,
             charged: self.charged,
+            idempotency_key_expires_at: self.key_expires_at.map(|at| at.to_rfc3339()),
         }
     }
 }
@@ -148,7 +151,9 @@ where
     };
     // Refuse before reading the file: a refused upload costs its headers, nothing more.
     let retried = match &client_key {
-        Some(key) => admission::client_key_used(&ctx.pool, user.id, key).await?,
+        Some(key) => {
+            admission::client_key_used(&ctx.pool, user.id, key, settings.admission.client_key_lifetime).await?
+        }
         None => false,
     };
     // The price is settled from the bytes; before them, the declared length gives the least it
@@ -195,12 +200,17 @@ where
         }
     };
     let price = intake::price(&settings.admission, &stored.upload);
+    let keyed = client_key.is_some();
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
-    match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
-        Admission::Accepted { job_id } => Ok(Uploaded { job_id, duplicate: false, charged: price }),
-        Admission::Existing { job_id } => Ok(Uploaded { job_id, duplicate: true, charged: 0 }),
-        Admission::Refused(refusal) => Err(refusal.into()),
-    }
+    let lifetime = settings.admission.client_key_lifetime;
+    let (job_id, duplicate, charged) = match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
+        Admission::Accepted { job_id } => (job_id, false, price),
+        Admission::Existing { job_id } => (job_id, true, 0),
+        Admission::Refused(refusal) => return Err(refusal.into()),
+    };
+    let key_expires_at =
+        if keyed { admission::client_key_expires_at(&ctx.pool, job_id, lifetime).await? } else { None };
+    Ok(Uploaded { job_id, duplicate, charged, key_expires_at })
 }
 
 /// "Run again": one of `user`'s jobs as a new job (new debit) with the same document, and the
@@ -235,8 +245,10 @@ pub async fn run_again(
     options.check(&ctx.settings.presets)?;
     let admitted = intake::run_again(&ctx.pool, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
-        Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged }),
-        Ok(Admission::Existing { job_id }) => Ok(Uploaded { job_id, duplicate: true, charged: 0 }),
+        Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged, key_expires_at: None }),
+        Ok(Admission::Existing { job_id }) => {
+            Ok(Uploaded { job_id, duplicate: true, charged: 0, key_expires_at: None })
+        }
         Ok(Admission::Refused(refusal)) => Err(refusal.into()),
         Err(engine::EngineError::NotFound) => Err(AppError::Gone),
         Err(e) => Err(e.into()),

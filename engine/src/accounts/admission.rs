@@ -40,7 +40,13 @@ pub struct AdmissionConfig {
     /// The most bytes of documents one user may have stored (jobs that still keep theirs; a
     /// document shared by several jobs counts once): past it, uploads get 413 unread.
     pub storage_quota_bytes: Option<u64>,
+    /// How long a client's `Idempotency-Key` names its job: a repeat within it answers that
+    /// job; after it the key is forgotten and names nothing.
+    pub client_key_lifetime: Duration,
 }
+
+/// The default lifetime of a client's `Idempotency-Key` (Stripe's and most APIs' figure).
+pub const CLIENT_KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
@@ -54,6 +60,7 @@ impl Default for AdmissionConfig {
             retry_after_overloaded: Duration::from_secs(60),
             max_attempts: 3,
             storage_quota_bytes: None,
+            client_key_lifetime: CLIENT_KEY_LIFETIME,
         }
     }
 }
@@ -227,12 +234,40 @@ pub async fn storage_used(conn: &mut sqlx::PgConnection, user_id: i64) -> Result
 /// Whether this user already has a job under this client `Idempotency-Key`: such a request is
 /// a retry (200 with that job) or a conflict (422), which only the body can tell, so it skips
 /// [`precheck`] and goes the whole way.
-pub async fn client_key_used(pool: &PgPool, user_id: i64, key: &str) -> Result<bool> {
-    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE owner_id = $1 AND client_key = $2)")
-        .bind(user_id)
-        .bind(key)
-        .fetch_one(pool)
-        .await?)
+pub async fn client_key_used(pool: &PgPool, user_id: i64, key: &str, lifetime: Duration) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE owner_id = $1 AND client_key = $2
+                                             AND accepted_at > now() - make_interval(secs => $3))",
+    )
+    .bind(user_id)
+    .bind(key)
+    .bind(lifetime.as_secs_f64())
+    .fetch_one(pool)
+    .await?)
+}
+
+/// When the client key of `job_id` stops naming it (None without a key).
+pub async fn client_key_expires_at(pool: &PgPool, job_id: Uuid, lifetime: Duration) -> Result<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar(
+        "SELECT accepted_at + make_interval(secs => $2) FROM jobs WHERE id = $1 AND client_key IS NOT NULL",
+    )
+    .bind(job_id)
+    .bind(lifetime.as_secs_f64())
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Forget client keys older than `lifetime` (they name nothing any more; this frees them
+/// for reuse and leaves no key behind). Returns how many were forgotten.
+pub async fn forget_client_keys(pool: &PgPool, lifetime: Duration) -> Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE jobs SET client_key = NULL
+         WHERE client_key IS NOT NULL AND accepted_at <= now() - make_interval(secs => $1)",
+    )
+    .bind(lifetime.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
 
 /// Admit a document: 202-worthy only after the commit.
@@ -251,6 +286,17 @@ pub async fn submit(pool: &PgPool, config: &AdmissionConfig, submission: &Submis
 async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> Result<Admission> {
     let mut tx = pool.begin().await?;
     if let Some(key) = &s.client_key {
+        // A key past its lifetime names nothing: forget it here, so it is exact to the second
+        // (the periodic sweep forgets the rest).
+        sqlx::query(
+            "UPDATE jobs SET client_key = NULL
+             WHERE owner_id = $1 AND client_key = $2 AND accepted_at <= now() - make_interval(secs => $3)",
+        )
+        .bind(s.user_id)
+        .bind(key)
+        .bind(config.client_key_lifetime.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
         let earlier: Option<(Uuid, Option<String>)> =
             sqlx::query_as("SELECT id, request_fingerprint FROM jobs WHERE owner_id = $1 AND client_key = $2")
                 .bind(s.user_id)

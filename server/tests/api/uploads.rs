@@ -96,6 +96,62 @@ async fn duplicates_return_the_same_job_and_reused_idempotency_keys_are_checked(
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_idempotency_key_names_its_job_for_24_hours_and_then_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (user, token) = app.user_with_token("keys@example.com", 10, 5).await;
+    let first = app.upload(&token, doc(1), Some("nightly-42")).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first: serde_json::Value = first.json().await.unwrap();
+    // The answer says until when the key holds: 24 h after the job was accepted.
+    let expires = chrono::DateTime::parse_from_rfc3339(first["idempotency_key_expires_at"].as_str().unwrap()).unwrap();
+    let left = expires.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!((left.num_minutes() - 24 * 60).abs() <= 1, "{left:?}");
+    let age = |secs: i64| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE jobs SET accepted_at = now() - make_interval(secs => $1) WHERE client_key = 'nightly-42'",
+            )
+            .bind(secs as f64)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    // A minute before the end: still the same job, and another body is still a conflict.
+    age(24 * 3600 - 60).await;
+    let repeat = app.upload(&token, doc(1), Some("nightly-42")).await;
+    assert_eq!(repeat.status(), StatusCode::OK);
+    let repeat: serde_json::Value = repeat.json().await.unwrap();
+    assert_eq!(repeat["id"], first["id"]);
+    let left = chrono::DateTime::parse_from_rfc3339(repeat["idempotency_key_expires_at"].as_str().unwrap())
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+        - chrono::Utc::now();
+    assert!(left.num_seconds() <= 60, "the duplicate's answer tells the same end: {left:?}");
+    assert_eq!(app.upload(&token, doc(2), Some("nightly-42")).await.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // A minute past it: the key names nothing, so it is a new upload like any other.
+    age(24 * 3600 + 60).await;
+    let later = app.upload(&token, doc(2), Some("nightly-42")).await;
+    assert_eq!(later.status(), StatusCode::ACCEPTED);
+    let later: serde_json::Value = later.json().await.unwrap();
+    assert_ne!(later["id"], first["id"]);
+    let keyed: Vec<String> = sqlx::query_scalar("SELECT id::text FROM jobs WHERE client_key = 'nightly-42'")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(keyed, vec![later["id"].as_str().unwrap().to_string()], "the old job no longer holds the key");
+    assert_eq!(app.user_state(user).await.0, 8, "two jobs, two debits");
+    // The periodic sweep forgets expired keys too.
+    age(25 * 3600).await;
+    let forgotten =
+        engine::accounts::admission::forget_client_keys(&app.pool, engine::accounts::admission::CLIENT_KEY_LIFETIME)
+            .await
+            .unwrap();
+    assert_eq!(forgotten, 1);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn refusals_store_nothing(pool: PgPool) {
     let settings = WebSettings {
         admission: AdmissionConfig { max_backlog: 2, ..Default::default() },
