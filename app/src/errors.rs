@@ -47,9 +47,15 @@ pub enum AppError {
     NotReady { state: String },
     #[error("the job has already ended (it is {state})")]
     AlreadyEnded { state: String },
+    /// Deleting a job that has not ended.
+    #[error("the job has not ended (it is {state}); cancel it first")]
+    NotEnded { state: String },
     /// A job's document is no longer kept (retention), so it cannot be run again.
     #[error("the original document is no longer kept; upload it again")]
     Gone,
+    /// Its owner deleted the job's document and result.
+    #[error("this job's document and result were deleted by their owner")]
+    Deleted,
     /// The database cannot be reached (a restart): nothing was changed, waiting helps.
     #[error("Sluice is restarting, try again in a few seconds")]
     Unavailable { retry_after_secs: u64 },
@@ -78,9 +84,9 @@ impl AppError {
             AppError::OutOfCredits { .. } => 402,
             AppError::CrossSite => 403,
             AppError::NotFound => 404,
-            AppError::NotReady { .. } | AppError::AlreadyEnded { .. } => 409,
+            AppError::NotReady { .. } | AppError::AlreadyEnded { .. } | AppError::NotEnded { .. } => 409,
             AppError::EmailTaken => 409,
-            AppError::Gone => 410,
+            AppError::Gone | AppError::Deleted => 410,
             AppError::TooLarge { .. }
             | AppError::BodyTooLarge { .. }
             | AppError::TooManyTokens { .. }

@@ -91,6 +91,9 @@ pub struct JobStatus {
     /// A document longer than one provider call: its parts, once split.
     #[serde(default)]
     pub parts: Option<PartsProgress>,
+    /// Its owner deleted its document and result; the job stays as a line of their credits.
+    #[serde(default)]
+    pub deleted: bool,
 }
 
 /// How far a document done in parts is.
@@ -252,6 +255,7 @@ mod convert {
                 cancel_kept: j.cancel_kept_credits.into(),
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
+                deleted: j.deleted_at.is_some(),
                 parts: j.parts_total.map(|total| {
                     let combining = j.parts_stage.as_deref() == Some("combining");
                     let combines = text("/preset").as_deref() != Some("translate") && !combining;

@@ -76,6 +76,23 @@ pub async fn list_tokens() -> Result<Vec<TokenInfo>, AppError> {
     .await
 }
 
+/// Delete the caller's account, after their password: sessions and tokens stop working on
+/// every process, waiting jobs are canceled and running ones stopped, documents, results,
+/// file names and the e-mail address are erased; the credit history stays for the books.
+#[server(endpoint = "delete_account")]
+pub async fn delete_account(password: String) -> Result<(), AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        if !engine::accounts::users::password_matches(&ctx.pool, user.id, &password).await? {
+            return Err(AppError::BadCredentials);
+        }
+        engine::accounts::deletion::delete_account(&ctx.pool, &ctx.blobs, user.id).await?;
+        crate::server::session::end_session(&crate::server::session::session().await?).await
+    })
+    .await
+}
+
 /// Revoke one of the caller's tokens (anyone else's is 404).
 #[server(endpoint = "revoke_token")]
 pub async fn revoke_token(id: i64) -> Result<(), AppError> {

@@ -75,6 +75,17 @@ pub async fn cancel_job(id: String) -> Result<JobStatus, AppError> {
     .await
 }
 
+/// Delete one of the caller's ended jobs' document and result (the job stays, marked deleted).
+#[server(endpoint = "delete_job")]
+pub async fn delete_job(id: String) -> Result<JobStatus, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        crate::server::session::delete_own_job(&ctx, &user, &id).await
+    })
+    .await
+}
+
 /// "Run again": one of the caller's jobs as a new job (and a new debit), with the same
 /// document and the given preset (or the earlier one).
 #[server(endpoint = "run_again")]

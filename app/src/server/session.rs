@@ -335,6 +335,20 @@ pub async fn visible_job<'e>(db: impl sqlx::PgExecutor<'e>, caller: &User, id: &
     }
 }
 
+/// Delete one of the caller's own ended jobs: its document, result and file name go, the job
+/// stays as a line of their credit history. Another user's job is 404 (admins included: a
+/// user's data is theirs to delete); 409 while it has not ended.
+pub async fn delete_own_job(ctx: &ServerContext, caller: &User, id: &str) -> Result<JobStatus, AppError> {
+    let id = Uuid::parse_str(id).map_err(|_| AppError::NotFound)?;
+    match engine::accounts::deletion::delete_job(&ctx.pool, &ctx.blobs, caller.id, id).await? {
+        engine::accounts::deletion::JobDeletion::Deleted => {}
+        engine::accounts::deletion::JobDeletion::NotEnded(state) => {
+            return Err(AppError::NotEnded { state: state.as_str().to_string() })
+        }
+    }
+    job_status(ctx, &engine::queue::get(&ctx.pool, id).await?).await
+}
+
 /// Cancel a job the caller may see (their own; admins any, which the audit log records).
 /// 409 when it has already ended. Returns the job as it is now.
 pub async fn cancel_visible_job(ctx: &ServerContext, caller: &User, id: &str) -> Result<JobStatus, AppError> {

@@ -182,11 +182,28 @@ pub async fn sign_up(
 
 /// One user, or `NotFound`.
 pub async fn get(pool: &PgPool, id: i64) -> Result<User> {
-    sqlx::query_as("SELECT * FROM users WHERE id = $1")
+    // A deleted account is no one: its sessions stop working on every process at once.
+    sqlx::query_as("SELECT * FROM users WHERE id = $1 AND deleted_at IS NULL")
         .bind(id)
         .fetch_optional(pool)
         .await?
         .ok_or(EngineError::NotFound)
+}
+
+/// Whether `password` is the password of user `id` (hashing bounded like a log-in's).
+pub async fn password_matches(pool: &PgPool, id: i64, password: &str) -> Result<bool> {
+    if password.len() > MAX_PASSWORD {
+        return Ok(false);
+    }
+    let hash: Option<String> =
+        sqlx::query_scalar("SELECT password_hash FROM users WHERE id = $1 AND deleted_at IS NULL")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    match hash {
+        Some(hash) => verify_password_bounded(password, hash).await,
+        None => Ok(false),
+    }
 }
 
 /// The user with this e-mail address (any case), or `NotFound`.

@@ -59,6 +59,7 @@ pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 23))").bind(key).execute(&mut *tx).await?;
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' = $1
+                        AND deleted_at IS NULL -- its owner deleted it: it needs nothing
                         AND (document_released_at IS NULL
                              -- a job replayed from the dead-letter queue after its release
                              OR state NOT IN ('failed', 'canceled')))",

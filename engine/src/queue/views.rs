@@ -58,6 +58,9 @@ pub struct JobView {
     /// Credits given back for this job (read where the owner sees costs; 0 elsewhere).
     #[sqlx(default)]
     pub refunded: i64,
+    /// Its owner deleted its document and result (the job stays in their credit history).
+    #[sqlx(default)]
+    pub deleted_at: Option<DateTime<Utc>>,
 }
 
 impl JobView {

@@ -99,6 +99,9 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
 
 /// A done job's result, or 409 saying what state the job is in.
 fn done_result(job: &JobView) -> Result<&serde_json::Value, ApiError> {
+    if job.deleted_at.is_some() {
+        return Err(AppError::Deleted.into());
+    }
     match (&job.state, &job.result) {
         (JobState::Done, Some(result)) => Ok(result),
         (state, _) => Err(AppError::NotReady { state: state.as_str().to_string() }.into()),
@@ -249,6 +252,31 @@ pub async fn get_job(
     Ok(Json(job_status(&state.ctx, &job).await?))
 }
 
+/// `DELETE /api/v1/jobs/{id}`: delete an ended job's document and result (the job stays as a
+/// line of the credit history, `deleted: true`); 409 while it has not ended; another user's
+/// job is 404.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "Deleted: the document, result and file name are gone; the job stays", body = JobStatus),
+        (status = 404, description = "No such job of yours", body = ErrorBody),
+        (status = 409, description = "The job has not ended: cancel it first", body = ErrorBody),
+        Common,
+    )
+)]
+pub async fn delete_job(
+    State(state): State<AppState>,
+    session: Session,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    let user = caller(&state, &headers, &session).await?;
+    Ok(Json(app::server::session::delete_own_job(&state.ctx, &user, &id).await?))
+}
+
 /// `GET /api/v1/jobs/{id}/result`: the result of a done job; 409 until then.
 #[utoipa::path(
     get,
@@ -259,6 +287,7 @@ pub async fn get_job(
         (status = 200, description = "The result", body = ResultBody),
         (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 409, description = "Not done (yet)", body = ErrorBody),
+        (status = 410, description = "Deleted by its owner", body = ErrorBody),
         Common,
     )
 )]
@@ -307,7 +336,7 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
             ("application/pdf"), ("text/markdown"), ("text/html"), ("text/plain"),
         )),
         (status = 404, description = "No such job of yours", body = ErrorBody),
-        (status = 410, description = "The document is no longer kept", body = ErrorBody),
+        (status = 410, description = "The document is no longer kept, or was deleted by its owner", body = ErrorBody),
         Common,
     )
 )]
@@ -315,6 +344,9 @@ pub async fn get_original(
     State(state): State<AppState>,
     VisibleJob(job, caller): VisibleJob,
 ) -> Result<Response, ApiError> {
+    if job.deleted_at.is_some() {
+        return Err(AppError::Deleted.into());
+    }
     let document = document_of(&job)?;
     if caller.id != job.owner_id {
         // An admin opening a user's document (to see why it failed) is on the record.
@@ -339,6 +371,7 @@ pub async fn get_original(
         (status = 200, description = "The result as a Markdown attachment", content_type = "text/markdown"),
         (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 409, description = "Not done (yet)", body = ErrorBody),
+        (status = 410, description = "Deleted by its owner", body = ErrorBody),
         Common,
     )
 )]

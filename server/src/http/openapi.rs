@@ -93,7 +93,7 @@ impl Modify for Security {
 pub fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::create_job))
-        .routes(routes!(jobs::get_job))
+        .routes(routes!(jobs::get_job, jobs::delete_job))
         .routes(routes!(jobs::cancel_job))
         .routes(routes!(jobs::run_again))
         .routes(routes!(jobs::get_result))
@@ -152,6 +152,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 9, "{}", serde_json::to_string_pretty(paths).unwrap());
+        assert_eq!(operations, 10, "{}", serde_json::to_string_pretty(paths).unwrap());
     }
 }

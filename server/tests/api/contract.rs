@@ -28,6 +28,7 @@ async fn the_openapi_document_is_served_and_every_operation_it_describes_is_rout
     }
     operations.sort();
     let expected = [
+        ("DELETE", "/api/v1/jobs/{id}"),
         ("DELETE", "/api/v1/webhook"),
         ("GET", "/api/v1/jobs/{id}"),
         ("GET", "/api/v1/jobs/{id}/original"),

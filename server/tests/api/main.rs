@@ -3,6 +3,7 @@
 
 mod cancel;
 mod contract;
+mod deletion;
 mod downloads;
 mod helpers;
 mod http_layer;
