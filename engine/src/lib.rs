@@ -21,6 +21,7 @@
 pub mod accounts;
 pub mod alerts;
 pub mod audit;
+pub mod backup;
 pub mod db;
 pub mod documents;
 pub mod error;

@@ -46,6 +46,18 @@ pub enum Command {
     Worker,
     /// Run the database migrations and exit (before rolling out new processes).
     Migrate,
+    /// Back up the database (pg_dump) and every stored document a job names into a new
+    /// folder, consistently: no job in the backup lacks its document. The queue keeps running.
+    Backup {
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// Restore a backup into an empty database and blob store; then start the server (running
+    /// jobs of the backup are rescued when their leases run out).
+    Restore {
+        #[arg(long)]
+        from: PathBuf,
+    },
     /// Pause processing (the kill switch): running jobs finish or are handed back, nothing new
     /// starts, uploads are still accepted. Audited with the reason.
     Pause {

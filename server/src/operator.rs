@@ -14,9 +14,28 @@ use crate::database::{Cluster, Database};
 /// Run one operator command against the configured database (or the embedded cluster).
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     let database = Database::open(&config, Cluster::Borrow).await?;
-    let result = run_with(&database.url, command, config.blobs().ok()).await;
+    let result = match command {
+        // Into an empty database: before anything connects (connecting migrates).
+        Command::Restore { from } => restore(&database.url, &config, &from).await,
+        command => run_with(&database.url, command, config.blobs().ok()).await,
+    };
     database.close().await;
     result
+}
+
+/// `server restore --from DIR`, then the migrations (a backup of an older version catches up).
+async fn restore(url: &str, config: &Config, from: &std::path::Path) -> anyhow::Result<()> {
+    let blobs = config.blobs().context("the blob store")?;
+    let bin = pgcluster::find_bin_dir().context("pg_restore (Postgres' binaries) not found")?;
+    let m = engine::backup::restore(url, &blobs, &bin, from).await?;
+    engine::db::connect(url, 1).await.context("migrating the restored database")?.close().await;
+    println!(
+        "restored the backup of {}: {} jobs, {} documents; start the server to go on where it stopped",
+        m.taken_at.to_rfc3339(),
+        m.jobs,
+        m.documents
+    );
+    Ok(())
 }
 
 async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::Blobs>) -> anyhow::Result<()> {
@@ -62,6 +81,21 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             }
         }
         Command::Migrate => println!("migrations applied"), // connecting ran them
+        Command::Backup { to } => {
+            let blobs = blobs.context("the blob store")?;
+            let bin = pgcluster::find_bin_dir().context("pg_dump (Postgres' binaries) not found")?;
+            let m = engine::backup::backup(&pool, url, &blobs, &bin, &to).await?;
+            println!(
+                "backup in {}: {} jobs, {} documents ({} bytes), Postgres {}, {:.1} s",
+                to.display(),
+                m.jobs,
+                m.documents,
+                m.document_bytes,
+                m.postgres,
+                m.took_ms as f64 / 1000.0
+            );
+        }
+        Command::Restore { .. } => unreachable!("restored before connecting"),
         Command::Pause { reason } => {
             let settings = switches::set_processing(&pool, false, &cli_actor(&reason)).await?;
             println!("processing paused (gate {}); uploads are still accepted", settings.gate_size);

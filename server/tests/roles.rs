@@ -639,3 +639,122 @@ async fn an_uploads_trace_follows_its_job_through_every_attempt_to_the_provider(
     drop((web, worker));
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// The restore drill: a backup taken while jobs are queued, running and retrying, the machine
+/// lost, the backup restored into a new cluster and blob store, and every job accepted before
+/// the backup finishes there, charged once and refunded never, with the books reconciled.
+#[tokio::test]
+async fn a_backup_taken_under_load_restores_into_a_new_cluster_and_every_job_finishes_once() {
+    let source =
+        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-backup-a")).await.unwrap().unwrap();
+    source.cluster.create_database("sluice").unwrap();
+    let target =
+        tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-backup-b")).await.unwrap().unwrap();
+    target.cluster.create_database("sluice").unwrap();
+    let (url_a, url_b) = (source.cluster.url("sluice"), target.cluster.url("sluice"));
+    let root = std::env::temp_dir().join(format!("sluice-backup-drill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (data_a, data_b, backup) = (root.join("a"), root.join("b"), root.join("backup"));
+    for d in [&data_a, &data_b] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let fake = FakeProvider::start().await;
+    // The first call meets an overloaded provider (that job retries in 8 s); the next two
+    // hang long enough for the backup to find them running.
+    fake.push([Reply::Overloaded, Reply::Hang { millis: 6_000 }, Reply::Hang { millis: 6_000 }]);
+    let provider = fake.base_url();
+    let env = [
+        ("SLUICE_WORKERS", "2"),
+        ("SLUICE_LEASE_SECS", "3"),
+        ("SLUICE_HEARTBEAT_SECS", "1"),
+        ("SLUICE_RETRY_DELAYS", "8,8"),
+        ("SLUICE_PROVIDER", "anthropic"),
+        ("SLUICE_PROVIDER_URL", provider.as_str()),
+        ("SLUICE_PROVIDER_API_KEY", "drill-key"),
+    ];
+    let mut first = start_with("serve", &url_a, &data_a, "warn", std::process::Stdio::inherit(), &env);
+    healthy(first.port).await;
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let signed_up = browser
+        .post(format!("http://127.0.0.1:{}/api/sign_up", first.port))
+        .form(&[("email", "drill@example.com"), ("password", "a long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_up.status(), 200);
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let form = reqwest::multipart::Form::new()
+            .part(
+                "file",
+                reqwest::multipart::Part::bytes(format!("Drill document {n}. Two sentences here.\n").into_bytes())
+                    .file_name(format!("drill-{n}.txt")),
+            )
+            .text("preset", "summarize");
+        let accepted =
+            browser.post(format!("http://127.0.0.1:{}/api/v1/jobs", first.port)).multipart(form).send().await.unwrap();
+        assert_eq!(accepted.status(), 202);
+        ids.push(accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+        // One at a time, so the first call is the first job's.
+        if n == 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let pool_a = PgPool::connect(&url_a).await.unwrap();
+    let mixed =
+        "SELECT count(*) FILTER (WHERE state = 'running') = 2 AND count(*) FILTER (WHERE state = 'retrying') = 1
+                        AND count(*) FILTER (WHERE state = 'queued') = 2 FROM jobs";
+    assert!(wait_until(Duration::from_secs(20), &pool_a, mixed).await, "queued, running and retrying jobs");
+    let taken = operator(&url_a, &data_a, &["backup", "--to", backup.to_str().unwrap()]);
+    let said = stdout(&taken);
+    println!("{said}");
+    assert!(said.contains("5 jobs, 5 documents"), "{said}");
+    // The machine is lost: the server dies where it stands.
+    first.kill_9();
+    pool_a.close().await;
+
+    // A restore into a database that is not empty is refused; into the new one it goes.
+    let refused = operator(&url_a, &data_b, &["restore", "--from", backup.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not empty"));
+    let restored = stdout(&operator(&url_b, &data_b, &["restore", "--from", backup.to_str().unwrap()]));
+    assert!(restored.contains("5 jobs, 5 documents"), "{restored}");
+    let healthy_provider = FakeProvider::start().await;
+    let provider_b = healthy_provider.base_url();
+    let env_b = [
+        ("SLUICE_WORKERS", "2"),
+        ("SLUICE_LEASE_SECS", "3"),
+        ("SLUICE_HEARTBEAT_SECS", "1"),
+        ("SLUICE_RETRY_DELAYS", "1,1"),
+        ("SLUICE_PROVIDER", "anthropic"),
+        ("SLUICE_PROVIDER_URL", provider_b.as_str()),
+        ("SLUICE_PROVIDER_API_KEY", "drill-key"),
+    ];
+    let second = start_with("serve", &url_b, &data_b, "warn", std::process::Stdio::inherit(), &env_b);
+    healthy(second.port).await;
+    let pool_b = PgPool::connect(&url_b).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), &pool_b, "SELECT count(*) = 5 AND bool_and(state = 'done') FROM jobs")
+            .await,
+        "every job accepted before the backup finishes after the restore"
+    );
+    // The same session works on the restored server; each original is there.
+    for id in &ids {
+        let original =
+            browser.get(format!("http://127.0.0.1:{}/api/v1/jobs/{id}/original", second.port)).send().await.unwrap();
+        assert_eq!(original.status(), 200, "{id}");
+    }
+    // Charged once each, refunded never; the books reconcile.
+    let (debits, refunds): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE kind = 'debit'), count(*) FILTER (WHERE kind = 'refund' AND amount <> 0) FROM ledger",
+    )
+    .fetch_one(&pool_b)
+    .await
+    .unwrap();
+    assert_eq!((debits, refunds), (5, 0));
+    let reconciled = operator(&url_b, &data_b, &["reconcile"]);
+    assert!(reconciled.status.success(), "{}", String::from_utf8_lossy(&reconciled.stdout));
+    pool_b.close().await;
+    drop(second);
+    let _ = std::fs::remove_dir_all(&root);
+}

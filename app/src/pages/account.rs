@@ -3,7 +3,7 @@
 use leptos::prelude::*;
 
 use crate::model::CreditKind;
-use crate::server::account::{credits, list_tokens, notices, CreateToken, MarkNoticesRead, RevokeToken};
+use crate::server::account::{credits, list_tokens, notices, CreateToken, DeleteAccount, MarkNoticesRead, RevokeToken};
 
 use crate::pages::clock::local_date_time as day_and_time;
 
@@ -52,6 +52,37 @@ pub fn CreditsPage() -> impl IntoView {
             </Transition>
         </section>
         <TokensCard/>
+        <DeleteAccountCard/>
+    }
+}
+
+/// Deleting the account, after the password: what goes and what stays, said first.
+#[component]
+fn DeleteAccountCard() -> impl IntoView {
+    let delete = ServerAction::<DeleteAccount>::new();
+    let navigate = leptos_router::hooks::use_navigate();
+    Effect::new(move |_| {
+        if let Some(Ok(())) = delete.value().get() {
+            crate::AccountChanged::notify();
+            navigate("/login", Default::default());
+        }
+    });
+    view! {
+        <section class="card danger-zone">
+            <h2>"Delete your account"</h2>
+            <p class="hint">
+                "Your sessions and API tokens stop working at once. Waiting documents are canceled and refunded; "
+                "one being processed stops at its next safe point. Every document, result and file name is erased, "
+                "and so is your e-mail address. Your credits are not paid out; the bookkeeping of them stays, "
+                "without your name. This cannot be undone."
+            </p>
+            <ActionForm action=delete>
+                <label for="delete-password">"Your password"</label>
+                <input id="delete-password" type="password" name="password" autocomplete="current-password" required/>
+                <button class="button danger" type="submit" disabled=move || delete.pending().get()>"Delete my account"</button>
+            </ActionForm>
+            <p class="form-error" role="alert">{move || delete.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
+        </section>
     }
 }
 

@@ -9,7 +9,7 @@ use crate::pages::clock::{local_time, now_ms, parse_ms};
 use crate::pages::endings::{self, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
-use crate::server::jobs::{job_detail, list_jobs, CancelJob};
+use crate::server::jobs::{job_detail, list_jobs, CancelJob, DeleteJob};
 use sluice_types::settlement::{calls_started, kept_on_cancel};
 
 /// Ticks `now` every second and calls `refresh` every 2 s while the tab is visible, every
@@ -219,6 +219,54 @@ pub fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
             </span>
         }
     })
+}
+
+/// The name a job goes by: its file's, or what became of it.
+fn shown_name(job: &JobStatus) -> String {
+    match (&job.file_name, job.deleted) {
+        (_, true) => "Deleted document".into(),
+        (Some(name), false) => name.clone(),
+        (None, false) => "document".into(),
+    }
+}
+
+/// Deletes an ended job's document and result, after the user confirmed what goes.
+#[component]
+fn DeleteButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
+    let delete = ServerAction::<DeleteJob>::new();
+    let asking = RwSignal::new(false);
+    let id = job.id.clone();
+    let name = shown_name(&job);
+    Effect::new(move |_| {
+        if delete.value().get().is_some() {
+            done.run(());
+        }
+    });
+    view! {
+        <p class="delete">
+            <Show
+                when=move || asking.get()
+                fallback=move || view! {
+                    <button class="button secondary" on:click=move |_| asking.set(true)>"Delete this document"</button>
+                }
+            >
+                <span class="cancel-question" role="alert">
+                    {format!("Delete {name}? Its document, result and name are erased for good; the credits stay in your history.")}
+                </span>
+                " "
+                <button class="button small danger" on:click={
+                    let id = id.clone();
+                    move |_| {
+                        asking.set(false);
+                        delete.dispatch(DeleteJob { id: id.clone() });
+                    }
+                }>"Yes, delete"</button>
+                " "
+                <button class="button small secondary" on:click=move |_| asking.set(false)>"Keep it"</button>
+            </Show>
+            <span class="form-error">{move || delete.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
+        </p>
+    }
 }
 
 /// Pure: the line under a running badge: what the job is doing and for how long.
@@ -433,7 +481,7 @@ pub fn JobsPage() -> impl IntoView {
                                             .into_iter()
                                             .map(|job| {
                                                 let href = format!("/jobs/{}", job.id);
-                                                let name = job.file_name.clone().unwrap_or_else(|| "document".into());
+                                                let name = shown_name(&job);
                                                 let id = job.id.clone();
                                                 view! {
                                                     <li class="job" data-job-id=id>
@@ -528,7 +576,8 @@ pub fn JobPage() -> impl IntoView {
                             Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
                             Ok(d) => {
                                 let job = d.job.clone();
-                                let name = job.file_name.clone().unwrap_or_else(|| "document".into());
+                                let name = shown_name(&job);
+                                let deleted = job.deleted;
                                 let markdown = d
                                     .result
                                     .as_ref()
@@ -555,7 +604,15 @@ pub fn JobPage() -> impl IntoView {
                                             <a class="button" href=format!("/api/v1/jobs/{}/original", job.id) download>"Download the original"</a>
                                         </p>
                                     })}
-                                    {job.state.is_terminal().then(|| view! { <RunAgain job=job.clone()/> })}
+                                    {deleted.then(|| view! {
+                                        <p class="hint" data-testid="deleted">
+                                            "Deleted by you: its document, result and file name are gone. The credits stay in your history."
+                                        </p>
+                                    })}
+                                    {(job.state.is_terminal() && !deleted).then(|| view! {
+                                        <RunAgain job=job.clone()/>
+                                        <DeleteButton job=job.clone() done=Callback::new(move |_| detail.refetch())/>
+                                    })}
                                     <h2>"Attempts"</h2>
                                     <AttemptTimeline attempts=d.attempts/>
                                 }

@@ -56,7 +56,12 @@ pub async fn delete_documents_of(pool: &PgPool, blobs: &Blobs, jobs: &[PrunedJob
 /// holding the document's lock until `tx` ends: a job admitted to share it ("run again")
 /// checks this in its admission, a deletion just before deleting, so neither outruns the other.
 pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 23))").bind(key).execute(&mut *tx).await?;
+    // Shared with every other deletion, exclusive to a backup in progress (it copies first).
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1), pg_advisory_xact_lock(hashtextextended($2, 23))")
+        .bind(crate::backup::BACKUP_LOCK)
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' = $1
                         AND deleted_at IS NULL -- its owner deleted it: it needs nothing
@@ -75,10 +80,11 @@ pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
 pub async fn delete_if_unneeded(pool: &PgPool, blobs: &Blobs, key: &str) -> Result<bool> {
     let mut tx = pool.begin().await?;
     let needed = document_needed(&mut tx, key).await?;
-    tx.commit().await?;
+    // Deleted while the locks are held: a backup starting now waits for it to be done.
     if !needed {
         blobs.delete(key).await?;
     }
+    tx.commit().await?;
     Ok(!needed)
 }
 

@@ -1,0 +1,182 @@
+//! Backup and restore: the database as `pg_dump` writes it (from the Postgres install the
+//! server uses) plus every stored document a job in that dump names, taken so that no job in
+//! the dump lacks its document. While a backup runs it holds the backup lock, which every
+//! document deletion takes shared ([`crate::documents::sweep::document_needed`]): deletions
+//! wait, uploads and the queue go on. The dump and the list of documents to copy are read from
+//! one exported snapshot, so they agree exactly.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::documents::Blobs;
+use crate::error::{EngineError, Result};
+
+/// The advisory lock a backup holds (exclusive) and deletions of documents take (shared).
+pub const BACKUP_LOCK: i64 = 0x5_11CE_BAC0;
+
+/// What a backup folder holds besides `database.dump` and `documents/`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub taken_at: chrono::DateTime<chrono::Utc>,
+    pub postgres: String,
+    pub jobs: i64,
+    /// Documents copied, and their bytes.
+    pub documents: usize,
+    pub document_bytes: u64,
+    /// Documents named by jobs that had already released them (nothing to copy).
+    pub released: usize,
+    pub took_ms: u64,
+}
+
+const DUMP: &str = "database.dump";
+const DOCUMENTS: &str = "documents";
+const MANIFEST: &str = "manifest.json";
+
+/// Write a backup of the database at `database_url` and of `blobs` into `dir` (new or empty),
+/// with `pg_dump` from `pg_bin`. Returns what it holds.
+pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &Path, dir: &Path) -> Result<Manifest> {
+    let started = Instant::now();
+    let taken_at = chrono::Utc::now();
+    std::fs::create_dir_all(dir).map_err(|e| io_error("creating the backup folder", e))?;
+    if std::fs::read_dir(dir).map_err(|e| io_error("reading the backup folder", e))?.next().is_some() {
+        return Err(EngineError::Invalid(format!("{} is not empty: back up into a new folder", dir.display())));
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+    // Deletions in progress finish first; new ones wait until the documents are copied.
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(BACKUP_LOCK).execute(&mut *tx).await?;
+    let snapshot: String = sqlx::query_scalar("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await?;
+    let dumped = tokio::process::Command::new(pg_bin.join("pg_dump"))
+        .args(["--format=custom", "--no-owner", "--snapshot", &snapshot, "--file"])
+        .arg(dir.join(DUMP))
+        .arg("--dbname")
+        .arg(database_url)
+        .output()
+        .await
+        .map_err(|e| io_error("starting pg_dump", e))?;
+    if !dumped.status.success() {
+        return Err(EngineError::Storage(format!(
+            "pg_dump failed: {}",
+            String::from_utf8_lossy(&dumped.stderr).trim()
+        )));
+    }
+    let named: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT payload #>> '{document,key}', bool_and(document_released_at IS NOT NULL)
+         FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' IS NOT NULL GROUP BY 1",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&mut *tx).await?;
+    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&mut *tx).await?;
+    let (mut documents, mut document_bytes, mut released) = (0, 0u64, 0);
+    for (key, all_released) in &named {
+        let path = document_path(dir, key)?;
+        match blobs.get(key).await {
+            Ok(bytes) => {
+                std::fs::create_dir_all(path.parent().unwrap_or(dir)).map_err(|e| io_error("creating a folder", e))?;
+                std::fs::write(&path, &bytes).map_err(|e| io_error("writing a document", e))?;
+                documents += 1;
+                document_bytes += bytes.len() as u64;
+            }
+            Err(EngineError::NotFound) if *all_released => released += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    tx.commit().await?;
+    let manifest = Manifest {
+        taken_at,
+        postgres,
+        jobs,
+        documents,
+        document_bytes,
+        released,
+        took_ms: started.elapsed().as_millis() as u64,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| EngineError::Storage(e.to_string()))?;
+    std::fs::write(dir.join(MANIFEST), json).map_err(|e| io_error("writing the manifest", e))?;
+    Ok(manifest)
+}
+
+/// Restore the backup in `dir` into the empty database at `database_url` (with `pg_restore`
+/// from `pg_bin`) and its documents into `blobs`. Refuses a database that has tables.
+pub async fn restore(database_url: &str, blobs: &Blobs, pg_bin: &Path, dir: &Path) -> Result<Manifest> {
+    let manifest: Manifest = serde_json::from_slice(
+        &std::fs::read(dir.join(MANIFEST)).map_err(|e| io_error("reading the backup's manifest", e))?,
+    )
+    .map_err(|e| EngineError::Invalid(format!("the backup's manifest does not read: {e}")))?;
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(database_url).await?;
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema NOT IN ('pg_catalog', 'information_schema')",
+    )
+    .fetch_one(&pool)
+    .await?;
+    pool.close().await;
+    if tables > 0 {
+        return Err(EngineError::Invalid("the database is not empty: restore into a new one".into()));
+    }
+    let restored = tokio::process::Command::new(pg_bin.join("pg_restore"))
+        .args(["--no-owner", "--exit-on-error", "--dbname"])
+        .arg(database_url)
+        .arg(dir.join(DUMP))
+        .output()
+        .await
+        .map_err(|e| io_error("starting pg_restore", e))?;
+    if !restored.status.success() {
+        return Err(EngineError::Storage(format!(
+            "pg_restore failed: {}",
+            String::from_utf8_lossy(&restored.stderr).trim()
+        )));
+    }
+    let root = dir.join(DOCUMENTS);
+    let mut pending = vec![root.clone()];
+    while let Some(folder) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
+        for entry in entries {
+            let path = entry.map_err(|e| io_error("reading the documents", e))?.path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let key =
+                path.strip_prefix(&root).ok().and_then(|p| p.to_str()).ok_or_else(|| {
+                    EngineError::Invalid(format!("an unexpected file in the backup: {}", path.display()))
+                })?;
+            let bytes = std::fs::read(&path).map_err(|e| io_error("reading a document", e))?;
+            blobs.put(key, bytes.into()).await?;
+        }
+    }
+    Ok(manifest)
+}
+
+/// Where a document's copy goes: its key as a path under `documents/` (keys are Sluice's own,
+/// but one that would leave the folder is refused all the same).
+fn document_path(dir: &Path, key: &str) -> Result<PathBuf> {
+    let safe = !key.is_empty()
+        && key.split('/').all(|part| !part.is_empty() && part != "." && part != ".." && !part.contains('\\'));
+    if !safe {
+        return Err(EngineError::Invalid(format!("a document key that is not a plain path: {key:?}")));
+    }
+    Ok(dir.join(DOCUMENTS).join(key))
+}
+
+fn io_error(what: &str, e: std::io::Error) -> EngineError {
+    EngineError::Storage(format!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::document_path;
+    use std::path::Path;
+
+    #[test]
+    fn document_keys_stay_inside_the_backup() {
+        let dir = Path::new("/backup");
+        assert_eq!(document_path(dir, "documents/ab/cd").unwrap(), Path::new("/backup/documents/documents/ab/cd"));
+        for bad in ["", "../etc/passwd", "a/../../b", "/abs", "a//b", "a/./b", "a\\b"] {
+            assert!(document_path(dir, bad).is_err(), "{bad}");
+        }
+    }
+}
