@@ -44,10 +44,40 @@ pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &P
     if std::fs::read_dir(dir).map_err(|e| io_error("reading the backup folder", e))?.next().is_some() {
         return Err(EngineError::Invalid(format!("{} is not empty: back up into a new folder", dir.display())));
     }
+    // Deletions in progress finish first; new ones wait until the documents are copied. Held by
+    // a connection of its own (released if this process dies), not by the snapshot below, so
+    // the snapshot ends as soon as the dump and the list are read and vacuum is not held back.
+    let mut lock = pool.acquire().await?;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(BACKUP_LOCK).execute(&mut *lock).await?;
+    let copied = dump_and_copy(pool, database_url, blobs, pg_bin, dir).await;
+    let _ = sqlx::query("SELECT pg_advisory_unlock($1)").bind(BACKUP_LOCK).execute(&mut *lock).await;
+    let (jobs, postgres, documents, document_bytes, released) = copied?;
+    let manifest = Manifest {
+        taken_at,
+        postgres,
+        jobs,
+        documents,
+        document_bytes,
+        released,
+        took_ms: started.elapsed().as_millis() as u64,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| EngineError::Storage(e.to_string()))?;
+    std::fs::write(dir.join(MANIFEST), json).map_err(|e| io_error("writing the manifest", e))?;
+    Ok(manifest)
+}
+
+/// The dump and the documents its jobs name, read from one exported snapshot; the documents
+/// are copied once the snapshot has ended (the backup lock keeps them). Returns (jobs, the
+/// Postgres version, documents copied, their bytes, documents released before the backup).
+async fn dump_and_copy(
+    pool: &PgPool,
+    database_url: &str,
+    blobs: &Blobs,
+    pg_bin: &Path,
+    dir: &Path,
+) -> Result<(i64, String, usize, u64, usize)> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
-    // Deletions in progress finish first; new ones wait until the documents are copied.
-    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(BACKUP_LOCK).execute(&mut *tx).await?;
     let snapshot: String = sqlx::query_scalar("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await?;
     let dumped = tokio::process::Command::new(pg_bin.join("pg_dump"))
         .args(["--format=custom", "--no-owner", "--snapshot", &snapshot, "--file"])
@@ -63,41 +93,50 @@ pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &P
             String::from_utf8_lossy(&dumped.stderr).trim()
         )));
     }
+    // A document may be missing only if every job naming it has let it go (released, or
+    // deleted by its owner).
     let named: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT payload #>> '{document,key}', bool_and(document_released_at IS NOT NULL)
+        "SELECT payload #>> '{document,key}', bool_and(document_released_at IS NOT NULL OR deleted_at IS NOT NULL)
          FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' IS NOT NULL GROUP BY 1",
     )
     .fetch_all(&mut *tx)
     .await?;
     let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&mut *tx).await?;
     let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&mut *tx).await?;
+    tx.commit().await?;
     let (mut documents, mut document_bytes, mut released) = (0, 0u64, 0);
-    for (key, all_released) in &named {
+    for (key, let_go) in &named {
         let path = document_path(dir, key)?;
-        match blobs.get(key).await {
+        match copy_document(blobs, key, &path).await {
             Ok(bytes) => {
-                std::fs::create_dir_all(path.parent().unwrap_or(dir)).map_err(|e| io_error("creating a folder", e))?;
-                std::fs::write(&path, &bytes).map_err(|e| io_error("writing a document", e))?;
                 documents += 1;
-                document_bytes += bytes.len() as u64;
+                document_bytes += bytes;
             }
-            Err(EngineError::NotFound) if *all_released => released += 1,
+            Err(EngineError::NotFound) if *let_go => released += 1,
+            Err(EngineError::NotFound) => {
+                return Err(EngineError::Storage(format!("the document {key} a kept job names is missing")))
+            }
             Err(e) => return Err(e),
         }
     }
-    tx.commit().await?;
-    let manifest = Manifest {
-        taken_at,
-        postgres,
-        jobs,
-        documents,
-        document_bytes,
-        released,
-        took_ms: started.elapsed().as_millis() as u64,
-    };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| EngineError::Storage(e.to_string()))?;
-    std::fs::write(dir.join(MANIFEST), json).map_err(|e| io_error("writing the manifest", e))?;
-    Ok(manifest)
+    Ok((jobs, postgres, documents, document_bytes, released))
+}
+
+/// Stream one document into `path` (memory: a chunk, not the document). Returns its bytes.
+async fn copy_document(blobs: &Blobs, key: &str, path: &Path) -> Result<u64> {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let mut chunks = blobs.stream(key).await?;
+    std::fs::create_dir_all(path.parent().unwrap_or(path)).map_err(|e| io_error("creating a folder", e))?;
+    let mut file = tokio::fs::File::create(path).await.map_err(|e| io_error("writing a document", e))?;
+    let mut bytes = 0u64;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk?;
+        file.write_all(&chunk).await.map_err(|e| io_error("writing a document", e))?;
+        bytes += chunk.len() as u64;
+    }
+    file.flush().await.map_err(|e| io_error("writing a document", e))?;
+    Ok(bytes)
 }
 
 /// Restore the backup in `dir` into the empty database at `database_url` (with `pg_restore`
@@ -131,22 +170,36 @@ pub async fn restore(database_url: &str, blobs: &Blobs, pg_bin: &Path, dir: &Pat
         )));
     }
     let root = dir.join(DOCUMENTS);
-    let mut pending = vec![root.clone()];
+    let mut pending = if root.exists() { vec![root.clone()] } else { Vec::new() };
+    let (mut documents, mut document_bytes) = (0usize, 0u64);
     while let Some(folder) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
-        for entry in entries {
-            let path = entry.map_err(|e| io_error("reading the documents", e))?.path();
-            if path.is_dir() {
+        for entry in std::fs::read_dir(&folder).map_err(|e| io_error("reading the documents", e))? {
+            let entry = entry.map_err(|e| io_error("reading the documents", e))?;
+            let kind = entry.file_type().map_err(|e| io_error("reading the documents", e))?;
+            let path = entry.path();
+            if kind.is_dir() {
                 pending.push(path);
                 continue;
+            }
+            if !kind.is_file() {
+                return Err(EngineError::Invalid(format!("not a plain file in the backup: {}", path.display())));
             }
             let key =
                 path.strip_prefix(&root).ok().and_then(|p| p.to_str()).ok_or_else(|| {
                     EngineError::Invalid(format!("an unexpected file in the backup: {}", path.display()))
                 })?;
             let bytes = std::fs::read(&path).map_err(|e| io_error("reading a document", e))?;
+            document_bytes += bytes.len() as u64;
+            documents += 1;
             blobs.put(key, bytes.into()).await?;
         }
+    }
+    if (documents, document_bytes) != (manifest.documents, manifest.document_bytes) {
+        return Err(EngineError::Storage(format!(
+            "the backup's documents do not match its manifest: {documents} documents of {document_bytes} bytes, \
+             the manifest says {} of {}",
+            manifest.documents, manifest.document_bytes
+        )));
     }
     Ok(manifest)
 }

@@ -108,6 +108,11 @@ pub async fn run(
             }
             _ = release_tick.tick() => {
                 if let Some(blobs) = &blobs {
+                    match crate::accounts::deletion::finish_deletions(&pool, blobs).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(jobs = n, "carried deletions through"),
+                        Err(e) => tracing::warn!(error = %e, "carrying deletions through failed"),
+                    }
                     match crate::documents::sweep::release_documents(&pool, blobs, config.retention.failed_documents).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(documents = n, "released documents no job needs"),

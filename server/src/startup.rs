@@ -211,10 +211,15 @@ pub async fn spawn_web_wrapped(
 /// the web layer, so this one task lives here rather than in the engine's maintenance).
 fn spawn_session_cleanup(pool: PgPool, every: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let sessions = PostgresStore::new(pool);
-        let mut tick = tokio::time::interval(every);
+        let sessions = PostgresStore::new(pool.clone());
+        let runner = format!("pid {}", std::process::id());
+        let mut tick = tokio::time::interval(engine::periodic::ask_every(every));
         loop {
             tick.tick().await;
+            // Once per interval across every process.
+            if !engine::periodic::take_turn(&pool, "session_cleanup", every, &runner).await.unwrap_or(false) {
+                continue;
+            }
             if let Err(e) = sessions.delete_expired().await {
                 tracing::warn!(error = %e, "deleting expired sessions failed");
             }

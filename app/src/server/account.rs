@@ -84,9 +84,14 @@ pub async fn delete_account(password: String) -> Result<(), AppError> {
     answer(async move {
         let ctx = context()?;
         let user = require_user(&ctx).await?;
+        // Guesses here count like guesses at the log-in (a stolen session must not try freely).
+        let limits = ctx.settings.login_limits;
+        let key = format!("delete_account:{}", user.id);
+        let taken = engine::accounts::throttle::take(&ctx.pool, &key, limits.per_account, limits.window).await?;
         if !engine::accounts::users::password_matches(&ctx.pool, user.id, &password).await? {
             return Err(AppError::BadCredentials);
         }
+        engine::accounts::throttle::give_back(&ctx.pool, taken).await?;
         engine::accounts::deletion::delete_account(&ctx.pool, &ctx.blobs, user.id).await?;
         crate::server::session::end_session(&crate::server::session::session().await?).await
     })

@@ -200,7 +200,7 @@ where
         }
     };
     let price = intake::price(&settings.admission, &stored.upload);
-    let keyed = client_key.is_some();
+    let keyed = client_key.clone();
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
     let lifetime = settings.admission.client_key_lifetime;
     let (job_id, duplicate, charged) = match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
@@ -208,8 +208,10 @@ where
         Admission::Existing { job_id } => (job_id, true, 0),
         Admission::Refused(refusal) => return Err(refusal.into()),
     };
-    let key_expires_at =
-        if keyed { admission::client_key_expires_at(&ctx.pool, job_id, lifetime).await? } else { None };
+    let key_expires_at = match keyed {
+        Some(key) => admission::client_key_expires_at(&ctx.pool, job_id, &key, lifetime).await?,
+        None => None,
+    };
     Ok(Uploaded { job_id, duplicate, charged, key_expires_at })
 }
 

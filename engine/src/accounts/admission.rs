@@ -247,14 +247,19 @@ pub async fn client_key_used(pool: &PgPool, user_id: i64, key: &str, lifetime: D
 }
 
 /// When the client key of `job_id` stops naming it (None without a key).
-pub async fn client_key_expires_at(pool: &PgPool, job_id: Uuid, lifetime: Duration) -> Result<Option<DateTime<Utc>>> {
-    Ok(sqlx::query_scalar(
-        "SELECT accepted_at + make_interval(secs => $2) FROM jobs WHERE id = $1 AND client_key IS NOT NULL",
-    )
-    .bind(job_id)
-    .bind(lifetime.as_secs_f64())
-    .fetch_optional(pool)
-    .await?)
+pub async fn client_key_expires_at(
+    pool: &PgPool,
+    job_id: Uuid,
+    key: &str,
+    lifetime: Duration,
+) -> Result<Option<DateTime<Utc>>> {
+    // None when the job holds no key or another one (a duplicate found by its content).
+    Ok(sqlx::query_scalar("SELECT accepted_at + make_interval(secs => $2) FROM jobs WHERE id = $1 AND client_key = $3")
+        .bind(job_id)
+        .bind(lifetime.as_secs_f64())
+        .bind(key)
+        .fetch_optional(pool)
+        .await?)
 }
 
 /// Forget client keys older than `lifetime` (they name nothing any more; this frees them
@@ -345,7 +350,7 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
     // The compound check: one conditional write.
     let taken = sqlx::query(
         "UPDATE users SET balance = balance - $2, in_flight = in_flight + 1
-         WHERE id = $1 AND in_flight < max_in_flight AND balance >= $2 RETURNING id",
+         WHERE id = $1 AND in_flight < max_in_flight AND balance >= $2 AND deleted_at IS NULL RETURNING id",
     )
     .bind(s.user_id)
     .bind(s.cost)
@@ -353,7 +358,7 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
     .await?;
     if taken.is_none() {
         let (balance, in_flight, limit): (i64, i32, i32) =
-            sqlx::query_as("SELECT balance, in_flight, max_in_flight FROM users WHERE id = $1")
+            sqlx::query_as("SELECT balance, in_flight, max_in_flight FROM users WHERE id = $1 AND deleted_at IS NULL")
                 .bind(s.user_id)
                 .fetch_optional(&mut *tx)
                 .await?

@@ -23,7 +23,7 @@ use crate::JobState;
 pub async fn erase_deleted_jobs(conn: &mut PgConnection, job_ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
     let erased: Vec<Uuid> = sqlx::query_scalar(
         "UPDATE jobs SET result = NULL, last_error = NULL, client_key = NULL, idempotency_key = NULL,
-                request_fingerprint = NULL,
+                request_fingerprint = NULL, erased_at = now(),
                 payload = CASE WHEN payload ? 'document'
                                THEN (payload - 'callback')
                                     || jsonb_build_object('document', (payload -> 'document')
@@ -55,18 +55,6 @@ pub async fn erase_deleted_jobs(conn: &mut PgConnection, job_ids: &[Uuid]) -> sq
     Ok(erased)
 }
 
-/// Delete the stored documents of these erased jobs (each unless another job still needs it),
-/// recording them released.
-async fn delete_documents(pool: &PgPool, blobs: &Blobs, job_ids: &[Uuid]) -> Result<()> {
-    let released = crate::queue::retention::mark_released(pool, job_ids).await?;
-    for job in &released {
-        if let Some(key) = blob_key(&job.payload) {
-            delete_if_unneeded(pool, blobs, key).await?;
-        }
-    }
-    Ok(())
-}
-
 /// What deleting a job came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobDeletion {
@@ -76,7 +64,9 @@ pub enum JobDeletion {
 }
 
 /// Delete `owner_id`'s ended job `job_id`: its document, result and file name go; the job
-/// stays as a line "deleted by you". Deleting it again changes nothing.
+/// stays as a line "deleted by you". Deleting it again changes nothing. The erasure commits
+/// with the deletion; the stored document goes right after (or, if that is cut short, with
+/// the upkeep's [`finish_deletions`]).
 pub async fn delete_job(pool: &PgPool, blobs: &Blobs, owner_id: i64, job_id: Uuid) -> Result<JobDeletion> {
     let mut tx = pool.begin().await?;
     let state: Option<JobState> =
@@ -96,106 +86,151 @@ pub async fn delete_job(pool: &PgPool, blobs: &Blobs, owner_id: i64, job_id: Uui
         .await?;
     erase_deleted_jobs(&mut tx, &[job_id]).await?;
     tx.commit().await?;
-    delete_documents(pool, blobs, &[job_id]).await?;
+    delete_documents(pool, blobs, Some(job_id)).await?;
     Ok(JobDeletion::Deleted)
 }
 
-/// What deleting an account came to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AccountDeletion {
-    /// Waiting jobs canceled (and refunded, to the books).
-    pub canceled: usize,
-    /// Running jobs asked to stop: each is erased, and its document deleted, when it ends.
-    pub stopping: usize,
+/// The stored documents of deleted, ended jobs (one job's, or any): each deleted unless another
+/// job still needs it, and only then recorded released, so a deletion cut short is retried.
+async fn delete_documents(pool: &PgPool, blobs: &Blobs, only: Option<Uuid>) -> Result<usize> {
+    let jobs: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, payload FROM jobs
+         WHERE deleted_at IS NOT NULL AND document_released_at IS NULL AND kind = 'document'
+           AND state IN ('done', 'failed', 'canceled') AND ($1::uuid IS NULL OR id = $1)
+         LIMIT 500",
+    )
+    .bind(only)
+    .fetch_all(pool)
+    .await?;
+    for (id, payload) in &jobs {
+        if let Some(key) = blob_key(payload) {
+            delete_if_unneeded(pool, blobs, key).await?;
+        }
+        sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1").bind(id).execute(pool).await?;
+    }
+    Ok(jobs.len())
 }
 
-/// The name a deleted account goes by in what is kept (audit log, ledger).
+/// The name a deleted account goes by in what is kept (audit log, ledger, its users row).
 pub fn deleted_label(user_id: i64) -> String {
     format!("deleted user {user_id}")
 }
 
-/// Delete `user_id`'s account. At once, on every process: its sessions stop working (the
-/// user no longer exists for them), its tokens and device tokens are deleted, its address is
-/// freed and erased from what is kept, its waiting jobs are canceled by the cancel rules and
-/// running ones asked to stop, and its ended jobs are erased with their documents. A running
-/// job is erased when it ends ([`crate::hooks::SluiceHooks`]), its document by the release
-/// sweep within half a minute. The ledger stays, for the books.
-pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Result<AccountDeletion> {
+/// Delete `user_id`'s account. In one transaction, at once on every process: its sessions
+/// stop working (the user no longer exists for them), its tokens and device tokens are
+/// deleted, its address is freed and erased from what is kept, and all its jobs are marked
+/// deleted. Then ([`finish_deletions`], also run by the upkeep every half minute, so nothing
+/// is left if this is cut short) waiting jobs are canceled by the cancel rules, running ones
+/// asked to stop (they are erased as they end), and ended ones erased with their documents.
+/// The ledger stays, for the books.
+pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Result<()> {
     let label = deleted_label(user_id);
     let mut tx = pool.begin().await?;
-    let email: Option<String> =
-        sqlx::query_scalar("SELECT email FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
-            .bind(user_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some(email) = email else { return Err(EngineError::NotFound) };
-    sqlx::query("UPDATE users SET deleted_at = now(), email = $2, password_hash = '!deleted' WHERE id = $1")
-        .bind(user_id)
-        .bind(format!("deleted-{user_id}@deleted.invalid"))
-        .execute(&mut *tx)
-        .await?;
-    // Its webhook deliveries go with its tokens (cascade); its jobs call back no more.
-    sqlx::query("DELETE FROM api_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
-    sqlx::query("DELETE FROM device_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
-    sqlx::query("DELETE FROM notices WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    // The jobs before the user row: the order a job's ending takes them (job, then owner).
     sqlx::query(
         "UPDATE jobs SET deleted_at = coalesce(deleted_at, now()), payload = payload - 'callback' WHERE owner_id = $1",
     )
     .bind(user_id)
     .execute(&mut *tx)
     .await?;
+    let email: Option<String> =
+        sqlx::query_scalar("SELECT email FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
+            .bind(user_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(email) = email else { return Err(EngineError::NotFound) };
+    // No '@': nobody can sign up as it (to block the deletion), nobody can log in as it.
+    sqlx::query("UPDATE users SET deleted_at = now(), email = $2, password_hash = '!deleted' WHERE id = $1")
+        .bind(user_id)
+        .bind(format!("deleted-user-{user_id}"))
+        .execute(&mut *tx)
+        .await?;
+    // Its webhook deliveries go with its tokens (cascade); its jobs call back no more.
+    sqlx::query("DELETE FROM api_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM device_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM notices WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
     erase_address(&mut tx, &email, &label).await?;
     crate::audit::audit(&mut tx, &label, "delete_account", Some(&format!("user {user_id}")), "", "deleted").await?;
     tx.commit().await?;
-
-    // Waiting jobs are canceled and refunded; running ones stop at their next safe point.
-    let live: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM jobs WHERE owner_id = $1 AND state NOT IN ('done', 'failed', 'canceled')")
-            .bind(user_id)
-            .fetch_all(pool)
-            .await?;
-    let mut deletion = AccountDeletion::default();
-    for id in live {
-        match crate::queue::cancel(pool, &SluiceHooks, id, &label, false).await? {
-            crate::queue::Canceled::Now => deletion.canceled += 1,
-            crate::queue::Canceled::Requested => deletion.stopping += 1,
-            crate::queue::Canceled::AlreadyEnded(_) => {}
-        }
+    if let Err(e) = finish_deletions(pool, blobs).await {
+        tracing::warn!(error = %e, user_id, "finishing an account deletion failed; the upkeep retries");
     }
-    let ended: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM jobs WHERE owner_id = $1 AND state IN ('done', 'failed', 'canceled')")
-            .bind(user_id)
-            .fetch_all(pool)
-            .await?;
-    let mut conn = pool.acquire().await?;
-    erase_deleted_jobs(&mut conn, &ended).await?;
-    drop(conn);
-    delete_documents(pool, blobs, &ended).await?;
-    Ok(deletion)
+    Ok(())
 }
 
-/// Erase `email` from everything kept that copied it, putting `label` in its place.
+/// Carry deletions through (idempotent; the upkeep runs it every half minute): cancel the
+/// waiting and running jobs of deleted accounts, erase deleted jobs that have ended, and
+/// delete their stored documents. Returns how many jobs it moved on.
+pub async fn finish_deletions(pool: &PgPool, blobs: &Blobs) -> Result<usize> {
+    let live: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT id, owner_id FROM jobs
+         WHERE deleted_at IS NOT NULL AND cancel_requested_at IS NULL AND state NOT IN ('done', 'failed', 'canceled')
+         LIMIT 500",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (id, owner) in &live {
+        crate::queue::cancel(pool, &SluiceHooks, *id, &deleted_label(*owner), false).await?;
+    }
+    let unerased: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE deleted_at IS NOT NULL AND erased_at IS NULL AND state IN ('done', 'failed', 'canceled')
+         LIMIT 500",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut tx = pool.begin().await?;
+    erase_deleted_jobs(&mut tx, &unerased).await?;
+    tx.commit().await?;
+    let documents = delete_documents(pool, blobs, None).await?;
+    Ok(live.len() + unerased.len() + documents)
+}
+
+/// Erase `email` from everything kept that copied it, putting `label` in its place: whole
+/// values where a column holds an address, whole-address matches inside free text (so
+/// `e@corp.com` never touches `alice@corp.com`).
 async fn erase_address(tx: &mut PgConnection, email: &str, label: &str) -> Result<()> {
     for sql in [
-        "UPDATE audit_log SET actor = replace(actor, $1, $2), subject = replace(subject, $1, $2),
-                old_value = replace(old_value, $1, $2), new_value = replace(new_value, $1, $2)
-         WHERE strpos(actor, $1) > 0 OR strpos(subject, $1) > 0 OR strpos(old_value, $1) > 0
-            OR strpos(new_value, $1) > 0",
-        "UPDATE ledger SET actor = replace(actor, $1, $2), note = replace(note, $1, $2)
-         WHERE strpos(actor, $1) > 0 OR strpos(note, $1) > 0",
-        "UPDATE alert_firings SET detail = replace(detail, $1, $2) WHERE strpos(detail, $1) > 0",
-        "UPDATE reconciliation_reports SET checks = replace(checks::text, $1, $2)::jsonb,
-                discrepancies = replace(discrepancies::text, $1, $2)::jsonb
-         WHERE strpos(checks::text, $1) > 0 OR strpos(discrepancies::text, $1) > 0",
-        "UPDATE webhook_deliveries SET body = replace(body::text, $1, $2)::jsonb WHERE strpos(body::text, $1) > 0",
+        "UPDATE audit_log SET actor = $2 WHERE actor = $1",
+        "UPDATE ledger SET actor = $2 WHERE actor = $1",
+        "UPDATE jobs SET canceled_by = $2 WHERE canceled_by = $1",
+        "UPDATE reconciliation_reports SET actor = $2 WHERE actor = $1",
+        "UPDATE queue_settings SET processing_changed_by = $2 WHERE processing_changed_by = $1",
     ] {
         sqlx::query(sql).bind(email).bind(label).execute(&mut *tx).await?;
     }
+    let pattern = whole_address_pattern(email);
+    for sql in [
+        "UPDATE audit_log SET subject = regexp_replace(subject, $1, $2, 'g'),
+                old_value = regexp_replace(old_value, $1, $2, 'g'), new_value = regexp_replace(new_value, $1, $2, 'g')
+         WHERE subject ~ $1 OR old_value ~ $1 OR new_value ~ $1",
+        "UPDATE ledger SET note = regexp_replace(note, $1, $2, 'g') WHERE note ~ $1",
+        "UPDATE alert_firings SET detail = regexp_replace(detail, $1, $2, 'g') WHERE detail ~ $1",
+    ] {
+        sqlx::query(sql).bind(&pattern).bind(label).execute(&mut *tx).await?;
+    }
     let account = crate::accounts::login::account_key(email);
-    sqlx::query("DELETE FROM throttle_events WHERE strpos(key, $1) > 0 OR strpos(key, $2) > 0")
-        .bind(email)
-        .bind(&account)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query("DELETE FROM throttle_events WHERE strpos(key, $1) > 0").bind(&account).execute(&mut *tx).await?;
     Ok(())
+}
+
+/// Pure: a Postgres regular expression matching `email` as a whole address: every character
+/// taken literally, and no address character on either side.
+pub fn whole_address_pattern(email: &str) -> String {
+    let literal: String =
+        email.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_string() } else { format!("\\{c}") }).collect();
+    format!("(?<![[:alnum:]._%+-]){literal}(?![[:alnum:]_%+-]|\\.[[:alnum:]])")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_address_pattern;
+
+    #[test]
+    fn address_patterns_take_every_character_literally() {
+        assert_eq!(
+            whole_address_pattern("e@corp.com"),
+            r"(?<![[:alnum:]._%+-])e\@corp\.com(?![[:alnum:]_%+-]|\.[[:alnum:]])"
+        );
+        assert!(whole_address_pattern("a\"b\\c@x.io").contains(r#"a\"b\\c\@x\.io"#));
+    }
 }

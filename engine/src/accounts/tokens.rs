@@ -100,7 +100,7 @@ pub async fn authenticate_token(conn: &mut PgConnection, secret: &str) -> Result
                 (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute') AS stale,
                 u.id, u.email, u.role, u.balance, u.in_flight, u.max_in_flight, u.created_at
          FROM api_tokens t JOIN users u ON u.id = t.user_id
-         WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
+         WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL AND u.deleted_at IS NULL",
     )
     .bind(digest(secret))
     .fetch_optional(&mut *conn)

@@ -176,12 +176,22 @@ pub async fn recent(pool: &PgPool, limit: i64) -> Result<Vec<Firing>> {
         .await?)
 }
 
-/// Evaluate on schedule until aborted (every process runs this; the lock picks one per round).
+/// Evaluate on schedule until aborted. Every process runs this; one round per interval runs
+/// across all of them ([`crate::periodic`]), and the lock keeps rounds from overlapping.
 pub async fn run(pool: PgPool, config: AlertConfig) {
-    let mut tick = tokio::time::interval(config.every);
+    let runner = format!("pid {}", std::process::id());
+    let mut tick = tokio::time::interval(crate::periodic::ask_every(config.every));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        match crate::periodic::take_turn(&pool, "alerts", config.every, &runner).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not ask whether it is this process's turn to evaluate alerts");
+                continue;
+            }
+        }
         if let Err(e) = evaluate_once(&pool, &config).await {
             tracing::warn!(error = %e, "evaluating alerts failed");
         }

@@ -133,8 +133,10 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
              WHERE j.owner_id = d.owner_id AND j.idempotency_key = d.idempotency_key AND j.state NOT IN ('failed', 'canceled')
              LIMIT 1
          ) twin ON true
-         WHERE ($1::uuid IS NOT NULL AND d.id = $1)
-            OR ($1::uuid IS NULL AND d.failure_kind = $2 AND coalesce(d.failure_reason, '') = $3)
+         WHERE (($1::uuid IS NOT NULL AND d.id = $1)
+                OR ($1::uuid IS NULL AND d.failure_kind = $2 AND coalesce(d.failure_reason, '') = $3))
+           -- Its owner deleted it: it is theirs no more to run.
+           AND NOT EXISTS (SELECT 1 FROM jobs x WHERE x.id = d.id AND x.deleted_at IS NOT NULL)
          ORDER BY d.finished_at DESC, d.id
          FOR UPDATE OF d",
     )

@@ -69,9 +69,9 @@ pub async fn prune(pool: &PgPool, retention: Retention) -> Result<Vec<PrunedJob>
 pub async fn releasable_documents(pool: &PgPool, failed_documents: Duration, limit: i64) -> Result<Vec<PrunedJob>> {
     Ok(sqlx::query_as(
         "SELECT id, payload FROM jobs
-         WHERE state IN ('canceled', 'failed', 'done') AND document_released_at IS NULL AND kind = 'document'
-           AND (state = 'canceled' OR deleted_at IS NOT NULL
-                OR (state = 'failed' AND finished_at < now() - make_interval(secs => $1)))
+         WHERE state IN ('canceled', 'failed') AND document_released_at IS NULL AND kind = 'document'
+           AND deleted_at IS NULL -- deleted jobs' documents: accounts::deletion::finish_deletions
+           AND (state = 'canceled' OR finished_at < now() - make_interval(secs => $1))
          ORDER BY finished_at LIMIT $2",
     )
     .bind(failed_documents.as_secs_f64())
@@ -86,8 +86,7 @@ pub async fn mark_released(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<PrunedJob>
     // Still ended: a job replayed from the dead-letter queue meanwhile keeps its document.
     Ok(sqlx::query_as(
         "UPDATE jobs SET document_released_at = now()
-         WHERE id = ANY($1) AND document_released_at IS NULL
-           AND (state IN ('canceled', 'failed') OR (state = 'done' AND deleted_at IS NOT NULL))
+         WHERE id = ANY($1) AND document_released_at IS NULL AND state IN ('canceled', 'failed')
          RETURNING id, payload",
     )
     .bind(ids)

@@ -135,6 +135,15 @@ async fn a_deleted_account_is_found_nowhere_and_its_access_ends_on_every_process
     let claimed = engine::queue::claim(&app.pool, "test-worker", 1, std::time::Duration::from_secs(60)).await.unwrap();
     assert_eq!(claimed.len(), 1);
     let waiting = upload_named(&app, &token, "erase-me-gamma.txt", "Gamma text ZEBRA-0042 three.").await;
+    // One the user canceled themselves (the job records who canceled it).
+    let self_canceled = upload_named(&app, &token, "erase-me-delta.txt", "Delta text ZEBRA-0042 four.").await;
+    let canceled = reqwest::Client::new()
+        .post(app.url(&format!("/api/v1/jobs/{self_canceled}/cancel")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(canceled.status(), StatusCode::OK);
     let failed_login =
         call(&reqwest::Client::new(), &app, "log_in", &[("email", email), ("password", "wrong password")]).await;
     assert_eq!(failed_login.status(), StatusCode::UNAUTHORIZED);
@@ -210,7 +219,7 @@ async fn a_deleted_account_is_found_nowhere_and_its_access_ends_on_every_process
     assert!(released >= 1, "the running job's document goes when it ends");
 
     // Found nowhere: no table holds the address, a file name or the text; no file the bytes.
-    for needle in [email, "erase-me-alpha", "erase-me-beta", "erase-me-gamma", "ZEBRA-0042"] {
+    for needle in [email, "erase-me-alpha", "erase-me-beta", "erase-me-gamma", "erase-me-delta", "ZEBRA-0042"] {
         assert_eq!(found_anywhere(&app.pool, needle).await, Vec::<String>::new(), "{needle}");
     }
     assert_eq!(app.stored_blobs(), 0);
@@ -236,4 +245,54 @@ async fn a_deleted_account_is_found_nowhere_and_its_access_ends_on_every_process
     let fresh =
         call(&reqwest::Client::new(), &app, "sign_up", &[("email", email), ("password", "a new password")]).await;
     assert_eq!(fresh.status(), StatusCode::OK);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_address_is_erased_only_where_it_stands_whole(pool: PgPool) {
+    let pattern = engine::accounts::deletion::whole_address_pattern("e@corp.com");
+    let cases = [
+        ("granted by e@corp.com", "granted by X"),
+        ("mail e@corp.com.", "mail X."),
+        ("(e@corp.com)", "(X)"),
+        ("alice@corp.com", "alice@corp.com"),
+        ("e@corp.com.au", "e@corp.com.au"),
+        ("me@corp.community", "me@corp.community"),
+    ];
+    for (text, expected) in cases {
+        let replaced: String = sqlx::query_scalar("SELECT regexp_replace($1, $2, 'X', 'g')")
+            .bind(text)
+            .bind(&pattern)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(replaced, expected, "{text}");
+    }
+    // Quotes and backslashes are taken literally, not as pattern syntax.
+    let odd = engine::accounts::deletion::whole_address_pattern(r#"a"b\c.d+e@x.io"#);
+    let replaced: String = sqlx::query_scalar("SELECT regexp_replace($1, $2, 'X', 'g')")
+        .bind(r#"by a"b\c.d+e@x.io and abc@x.io"#)
+        .bind(&odd)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(replaced, "by X and abc@x.io");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_deletion_cut_short_is_carried_through_by_the_upkeep(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("cut@example.com", 10, 5).await;
+    let id = upload_named(&app, &token, "cut-short.txt", "Text cut short KESTREL-19.").await;
+    work(&app, 1).await;
+    // As if the process died right after the deletion committed: marked, nothing erased yet.
+    sqlx::query("UPDATE jobs SET deleted_at = now() WHERE id = $1::uuid").bind(&id).execute(&app.pool).await.unwrap();
+    assert!(!found_anywhere(&app.pool, "KESTREL-19").await.is_empty());
+    let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
+    let moved = engine::accounts::deletion::finish_deletions(&app.pool, &blobs).await.unwrap();
+    assert!(moved >= 2, "erased and its document deleted: {moved}");
+    for needle in ["cut-short", "KESTREL-19"] {
+        assert_eq!(found_anywhere(&app.pool, needle).await, Vec::<String>::new(), "{needle}");
+    }
+    assert_eq!(app.stored_blobs(), 0);
+    assert_eq!(engine::accounts::deletion::finish_deletions(&app.pool, &blobs).await.unwrap(), 0, "nothing left to do");
 }
