@@ -209,13 +209,9 @@ async fn a_deleted_account_is_found_nowhere_and_its_access_ends_on_every_process
     assert_eq!(state(running.clone()).await, "running");
     let output = JobOutput { result: serde_json::json!({"markdown": "Beta summary ZEBRA-0042"}), ..Default::default() };
     engine::queue::complete(&app.pool, &engine::hooks::SluiceHooks, &claimed[0], &output).await.unwrap();
-    let released = engine::documents::sweep::release_documents(
-        &app.pool,
-        &engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap(),
-        std::time::Duration::from_secs(7 * 86_400),
-    )
-    .await
-    .unwrap();
+    // The upkeep's sweep (every half minute) deletes its document now that it has ended.
+    let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
+    let released = engine::accounts::deletion::finish_deletions(&app.pool, &blobs).await.unwrap();
     assert!(released >= 1, "the running job's document goes when it ends");
 
     // Found nowhere: no table holds the address, a file name or the text; no file the bytes.
