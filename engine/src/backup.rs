@@ -79,11 +79,13 @@ async fn dump_and_copy(
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
     let snapshot: String = sqlx::query_scalar("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await?;
+    let (url, password) = without_password(database_url);
     let dumped = tokio::process::Command::new(pg_bin.join("pg_dump"))
         .args(["--format=custom", "--no-owner", "--snapshot", &snapshot, "--file"])
         .arg(dir.join(DUMP))
         .arg("--dbname")
-        .arg(database_url)
+        .arg(url)
+        .envs(password.map(|p| ("PGPASSWORD", p)))
         .output()
         .await
         .map_err(|e| io_error("starting pg_dump", e))?;
@@ -156,9 +158,11 @@ pub async fn restore(database_url: &str, blobs: &Blobs, pg_bin: &Path, dir: &Pat
     if tables > 0 {
         return Err(EngineError::Invalid("the database is not empty: restore into a new one".into()));
     }
+    let (url, password) = without_password(database_url);
     let restored = tokio::process::Command::new(pg_bin.join("pg_restore"))
         .args(["--no-owner", "--exit-on-error", "--dbname"])
-        .arg(database_url)
+        .arg(url)
+        .envs(password.map(|p| ("PGPASSWORD", p)))
         .arg(dir.join(DUMP))
         .output()
         .await
@@ -215,6 +219,20 @@ fn document_path(dir: &Path, key: &str) -> Result<PathBuf> {
     Ok(dir.join(DOCUMENTS).join(key))
 }
 
+/// Pure: a connection URL without its password, and the password (decoded), so the password
+/// goes to pg_dump and pg_restore in their environment, not on a command line `ps` shows.
+pub fn without_password(database_url: &str) -> (String, Option<String>) {
+    match url::Url::parse(database_url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let password =
+                parsed.password().map(|p| percent_encoding::percent_decode_str(p).decode_utf8_lossy().into_owned());
+            let _ = parsed.set_password(None);
+            (parsed.to_string(), password)
+        }
+        _ => (database_url.to_string(), None),
+    }
+}
+
 fn io_error(what: &str, e: std::io::Error) -> EngineError {
     EngineError::Storage(format!("{what}: {e}"))
 }
@@ -223,6 +241,17 @@ fn io_error(what: &str, e: std::io::Error) -> EngineError {
 mod tests {
     use super::document_path;
     use std::path::Path;
+
+    #[test]
+    fn passwords_leave_the_url_for_the_environment() {
+        use super::without_password;
+        assert_eq!(
+            without_password("postgres://app:s%40cret@db.internal:5432/sluice?sslmode=require"),
+            ("postgres://app@db.internal:5432/sluice?sslmode=require".to_string(), Some("s@cret".to_string()))
+        );
+        let socket = "postgres://postgres@localhost:5432/postgres?host=/tmp/x";
+        assert_eq!(without_password(socket), (socket.to_string(), None));
+    }
 
     #[test]
     fn document_keys_stay_inside_the_backup() {

@@ -195,8 +195,12 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
         Command::Jobs { action: JobsAction::Show { id } } => {
             let id: uuid::Uuid = id.parse().with_context(|| format!("{id:?} is not a job id"))?;
             let job = queue::get(&pool, id).await.with_context(|| format!("no job {id}"))?;
-            let owner = users::get(&pool, job.owner_id).await?;
-            println!("job {}  {}  owner {} (id {})", job.id, job.state.as_str(), owner.email, owner.id);
+            let owner = match users::get(&pool, job.owner_id).await {
+                Ok(owner) => owner.email,
+                Err(engine::EngineError::NotFound) => engine::accounts::deletion::deleted_label(job.owner_id),
+                Err(e) => return Err(e.into()),
+            };
+            println!("job {}  {}  owner {} (id {})", job.id, job.state.as_str(), owner, job.owner_id);
             println!(
                 "accepted {}  attempts {} of {}  cost {}",
                 job.accepted_at, job.attempts, job.max_attempts, job.cost

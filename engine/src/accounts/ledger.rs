@@ -44,6 +44,14 @@ pub async fn add_credits(
 /// An admin's grant or adjustment, audited.
 pub async fn admin_adjust(pool: &PgPool, user_id: i64, amount: i64, actor: &str, note: &str) -> Result<i64> {
     let mut tx = pool.begin().await?;
+    // A deleted account takes no grants (its refunds still land, through the hooks).
+    let live: Option<i64> = sqlx::query_scalar("SELECT id FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
+        .bind(user_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if live.is_none() {
+        return Err(EngineError::NotFound);
+    }
     let kind = if amount >= 0 { CreditKind::Grant } else { CreditKind::Adjustment };
     let balance = add_credits(&mut tx, user_id, kind, amount, actor, Some(note)).await?;
     audit(&mut tx, actor, "credits", Some(&format!("user {user_id}")), &amount.to_string(), &balance.to_string())

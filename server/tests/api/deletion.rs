@@ -237,6 +237,9 @@ async fn a_deleted_account_is_found_nowhere_and_its_access_ends_on_every_process
     assert!(rows_after > ledger_rows, "kept, and the refund added");
     let report = engine::reconcile::run(&app.pool, None, "test").await.unwrap();
     assert!(report.discrepancies.is_empty(), "{report:?}");
+    // A deleted account takes no grants.
+    let grant = engine::accounts::ledger::admin_adjust(&app.pool, user, 5, "ops@example.com", "late goodwill").await;
+    assert!(matches!(grant, Err(engine::EngineError::NotFound)), "{grant:?}");
     // The address is free for a new account.
     let fresh =
         call(&reqwest::Client::new(), &app, "sign_up", &[("email", email), ("password", "a new password")]).await;
