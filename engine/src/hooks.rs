@@ -7,12 +7,6 @@ use crate::accounts::AccountHooks;
 use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 use crate::webhooks::completion::enqueue_ending;
 
-/// A job whose account was deleted while it ran is erased as it ends (its document then goes
-/// with the release sweep).
-async fn erase_if_deleted(tx: &mut PgConnection, job: &TerminalJob) -> sqlx::Result<()> {
-    crate::accounts::deletion::erase_deleted_jobs(tx, &[job.id]).await.map(|_| ())
-}
-
 /// Accounts plus completion webhooks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SluiceHooks;
@@ -21,7 +15,6 @@ impl TerminalHooks for SluiceHooks {
     fn on_done<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             AccountHooks.on_done(tx, job).await?;
-            erase_if_deleted(tx, job).await?;
             enqueue_ending(tx, job.id, "done").await
         })
     }
@@ -29,7 +22,6 @@ impl TerminalHooks for SluiceHooks {
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             AccountHooks.on_failed(tx, job).await?;
-            erase_if_deleted(tx, job).await?;
             enqueue_ending(tx, job.id, "failed").await
         })
     }
@@ -41,7 +33,6 @@ impl TerminalHooks for SluiceHooks {
     fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             AccountHooks.on_canceled(tx, job).await?;
-            erase_if_deleted(tx, job).await?;
             enqueue_ending(tx, job.id, "canceled").await
         })
     }

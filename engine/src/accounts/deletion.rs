@@ -18,8 +18,9 @@ use crate::JobState;
 /// Erase what the user sent and got from these jobs, where they have ended and are marked
 /// deleted: the result, the file name and hash, the callback, the keys, the provider's words,
 /// the parts' texts, the notices about them and the file name in their webhook deliveries.
-/// Returns the ids erased. Runs in the caller's transaction (also a job's ending's, for a job
-/// that was still running when its account was deleted).
+/// Returns the ids erased. Runs in the caller's transaction. (A job still running when its
+/// account was deleted is erased by [`finish_deletions`] once it has ended: nothing is added to
+/// every job's ending for this rare case.)
 pub async fn erase_deleted_jobs(conn: &mut PgConnection, job_ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
     let erased: Vec<Uuid> = sqlx::query_scalar(
         "UPDATE jobs SET result = NULL, last_error = NULL, client_key = NULL, idempotency_key = NULL,
@@ -121,7 +122,7 @@ pub fn deleted_label(user_id: i64) -> String {
 /// deleted, its address is freed and erased from what is kept, and all its jobs are marked
 /// deleted. Then ([`finish_deletions`], also run by the upkeep every half minute, so nothing
 /// is left if this is cut short) waiting jobs are canceled by the cancel rules, running ones
-/// asked to stop (they are erased as they end), and ended ones erased with their documents.
+/// asked to stop (erased once they have ended), and ended ones erased with their documents.
 /// The ledger stays, for the books.
 pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Result<()> {
     let label = deleted_label(user_id);
@@ -164,7 +165,9 @@ pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Resul
 pub async fn finish_deletions(pool: &PgPool, blobs: &Blobs) -> Result<usize> {
     let live: Vec<(Uuid, i64)> = sqlx::query_as(
         "SELECT id, owner_id FROM jobs
-         WHERE deleted_at IS NOT NULL AND cancel_requested_at IS NULL AND state NOT IN ('done', 'failed', 'canceled')
+         WHERE deleted_at IS NOT NULL AND erased_at IS NULL -- implied (a live job is never erased); it lets
+               -- the partial index jobs_deletions_pending answer instead of a scan of every job
+           AND cancel_requested_at IS NULL AND state NOT IN ('done', 'failed', 'canceled')
          LIMIT 500",
     )
     .fetch_all(pool)

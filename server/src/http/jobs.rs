@@ -123,6 +123,14 @@ pub enum Common {
     Unavailable(ErrorBody),
 }
 
+/// The answer of every route with a job id for a job the caller may not see.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum NotYours {
+    #[response(status = 404, description = "No such job of yours")]
+    NotFound(ErrorBody),
+}
+
 /// The path's job id.
 const JOB_ID: &str = "The job's id (a UUID); anyone else's job is 404";
 
@@ -190,10 +198,10 @@ pub struct RunAgain {
         (status = 202, description = "A new job for the same document, charged", body = app::model::UploadReply,
             headers(("Location" = String, description = "The new job's status URL"))),
         (status = 402, description = "Out of credits", body = ErrorBody),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 410, description = "The document is no longer kept", body = ErrorBody),
         (status = 422, description = "A body that does not decode, or an unknown preset or language", body = ErrorBody),
         (status = 429, description = "Too many documents in progress (Retry-After)", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
@@ -218,8 +226,8 @@ pub async fn run_again(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "Canceled, or `cancel_requested` while it reaches a safe point", body = JobStatus),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 409, description = "The job has already ended", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
@@ -241,7 +249,7 @@ pub async fn cancel_job(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "The job as it is now", body = JobStatus),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
@@ -262,8 +270,8 @@ pub async fn get_job(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "Deleted: the document, result and file name are gone; the job stays", body = JobStatus),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 409, description = "The job has not ended: cancel it first", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
@@ -285,9 +293,9 @@ pub async fn delete_job(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "The result", body = ResultBody),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 409, description = "Not done (yet)", body = ErrorBody),
         (status = 410, description = "Deleted by its owner", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
@@ -335,8 +343,8 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
         (status = 200, description = "The uploaded document, as an attachment", content(
             ("application/pdf"), ("text/markdown"), ("text/html"), ("text/plain"),
         )),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 410, description = "The document is no longer kept, or was deleted by its owner", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
@@ -369,9 +377,9 @@ pub async fn get_original(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "The result as a Markdown attachment", content_type = "text/markdown"),
-        (status = 404, description = "No such job of yours", body = ErrorBody),
         (status = 409, description = "Not done (yet)", body = ErrorBody),
         (status = 410, description = "Deleted by its owner", body = ErrorBody),
+        NotYours,
         Common,
     )
 )]
