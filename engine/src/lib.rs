@@ -19,6 +19,7 @@
 //! - `testing` (feature `testing`): helpers for tests and benchmarks, like River's `rivertest`.
 
 pub mod accounts;
+pub mod acks;
 pub mod alerts;
 pub mod audit;
 pub mod backup;

@@ -90,6 +90,11 @@ pub async fn run(
                 if let Err(e) = rescue_expired(&pool, hooks.as_ref(), &policy).await {
                     tracing::error!(error = %e, "lease rescue failed");
                 }
+                match crate::queue::switches::resume_if_due(&pool).await {
+                    Ok(true) => tracing::info!("a timed pause ended: processing resumed"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "could not check the timed pause"),
+                }
             }
             _ = prune_tick.tick() => {
                 if !turn(PRUNE, config.prune_every).await {
@@ -143,6 +148,9 @@ pub async fn run(
                 }
                 if let Err(e) = prune_evidence(&pool, config.evidence_retention).await {
                     tracing::warn!(error = %e, "pruning old reports and alerts failed");
+                }
+                if let Err(e) = crate::queue::processes::forget_stopped(&pool).await {
+                    tracing::warn!(error = %e, "forgetting stopped processes failed");
                 }
             }
         }

@@ -49,6 +49,7 @@ pub struct Report {
     pub actor: String,
     pub checks: Vec<CheckSummary>,
     pub discrepancies: Vec<Discrepancy>,
+    pub acknowledged: Option<crate::acks::Acknowledgement>,
 }
 
 /// At most this many discrepancies of one check are kept in a report (the count is exact, and
@@ -147,7 +148,7 @@ pub async fn run(pool: &PgPool, blobs: Option<&Blobs>, actor: &str) -> Result<Re
     if found > 0 {
         tracing::warn!(report = id, found, "reconciliation found discrepancies");
     }
-    Ok(Report { id, started_at, finished_at, actor: actor.to_string(), checks, discrepancies })
+    Ok(Report { id, started_at, finished_at, actor: actor.to_string(), checks, discrepancies, acknowledged: None })
 }
 
 /// What one check found: the exact count, and the first [`KEEP_PER_CHECK`] discrepancies.
@@ -211,19 +212,31 @@ async fn documents_without_jobs(pool: &PgPool, blobs: &Blobs) -> Result<(i64, Fo
 
 /// The newest report, if any run was made.
 pub async fn latest(pool: &PgPool) -> Result<Option<Report>> {
-    type Row = (i64, DateTime<Utc>, DateTime<Utc>, String, Json<Vec<CheckSummary>>, Json<Vec<Discrepancy>>);
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: i64,
+        started_at: DateTime<Utc>,
+        finished_at: DateTime<Utc>,
+        actor: String,
+        checks: Json<Vec<CheckSummary>>,
+        discrepancies: Json<Vec<Discrepancy>>,
+        acked_by: Option<String>,
+        acked_at: Option<DateTime<Utc>>,
+        ack_note: Option<String>,
+    }
     let row: Option<Row> = sqlx::query_as(
-        "SELECT id, started_at, finished_at, actor, checks, discrepancies
+        "SELECT id, started_at, finished_at, actor, checks, discrepancies, acked_by, acked_at, ack_note
          FROM reconciliation_reports ORDER BY finished_at DESC, id DESC LIMIT 1",
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(id, started_at, finished_at, actor, checks, discrepancies)| Report {
-        id,
-        started_at,
-        finished_at,
-        actor,
-        checks: checks.0,
-        discrepancies: discrepancies.0,
+    Ok(row.map(|r| Report {
+        id: r.id,
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        actor: r.actor,
+        checks: r.checks.0,
+        discrepancies: r.discrepancies.0,
+        acknowledged: crate::acks::from_columns(r.acked_by, r.acked_at, r.ack_note),
     }))
 }

@@ -135,6 +135,7 @@ where
 pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
     WorkerConfig {
         name: name.to_string(),
+        role: "worker",
         concurrency,
         lease: Duration::from_secs(2),
         heartbeat: Duration::from_millis(400),

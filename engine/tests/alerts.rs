@@ -348,3 +348,40 @@ async fn the_outbox_takes_tokens_in_turn_bounds_each_and_prunes_what_ended(pool:
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries").fetch_one(&pool).await.unwrap();
     assert_eq!(left, 37 + waiting + 1, "every waiting delivery stays");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_acknowledged_alert_says_who_and_why_and_its_resolving_webhook_carries_it(pool: PgPool) {
+    use engine::acks::{acknowledge, Acked};
+    let thresholds = engine::alerts::Thresholds { min_firing_secs: 0.0, ..Default::default() };
+    let config = AlertConfig { webhook_url: Some("http://127.0.0.1:9/alerts".into()), thresholds, ..AlertConfig::default() };
+    let (rule, fire, resolve) = scripts().pop().unwrap();
+    exec(&pool, &fire).await;
+    alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+    let firing = alerts::firing(&pool).await.unwrap().remove(0);
+    assert_eq!(firing.rule, rule.as_str());
+    assert!(matches!(acknowledge(&pool, Acked::Alert(firing.id + 100), "", "x").await, Err(engine::error::EngineError::NotFound)));
+    assert!(acknowledge(&pool, Acked::Alert(firing.id), &"n".repeat(2001), "x").await.is_err());
+    let ack = acknowledge(&pool, Acked::Alert(firing.id), "  looking at the ledger  ", "ops@example.com").await.unwrap();
+    assert_eq!((ack.by.as_str(), ack.note.as_deref()), ("ops@example.com", Some("looking at the ledger")));
+    let shown = alerts::firing(&pool).await.unwrap().remove(0);
+    assert_eq!((shown.acked_by.as_deref(), shown.ack_note.as_deref()), (Some("ops@example.com"), Some("looking at the ledger")));
+
+    exec(&pool, &resolve).await;
+    alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+    let body: serde_json::Value = sqlx::query_scalar("SELECT body FROM webhook_deliveries WHERE event_key = $1")
+        .bind(format!("alert:{}:resolved", firing.id))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(body["alert"]["acked_by"], "ops@example.com");
+    assert_eq!(body["alert"]["ack_note"], "looking at the ledger");
+    assert!(body["alert"]["acked_at"].is_string());
+
+    // A reconciliation report too; the newest report shows it.
+    let report = engine::reconcile::latest(&pool).await.unwrap().unwrap();
+    assert!(report.acknowledged.is_none());
+    acknowledge(&pool, Acked::Report(report.id), "", "lead@example.com").await.unwrap();
+    let report = engine::reconcile::latest(&pool).await.unwrap().unwrap();
+    let ack = report.acknowledged.unwrap();
+    assert_eq!((ack.by.as_str(), ack.note), ("lead@example.com", None));
+}

@@ -59,10 +59,13 @@ pub enum Command {
         from: PathBuf,
     },
     /// Pause processing (the kill switch): running jobs finish or are handed back, nothing new
-    /// starts, uploads are still accepted. Audited with the reason.
+    /// starts, uploads are still accepted. Audited with the reason. `--for 10m` (or `2h`,
+    /// `1d`) resumes by itself when the time is up, even across restarts.
     Pause {
         #[arg(long)]
         reason: String,
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_pause_length)]
+        for_minutes: Option<u32>,
     },
     /// Resume processing. Audited with the reason.
     Resume {
@@ -132,6 +135,10 @@ pub enum Command {
         /// pdf, text or markdown
         doc_type: String,
     },
+}
+
+fn parse_pause_length(text: &str) -> Result<u32, String> {
+    engine::queue::switches::parse_pause(text)
 }
 
 /// How log lines are written.

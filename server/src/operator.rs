@@ -96,9 +96,19 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             );
         }
         Command::Restore { .. } => unreachable!("restored before connecting"),
-        Command::Pause { reason } => {
-            let settings = switches::set_processing(&pool, false, &cli_actor(&reason)).await?;
-            println!("processing paused (gate {}); uploads are still accepted", settings.gate_size);
+        Command::Pause { reason, for_minutes } => {
+            let settings = match for_minutes {
+                Some(minutes) => switches::pause_for(&pool, minutes, &cli_actor(&reason)).await?,
+                None => switches::set_processing(&pool, false, &cli_actor(&reason)).await?,
+            };
+            match settings.resume_at {
+                Some(at) => println!(
+                    "processing paused until {} (gate {}); uploads are still accepted",
+                    at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    settings.gate_size
+                ),
+                None => println!("processing paused (gate {}); uploads are still accepted", settings.gate_size),
+            }
         }
         Command::Resume { reason } => {
             switches::set_processing(&pool, true, &cli_actor(&reason)).await?;

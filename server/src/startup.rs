@@ -16,7 +16,7 @@ use tower_sessions_sqlx_store::PostgresStore;
 use app::server::session::{ServerContext, WebSettings};
 use engine::documents::processor::DocumentProcessor;
 use engine::documents::Blobs;
-use engine::queue::worker::WorkerPool;
+use engine::queue::worker::{WorkerConfig, WorkerPool};
 
 use crate::cli::Config;
 use crate::database::{Cluster, Database};
@@ -110,8 +110,10 @@ impl Application {
                     prices: config.prices.clone(),
                 }),
             });
+            let worker_config = WorkerConfig { role: if role == Role::All { "all" } else { "worker" }, ..config.worker_config() };
+            let process_name = worker_config.name.clone();
             let workers = (config.workers > 0 && role != Role::Web)
-                .then(|| WorkerPool::start(pool.clone(), config.worker_config(), processor, hooks.clone()));
+                .then(|| WorkerPool::start(pool.clone(), worker_config.clone(), processor, hooks.clone()));
             tracing::info!(?role, workers = workers.is_some(), "this process's role");
             let maintenance_config = config.maintenance_config();
             let mut background = vec![tokio::spawn(engine::maintenance::run(
@@ -125,6 +127,12 @@ impl Application {
             // due webhooks (claims keep senders apart), whatever its role.
             background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alert_config()?)));
             background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.delivery_config())));
+            // A process without workers records itself too (the pools announce themselves).
+            if workers.is_none() {
+                let role = if role == Role::Worker { "worker" } else { "web" };
+                let beat = worker_config.heartbeat;
+                background.push(tokio::spawn(engine::queue::processes::keep_announcing(pool.clone(), process_name, role, beat)));
+            }
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };

@@ -87,6 +87,10 @@ pub struct Firing {
     pub value: f64,
     pub threshold: f64,
     pub detail: String,
+    /// Who acknowledged it, when and with what note (sent with the `resolved` event).
+    pub acked_by: Option<String>,
+    pub acked_at: Option<DateTime<Utc>>,
+    pub ack_note: Option<String>,
 }
 
 impl Firing {

@@ -6,6 +6,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::hooks::{TerminalHooks, TerminalJob};
+use super::reviews::Resolution;
 use super::views::JobView;
 use crate::audit::audit;
 use crate::error::Result;
@@ -55,21 +56,33 @@ pub async fn depth(pool: &PgPool) -> Result<i64> {
 pub enum Selection {
     Job(Uuid),
     Group { kind: FailureKind, reason: String },
+    /// A batch of a bulk action ([`super::bulk`]), which audits the whole action once itself.
+    Batch(Vec<Uuid>),
 }
 
 impl Selection {
-    /// For the audit log.
-    fn describe(&self) -> String {
+    /// For the audit log; None for a batch (not audited on its own).
+    fn describe(&self) -> Option<String> {
         match self {
-            Selection::Job(id) => format!("job {id}"),
-            Selection::Group { kind, reason } => format!("group {}: {reason}", kind.as_str()),
+            Selection::Job(id) => Some(format!("job {id}")),
+            Selection::Group { kind, reason } => Some(format!("group {}: {reason}", kind.as_str())),
+            Selection::Batch(_) => None,
         }
     }
 
-    /// The parameters `$1` (a job id) or `$2`, `$3` (a group) of the statements below.
-    fn parameters(&self) -> (Option<Uuid>, Option<FailureKind>, Option<&str>) {
+    /// The group it names, if it names one.
+    fn group(&self) -> Option<(FailureKind, &str)> {
         match self {
-            Selection::Job(id) => (Some(*id), None, None),
+            Selection::Group { kind, reason } => Some((*kind, reason)),
+            _ => None,
+        }
+    }
+
+    /// The parameters `$1` (job ids) or `$2`, `$3` (a group) of the statements below.
+    fn parameters(&self) -> (Option<Vec<Uuid>>, Option<FailureKind>, Option<&str>) {
+        match self {
+            Selection::Job(id) => (Some(vec![*id]), None, None),
+            Selection::Batch(ids) => (Some(ids.clone()), None, None),
             Selection::Group { kind, reason } => (None, Some(*kind), Some(reason)),
         }
     }
@@ -133,8 +146,8 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
              WHERE j.owner_id = d.owner_id AND j.idempotency_key = d.idempotency_key AND j.state NOT IN ('failed', 'canceled')
              LIMIT 1
          ) twin ON true
-         WHERE (($1::uuid IS NOT NULL AND d.id = $1)
-                OR ($1::uuid IS NULL AND d.failure_kind = $2 AND coalesce(d.failure_reason, '') = $3))
+         WHERE (($1::uuid[] IS NOT NULL AND d.id = ANY($1))
+                OR ($1::uuid[] IS NULL AND d.failure_kind = $2 AND coalesce(d.failure_reason, '') = $3))
            -- Its owner deleted it: it is theirs no more to run.
            AND NOT EXISTS (SELECT 1 FROM jobs x WHERE x.id = d.id AND x.deleted_at IS NOT NULL)
          ORDER BY d.finished_at DESC, d.id
@@ -158,9 +171,12 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
     for job in &replayed {
         hooks.on_replayed(&mut tx, job).await?;
     }
+    let ids: Vec<Uuid> = replayed.iter().map(|job| job.id).collect();
+    super::reviews::close_for(&mut tx, &ids, selection.group(), Resolution::Replayed, actor).await?;
     if !replayed.is_empty() {
-        let queued = format!("{} queued", replayed.len());
-        audit(&mut tx, actor, "dlq_replay", Some(&selection.describe()), "failed", &queued).await?;
+        if let Some(what) = selection.describe() {
+            audit(&mut tx, actor, "dlq_replay", Some(&what), "failed", &format!("{} queued", replayed.len())).await?;
+        }
         super::notify_workers(&mut tx).await?;
     }
     tx.commit().await?;
@@ -172,20 +188,21 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
 pub async fn discard(pool: &PgPool, selection: &Selection, actor: &str) -> Result<u64> {
     let (id, kind, reason) = selection.parameters();
     let mut tx = pool.begin().await?;
-    let discarded = sqlx::query(
+    let ids: Vec<Uuid> = sqlx::query_scalar(
         "UPDATE dead_letters SET discarded_at = now(), updated_at = now()
-         WHERE ($1::uuid IS NOT NULL AND id = $1)
-            OR ($1::uuid IS NULL AND failure_kind = $2 AND coalesce(failure_reason, '') = $3)",
+         WHERE ($1::uuid[] IS NOT NULL AND id = ANY($1))
+            OR ($1::uuid[] IS NULL AND failure_kind = $2 AND coalesce(failure_reason, '') = $3)
+         RETURNING id",
     )
     .bind(id)
     .bind(kind)
     .bind(reason)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if discarded > 0 {
-        let what = format!("{discarded} discarded");
-        audit(&mut tx, actor, "dlq_discard", Some(&selection.describe()), "failed", &what).await?;
+    .fetch_all(&mut *tx)
+    .await?;
+    super::reviews::close_for(&mut tx, &ids, selection.group(), Resolution::Discarded, actor).await?;
+    let discarded = ids.len() as u64;
+    if let Some(what) = selection.describe().filter(|_| discarded > 0) {
+        audit(&mut tx, actor, "dlq_discard", Some(&what), "failed", &format!("{discarded} discarded")).await?;
     }
     tx.commit().await?;
     Ok(discarded)

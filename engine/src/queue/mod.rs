@@ -11,8 +11,12 @@ pub mod hooks;
 pub mod parts;
 pub mod policy;
 pub mod processes;
+pub mod bulk;
+pub mod outcomes;
 pub mod rescue;
 pub mod retention;
+pub mod retry_now;
+pub mod reviews;
 pub mod stages;
 pub mod switches;
 mod transitions;
@@ -22,12 +26,13 @@ mod waiting_line;
 pub mod worker;
 
 pub use cancel::{cancel, Canceled};
+pub use retry_now::{retry_now, RetriedNow};
 pub use claim::{claim, heartbeat, next_due, ClaimedJob};
 pub use enqueue::{enqueue, lock_line, NewJob};
 pub use sluice_types::{FailureKind, JobStage, JobState};
 pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
 pub use views::{
-    attempts, get, page_for_owner, search, search_terms, AttemptView, FoundJob, JobFilter, JobSearch, JobView,
+    attempts, count_matching, get, matching_ids, page_for_owner, search, search_terms, AttemptView, FoundJob, JobFilter, JobSearch, JobView,
 };
 pub use waiting_line::{waiting_line, LineSnapshot, SharedLine, WaitingLine};
 

@@ -21,12 +21,38 @@ pub struct QueueSettings {
     pub gate_size: i32,
     pub processing_changed_at: DateTime<Utc>,
     pub processing_changed_by: String,
+    /// When a timed pause ends by itself (None: paused until someone resumes, or running).
+    pub resume_at: Option<DateTime<Utc>>,
+}
+
+/// The longest timed pause: a week (longer is a pause without an end).
+pub const PAUSE_MAX_MINUTES: u32 = 7 * 24 * 60;
+
+/// Pure: a pause length as an operator writes it (`10m`, `2h`, `1d`, `90` minutes) in minutes,
+/// 1 to [`PAUSE_MAX_MINUTES`].
+pub fn parse_pause(text: &str) -> std::result::Result<u32, String> {
+    let text = text.trim();
+    let (number, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, "m"),
+    };
+    let per_unit = match unit.trim() {
+        "m" | "min" | "minutes" => 1,
+        "h" | "hours" => 60,
+        "d" | "days" => 24 * 60,
+        other => return Err(format!("unknown unit {other:?}: write 10m, 2h or 1d")),
+    };
+    let minutes = number.parse::<u32>().ok().and_then(|n| n.checked_mul(per_unit));
+    match minutes {
+        Some(m) if (1..=PAUSE_MAX_MINUTES).contains(&m) => Ok(m),
+        _ => Err(format!("a timed pause lasts 1 minute to {} days, not {text:?}", PAUSE_MAX_MINUTES / 1440)),
+    }
 }
 
 /// The switches as they are now.
 pub async fn read(pool: &PgPool) -> Result<QueueSettings> {
     Ok(sqlx::query_as(
-        "SELECT processing_enabled, gate_size, processing_changed_at, processing_changed_by
+        "SELECT processing_enabled, gate_size, processing_changed_at, processing_changed_by, resume_at
          FROM queue_settings WHERE id = 1",
     )
     .fetch_one(pool)
@@ -34,12 +60,68 @@ pub async fn read(pool: &PgPool) -> Result<QueueSettings> {
 }
 
 /// Flip the kill switch. Workers in every process stop claiming at once (claims read the flag
-/// in their transaction); resuming wakes idle workers through NOTIFY. Audited.
+/// in their transaction); resuming wakes idle workers through NOTIFY. Audited. A pause set
+/// here has no end; a resume ends a timed pause early.
 pub async fn set_processing(pool: &PgPool, enabled: bool, actor: &str) -> Result<QueueSettings> {
+    switch(pool, enabled, None, actor).await
+}
+
+/// Pause for `minutes`, then resume by itself (the maintenance tick of any process, so it
+/// outlives a restart). Pausing again while paused sets the new end. Audited.
+pub async fn pause_for(pool: &PgPool, minutes: u32, actor: &str) -> Result<QueueSettings> {
+    if !(1..=PAUSE_MAX_MINUTES).contains(&minutes) {
+        return Err(EngineError::InvalidSetting(format!(
+            "a timed pause lasts 1 to {PAUSE_MAX_MINUTES} minutes, not {minutes}"
+        )));
+    }
+    switch(pool, false, Some(minutes), actor).await
+}
+
+/// Resume processing if a timed pause has run out; true if it did. Cheap (one indexed row),
+/// so every process's maintenance asks every few seconds.
+pub async fn resume_if_due(pool: &PgPool) -> Result<bool> {
+    let due: bool = sqlx::query_scalar(
+        "SELECT NOT processing_enabled AND resume_at IS NOT NULL AND resume_at <= now() FROM queue_settings WHERE id = 1",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !due {
+        return Ok(false);
+    }
     let mut tx = pool.begin().await?;
+    // Checked again under the lock: another process, or an operator, may have got there first.
+    let still: bool = sqlx::query_scalar(
+        "SELECT NOT processing_enabled AND resume_at IS NOT NULL AND resume_at <= now()
+         FROM queue_settings WHERE id = 1 FOR UPDATE",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if still {
+        change(&mut tx, true, None, "timer (the timed pause ended)").await?;
+    }
+    tx.commit().await?;
+    Ok(still)
+}
+
+async fn switch(pool: &PgPool, enabled: bool, minutes: Option<u32>, actor: &str) -> Result<QueueSettings> {
+    let mut tx = pool.begin().await?;
+    change(&mut tx, enabled, minutes, actor).await?;
+    tx.commit().await?;
+    read(pool).await
+}
+
+/// The switch's change in the caller's transaction: the flag, its end, the pause record, the
+/// audit entry and the workers' wake-up.
+async fn change(tx: &mut sqlx::PgConnection, enabled: bool, minutes: Option<u32>, actor: &str) -> Result<()> {
     let old: bool = sqlx::query_scalar("SELECT processing_enabled FROM queue_settings WHERE id = 1 FOR UPDATE")
         .fetch_one(&mut *tx)
         .await?;
+    sqlx::query(
+        "UPDATE queue_settings SET resume_at = now() + make_interval(mins => $1::int) WHERE id = 1",
+    )
+    .bind(minutes.map(|m| m as i32))
+    .execute(&mut *tx)
+    .await?;
     if old != enabled {
         sqlx::query(
             "UPDATE queue_settings SET processing_enabled = $1, processing_changed_at = now(),
@@ -57,10 +139,13 @@ pub async fn set_processing(pool: &PgPool, enabled: bool, actor: &str) -> Result
         };
         sqlx::query(pause).execute(&mut *tx).await?;
     }
-    audit(&mut tx, actor, "processing", None, on_off(old), on_off(enabled)).await?;
-    super::notify_workers(&mut tx).await?;
-    tx.commit().await?;
-    read(pool).await
+    let new = match minutes {
+        Some(m) => format!("off for {m} min"),
+        None => on_off(enabled).to_string(),
+    };
+    audit(&mut *tx, actor, "processing", None, on_off(old), &new).await?;
+    super::notify_workers(&mut *tx).await?;
+    Ok(())
 }
 
 /// Resize the global gate (1 to 70). Audited; idle workers are woken to use new slots.
@@ -85,5 +170,22 @@ fn on_off(enabled: bool) -> &'static str {
         "on"
     } else {
         "off"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pause_lengths_read_as_an_operator_writes_them() {
+        assert_eq!(parse_pause("10m"), Ok(10));
+        assert_eq!(parse_pause("10"), Ok(10));
+        assert_eq!(parse_pause("2h"), Ok(120));
+        assert_eq!(parse_pause("1d"), Ok(1440));
+        assert_eq!(parse_pause(" 7d "), Ok(PAUSE_MAX_MINUTES));
+        for bad in ["", "0m", "8d", "10s", "-5m", "m", "99999999999h", "1.5h"] {
+            assert!(parse_pause(bad).is_err(), "{bad:?} should be refused");
+        }
     }
 }

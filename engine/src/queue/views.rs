@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_types::AttemptOutcome;
-use sqlx::{PgExecutor, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::policy::retry::ErrorClass;
@@ -159,7 +160,66 @@ pub struct JobSearch {
     /// Accepted at or after, and before.
     pub from: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
+    /// Only jobs with an open review.
+    pub needs_review: bool,
 }
+
+impl JobSearch {
+    /// Pure: the search in words, for the audit log of a bulk action.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(text) = self.text.as_deref() {
+            parts.push(format!("text {text:?}"));
+        }
+        if let Some(state) = self.state {
+            parts.push(format!("state {}", state.as_str()));
+        }
+        if let Some(kind) = self.failure_kind {
+            parts.push(format!("failure {}", kind.as_str()));
+        }
+        if let Some(from) = self.from {
+            parts.push(format!("accepted from {}", from.format("%Y-%m-%d")));
+        }
+        if let Some(until) = self.until {
+            parts.push(format!("accepted before {}", until.format("%Y-%m-%d")));
+        }
+        if self.needs_review {
+            parts.push("needs review".into());
+        }
+        if parts.is_empty() {
+            "every job".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+
+    /// `$1` to `$8` of [`SEARCH_MATCHES`].
+    fn arguments(&self) -> PgArguments {
+        let (id, email, name) = search_terms(self.text.as_deref());
+        let mut args = PgArguments::default();
+        // Encoding these plain values into a buffer cannot fail.
+        let _ = args.add(id);
+        let _ = args.add(email);
+        let _ = args.add(name);
+        let _ = args.add(self.state);
+        let _ = args.add(self.failure_kind);
+        let _ = args.add(self.from);
+        let _ = args.add(self.until);
+        let _ = args.add(self.needs_review);
+        args
+    }
+}
+
+/// The jobs an admin's search matches (its parameters: [`JobSearch::arguments`]).
+const SEARCH_MATCHES: &str = "JOIN users u ON u.id = jobs.owner_id
+     WHERE ($1::uuid IS NULL OR jobs.id = $1)
+       AND ($2::text IS NULL OR u.email ILIKE $2)
+       AND ($3::text IS NULL OR jobs.payload #>> '{document,name}' ILIKE $3)
+       AND ($4::text IS NULL OR jobs.state = $4)
+       AND ($5::text IS NULL OR jobs.failure_kind = $5)
+       AND ($6::timestamptz IS NULL OR jobs.accepted_at >= $6)
+       AND ($7::timestamptz IS NULL OR jobs.accepted_at < $7)
+       AND (NOT $8 OR EXISTS (SELECT 1 FROM reviews r WHERE r.job_id = jobs.id AND r.resolved_at IS NULL))";
 
 /// Pure: how the search box is read: (job id, e-mail pattern, file-name pattern).
 pub fn search_terms(text: Option<&str>) -> (Option<Uuid>, Option<String>, Option<String>) {
@@ -184,31 +244,31 @@ pub struct FoundJob {
 
 /// One page of every user's jobs matching `search`, newest first, and whether there are more.
 pub async fn search(pool: &PgPool, search: &JobSearch, offset: i64, limit: i64) -> Result<(Vec<FoundJob>, bool)> {
-    let (id, email, name) = search_terms(search.text.as_deref());
-    let found: Vec<FoundJob> = sqlx::query_as(select_jobs!(
-        ", u.email AS owner_email",
-        "JOIN users u ON u.id = jobs.owner_id
-         WHERE ($1::uuid IS NULL OR jobs.id = $1)
-           AND ($2::text IS NULL OR u.email ILIKE $2)
-           AND ($3::text IS NULL OR jobs.payload #>> '{document,name}' ILIKE $3)
-           AND ($4::text IS NULL OR jobs.state = $4)
-           AND ($5::text IS NULL OR jobs.failure_kind = $5)
-           AND ($6::timestamptz IS NULL OR jobs.accepted_at >= $6)
-           AND ($7::timestamptz IS NULL OR jobs.accepted_at < $7)
-         ORDER BY jobs.accepted_at DESC, jobs.id LIMIT $8 OFFSET $9"
-    ))
-    .bind(id)
-    .bind(email)
-    .bind(name)
-    .bind(search.state)
-    .bind(search.failure_kind)
-    .bind(search.from)
-    .bind(search.until)
-    .bind(limit + 1)
-    .bind(offset.max(0))
-    .fetch_all(pool)
-    .await?;
+    let sql = format!(
+        "{} {SEARCH_MATCHES} ORDER BY jobs.accepted_at DESC, jobs.id LIMIT $9 OFFSET $10",
+        select_jobs!(", u.email AS owner_email", "")
+    );
+    let mut args = search.arguments();
+    let _ = args.add(limit + 1);
+    let _ = args.add(offset.max(0));
+    let found: Vec<FoundJob> = sqlx::query_as_with(&sql, args).fetch_all(pool).await?;
     Ok(one_page(found, limit))
+}
+
+/// How many jobs `search` matches, counting no further than `up_to` (a bound on the work).
+pub async fn count_matching(pool: &PgPool, search: &JobSearch, up_to: i64) -> Result<i64> {
+    let sql = format!("SELECT count(*) FROM (SELECT 1 FROM jobs {SEARCH_MATCHES} LIMIT $9) m");
+    let mut args = search.arguments();
+    let _ = args.add(up_to.max(0));
+    Ok(sqlx::query_scalar_with(&sql, args).fetch_one(pool).await?)
+}
+
+/// The ids of at most `limit` jobs `search` matches, in id order.
+pub async fn matching_ids(pool: &PgPool, search: &JobSearch, limit: i64) -> Result<Vec<Uuid>> {
+    let sql = format!("SELECT jobs.id FROM jobs {SEARCH_MATCHES} ORDER BY jobs.id LIMIT $9");
+    let mut args = search.arguments();
+    let _ = args.add(limit.max(0));
+    Ok(sqlx::query_scalar_with(&sql, args).fetch_all(pool).await?)
 }
 
 /// One attempt of a job, for the timeline.

@@ -46,6 +46,8 @@ where
 pub struct WorkerConfig {
     /// Names this process in leases and attempt rows.
     pub name: String,
+    /// What else the process does, for the console: `all` (it serves the web too) or `worker`.
+    pub role: &'static str,
     /// Worker slots: the most jobs this process runs at once. The global gate decides how many
     /// run across all processes; these only bound this process's share (the default, 70, is
     /// the gate's maximum, so one process follows any gate).
@@ -68,6 +70,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             name: format!("worker-{}", std::process::id()),
+            role: "worker",
             concurrency: 70,
             lease: Duration::from_secs(60),
             heartbeat: Duration::from_secs(15),
@@ -460,8 +463,14 @@ async fn heartbeat(shared: Arc<Shared>) {
         if let Err(e) = queue::heartbeat(&shared.pool, &tokens, shared.config.lease).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
-        let (name, slots, beat) = (&shared.config.name, shared.config.concurrency, shared.config.heartbeat);
-        if let Err(e) = queue::processes::announce(&shared.pool, name, slots, beat).await {
+        let me = queue::processes::Announcement {
+            name: &shared.config.name,
+            role: shared.config.role,
+            slots: shared.config.concurrency,
+            running: tokens.len(),
+            heartbeat: shared.config.heartbeat,
+        };
+        if let Err(e) = queue::processes::announce(&shared.pool, &me).await {
             tracing::warn!(error = %e, "could not announce this worker process");
         }
     }
