@@ -47,6 +47,9 @@ pub enum AppError {
     NotReady { state: String },
     #[error("the job has already ended (it is {state})")]
     AlreadyEnded { state: String },
+    /// "Retry now" for a job that is not waiting to retry.
+    #[error("only a job waiting to retry can retry now (this one is {state})")]
+    NotRetrying { state: String },
     /// Deleting a job that has not ended.
     #[error("the job has not ended (it is {state}); cancel it first")]
     NotEnded { state: String },
@@ -84,7 +87,10 @@ impl AppError {
             AppError::OutOfCredits { .. } => 402,
             AppError::CrossSite => 403,
             AppError::NotFound => 404,
-            AppError::NotReady { .. } | AppError::AlreadyEnded { .. } | AppError::NotEnded { .. } => 409,
+            AppError::NotReady { .. }
+            | AppError::AlreadyEnded { .. }
+            | AppError::NotEnded { .. }
+            | AppError::NotRetrying { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::Gone | AppError::Deleted => 410,
             AppError::TooLarge { .. }

@@ -11,6 +11,8 @@ use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, HashedStylesheet, MetaTags, Title};
 use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
+use pages::admin;
+use pages::console::{Console, Section};
 
 /// The HTML document around the app (server side only renders it).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -75,8 +77,14 @@ pub fn App() -> impl IntoView {
                         <Route path=path!("/jobs/:id") view=|| view! { <SignedIn><pages::jobs::JobPage/></SignedIn> }/>
                         <Route path=path!("/credits") view=|| view! { <SignedIn><pages::account::CreditsPage/></SignedIn> }/>
                         <Route path=path!("/notices") view=|| view! { <SignedIn><pages::account::NoticesPage/></SignedIn> }/>
-                        // Not behind SignedIn: to anyone but an admin it is a page that does not exist.
-                        <Route path=path!("/admin") view=pages::admin::AdminPage/>
+                        // Not behind SignedIn: to anyone but an admin these are pages that do not exist.
+                        <Route path=path!("/admin") view=|| view! { <Console section=Section::Overview><admin::OverviewPage/></Console> }/>
+                        <Route path=path!("/admin/jobs") view=|| view! { <Console section=Section::Jobs><admin::AdminJobsPage/></Console> }/>
+                        <Route path=path!("/admin/dead-letters") view=|| view! { <Console section=Section::DeadLetters><admin::DeadLettersPage/></Console> }/>
+                        <Route path=path!("/admin/users") view=|| view! { <Console section=Section::Users><admin::UsersPage/></Console> }/>
+                        <Route path=path!("/admin/capacity") view=|| view! { <Console section=Section::Capacity><admin::CapacityPage/></Console> }/>
+                        <Route path=path!("/admin/processes") view=|| view! { <Console section=Section::Processes><pages::console::ProcessesPage/></Console> }/>
+                        <Route path=path!("/admin/audit") view=|| view! { <Console section=Section::Audit><admin::AuditPage/></Console> }/>
                     </Routes>
                 </main>
             </Session>

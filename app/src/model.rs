@@ -397,6 +397,9 @@ pub struct QueueStatus {
     pub drain: String,
     /// Per minute over the last hour, oldest first: (intake, completions).
     pub history: Vec<(i64, i64)>,
+    /// When a timed pause ends by itself, and the seconds left.
+    #[serde(default)]
+    pub resume_at: Option<(String, i64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -404,6 +407,9 @@ pub struct DlqGroupInfo {
     pub kind: FailureKind,
     pub reason: String,
     pub jobs: i64,
+    /// Its open review, if someone was asked to look at it.
+    #[serde(default)]
+    pub review: Option<ReviewInfo>,
 }
 
 /// A dead-letter job as the admin page inspects it.
@@ -434,6 +440,8 @@ pub struct ReconciliationInfo {
     pub checks: Vec<(String, i64, i64)>,
     /// (check, subject, detail).
     pub discrepancies: Vec<(String, String, String)>,
+    #[serde(default)]
+    pub acknowledged: Option<AckInfo>,
 }
 
 #[cfg(feature = "ssr")]
@@ -445,6 +453,7 @@ impl From<engine::reconcile::Report> for ReconciliationInfo {
             actor: r.actor,
             checks: r.checks.into_iter().map(|c| (c.check, c.examined, c.found)).collect(),
             discrepancies: r.discrepancies.into_iter().map(|d| (d.check, d.subject, d.detail)).collect(),
+            acknowledged: r.acknowledged.map(|a| AckInfo { by: a.by, at: time_text(a.at), note: a.note }),
         }
     }
 }
@@ -452,6 +461,11 @@ impl From<engine::reconcile::Report> for ReconciliationInfo {
 /// An alert firing (or fired and resolved), for the admin page.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AlertInfo {
+    #[serde(default)]
+    pub id: i64,
+    /// Who acknowledged it, when, and the note.
+    #[serde(default)]
+    pub acknowledged: Option<AckInfo>,
     pub rule: String,
     pub fired_at: String,
     pub resolved_at: Option<String>,
@@ -464,6 +478,8 @@ pub struct AlertInfo {
 impl From<engine::alerts::Firing> for AlertInfo {
     fn from(f: engine::alerts::Firing) -> Self {
         AlertInfo {
+            id: f.id,
+            acknowledged: f.acked_by.zip(f.acked_at).map(|(by, at)| AckInfo { by, at: time_text(at), note: f.ack_note }),
             rule: f.rule,
             fired_at: time_text(f.fired_at),
             resolved_at: f.resolved_at.map(time_text),
@@ -489,6 +505,9 @@ pub struct JobSearchPage {
     /// (the job, its owner's e-mail)
     pub jobs: Vec<(JobStatus, String)>,
     pub has_more: bool,
+    /// The open reviews of the jobs on this page.
+    #[serde(default)]
+    pub reviews: Vec<ReviewInfo>,
 }
 
 /// What a DLQ replay did, for the admin page.
@@ -497,4 +516,113 @@ pub struct ReplayInfo {
     pub replayed: usize,
     /// (this job, the newer job of the same document): left failed, the owner uploaded again.
     pub already_reuploaded: Vec<(String, String)>,
+}
+
+/// Who acknowledged an alert or a report, when, and what they said.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AckInfo {
+    pub by: String,
+    pub at: String,
+    pub note: Option<String>,
+}
+
+/// A "needs review" on a failed job or a dead-letter group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReviewInfo {
+    pub id: i64,
+    pub job_id: Option<String>,
+    /// The group's kind and reason, for a group's review.
+    pub group: Option<(FailureKind, String)>,
+    pub note: String,
+    pub assignee: Option<String>,
+    pub marked_by: String,
+    pub marked_at: String,
+    /// (who, when, how: `replayed`, `discarded` or `no_action`, why).
+    pub resolved: Option<(String, String, String, Option<String>)>,
+}
+
+#[cfg(feature = "ssr")]
+impl From<engine::queue::reviews::Review> for ReviewInfo {
+    fn from(r: engine::queue::reviews::Review) -> Self {
+        ReviewInfo {
+            id: r.id,
+            job_id: r.job_id.map(|id| id.to_string()),
+            group: r.failure_kind.map(|kind| (kind, r.failure_reason.unwrap_or_default())),
+            note: r.note,
+            assignee: r.assignee,
+            marked_by: r.marked_by,
+            marked_at: time_text(r.marked_at),
+            resolved: match (r.resolved_by, r.resolved_at, r.resolution) {
+                (Some(by), Some(at), Some(how)) => Some((by, time_text(at), how, r.resolution_note)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// How many jobs a bulk action would take, and the most it may.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BulkCount {
+    /// Counted up to one past the cap.
+    pub matched: i64,
+    pub cap: i64,
+}
+
+/// What a bulk action did (or, if it outlasts the request, that it goes on).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BulkInfo {
+    pub matched: i64,
+    /// None while it still runs in the background.
+    pub acted: Option<i64>,
+}
+
+/// A server process as the console lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub name: String,
+    pub role: String,
+    pub version: String,
+    pub slots: i32,
+    pub running: i32,
+    pub started_at: String,
+    pub seen_at: String,
+    pub alive: bool,
+}
+
+/// The processes page: every process, and the concurrency they allow with the gate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessesInfo {
+    pub processes: Vec<ProcessInfo>,
+    pub gate_size: i32,
+    pub effective_gate: i32,
+    pub live_slots: i64,
+    pub effective_concurrency: i64,
+}
+
+/// One hour's or day's outcomes and cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutcomeRow {
+    /// The period's start, UTC (`2026-12-01 14:00`, or the day).
+    pub start: String,
+    pub done: i64,
+    pub failed: i64,
+    /// Failed of ended, none when nothing ended.
+    pub failure_share: Option<f64>,
+    pub credits_charged: i64,
+    pub credits_refunded: i64,
+    pub tokens_succeeded: i64,
+    pub tokens_failed: i64,
+}
+
+/// The console's job search as its form sends it (every field optional).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobFilterForm {
+    /// A job id, part of an owner's e-mail (with `@`), or part of a file name.
+    pub text: Option<String>,
+    pub state: Option<String>,
+    pub kind: Option<String>,
+    /// Accepted on or after this day, and on or before `until` (`YYYY-MM-DD`).
+    pub from: Option<String>,
+    pub until: Option<String>,
+    pub needs_review: Option<bool>,
 }

@@ -40,10 +40,17 @@ pub struct AuditEntry {
 
 /// The newest `limit` entries, newest first.
 pub async fn recent(pool: &PgPool, limit: i64) -> Result<Vec<AuditEntry>> {
+    page(pool, 0, limit).await
+}
+
+/// `limit` entries after skipping the newest `offset` (a page of the console's audit log).
+pub async fn page(pool: &PgPool, offset: i64, limit: i64) -> Result<Vec<AuditEntry>> {
     Ok(sqlx::query_as(
-        "SELECT at, actor, action, subject, old_value, new_value FROM audit_log ORDER BY at DESC, id DESC LIMIT $1",
+        "SELECT at, actor, action, subject, old_value, new_value FROM audit_log
+         ORDER BY at DESC, id DESC LIMIT $1 OFFSET $2",
     )
     .bind(limit)
+    .bind(offset.max(0))
     .fetch_all(pool)
     .await?)
 }

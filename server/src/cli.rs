@@ -421,6 +421,10 @@ pub struct Config {
     /// Uploads past it get 413 `storage_full` before their body is read. 0 = none.
     #[arg(long, env = "SLUICE_STORAGE_QUOTA_MIB", default_value_t = 1024, global = true)]
     pub storage_quota_mib: u64,
+    /// The most jobs one bulk action of the console (cancel, replay or discard what a search
+    /// matches) may take; a search matching more is refused with "narrow it".
+    #[arg(long, env = "SLUICE_BULK_ACTION_CAP", default_value_t = 10_000, global = true)]
+    pub bulk_action_cap: i64,
     /// Where alerts are sent (POST, JSON, signed with --alert-webhook-secret): once when one
     /// fires and once when it resolves. Unset: alerts show on the admin page and in /metrics only.
     #[arg(long, env = "SLUICE_ALERT_WEBHOOK_URL", global = true)]
@@ -581,6 +585,7 @@ impl Config {
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),
             alert_webhook: self.alert_webhook_url.is_some(),
+            bulk_action_cap: self.bulk_action_cap.clamp(1, 1_000_000),
             time_limits: self.time_limits(),
             presets: {
                 let provider = providers::build(&self.provider_config());

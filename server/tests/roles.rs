@@ -151,8 +151,30 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
         browser.post(format!("http://127.0.0.1:{port}/api/v1/jobs")).multipart(form).send()
     };
 
-    // Paused from the command line: uploads are still accepted, nothing runs.
-    assert!(stdout(&operator(&url, &data, &["pause", "--reason", "provider incident"])).contains("paused"));
+    // Each process records itself: the two web processes and the worker, with its slots.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let processes = || async {
+        let mut rows: Vec<(String, i32, bool)> =
+            engine::queue::processes::list(&pool).await.unwrap().into_iter().map(|p| (p.role, p.slots, p.alive)).collect();
+        rows.sort();
+        rows
+    };
+    let seen = processes().await;
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!((seen[0].0.as_str(), seen[0].2), ("web", true));
+    assert_eq!((seen[1].0.as_str(), seen[1].2), ("web", true));
+    assert!(seen[2].0 == "worker" && seen[2].1 > 0 && seen[2].2, "{seen:?}");
+
+    // Paused from the command line for ten minutes: uploads are still accepted, nothing runs.
+    let refused = operator(&url, &data, &["pause", "--reason", "x", "--for", "10 fortnights"]);
+    assert!(!refused.status.success());
+    let paused = stdout(&operator(&url, &data, &["pause", "--reason", "provider incident", "--for", "10m"]));
+    assert!(paused.contains("paused until"), "{paused}");
+    let resume_in: f64 = sqlx::query_scalar("SELECT extract(epoch FROM resume_at - now())::float8 FROM queue_settings")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!((590.0..=600.0).contains(&resume_in), "{resume_in}");
     let accepted = upload(web_a.port, 1).await.unwrap();
     assert_eq!(accepted.status(), 202, "a pause does not refuse uploads");
     let paused_job = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
@@ -161,6 +183,9 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
 
     assert!(stdout(&operator(&url, &data, &["gate", "5"])).contains("gate: 5"));
     assert!(stdout(&operator(&url, &data, &["resume", "--reason", "incident over"])).contains("resumed"));
+    let ended: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT resume_at FROM queue_settings").fetch_one(&pool).await.unwrap();
+    assert_eq!(ended, None, "a manual resume ends the timed pause");
     let second = upload(web_b.port, 2).await.unwrap();
     assert_eq!(second.status(), 202);
     let second = second.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();

@@ -1,21 +1,25 @@
-//! The admin page: alerts, the kill switch, the gate, vital signs with a chart, the dead-letter
-//! queue, finding jobs and users ([`super::admin_support`]), reconciliation and the audit log. Every call is checked on the server; others get "not found".
+//! The console's pages ([`super::console`] has the frame): the overview (alerts, the kill
+//! switch, vital signs with a chart, outcomes and cost), dead letters with reviews, capacity,
+//! jobs and users ([`super::admin_support`]), and the audit (reconciliation and the log).
+//! Every call is checked on the server; others get "not found".
 
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AlertsInfo, AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
+use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
 use crate::pages::admin_capacity::CapacityCard;
-use crate::pages::admin_support::{AlertsCard, JobSearchCard, UserCard};
+use crate::pages::admin_reviews::{MarkReviewForm, ReviewBadge, ReviewsCard};
+use crate::pages::admin_support::{Acknowledgement, AlertsCard, JobSearchCard, UserCard};
 use crate::pages::clock::local_date_time;
+use crate::pages::console::{OutcomesCard, Tick};
 use crate::pages::jobs::AttemptTimeline;
-use crate::pages::polling::{every, tab_visible};
 use crate::server::admin::{
     audit_log, dlq_groups, dlq_jobs, latest_reconciliation, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay,
     DlqReplayJob, ReconcileNow, SetGate, SetProcessing,
 };
+use crate::server::console::{Acknowledge, PauseFor};
 
-fn confirm(message: &str) -> bool {
+pub fn confirm(message: &str) -> bool {
     #[cfg(feature = "hydrate")]
     return window().confirm_with_message(message).unwrap_or(false);
     #[cfg(not(feature = "hydrate"))]
@@ -38,6 +42,7 @@ pub fn describe_audit(a: &AuditInfo) -> String {
     let what = match a.action.as_str() {
         "processing" if new == "off" => "paused processing".to_string(),
         "processing" if new == "on" => "resumed processing".to_string(),
+        "processing" if new.starts_with("off for ") => format!("paused processing for {}", &new[8..]),
         "gate_size" => format!("set the gate from {old} to {new} jobs at once"),
         "dlq_replay" => format!("replayed {subject} from the dead-letter queue ({new})"),
         "dlq_discard" => format!("discarded {subject} from the dead-letter queue ({new})"),
@@ -45,6 +50,14 @@ pub fn describe_audit(a: &AuditInfo) -> String {
         "in_flight_limit" => format!("set the in-flight limit of {subject} from {old} to {new}"),
         "cancel" => format!("canceled job {subject} ({old})"),
         "download_original" => format!("downloaded the original document of {subject}"),
+        "retry_now" => format!("made job {subject} retry now"),
+        "review" => format!("marked {subject} for review by {new}"),
+        "review_resolved" => format!("resolved the review of {subject}: {new}"),
+        "acknowledge" if new.is_empty() => format!("acknowledged {subject}"),
+        "acknowledge" => format!("acknowledged {subject}: {new}"),
+        "bulk_cancel" => format!("canceled the jobs matching {subject}: {new}"),
+        "bulk_replay" => format!("replayed the jobs matching {subject}: {new}"),
+        "bulk_discard" => format!("discarded the jobs matching {subject}: {new}"),
         "credits" => match old.parse::<i64>() {
             Ok(n) if n < 0 => format!("took {} credits from {subject} (balance {new})", -n),
             _ => format!("granted {old} credits to {subject} (balance {new})"),
@@ -96,101 +109,132 @@ pub fn chart_point_text(i: usize, n: usize, (intake, done): (i64, i64)) -> Strin
     format!("{ago}: {intake} accepted, {done} finished")
 }
 
+/// The overview: alerts, the kill switch (with a timed pause), vital signs, and outcomes and
+/// cost. Refreshes on the console's clock.
 #[component]
-pub fn AdminPage() -> impl IntoView {
+pub fn OverviewPage() -> impl IntoView {
     let set_processing = ServerAction::<SetProcessing>::new();
-    let set_gate = ServerAction::<SetGate>::new();
-    let actions = DlqActions::new();
-    let refresh = RwSignal::new(0u32);
-    let changed = move || {
-        refresh.track();
-        set_processing.version().track();
-        set_gate.version().track();
-        actions.track();
-    };
+    let pause_for = ServerAction::<PauseFor>::new();
+    let ack = ServerAction::<Acknowledge>::new();
     let overview = LocalResource::new(move || {
-        changed();
+        Tick::track();
+        set_processing.version().track();
+        pause_for.version().track();
         queue_overview()
     });
-    // Until the server says this is an admin, nothing of the page is shown or asked for; to
-    // anyone else it is a page that does not exist.
-    let admitted = Memo::new(move |_| overview.get().map(|r| r.is_ok()));
-    let groups = LocalResource::new(move || {
-        changed();
-        let admin = admitted.get() == Some(true);
-        async move {
-            if admin {
-                dlq_groups().await
-            } else {
-                Ok(Vec::new())
-            }
-        }
-    });
     let alerts = LocalResource::new(move || {
-        changed();
-        let admin = admitted.get() == Some(true);
-        async move {
-            if admin {
-                crate::server::admin::alerts().await
-            } else {
-                Ok(AlertsInfo { firing: Vec::new(), recent: Vec::new(), webhook: false })
-            }
-        }
+        Tick::track();
+        ack.version().track();
+        crate::server::admin::alerts()
     });
-    let audit = LocalResource::new(move || {
-        changed();
-        let admin = admitted.get() == Some(true);
-        async move {
-            if admin {
-                audit_log().await
-            } else {
-                Ok(Vec::new())
-            }
-        }
-    });
-    every(5000, move || {
-        if tab_visible() && admitted.get_untracked() == Some(true) {
-            refresh.update(|n| *n += 1);
-        }
-    });
-
-    let gate_input = RwSignal::new(String::new());
-    let view_overview = move |o: QueueStatus| {
-        view! {
-            <ProcessingCard status=o.clone() set_processing/>
-            <GateCard running=o.running gate_size=o.gate_size effective_gate=o.effective_gate
-                reduced=o.gate_reduced.clone() slots=(o.worker_slots, o.worker_processes, o.effective_concurrency)
-                set_gate gate_input/>
-            <VitalsCard status=o/>
-        }
-    };
-
-    let page = move || {
-        view! {
-            <h1>"Operations"</h1>
-            <AlertsCard alerts/>
+    view! {
+        <div class="cards">
+            <AlertsCard alerts ack/>
             <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
-                {move || overview.get().and_then(|r| r.ok()).map(view_overview)}
+                {move || overview.get().and_then(|r| r.ok()).map(|o| view! {
+                    <ProcessingCard status=o.clone() set_processing pause_for/>
+                    <VitalsCard status=o/>
+                })}
             </Transition>
-            <CapacityCard admitted/>
-            <DlqCard groups actions/>
-            <JobSearchCard replay=actions.replay_job/>
-            <UserCard/>
-            <ReconciliationCard admitted/>
-            <AuditCard audit/>
-        }
-    };
-    move || match admitted.get() {
-        Some(true) => page().into_any(),
-        Some(false) => view! { <p class="empty">"Page not found."</p> }.into_any(),
-        None => view! { <p class="empty">"Loading…"</p> }.into_any(),
+        </div>
+        <OutcomesCard/>
     }
 }
 
-/// The kill switch: its state, since when and by whom, and one button with a confirmation.
+/// Dead letters: the reviews, and the failed jobs grouped by kind and reason.
 #[component]
-fn ProcessingCard(status: QueueStatus, set_processing: ServerAction<SetProcessing>) -> impl IntoView {
+pub fn DeadLettersPage() -> impl IntoView {
+    let actions = DlqActions::new();
+    let marked = RwSignal::new(0u32);
+    let groups = LocalResource::new(move || {
+        Tick::track();
+        actions.track();
+        marked.track();
+        dlq_groups()
+    });
+    let changed = Signal::derive(move || {
+        actions.track();
+        marked.get()
+    });
+    view! {
+        <DlqCard groups actions marked/>
+        <ReviewsCard changed/>
+    }
+}
+
+/// Capacity: the gate with the slots alive, and the capacity planner.
+#[component]
+pub fn CapacityPage() -> impl IntoView {
+    let set_gate = ServerAction::<SetGate>::new();
+    let overview = LocalResource::new(move || {
+        Tick::track();
+        set_gate.version().track();
+        queue_overview()
+    });
+    let gate_input = RwSignal::new(String::new());
+    let admitted = Memo::new(|_| Some(true));
+    view! {
+        <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
+            {move || overview.get().and_then(|r| r.ok()).map(|o| view! {
+                <GateCard running=o.running gate_size=o.gate_size effective_gate=o.effective_gate
+                    reduced=o.gate_reduced.clone() slots=(o.worker_slots, o.worker_processes, o.effective_concurrency)
+                    set_gate gate_input/>
+            })}
+        </Transition>
+        <CapacityCard admitted/>
+    }
+}
+
+/// Jobs: find any job, act on one, or on everything a search matches.
+#[component]
+pub fn AdminJobsPage() -> impl IntoView {
+    let replay = ServerAction::<DlqReplayJob>::new();
+    view! { <JobSearchCard replay/> }
+}
+
+/// Users: a user's credits and limit.
+#[component]
+pub fn UsersPage() -> impl IntoView {
+    view! { <UserCard/> }
+}
+
+/// Audit: reconciliation reports and the audit log, a page at a time.
+#[component]
+pub fn AuditPage() -> impl IntoView {
+    let page = RwSignal::new(0u32);
+    let audit = LocalResource::new(move || {
+        Tick::track();
+        audit_log(Some(page.get()))
+    });
+    view! {
+        <ReconciliationCard/>
+        <AuditCard audit page/>
+    }
+}
+
+/// Pure: the time left of a timed pause ("9 min 5 s", "2 h 3 min").
+pub fn time_left_text(secs: i64) -> String {
+    let secs = secs.max(0);
+    match secs {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min {} s", s / 60, s % 60),
+        s => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The timed pauses offered, in minutes.
+const PAUSE_CHOICES: [(u32, &str); 4] = [(10, "10 minutes"), (30, "30 minutes"), (60, "1 hour"), (240, "4 hours")];
+
+/// The kill switch: its state, since when and by whom, a timed pause's end, and the buttons
+/// (each with a confirmation).
+#[component]
+fn ProcessingCard(
+    status: QueueStatus,
+    set_processing: ServerAction<SetProcessing>,
+    pause_for: ServerAction<PauseFor>,
+) -> impl IntoView {
     let enabled = status.processing_enabled;
+    let minutes = RwSignal::new(PAUSE_CHOICES[0].0);
     view! {
         <section class="card" data-testid="kill-switch">
             <div class="card-head">
@@ -200,21 +244,41 @@ fn ProcessingCard(status: QueueStatus, set_processing: ServerAction<SetProcessin
                 </span>
             </div>
             <p class="hint">{format!("Since {} by {}.", local_date_time(&status.processing_changed_at), status.processing_changed_by)}</p>
-            <button
-                class=if enabled { "button danger" } else { "button primary" }
-                on:click=move |_| {
-                    let question = if enabled {
-                        "Pause processing? Running jobs finish; new uploads wait in the queue."
-                    } else {
-                        "Resume processing?"
-                    };
-                    if confirm(question) {
-                        set_processing.dispatch(SetProcessing { enabled: !enabled });
+            {status.resume_at.clone().map(|(at, left)| view! {
+                <p data-testid="resumes">{format!("Resumes by itself at {} ({} left).", local_date_time(&at), time_left_text(left))}</p>
+            })}
+            <div class="actions">
+                <button
+                    class=if enabled { "button danger" } else { "button primary" }
+                    on:click=move |_| {
+                        let question = if enabled {
+                            "Pause processing? Running jobs finish; new uploads wait in the queue."
+                        } else {
+                            "Resume processing?"
+                        };
+                        if confirm(question) {
+                            set_processing.dispatch(SetProcessing { enabled: !enabled });
+                        }
                     }
-                }
-            >
-                {if enabled { "Pause processing" } else { "Resume processing" }}
-            </button>
+                >
+                    {if enabled { "Pause processing" } else { "Resume processing" }}
+                </button>
+                <label for="pause-minutes">"Pause for"</label>
+                <select id="pause-minutes" on:change=move |ev| {
+                    if let Ok(m) = event_target_value(&ev).parse() {
+                        minutes.set(m);
+                    }
+                }>
+                    {PAUSE_CHOICES.into_iter().map(|(m, label)| view! { <option value=m.to_string()>{label}</option> }).collect_view()}
+                </select>
+                <button class="button" on:click=move |_| {
+                    let m = minutes.get_untracked();
+                    if confirm(&format!("Pause processing for {m} minutes? It resumes by itself.")) {
+                        pause_for.dispatch(PauseFor { minutes: m });
+                    }
+                }>"Pause for a while"</button>
+            </div>
+            <p class="form-error">{move || pause_for.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
         </section>
     }
 }
@@ -324,7 +388,11 @@ fn VitalsCard(status: QueueStatus) -> impl IntoView {
 
 /// The dead-letter queue, grouped by kind and reason.
 #[component]
-fn DlqCard(groups: LocalResource<Result<Vec<DlqGroupInfo>, AppError>>, actions: DlqActions) -> impl IntoView {
+fn DlqCard(
+    groups: LocalResource<Result<Vec<DlqGroupInfo>, AppError>>,
+    actions: DlqActions,
+    marked: RwSignal<u32>,
+) -> impl IntoView {
     view! {
         <section class="card">
             <h2>"Dead-letter queue"</h2>
@@ -339,8 +407,8 @@ fn DlqCard(groups: LocalResource<Result<Vec<DlqGroupInfo>, AppError>>, actions: 
                     <ul class="dlq">
                         <For
                             each=move || list.clone()
-                            key=|g| (g.kind, g.reason.clone(), g.jobs)
-                            children=move |g| view! { <DlqGroup group=g actions=actions/> }
+                            key=|g| (g.kind, g.reason.clone(), g.jobs, g.review.as_ref().map(|r| (r.id, r.marked_at.clone())))
+                            children=move |g| view! { <DlqGroup group=g actions=actions marked/> }
                         />
                     </ul>
                 }.into_any()
@@ -383,18 +451,14 @@ pub fn check_label(check: &str) -> &'static str {
 
 /// The latest reconciliation report, and a button to run one now.
 #[component]
-fn ReconciliationCard(admitted: Memo<Option<bool>>) -> impl IntoView {
+fn ReconciliationCard() -> impl IntoView {
     let run = ServerAction::<ReconcileNow>::new();
+    let ack = ServerAction::<Acknowledge>::new();
     let latest = LocalResource::new(move || {
+        Tick::track();
         run.version().track();
-        let admin = admitted.get() == Some(true);
-        async move {
-            if admin {
-                latest_reconciliation().await
-            } else {
-                Ok(None)
-            }
-        }
+        ack.version().track();
+        latest_reconciliation()
     });
     view! {
         <section class="card" data-testid="reconciliation">
@@ -431,6 +495,7 @@ fn ReconciliationCard(admitted: Memo<Option<bool>>) -> impl IntoView {
                                 <li>{format!("{}: {subject}: {detail}", check_label(&check))}</li>
                             }).collect_view()}
                         </ul>
+                        <Acknowledgement what="report" id=report.id acked=report.acknowledged ack/>
                     }
                         .into_any()
                 }
@@ -440,9 +505,10 @@ fn ReconciliationCard(admitted: Memo<Option<bool>>) -> impl IntoView {
 }
 
 #[component]
-fn AuditCard(audit: LocalResource<Result<Vec<AuditInfo>, AppError>>) -> impl IntoView {
+fn AuditCard(audit: LocalResource<Result<Vec<AuditInfo>, AppError>>, page: RwSignal<u32>) -> impl IntoView {
+    let full = move || audit.get().and_then(|r| r.ok()).is_some_and(|a| a.len() >= 50);
     view! {
-        <section class="card">
+        <section class="card wide">
             <h2>"Audit log"</h2>
             <ul class="audit">
                 {move || audit.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|a| view! {
@@ -452,6 +518,11 @@ fn AuditCard(audit: LocalResource<Result<Vec<AuditInfo>, AppError>>) -> impl Int
                     </li>
                 }).collect_view()}
             </ul>
+            <nav class="pager" aria-label="Pages of the audit log">
+                <button class="button small" disabled=move || page.get() == 0 on:click=move |_| page.update(|p| *p = p.saturating_sub(1))>"Newer"</button>
+                <span class="muted">{move || format!("Page {}", page.get() + 1)}</span>
+                <button class="button small" disabled=move || !full() on:click=move |_| page.update(|p| *p += 1)>"Older"</button>
+            </nav>
         </section>
     }
 }
@@ -486,7 +557,7 @@ impl DlqActions {
 /// One group of failed jobs: replay or discard it whole, or open it to inspect its jobs and
 /// their attempts, and replay or discard one.
 #[component]
-fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
+fn DlqGroup(group: DlqGroupInfo, actions: DlqActions, marked: RwSignal<u32>) -> impl IntoView {
     let open = RwSignal::new(false);
     let (kind, reason) = (group.kind.as_str().to_string(), group.reason.clone());
     let jobs = LocalResource::new({
@@ -504,7 +575,9 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
         }
     });
     let (replay_kind, replay_reason) = (kind.clone(), reason.clone());
+    let review_group = (kind.clone(), reason.clone());
     let count = group.jobs;
+    let bump = Callback::new(move |_| marked.update(|n| *n += 1));
     view! {
         <li data-testid="dlq-group">
             <div class="dlq-head">
@@ -520,13 +593,15 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
                         actions.discard_group.dispatch(DlqDiscard { kind: kind.clone(), reason: reason.clone() });
                     }
                 }>"Discard all"</button>
+                <MarkReviewForm group=review_group marked=bump/>
             </div>
+            <ReviewBadge review=group.review.clone()/>
             <Show when=move || open.get()>
                 <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                     <ul class="dlq-jobs">
                         {move || jobs.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(|d| {
                             let id = d.job.id.clone();
-                            let (replay_id, discard_id) = (id.clone(), id.clone());
+                            let (replay_id, discard_id, review_id) = (id.clone(), id.clone(), id.clone());
                             view! {
                                 <li class="dlq-job" data-testid="dlq-job">
                                     <div class="dlq-head">
@@ -538,6 +613,7 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions) -> impl IntoView {
                                                 actions.discard_job.dispatch(DlqDiscardJob { id: discard_id.clone() });
                                             }
                                         }>"Discard"</button>
+                                        <MarkReviewForm job=review_id marked=bump/>
                                     </div>
                                     <AttemptTimeline attempts=d.attempts/>
                                 </li>
@@ -581,6 +657,14 @@ mod tests {
         assert_eq!(
             describe_audit(&entry("credits", Some("user 5"), "-20", "0")),
             "ops@example.com took 20 credits from user 5 (balance 0)"
+        );
+        assert_eq!(
+            describe_audit(&entry("processing", None, "on", "off for 10 min")),
+            "ops@example.com paused processing for 10 min"
+        );
+        assert_eq!(
+            describe_audit(&entry("bulk_cancel", Some("state queued"), "", "40 of 41 matched")),
+            "ops@example.com canceled the jobs matching state queued: 40 of 41 matched"
         );
         assert_eq!(
             describe_audit(&entry("something_new", Some("x"), "a", "b")),

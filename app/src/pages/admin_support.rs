@@ -5,11 +5,13 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AlertInfo, AlertsInfo, FailureKind, JobState, UserInfo};
+use crate::model::{AckInfo, AlertInfo, AlertsInfo, FailureKind, JobFilterForm, JobState, JobStatus, ReviewInfo, UserInfo};
+use crate::pages::admin_reviews::{MarkReviewForm, ReviewBadge};
 use crate::pages::clock::local_date_time;
 use crate::pages::clock::now_ms;
-use crate::pages::jobs::{state_label, CancelButton, StateBadge};
+use crate::pages::jobs::{state_label, CancelButton, RetryNowButton, StateBadge};
 use crate::server::admin::{find_user, search_jobs, DlqReplayJob, GrantCredits, SetInFlightLimit};
+use crate::server::console::{bulk_preview, Acknowledge, BulkAction};
 
 /// Pure: a rule's name for people.
 pub fn rule_label(rule: &str) -> &'static str {
@@ -45,7 +47,7 @@ fn alert_line(a: &AlertInfo) -> String {
 
 /// What fires now (since when, value, threshold), and the latest resolved firings.
 #[component]
-pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>) -> impl IntoView {
+pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>, ack: ServerAction<Acknowledge>) -> impl IntoView {
     view! {
         <section class="card" data-testid="alerts">
             <h2>"Alerts"</h2>
@@ -62,6 +64,7 @@ pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>) -> impl I
                                         <strong>{rule_label(&f.rule)}</strong>
                                         <span class="when">{format!(" since {}: ", local_date_time(&f.fired_at))}</span>
                                         {alert_line(&f)}
+                                        <Acknowledgement what="alert" id=f.id acked=f.acknowledged.clone() ack/>
                                     </li>
                                 }).collect_view()}
                             </ul>
@@ -94,6 +97,38 @@ pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>) -> impl I
     }
 }
 
+/// Who acknowledged an alert or a report, or a form to acknowledge it with a note.
+#[component]
+pub fn Acknowledgement(what: &'static str, id: i64, acked: Option<AckInfo>, ack: ServerAction<Acknowledge>) -> impl IntoView {
+    let note = RwSignal::new(String::new());
+    let field = format!("ack-{what}-{id}");
+    match acked {
+        Some(a) => view! {
+            <p class="ack" data-testid="acknowledged">
+                {format!(
+                    "Acknowledged by {} at {}{}",
+                    a.by,
+                    local_date_time(&a.at),
+                    a.note.map(|n| format!(": {n}")).unwrap_or_default()
+                )}
+            </p>
+        }
+        .into_any(),
+        None => view! {
+            <form class="ack-form" on:submit=move |ev| {
+                ev.prevent_default();
+                ack.dispatch(Acknowledge { what: what.to_string(), id, note: note.get_untracked() });
+            }>
+                <label for=field.clone() class="visually-hidden">"Acknowledgement note"</label>
+                <input id=field.clone() type="text" maxlength="2000" placeholder="Note (optional)"
+                    on:input=move |ev| note.set(event_target_value(&ev))/>
+                <button class="button small" type="submit">"Acknowledge"</button>
+            </form>
+        }
+        .into_any(),
+    }
+}
+
 /// Find any job: the search box reads a job id, an e-mail (with `@`) or a file name.
 #[component]
 pub fn JobSearchCard(replay: ServerAction<DlqReplayJob>) -> impl IntoView {
@@ -102,30 +137,42 @@ pub fn JobSearchCard(replay: ServerAction<DlqReplayJob>) -> impl IntoView {
     let kind = RwSignal::new(String::new());
     let from = RwSignal::new(String::new());
     let until = RwSignal::new(String::new());
+    let needs_review = RwSignal::new(false);
     let page = RwSignal::new(0u32);
-    let searched = RwSignal::new(false);
+    // The search the results (and a bulk action) are for: what was submitted, not what is typed.
+    let searched = RwSignal::new(None::<JobFilterForm>);
     let reload = RwSignal::new(0u32);
     let results = LocalResource::new(move || {
         reload.track();
         replay.version().track();
-        let go = searched.get();
-        let args = (text.get(), state.get(), kind.get(), from.get(), until.get(), page.get());
+        let (filter, page) = (searched.get(), page.get());
         async move {
-            if !go {
-                return Ok(None);
+            match filter {
+                None => Ok(None),
+                Some(filter) => search_jobs(filter, Some(page)).await.map(Some),
             }
-            let some = |s: String| (!s.trim().is_empty()).then_some(s);
-            search_jobs(some(args.0), some(args.1), some(args.2), some(args.3), some(args.4), Some(args.5))
-                .await
-                .map(Some)
         }
     });
     let now = RwSignal::new(now_ms());
     let has_more = move || results.get().and_then(|r| r.ok()).flatten().is_some_and(|p| p.has_more);
+    let refresh = Callback::new(move |_| reload.update(|n| *n += 1));
     view! {
-        <section class="card" data-testid="job-search">
-            <h2>"Find a job"</h2>
-            <form class="filters" on:submit=move |ev| { ev.prevent_default(); page.set(0); searched.set(true); reload.update(|n| *n += 1); }>
+        <section class="card wide" data-testid="job-search">
+            <h2>"Find jobs"</h2>
+            <form class="filters" on:submit=move |ev| {
+                ev.prevent_default();
+                let some = |s: String| (!s.trim().is_empty()).then_some(s);
+                searched.set(Some(JobFilterForm {
+                    text: some(text.get_untracked()),
+                    state: some(state.get_untracked()),
+                    kind: some(kind.get_untracked()),
+                    from: some(from.get_untracked()),
+                    until: some(until.get_untracked()),
+                    needs_review: needs_review.get_untracked().then_some(true),
+                }));
+                page.set(0);
+                reload.update(|n| *n += 1);
+            }>
                 <label for="search-text">"Job id, e-mail or file name"</label>
                 <input id="search-text" type="search" prop:value=text on:input=move |ev| text.set(event_target_value(&ev))/>
                 <label for="search-state">"State"</label>
@@ -142,33 +189,25 @@ pub fn JobSearchCard(replay: ServerAction<DlqReplayJob>) -> impl IntoView {
                 <input id="search-from" type="date" on:input=move |ev| from.set(event_target_value(&ev))/>
                 <label for="search-until">"Until"</label>
                 <input id="search-until" type="date" on:input=move |ev| until.set(event_target_value(&ev))/>
+                <label class="check"><input type="checkbox" on:change=move |ev| needs_review.set(event_target_checked(&ev))/>" Needs review"</label>
                 <button class="button primary" type="submit">"Search"</button>
             </form>
+            {move || searched.get().map(|filter| view! { <BulkBar filter done=refresh/> })}
             {move || results.get().map(|r| match r {
                 Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
                 Ok(None) => ().into_any(),
                 Ok(Some(p)) if p.jobs.is_empty() => view! { <p class="empty">"No jobs match."</p> }.into_any(),
-                Ok(Some(p)) => view! {
-                    <ul class="jobs">
-                        {p.jobs.into_iter().map(|(job, owner)| {
-                            let id = job.id.clone();
-                            let failed = job.state == JobState::Failed;
-                            let replay_id = id.clone();
-                            view! {
-                                <li class="job" data-testid="found-job" data-job-id=id.clone()>
-                                    <a class="file-name" href=format!("/jobs/{id}")>{job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
-                                    <span class="muted">{format!("{owner} · {} attempts · {}", job.attempts, local_date_time(&job.accepted_at))}</span>
-                                    <StateBadge job=job.clone() now=now/>
-                                    {failed.then(|| view! {
-                                        <a class="button small" href=format!("/api/v1/jobs/{id}/original") rel="external">"Download the original"</a>
-                                        <button class="button small" on:click=move |_| { replay.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
-                                    })}
-                                    <CancelButton job=job done=Callback::new(move |_| reload.update(|n| *n += 1))/>
-                                </li>
-                            }
-                        }).collect_view()}
-                    </ul>
-                }.into_any(),
+                Ok(Some(p)) => {
+                    let reviews = p.reviews;
+                    view! {
+                        <ul class="jobs">
+                            {p.jobs.into_iter().map(|(job, owner)| {
+                                let review = reviews.iter().find(|r| r.job_id.as_deref() == Some(job.id.as_str())).cloned();
+                                view! { <FoundJob job owner review replay now refresh/> }
+                            }).collect_view()}
+                        </ul>
+                    }.into_any()
+                }
             })}
             <nav class="pager" aria-label="Pages of found jobs">
                 <button class="button small" disabled=move || page.get() == 0 on:click=move |_| page.update(|p| *p = p.saturating_sub(1))>"Newer"</button>
@@ -176,6 +215,115 @@ pub fn JobSearchCard(replay: ServerAction<DlqReplayJob>) -> impl IntoView {
                 <button class="button small" disabled=move || !has_more() on:click=move |_| page.update(|p| *p += 1)>"Older"</button>
             </nav>
         </section>
+    }
+}
+
+/// One found job: its owner, attempts and state, its review, and what can be done to it.
+#[component]
+fn FoundJob(
+    job: JobStatus,
+    owner: String,
+    review: Option<ReviewInfo>,
+    replay: ServerAction<DlqReplayJob>,
+    now: RwSignal<f64>,
+    refresh: Callback<()>,
+) -> impl IntoView {
+    let id = job.id.clone();
+    let failed = job.state == JobState::Failed;
+    let replay_id = id.clone();
+    let review_id = id.clone();
+    view! {
+        <li class="job" data-testid="found-job" data-job-id=id.clone()>
+            <a class="file-name" href=format!("/jobs/{id}")>{job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
+            <span class="muted">{format!("{owner} · {} attempts · {}", job.attempts, local_date_time(&job.accepted_at))}</span>
+            <StateBadge job=job.clone() now=now/>
+            {failed.then(|| view! {
+                <a class="button small" href=format!("/api/v1/jobs/{id}/original") rel="external">"Download the original"</a>
+                <button class="button small" on:click=move |_| { replay.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
+                <MarkReviewForm job=review_id marked=refresh/>
+            })}
+            <RetryNowButton job=job.clone() done=refresh/>
+            <CancelButton job=job done=refresh/>
+            <ReviewBadge review/>
+        </li>
+    }
+}
+
+/// Pure: what a bulk action will do, as the confirmation asks it.
+pub fn bulk_question(action: &str, matched: i64) -> String {
+    let jobs = if matched == 1 { "1 job".to_string() } else { format!("{matched} jobs") };
+    match action {
+        "cancel" => format!("Cancel {jobs}? Waiting ones are refunded at once; running ones stop at their next safe point."),
+        "replay" => format!("Replay the failed ones of {jobs}? They run again, free for their owners."),
+        _ => format!("Discard the failed ones of {jobs} from the dead-letter queue? They stay failed and refunded."),
+    }
+}
+
+/// Act on everything the search matches: count first, confirm with the count, then run.
+#[component]
+fn BulkBar(filter: JobFilterForm, done: Callback<()>) -> impl IntoView {
+    let chosen = RwSignal::new(None::<&'static str>);
+    let count = LocalResource::new({
+        let filter = filter.clone();
+        move || {
+            let (action, filter) = (chosen.get(), filter.clone());
+            async move {
+                match action {
+                    Some(_) => bulk_preview(filter).await.map(Some),
+                    None => Ok(None),
+                }
+            }
+        }
+    });
+    let run = ServerAction::<BulkAction>::new();
+    Effect::new(move |_| {
+        if run.value().get().is_some() {
+            done.run(());
+        }
+    });
+    let filter = StoredValue::new(filter);
+    view! {
+        <div class="bulk" data-testid="bulk">
+            <span class="muted">"Everything this search matches:"</span>
+            {["cancel", "replay", "discard"].into_iter().map(|action| view! {
+                <button class="button small" on:click=move |_| { run.clear(); chosen.set(Some(action)); }>
+                    {format!("{}…", crate::pages::capitalise(action))}
+                </button>
+            }).collect_view()}
+            {move || chosen.get().and_then(|action| count.get().map(|r| match r {
+                Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                Ok(None) => ().into_any(),
+                Ok(Some(c)) if c.matched > c.cap => view! {
+                    <p class="form-error" data-testid="bulk-over-cap">
+                        {format!("More than {} jobs match: the most one bulk action takes. Narrow the search.", c.cap)}
+                    </p>
+                }.into_any(),
+                Ok(Some(c)) if c.matched == 0 => view! { <p class="empty">"No jobs match."</p> }.into_any(),
+                Ok(Some(c)) => view! {
+                    <p class="bulk-confirm" role="alert" data-testid="bulk-confirm">
+                        {bulk_question(action, c.matched)}" "
+                        <button class="button small danger" on:click=move |_| {
+                            chosen.set(None);
+                            run.dispatch(BulkAction { action: action.to_string(), filter: filter.get_value() });
+                        }>{format!("Yes, {action} {}", c.matched)}</button>
+                        " "
+                        <button class="button small secondary" on:click=move |_| chosen.set(None)>"No"</button>
+                    </p>
+                }.into_any(),
+            }))}
+            {move || run.value().get().map(|r| match r {
+                Err(e) => view! { <p class="form-error">{e.to_string()}</p> }.into_any(),
+                Ok(info) => view! {
+                    <p class="ok-text" data-testid="bulk-done">
+                        {match info.acted {
+                            Some(acted) => format!("Done: {acted} of {} matched jobs changed (the rest were not in a state it applies to).", info.matched),
+                            None => format!("Started on {} jobs; it goes on in the background (the audit log has the counts when it ends).", info.matched),
+                        }}
+                    </p>
+                }.into_any(),
+            })}
+            <Show when=move || run.pending().get()><p class="muted">"Working…"</p></Show>
+        </div>
     }
 }
 
@@ -257,5 +405,12 @@ mod tests {
         assert_eq!(alert_value_text("dlq_depth", 101.0), "101");
         assert_eq!(rule_label("not_draining"), "The queue is not draining");
         assert_eq!(rule_label("no such rule"), "Alert");
+    }
+
+    #[test]
+    fn a_bulk_confirmation_names_the_count_and_what_happens() {
+        assert!(bulk_question("cancel", 2500).starts_with("Cancel 2500 jobs?"));
+        assert!(bulk_question("replay", 1).starts_with("Replay the failed ones of 1 job?"));
+        assert!(bulk_question("discard", 3).contains("stay failed and refunded"));
     }
 }

@@ -9,7 +9,7 @@ use crate::pages::clock::{local_time, now_ms, parse_ms};
 use crate::pages::endings::{self, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
-use crate::server::jobs::{job_detail, list_jobs, CancelJob, DeleteJob};
+use crate::server::jobs::{job_detail, list_jobs, CancelJob, DeleteJob, RetryNow};
 use sluice_types::settlement::{calls_started, kept_on_cancel};
 
 /// Ticks `now` every second and calls `refresh` every 2 s while the tab is visible, every
@@ -216,6 +216,31 @@ pub fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
                     </button>
                 </Show>
                 <span class="form-error">{move || cancel.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
+            </span>
+        }
+    })
+}
+
+/// "Retry now" for a job waiting out its backoff: it becomes due at once (no extra attempt;
+/// the gate still decides when it runs). `done` tells the page to ask again.
+#[component]
+pub fn RetryNowButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
+    let retry = ServerAction::<RetryNow>::new();
+    Effect::new(move |_| {
+        if retry.value().get().is_some() {
+            done.run(());
+        }
+    });
+    let id = job.id.clone();
+    (job.state == JobState::Retrying).then(|| {
+        let name = job.file_name.clone().unwrap_or_else(|| "this document".into());
+        view! {
+            <span class="retry-now">
+                <button class="button small" aria-label=format!("Retry {name} now")
+                    on:click=move |_| { retry.dispatch(RetryNow { id: id.clone() }); }>
+                    "Retry now"
+                </button>
+                <span class="form-error">{move || retry.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
             </span>
         }
     })
@@ -590,6 +615,7 @@ pub fn JobPage() -> impl IntoView {
                                         <StateBadge job=job.clone() now=now/>
                                         " "
                                         <CancelButton job=job.clone() done=Callback::new(move |_| detail.refetch())/>
+                                        <RetryNowButton job=job.clone() done=Callback::new(move |_| detail.refetch())/>
                                     </p>
                                     <p class="cost" data-testid="cost">{cost}</p>
                                     {markdown.map(|m| view! {

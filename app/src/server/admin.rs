@@ -5,13 +5,14 @@ use leptos::prelude::*;
 
 use crate::errors::AppError;
 use crate::model::{
-    AlertsInfo, AuditInfo, CapacityInfo, DlqGroupInfo, DlqJobInfo, JobSearchPage, QueueStatus, ReconciliationInfo,
-    ReplayInfo, UserInfo,
+    AlertsInfo, AuditInfo, CapacityInfo, DlqGroupInfo, DlqJobInfo, JobFilterForm, JobSearchPage, QueueStatus,
+    ReconciliationInfo, ReplayInfo, UserInfo,
 };
 #[cfg(feature = "ssr")]
 use {
     crate::server::session::{answer, context, require_admin},
     engine::queue::dlq::{self, Selection},
+    engine::queue::reviews,
 };
 
 /// The kill switch, the gate and the vital signs with the last hour's chart.
@@ -49,6 +50,9 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
             dlq_depth: vitals.dlq_depth,
             drain: describe_drain(vitals.drain),
             history: history.into_iter().map(|m| (m.intake, m.completions)).collect(),
+            resume_at: settings.resume_at.map(|at| {
+                (crate::model::time_text(at), (at - chrono::Utc::now()).num_seconds().max(0))
+            }),
         })
     })
     .await
@@ -120,9 +124,16 @@ pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
         let ctx = context()?;
         require_admin(&ctx).await?;
         let groups = dlq::groups(&ctx.pool).await?;
+        let mut open = reviews::open_for_groups(&ctx.pool).await?;
         Ok(groups
             .into_iter()
-            .map(|g| DlqGroupInfo { kind: g.failure_kind, reason: g.failure_reason, jobs: g.jobs })
+            .map(|g| {
+                let mine = |r: &reviews::Review| {
+                    r.failure_kind == Some(g.failure_kind) && r.failure_reason.as_deref() == Some(g.failure_reason.as_str())
+                };
+                let review = open.iter().position(mine).map(|at| open.swap_remove(at).into());
+                DlqGroupInfo { kind: g.failure_kind, reason: g.failure_reason, jobs: g.jobs, review }
+            })
             .collect())
     })
     .await
@@ -181,7 +192,7 @@ pub async fn dlq_discard_job(id: String) -> Result<u64, AppError> {
 
 /// A failure kind named in a request (422 for a name that is none).
 #[cfg(feature = "ssr")]
-fn failure_kind(name: &str) -> Result<engine::FailureKind, AppError> {
+pub fn failure_kind(name: &str) -> Result<engine::FailureKind, AppError> {
     engine::FailureKind::parse(name).ok_or_else(|| AppError::invalid("unknown failure kind"))
 }
 
@@ -230,13 +241,17 @@ pub async fn reconcile_now() -> Result<ReconciliationInfo, AppError> {
     .await
 }
 
-/// The newest audit entries.
+/// Audit entries per page of the console.
+#[cfg(feature = "ssr")]
+const AUDIT_PAGE: i64 = 50;
+
+/// A page of the audit log, the newest first (page 0).
 #[server(endpoint = "admin/audit_log")]
-pub async fn audit_log() -> Result<Vec<AuditInfo>, AppError> {
+pub async fn audit_log(page: Option<u32>) -> Result<Vec<AuditInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
         require_admin(&ctx).await?;
-        let entries = engine::audit::recent(&ctx.pool, 50).await?;
+        let entries = engine::audit::page(&ctx.pool, i64::from(page.unwrap_or(0).min(10_000)) * AUDIT_PAGE, AUDIT_PAGE).await?;
         Ok(entries
             .into_iter()
             .map(|a| AuditInfo {
@@ -273,43 +288,51 @@ pub async fn alerts() -> Result<AlertsInfo, AppError> {
 #[cfg(feature = "ssr")]
 const SEARCH_PAGE: i64 = 25;
 
-/// Every user's jobs by job id, e-mail or file name (`text`), state, failure kind and the
-/// days they were accepted (`from` and `until`, `YYYY-MM-DD`, both included), newest first.
+/// Every user's jobs matching `filter`, newest first, a page at a time, each with its open
+/// review.
 #[server(endpoint = "admin/search_jobs")]
-pub async fn search_jobs(
-    text: Option<String>,
-    state: Option<String>,
-    kind: Option<String>,
-    from: Option<String>,
-    until: Option<String>,
-    page: Option<u32>,
-) -> Result<JobSearchPage, AppError> {
+pub async fn search_jobs(filter: JobFilterForm, page: Option<u32>) -> Result<JobSearchPage, AppError> {
     answer(async move {
         let ctx = context()?;
         require_admin(&ctx).await?;
-        let search = engine::queue::JobSearch {
-            text: text.filter(|t| !t.trim().is_empty()),
-            state: match state.as_deref().filter(|s| !s.is_empty()) {
-                Some(s) => Some(
-                    engine::JobState::ALL
-                        .into_iter()
-                        .find(|j| j.as_str() == s)
-                        .ok_or_else(|| AppError::invalid("unknown state"))?,
-                ),
-                None => None,
-            },
-            failure_kind: match kind.as_deref().filter(|k| !k.is_empty()) {
-                Some(k) => Some(failure_kind(k)?),
-                None => None,
-            },
-            from: day_start(from.as_deref(), 0)?,
-            until: day_start(until.as_deref(), 1)?,
-        };
+        let search = job_search(&filter)?;
         let offset = i64::from(page.unwrap_or(0).min(10_000)) * SEARCH_PAGE;
         let (found, has_more) = engine::queue::search(&ctx.pool, &search, offset, SEARCH_PAGE).await?;
-        Ok(JobSearchPage { jobs: found.into_iter().map(|f| ((&f.job).into(), f.owner_email)).collect(), has_more })
+        let ids: Vec<uuid::Uuid> = found.iter().map(|f| f.job.id).collect();
+        let reviews = reviews::open_for_jobs(&ctx.pool, &ids).await?.into_iter().map(Into::into).collect();
+        Ok(JobSearchPage {
+            jobs: found.into_iter().map(|f| ((&f.job).into(), f.owner_email)).collect(),
+            has_more,
+            reviews,
+        })
     })
     .await
+}
+
+/// The engine's search from the console's form: the text is a job id, part of an e-mail (with
+/// `@`) or part of a file name; the days are `YYYY-MM-DD`, both included.
+#[cfg(feature = "ssr")]
+pub fn job_search(filter: &JobFilterForm) -> Result<engine::queue::JobSearch, AppError> {
+    let chosen = |v: &Option<String>| v.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string);
+    Ok(engine::queue::JobSearch {
+        text: chosen(&filter.text),
+        state: match chosen(&filter.state) {
+            Some(s) => Some(
+                engine::JobState::ALL
+                    .into_iter()
+                    .find(|j| j.as_str() == s)
+                    .ok_or_else(|| AppError::invalid("unknown state"))?,
+            ),
+            None => None,
+        },
+        failure_kind: match chosen(&filter.kind) {
+            Some(k) => Some(failure_kind(&k)?),
+            None => None,
+        },
+        from: day_start(filter.from.as_deref(), 0)?,
+        until: day_start(filter.until.as_deref(), 1)?,
+        needs_review: filter.needs_review.unwrap_or(false),
+    })
 }
 
 /// The start of a `YYYY-MM-DD` day (UTC) plus `days_after` days; empty is none.

@@ -75,6 +75,27 @@ pub async fn cancel_job(id: String) -> Result<JobStatus, AppError> {
     .await
 }
 
+/// "Retry now": one of the caller's retrying jobs (admins: anyone's, audited) becomes due at
+/// once, with no extra attempt; the gate and the kill switch still decide when it runs. 409
+/// when it is not retrying.
+#[server(endpoint = "retry_now")]
+pub async fn retry_now(id: String) -> Result<JobStatus, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        let job = visible_job(&ctx.pool, &user, &id).await?;
+        let owner = (job.owner_id == user.id).then_some(user.id);
+        match engine::queue::retry_now(&ctx.pool, job.id, owner, &user.email).await? {
+            engine::queue::RetriedNow::Due => {}
+            engine::queue::RetriedNow::NotRetrying(state) => {
+                return Err(AppError::NotRetrying { state: state.as_str().to_string() })
+            }
+        }
+        job_status(&ctx, &engine::queue::get(&ctx.pool, job.id).await?).await
+    })
+    .await
+}
+
 /// Delete one of the caller's ended jobs' document and result (the job stays, marked deleted).
 #[server(endpoint = "delete_job")]
 pub async fn delete_job(id: String) -> Result<JobStatus, AppError> {

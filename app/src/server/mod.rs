@@ -6,6 +6,7 @@
 pub mod account;
 pub mod admin;
 pub mod auth;
+pub mod console;
 pub mod jobs;
 #[cfg(feature = "ssr")]
 pub mod session;

@@ -141,6 +141,8 @@ pub struct WebSettings {
     pub stalled_write_timeout: std::time::Duration,
     /// Cookies are marked `Secure` (served over HTTPS).
     pub secure_cookies: bool,
+    /// The most jobs one bulk action of the console may take.
+    pub bulk_action_cap: i64,
 }
 
 impl Default for WebSettings {
@@ -168,6 +170,7 @@ impl Default for WebSettings {
             max_connections: 4096,
             stalled_write_timeout: std::time::Duration::from_secs(30),
             secure_cookies: false,
+            bulk_action_cap: engine::queue::bulk::DEFAULT_CAP,
         }
     }
 }

@@ -170,6 +170,13 @@ pub async fn open_for_jobs(pool: &PgPool, jobs: &[Uuid]) -> Result<Vec<Review>> 
         .await?)
 }
 
+/// The open reviews of dead-letter groups.
+pub async fn open_for_groups(pool: &PgPool) -> Result<Vec<Review>> {
+    Ok(sqlx::query_as(&format!("{SELECT_REVIEWS} WHERE r.resolved_at IS NULL AND r.job_id IS NULL"))
+        .fetch_all(pool)
+        .await?)
+}
+
 /// The newest `limit` reviews, open ones first.
 pub async fn recent(pool: &PgPool, limit: i64) -> Result<Vec<Review>> {
     Ok(sqlx::query_as(&format!(

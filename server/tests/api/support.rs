@@ -17,8 +17,17 @@ async fn browser(app: &TestApp, email: &str) -> reqwest::Client {
     client
 }
 
+/// The console's search form: every field but the page inside `filter`.
+fn filter_form(form: &[(&str, &str)]) -> Vec<(String, String)> {
+    form.iter()
+        .map(|(k, v)| if *k == "page" { (k.to_string(), v.to_string()) } else { (format!("filter[{k}]"), v.to_string()) })
+        .collect()
+}
+
 async fn search(client: &reqwest::Client, app: &TestApp, form: &[(&str, &str)]) -> (u16, serde_json::Value) {
-    let answer = call(client, app, "admin/search_jobs", form).await;
+    let form = filter_form(form);
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let answer = call(client, app, "admin/search_jobs", &form).await;
     let status = answer.status().as_u16();
     (status, answer.json().await.unwrap_or_default())
 }
@@ -114,7 +123,7 @@ async fn admins_find_any_job_and_change_users_on_the_record(pool: PgPool) {
     // None of it for anyone else.
     let alice_browser = browser(&app, "alice@example.com").await;
     for name in ["admin/search_jobs", "admin/find_user", "admin/alerts"] {
-        let answer = call(&alice_browser, &app, name, &[("email", "bob@example.com")]).await;
+        let answer = call(&alice_browser, &app, name, &[("email", "bob@example.com"), ("filter[text]", "bob")]).await;
         assert_eq!(answer.status(), 404, "{name}");
     }
     let answer =
@@ -222,4 +231,124 @@ async fn uploads_past_the_storage_quota_are_refused_unread_until_documents_are_r
     let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
     engine::documents::sweep::release_documents(&app.pool, &blobs, std::time::Duration::ZERO).await.unwrap();
     assert_eq!(app.upload(&token, small(3), None).await.status(), 202);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retries_now(pool: PgPool) {
+    let settings = WebSettings { bulk_action_cap: 40, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    users::create_user(&app.pool, "ops@example.com", "password123", Role::Admin, 0).await.unwrap();
+    let (carol, carol_token) = app.user_with_token("carol@example.com", 60, 60).await;
+    for n in 0..45 {
+        let answer = upload_file(&app, &carol_token, &format!("batch-{n:02}.txt"), doc(n), "summarize").await;
+        assert_eq!(answer.status(), 202);
+    }
+    let ops = browser(&app, "ops@example.com").await;
+    let form = |pairs: &[(&str, &str)]| filter_form(pairs);
+    let send = |name: &'static str, pairs: Vec<(String, String)>| {
+        let ops = ops.clone();
+        let app = &app;
+        async move {
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let answer = call(&ops, app, name, &pairs).await;
+            (answer.status().as_u16(), answer.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+
+    // Counted first; past the cap (40) the action is refused and nothing changes.
+    let (status, count) = send("admin/bulk_preview", form(&[("text", "carol@")])).await;
+    assert_eq!((status, count["matched"].as_i64(), count["cap"].as_i64()), (200, Some(41), Some(40)), "counted to one past the cap");
+    let mut all = form(&[("text", "carol@")]);
+    all.push(("action".into(), "cancel".into()));
+    let (status, refused) = send("admin/bulk_action", all).await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(refused["message"].as_str().unwrap().contains("narrow"));
+    // Narrowed by file name to 30 jobs: canceled and refunded.
+    let mut some = form(&[("text", "batch-0"), ("state", "queued")]);
+    let (_, count) = send("admin/bulk_preview", some.clone()).await;
+    assert_eq!(count["matched"], 10);
+    some.push(("action".into(), "cancel".into()));
+    let (status, done) = send("admin/bulk_action", some).await;
+    assert_eq!((status, done["matched"].as_i64(), done["acted"].as_i64()), (200, Some(10), Some(10)));
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM users WHERE id = $1").bind(carol).fetch_one(&app.pool).await.unwrap();
+    assert_eq!(balance, 60 - 45 + 10, "the ten are refunded");
+    let mut bad = form(&[("text", "batch")]);
+    bad.push(("action".into(), "delete".into()));
+    assert_eq!(send("admin/bulk_action", bad).await.0, 422);
+
+    // A failed job marked for review shows in the search with who and the note.
+    let failed: String = sqlx::query_scalar(
+        "UPDATE jobs SET state = 'failed', failure_kind = 'invalid_input', failure_reason = 'no text', finished_at = now()
+         WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY accepted_at LIMIT 1) RETURNING id::text",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let pairs = vec![
+        ("job".to_string(), failed.clone()),
+        ("note".to_string(), "why no text?".to_string()),
+        ("assignee".to_string(), "ops@example.com".to_string()),
+    ];
+    let (status, review) = send("admin/mark_review", pairs).await;
+    assert_eq!(status, 200, "{review}");
+    let (_, page) = search(&ops, &app, &[("needs_review", "true")]).await;
+    assert_eq!(ids(&page), vec![failed.clone()]);
+    assert_eq!(page["reviews"][0]["assignee"], "ops@example.com");
+    assert_eq!(page["reviews"][0]["note"], "why no text?");
+
+    // A timed pause shows its end on the overview.
+    let (status, _) = send("admin/pause_for", vec![("minutes".into(), "10".into())]).await;
+    assert_eq!(status, 200);
+    let (_, overview) = send("admin/overview", vec![]).await;
+    assert_eq!(overview["processing_enabled"], false);
+    let left = overview["resume_at"][1].as_i64().unwrap();
+    assert!((590..=600).contains(&left), "{left} s left");
+    assert_eq!(send("admin/pause_for", vec![("minutes".into(), "0".into())]).await.0, 422);
+
+    // Retry now: the owner's own retrying job; someone else's is not found; a queued one is 409.
+    let retrying: String = sqlx::query_scalar(
+        "UPDATE jobs SET state = 'retrying', attempts = 1, run_at = now() + interval '1 hour'
+         WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY accepted_at LIMIT 1) RETURNING id::text",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let (_, _other_token) = app.user_with_token("dave@example.com", 5, 5).await;
+    let dave = browser(&app, "dave@example.com").await;
+    assert_eq!(call(&dave, &app, "retry_now", &[("id", &retrying)]).await.status(), 404);
+    let carol_browser = browser(&app, "carol@example.com").await;
+    assert_eq!(call(&carol_browser, &app, "retry_now", &[("id", &retrying)]).await.status(), 200);
+    let due: bool = sqlx::query_scalar("SELECT run_at <= now() AND attempts = 1 FROM jobs WHERE id = $1::uuid")
+        .bind(&retrying)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(due, "due now, with the attempts it had");
+    assert_eq!(call(&carol_browser, &app, "retry_now", &[("id", &retrying)]).await.status(), 200, "still retrying: no harm");
+    let queued: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE state = 'queued' LIMIT 1").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(call(&carol_browser, &app, "retry_now", &[("id", &queued)]).await.status(), 409);
+
+    // None of the console for anyone else.
+    for name in [
+        "admin/bulk_preview", "admin/bulk_action", "admin/mark_review", "admin/resolve_review", "admin/acknowledge",
+        "admin/pause_for", "admin/outcomes", "admin/processes", "admin/reviews", "admin/admins",
+    ] {
+        // Every argument any of them takes, well formed: only the role decides.
+        let form = [
+            ("minutes", "5"), ("period", "hour"), ("id", "1"), ("note", "x"), ("what", "alert"), ("action", "cancel"),
+            ("filter[text]", "carol"), ("assignee", "ops@example.com"), ("job", failed.as_str()),
+        ];
+        let answer = call(&carol_browser, &app, name, &form).await;
+        assert_eq!(answer.status(), 404, "{name}");
+    }
+    for (name, form) in [
+        ("admin/outcomes", vec![("period".to_string(), "hour".to_string())]),
+        ("admin/processes", vec![]),
+        ("admin/reviews", vec![]),
+        ("admin/admins", vec![]),
+    ] {
+        let (status, body) = send(name, form).await;
+        assert_eq!(status, 200, "{name}: {body}");
+    }
+    assert_eq!(send("admin/outcomes", vec![("period".into(), "week".into())]).await.0, 422);
 }
