@@ -574,6 +574,8 @@ pub struct BulkInfo {
     pub matched: i64,
     /// None while it still runs in the background.
     pub acted: Option<i64>,
+    /// Jobs it could not change (the log says why).
+    pub failed: i64,
 }
 
 /// A server process as the console lists it.

@@ -3,23 +3,30 @@ import pg from 'pg';
 import { admin as operator, allowConsoleError, expect, fromEnv, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
 
 
-test('a non-admin cannot reach the admin page or its server functions', async ({ page }) => {
-  // The page asks the server once (the overview) and is told "not found".
-  allowConsoleError(/status of 404 \(Not Found\)/);
-  const admin404s: string[] = [];
-  page.on('response', (r) => {
-    if (r.url().includes('/api/admin/') && r.status() === 404) admin404s.push(r.url());
+test('a non-admin cannot reach any console page or its server functions', async ({ page }) => {
+  // The pages know the role from the header's "who am I": they ask nothing of the admin API.
+  const adminCalls: string[] = [];
+  page.on('request', (r) => {
+    if (r.url().includes('/api/admin/')) adminCalls.push(r.url());
   });
   await signUp(page, 'plain');
   await expect(page.getByRole('link', { name: 'Admin' })).toHaveCount(0);
-  await open(page, '/admin');
-  await expect(page.getByText('Page not found.')).toBeVisible();
-  await expect(page.getByText('Dead-letter queue')).toHaveCount(0);
-  await expect(page.getByRole('button', { name: 'Pause processing' })).toHaveCount(0);
+  for (const path of ['/admin', '/admin/jobs', '/admin/dead-letters', '/admin/users', '/admin/capacity', '/admin/processes', '/admin/audit']) {
+    await open(page, path);
+    await expect(page.getByText('Page not found.'), path).toBeVisible();
+    await expect(page.getByRole('navigation', { name: 'Console' })).toHaveCount(0);
+    await expect(page.getByRole('button', { name: 'Pause processing' })).toHaveCount(0);
+  }
   await page.waitForLoadState('networkidle');
-  expect(admin404s.map((u) => u.replace(/^.*\/api\//, ''))).toEqual(['admin/overview']);
-  const direct = await page.request.post('/api/admin/set_processing', { form: { enabled: 'false' } });
-  expect(direct.status()).toBe(404);
+  expect(adminCalls).toEqual([]);
+  for (const [name, form] of [
+    ['set_processing', { enabled: 'false' }],
+    ['pause_for', { minutes: '10' }],
+    ['bulk_action', { action: 'cancel', 'filter[text]': '', confirmed: '1' }],
+  ] as const) {
+    const direct = await page.request.post(`/api/admin/${name}`, { form });
+    expect(direct.status(), name).toBe(404);
+  }
 });
 
 test('an admin pauses processing, a new upload waits with the paused message, and resuming finishes it', async ({ browser }) => {
@@ -56,6 +63,8 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   await admin.getByRole('button', { name: 'Resume processing' }).click();
   await expect(admin.getByTestId('processing-state')).toHaveText('On');
   await expect(job.locator('.badge')).toHaveAttribute('data-state', 'done', { timeout: 15_000 });
+  await admin.getByRole('navigation', { name: 'Console' }).getByRole('link', { name: 'Audit' }).click();
+  await expect(admin).toHaveURL(/\/admin\/audit$/);
   await expect(admin.locator('.audit li').first()).toContainText(`${operator.email} resumed processing`);
 });
 
@@ -72,7 +81,7 @@ test('an admin inspects a dead-letter group, replays one job, then the rest of t
 
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
-  await open(admin, '/admin');
+  await open(admin, '/admin/dead-letters');
   const group = admin.getByTestId('dlq-group').filter({ hasText: 'rate limiting' });
   await expect(group).toContainText('retries exhausted');
   await expect(group).toContainText('2 jobs');
@@ -87,10 +96,11 @@ test('an admin inspects a dead-letter group, replays one job, then the rest of t
 
   await memo.getByRole('button', { name: 'Replay', exact: true }).click();
   await expect(group).toContainText('1 job');
-  await expect(admin.locator('.audit li').first()).toContainText(/replayed job [0-9a-f-]+ from the dead-letter queue \(1 queued\)/);
   await group.getByRole('button', { name: 'Replay all' }).click();
   await expect(admin.getByTestId('dlq-group').filter({ hasText: 'rate limiting' })).toHaveCount(0);
-  await expect(admin.locator('.audit li').first()).toContainText(/replayed group retries exhausted: .*rate limiting.* \(1 queued\)/);
+  await open(admin, '/admin/audit');
+  await expect(admin.locator('.audit li').nth(0)).toContainText(/replayed group retries exhausted: .*rate limiting.* \(1 queued\)/);
+  await expect(admin.locator('.audit li').nth(1)).toContainText(/replayed job [0-9a-f-]+ from the dead-letter queue \(1 queued\)/);
   // The provider answers again: both replayed jobs end done.
   await user.reload();
   await expect(user.locator('.job .badge[data-state="done"]')).toHaveCount(2, { timeout: 15_000 });
@@ -99,7 +109,7 @@ test('an admin inspects a dead-letter group, replays one job, then the rest of t
 test('with the gate at one, waiting jobs show their place in line, then all run', async ({ browser }) => {
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
-  await open(admin, '/admin');
+  await open(admin, '/admin/capacity');
   const setGate = async (size: number) => {
     await admin.getByLabel('Jobs at once (1 to 70)').fill(String(size));
     await admin.getByRole('button', { name: 'Set the gate' }).click();
@@ -107,7 +117,6 @@ test('with the gate at one, waiting jobs show their place in line, then all run'
   };
   await setGate(1);
   try {
-    await expect(admin.locator('.audit li').first()).toContainText(/set the gate from \d+ to 1 jobs at once/);
     // The first document holds the only slot for a while.
     await scriptProvider([{ kind: 'hang', millis: 4500 }]);
     const user = await newPage(browser);
@@ -120,7 +129,10 @@ test('with the gate at one, waiting jobs show their place in line, then all run'
     await expect(details.filter({ hasText: /^Next in line; / })).toHaveCount(1);
     await expect(details.filter({ hasText: /^1 job ahead; / })).toHaveCount(1);
     await expect(user.locator('.job .badge[data-state="done"]')).toHaveCount(3, { timeout: 20_000 });
+    await open(admin, '/admin/audit');
+    await expect(admin.locator('.audit li').first()).toContainText(/set the gate from \d+ to 1 jobs at once/);
   } finally {
+    await open(admin, '/admin/capacity');
     await setGate(24);
   }
 });
@@ -128,7 +140,7 @@ test('with the gate at one, waiting jobs show their place in line, then all run'
 test('an admin runs a reconciliation and reads the report', async ({ browser }) => {
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
-  await open(admin, '/admin');
+  await open(admin, '/admin/audit');
   const card = admin.getByTestId('reconciliation');
   await card.getByRole('button', { name: 'Run a reconciliation now' }).click();
   await expect(card.getByTestId('reconciliation-summary')).toHaveText(
@@ -153,8 +165,7 @@ test("support finds a user's job by e-mail and opens it, sets the user's limit, 
 
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
-  await open(admin, '/admin');
-  await expect(admin.getByTestId('alerts').getByRole('heading', { name: 'Alerts' })).toBeVisible();
+  await open(admin, '/admin/jobs');
   const search = admin.getByTestId('job-search');
   await search.getByLabel('Job id, e-mail or file name').fill(email);
   await search.getByRole('button', { name: 'Search' }).click();
@@ -171,8 +182,8 @@ test("support finds a user's job by e-mail and opens it, sets the user's limit, 
   await expect(admin).toHaveURL(/\/jobs\/[0-9a-f-]{36}$/);
   await expect(admin.locator('h1.file-name')).toHaveText('stuck-notes.txt');
 
-  // The user's in-flight limit, from the admin page and on the record.
-  await open(admin, '/admin');
+  // The user's in-flight limit, from the console's users page and on the record.
+  await open(admin, '/admin/users');
   const users = admin.getByTestId('user-admin');
   await users.getByLabel('E-mail').fill(email);
   await users.getByRole('button', { name: 'Look up' }).click();
@@ -180,7 +191,7 @@ test("support finds a user's job by e-mail and opens it, sets the user's limit, 
   await users.getByLabel('In-flight limit').fill('9');
   await users.getByRole('button', { name: 'Set the limit' }).click();
   await expect(users.getByTestId('user-summary')).toContainText('0 of 9 jobs in flight');
-  await admin.reload();
+  await open(admin, '/admin/audit');
   await expect(admin.locator('.audit li').first()).toContainText(`${operator.email} set the in-flight limit of user`);
 
   // Run again: a new job of the same document, charged again.

@@ -19,7 +19,7 @@ test('the capacity planner sizes the gate from measured attempts, and other limi
     );
     const admin = await newPage(browser);
     await logInAsAdmin(admin);
-    await open(admin, '/admin');
+    await open(admin, '/admin/capacity');
     // The gate beside the worker slots alive: the suite's one server process has the default
     // 70 slots, so the gate in force decides how many run.
     const concurrency = admin.getByTestId('concurrency');
@@ -65,7 +65,7 @@ test('the capacity planner sizes the gate from measured attempts, and other limi
       `UPDATE queue_settings SET adaptive_gate = 1, adaptive_since = now(),
          adaptive_reason = 'the provider answered 429 (too many requests): gate cut from 2 to 1; it grows back one slot at a time'`,
     );
-    await open(admin, '/admin');
+    await open(admin, '/admin/capacity');
     await expect(admin.getByTestId('gate-reduced')).toHaveText(
       /^In force now: \d+, since .+: the provider answered 429 \(too many requests\): gate cut from 2 to 1; it grows back one slot at a time\.$/,
     );

@@ -117,16 +117,18 @@ export async function scriptProvider(replies: object[]) {
   expect(response.status).toBe(204);
 }
 
-/** Change a user's balance the way an operator does: `server grant-credits` (set up by `cargo xtask test`). */
-export function grantCredits(email: string, amount: number) {
+/** Run an operator command (`server …`, set up by `cargo xtask test`) and return what it printed. */
+export function serverCommand(args: string[]): string {
   const server = process.env.SLUICE_SERVER_BIN;
   if (!server || !process.env.DATABASE_URL) {
     throw new Error('SLUICE_SERVER_BIN and DATABASE_URL are not set: run the suite through `cargo xtask test`');
   }
-  execFileSync(server, ['grant-credits', '--email', email, `--amount=${amount}`], {
-    env: { ...process.env, SLUICE_LOG: 'warn' },
-    stdio: 'pipe',
-  });
+  return execFileSync(server, args, { env: { ...process.env, SLUICE_LOG: 'warn' }, stdio: 'pipe' }).toString();
+}
+
+/** Change a user's balance the way an operator does: `server grant-credits`. */
+export function grantCredits(email: string, amount: number) {
+  serverCommand(['grant-credits', '--email', email, `--amount=${amount}`]);
 }
 
 /** Log in as the operator `cargo xtask test` creates. */

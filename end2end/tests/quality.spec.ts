@@ -43,8 +43,10 @@ test('every page fits a phone screen', async ({ browser }) => {
   const admin = await adminContext.newPage();
   watchConsole(admin);
   await logInAsAdmin(admin);
-  await expectFitsTheScreen(admin, '/admin');
-  await expect(admin.getByTestId('processing-state')).toBeVisible();
+  for (const url of ['/admin', '/admin/jobs', '/admin/dead-letters', '/admin/users', '/admin/capacity', '/admin/processes', '/admin/audit']) {
+    await expectFitsTheScreen(admin, url);
+    await expect(admin.locator('.console h1')).toBeVisible();
+  }
   await user.close();
   await adminContext.close();
 });

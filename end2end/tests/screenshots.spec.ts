@@ -4,7 +4,7 @@ import { expect, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniq
 // The README's pictures, taken from the real pages on every run so they stay current.
 const shots = path.join(__dirname, '..', '..', 'docs', 'screenshots');
 
-test('README screenshots: upload, jobs, a job, admin', async ({ page, browser }) => {
+test('README screenshots: upload, jobs, a job, the console', async ({ page, browser }) => {
   await page.setViewportSize({ width: 1100, height: 760 });
   await signUp(page, 'screens');
   await scriptProvider([
@@ -33,5 +33,12 @@ test('README screenshots: upload, jobs, a job, admin', async ({ page, browser })
   await logInAsAdmin(admin);
   await open(admin, '/admin');
   await expect(admin.getByTestId('chart-max')).toBeVisible();
+  await expect(admin.getByTestId('outcome-row')).toHaveCount(24);
   await admin.screenshot({ path: path.join(shots, 'admin.png'), fullPage: true });
+  await open(admin, '/admin/dead-letters');
+  await expect(admin.getByTestId('reviews')).toBeVisible();
+  await admin.screenshot({ path: path.join(shots, 'console-dead-letters.png'), fullPage: true });
+  await open(admin, '/admin/processes');
+  await expect(admin.getByTestId('process').first()).toBeVisible();
+  await admin.screenshot({ path: path.join(shots, 'console-processes.png') });
 });

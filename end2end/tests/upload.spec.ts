@@ -55,7 +55,10 @@ test('every form control on the pages has a label', async ({ page, browser }) =>
   }
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
-  await open(admin, '/admin');
-  await expect(admin.getByTestId('processing-state')).toBeVisible();
-  expect(await unlabelledControls(admin), '/admin').toEqual([]);
+  for (const url of ['/admin', '/admin/jobs', '/admin/dead-letters', '/admin/users', '/admin/capacity', '/admin/processes', '/admin/audit']) {
+    await open(admin, url);
+    await expect(admin.locator('.console h1')).toBeVisible();
+    await admin.waitForLoadState('networkidle');
+    expect(await unlabelledControls(admin), url).toEqual([]);
+  }
 });

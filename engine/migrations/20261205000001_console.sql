@@ -28,6 +28,9 @@ CREATE UNIQUE INDEX reviews_open_job ON reviews (job_id) WHERE resolved_at IS NU
 CREATE UNIQUE INDEX reviews_open_group ON reviews (failure_kind, failure_reason)
     WHERE resolved_at IS NULL AND job_id IS NULL;
 CREATE INDEX reviews_recent ON reviews (marked_at DESC);
+-- For deleting a job's reviews with it (retention prunes thousands of jobs a statement).
+CREATE INDEX reviews_job ON reviews (job_id) WHERE job_id IS NOT NULL;
+CREATE INDEX reviews_assignee ON reviews (assignee_id) WHERE assignee_id IS NOT NULL;
 
 -- Acknowledgements: someone has seen it and says so.
 ALTER TABLE alert_firings

@@ -15,14 +15,35 @@ pub async fn audit(
     old_value: &str,
     new_value: &str,
 ) -> Result<()> {
-    sqlx::query("INSERT INTO audit_log (actor, action, subject, old_value, new_value) VALUES ($1, $2, $3, $4, $5)")
-        .bind(actor)
-        .bind(action)
-        .bind(subject)
-        .bind(old_value)
-        .bind(new_value)
-        .execute(conn)
-        .await?;
+    record(conn, actor, action, subject, old_value, new_value).await.map(|_| ())
+}
+
+/// [`audit`], returning the entry's id: for an action that completes its entry when it ends
+/// ([`complete`]).
+pub async fn record(
+    conn: &mut PgConnection,
+    actor: &str,
+    action: &str,
+    subject: Option<&str>,
+    old_value: &str,
+    new_value: &str,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO audit_log (actor, action, subject, old_value, new_value) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    )
+    .bind(actor)
+    .bind(action)
+    .bind(subject)
+    .bind(old_value)
+    .bind(new_value)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Write the outcome of a long action into the entry it made before its first change (the
+/// only change an audit entry ever gets: from "started" to its counts).
+pub async fn complete(pool: &PgPool, id: i64, new_value: &str) -> Result<()> {
+    sqlx::query("UPDATE audit_log SET new_value = $2 WHERE id = $1").bind(id).bind(new_value).execute(pool).await?;
     Ok(())
 }
 

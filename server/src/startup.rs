@@ -42,6 +42,8 @@ pub struct Application {
     database: Database,
     workers: Option<WorkerPool>,
     background: Vec<JoinHandle<()>>,
+    /// The name a process without workers records itself under (the pools retire their own).
+    presence: Option<String>,
 }
 
 /// What a process runs: everything (`serve`), or one side, so the web and the workers can be
@@ -128,11 +130,13 @@ impl Application {
             background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alert_config()?)));
             background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.delivery_config())));
             // A process without workers records itself too (the pools announce themselves).
-            if workers.is_none() {
+            let presence = workers.is_none().then(|| {
                 let role = if role == Role::Worker { "worker" } else { "web" };
                 let beat = worker_config.heartbeat;
-                background.push(tokio::spawn(engine::queue::processes::keep_announcing(pool.clone(), process_name, role, beat)));
-            }
+                let announcing = engine::queue::processes::keep_announcing(pool.clone(), process_name.clone(), role, beat);
+                background.push(tokio::spawn(announcing));
+                process_name
+            });
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
             let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
@@ -155,12 +159,12 @@ impl Application {
                 background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
                 router
             };
-            anyhow::Ok((pool, workers, background, router))
+            anyhow::Ok((pool, workers, background, router, presence))
         };
         match built.await {
-            Ok((pool, workers, background, router)) => {
+            Ok((pool, workers, background, router, presence)) => {
                 let connections = connection_limits(&config.web_settings());
-                Ok(Application { listener, router, connections, pool, database, workers, background })
+                Ok(Application { listener, router, connections, pool, database, workers, background, presence })
             }
             Err(e) => Err((e, database)),
         }
@@ -174,7 +178,7 @@ impl Application {
     /// Serve until Ctrl-C or SIGTERM, then stop in order: stop accepting, let workers finish
     /// or hand back their jobs, close the pool, stop the embedded Postgres.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { listener, router, connections, pool, database, workers, background } = self;
+        let Application { listener, router, connections, pool, database, workers, background, presence } = self;
         tracing::info!("Sluice is listening on http://{}", listener.local_addr()?);
         let served = serve(listener, router, connections, shutdown_signal()).await;
         tracing::info!("shutting down");
@@ -184,6 +188,12 @@ impl Application {
         if let Some(workers) = workers {
             let report = workers.shutdown().await;
             tracing::info!(?report, "workers stopped");
+        }
+        if let Some(name) = presence {
+            // Stopped on purpose: off the console's list, not "stopped beating".
+            if let Err(e) = engine::queue::processes::retire(&pool, &name).await {
+                tracing::warn!(error = %e, "could not take this process off the list");
+            }
         }
         pool.close().await;
         database.close().await;

@@ -2,7 +2,7 @@
 //!
 //! - `run`   install what is missing, build the site, serve it with workers on the embedded default
 //! - `test`  every test: Rust unit + integration against a private Postgres, then Playwright
-//!           (`--no-e2e` or `--e2e-only` run one half, for iterating)
+//!           (`--no-e2e` or `--e2e-only` run one half, for iterating; after `--`, Playwright's arguments)
 //! - `bench` the benchmarks (release build) against a private Postgres, the queue's beside
 //!   graphile-worker in the same run
 //! - `pg`    start a private Postgres for hacking, print its DATABASE_URL, stop on Enter
@@ -281,6 +281,8 @@ fn test(args: &[String]) -> Result {
     let skip_e2e = args.iter().any(|a| a == "--no-e2e");
     // For iterating on the browser suite; the README's command runs both.
     let skip_rust = args.iter().any(|a| a == "--e2e-only");
+    // After `--`: passed to Playwright (a file or `-g pattern`), for iterating on one flow.
+    let playwright_args: Vec<String> = args.iter().skip_while(|a| *a != "--").skip(1).cloned().collect();
     let mut steps: Vec<Step> = Vec::new();
     let started = Instant::now();
     ensure_system_packages(!skip_e2e)?;
@@ -302,7 +304,7 @@ fn test(args: &[String]) -> Result {
 
     if !skip_e2e {
         let t = Instant::now();
-        let e2e = end_to_end(&temp.cluster);
+        let e2e = end_to_end(&temp.cluster, &playwright_args);
         if let Err(e) = &e2e {
             eprintln!("xtask: end-to-end: {e}");
         }
@@ -346,7 +348,7 @@ fn send_sigterm(pid: u32) {
 
 /// The browser suite runs against the production build, so a bundle that does not hydrate
 /// (an old wasm-opt, a bad CSP) cannot land.
-fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
+fn end_to_end(cluster: &pgcluster::Cluster, playwright_args: &[String]) -> Result {
     build_site(true)?;
     let server_bin = std::env::current_dir().map_err(|e| e.to_string())?.join("target/release/server");
     cluster.create_database("sluice_e2e").map_err(|e| e.to_string())?;
@@ -410,6 +412,7 @@ fn end_to_end(cluster: &pgcluster::Cluster) -> Result {
     let result = status(
         Command::new("npx")
             .args(["playwright", "test"])
+            .args(playwright_args)
             .current_dir(e2e)
             .env("BASE_URL", &base)
             .env("ADMIN_EMAIL", ADMIN_EMAIL)

@@ -116,6 +116,8 @@ pub fn OverviewPage() -> impl IntoView {
     let set_processing = ServerAction::<SetProcessing>::new();
     let pause_for = ServerAction::<PauseFor>::new();
     let ack = ServerAction::<Acknowledge>::new();
+    // Owned by the page, so a refresh that redraws the card keeps the choice.
+    let minutes = RwSignal::new(PAUSE_CHOICES[0].0);
     let overview = LocalResource::new(move || {
         Tick::track();
         set_processing.version().track();
@@ -132,7 +134,7 @@ pub fn OverviewPage() -> impl IntoView {
             <AlertsCard alerts ack/>
             <Transition fallback=|| view! { <p class="empty">"Loading…"</p> }>
                 {move || overview.get().and_then(|r| r.ok()).map(|o| view! {
-                    <ProcessingCard status=o.clone() set_processing pause_for/>
+                    <ProcessingCard status=o.clone() set_processing pause_for minutes/>
                     <VitalsCard status=o/>
                 })}
             </Transition>
@@ -232,9 +234,9 @@ fn ProcessingCard(
     status: QueueStatus,
     set_processing: ServerAction<SetProcessing>,
     pause_for: ServerAction<PauseFor>,
+    minutes: RwSignal<u32>,
 ) -> impl IntoView {
     let enabled = status.processing_enabled;
-    let minutes = RwSignal::new(PAUSE_CHOICES[0].0);
     view! {
         <section class="card" data-testid="kill-switch">
             <div class="card-head">
@@ -269,7 +271,9 @@ fn ProcessingCard(
                         minutes.set(m);
                     }
                 }>
-                    {PAUSE_CHOICES.into_iter().map(|(m, label)| view! { <option value=m.to_string()>{label}</option> }).collect_view()}
+                    {PAUSE_CHOICES.into_iter().map(|(m, label)| view! {
+                        <option value=m.to_string() selected=move || minutes.get() == m>{label}</option>
+                    }).collect_view()}
                 </select>
                 <button class="button" on:click=move |_| {
                     let m = minutes.get_untracked();
@@ -398,21 +402,18 @@ fn DlqCard(
             <h2>"Dead-letter queue"</h2>
             <ReplayNote info=actions.replay_group.value()/>
             <ReplayNote info=actions.replay_job.value()/>
-            {move || {
-                let list = groups.get().and_then(|r| r.ok()).unwrap_or_default();
-                if list.is_empty() {
-                    return view! { <p class="empty">"No failed jobs."</p> }.into_any();
-                }
-                view! {
-                    <ul class="dlq">
-                        <For
-                            each=move || list.clone()
-                            key=|g| (g.kind, g.reason.clone(), g.jobs, g.review.as_ref().map(|r| (r.id, r.marked_at.clone())))
-                            children=move |g| view! { <DlqGroup group=g actions=actions marked/> }
-                        />
-                    </ul>
-                }.into_any()
-            }}
+            <Show when=move || groups.get().and_then(|r| r.ok()).is_some_and(|l| l.is_empty())>
+                <p class="empty">"No failed jobs."</p>
+            </Show>
+            // Keyed and outside any closure: a refresh redraws only the groups that changed, so
+            // an open group and a half-written review stay as they are.
+            <ul class="dlq">
+                <For
+                    each=move || groups.get().and_then(|r| r.ok()).unwrap_or_default()
+                    key=|g| (g.kind, g.reason.clone(), g.jobs, g.review.as_ref().map(|r| (r.id, r.marked_at.clone())))
+                    children=move |g| view! { <DlqGroup group=g actions=actions marked/> }
+                />
+            </ul>
         </section>
     }
 }
@@ -454,8 +455,9 @@ pub fn check_label(check: &str) -> &'static str {
 fn ReconciliationCard() -> impl IntoView {
     let run = ServerAction::<ReconcileNow>::new();
     let ack = ServerAction::<Acknowledge>::new();
+    // Not on the console's clock: a report comes an hour apart, and a half-written
+    // acknowledgement should stay.
     let latest = LocalResource::new(move || {
-        Tick::track();
         run.version().track();
         ack.version().track();
         latest_reconciliation()

@@ -112,18 +112,17 @@ pub fn ReviewsCard(#[prop(into)] changed: Signal<u32>) -> impl IntoView {
     view! {
         <section class="card" data-testid="reviews">
             <h2>"Reviews"</h2>
-            {move || {
-                let reviews = list.get().and_then(|r| r.ok()).unwrap_or_default();
-                if reviews.is_empty() {
-                    return view! { <p class="empty">"Nothing is waiting for review."</p> }.into_any();
-                }
-                view! {
-                    <ul class="reviews">
-                        {reviews.into_iter().map(|r| view! { <ReviewItem review=r resolve/> }).collect_view()}
-                    </ul>
-                }
-                .into_any()
-            }}
+            <Show when=move || list.get().and_then(|r| r.ok()).is_some_and(|l| l.is_empty())>
+                <p class="empty">"Nothing is waiting for review."</p>
+            </Show>
+            // Keyed, so a refresh keeps a half-written reason.
+            <ul class="reviews">
+                <For
+                    each=move || list.get().and_then(|r| r.ok()).unwrap_or_default()
+                    key=|r| (r.id, r.marked_at.clone(), r.resolved.is_some())
+                    children=move |r| view! { <ReviewItem review=r resolve/> }
+                />
+            </ul>
             <p class="form-error">{move || resolve.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
         </section>
     }

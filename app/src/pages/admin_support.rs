@@ -51,25 +51,27 @@ pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>, ack: Serv
     view! {
         <section class="card" data-testid="alerts">
             <h2>"Alerts"</h2>
+            <Show when=move || alerts.get().and_then(|r| r.ok()).is_some_and(|a| a.firing.is_empty())>
+                <p class="ok-text" data-testid="no-alerts">"Nothing is firing."</p>
+            </Show>
+            // Keyed, so a refresh keeps a half-written acknowledgement.
+            <ul class="alerts">
+                <For
+                    each=move || alerts.get().and_then(|r| r.ok()).map(|a| a.firing).unwrap_or_default()
+                    key=|f| (f.id, f.acknowledged.is_some(), f.value.to_bits())
+                    children=move |f| view! {
+                        <li class="alert-firing" data-testid="alert-firing" data-rule=f.rule.clone()>
+                            <strong>{rule_label(&f.rule)}</strong>
+                            <span class="when">{format!(" since {}: ", local_date_time(&f.fired_at))}</span>
+                            {alert_line(&f)}
+                            <Acknowledgement what="alert" id=f.id acked=f.acknowledged.clone() ack/>
+                        </li>
+                    }
+                />
+            </ul>
             {move || alerts.get().and_then(|r| r.ok()).map(|a| {
                 let resolved: Vec<AlertInfo> = a.recent.into_iter().filter(|f| f.resolved_at.is_some()).take(5).collect();
                 view! {
-                    {if a.firing.is_empty() {
-                        view! { <p class="ok-text" data-testid="no-alerts">"Nothing is firing."</p> }.into_any()
-                    } else {
-                        view! {
-                            <ul class="alerts">
-                                {a.firing.into_iter().map(|f| view! {
-                                    <li class="alert-firing" data-testid="alert-firing" data-rule=f.rule.clone()>
-                                        <strong>{rule_label(&f.rule)}</strong>
-                                        <span class="when">{format!(" since {}: ", local_date_time(&f.fired_at))}</span>
-                                        {alert_line(&f)}
-                                        <Acknowledgement what="alert" id=f.id acked=f.acknowledged.clone() ack/>
-                                    </li>
-                                }).collect_view()}
-                            </ul>
-                        }.into_any()
-                    }}
                     <p class="hint">
                         {if a.webhook {
                             "Each firing and each resolve is also sent to the alert webhook."
@@ -86,6 +88,7 @@ pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>, ack: Serv
                                         <span class="when">{local_date_time(&f.fired_at)}</span>
                                         {format!(" {} until {}: {}", rule_label(&f.rule),
                                             f.resolved_at.as_deref().map(local_date_time).unwrap_or_default(), f.detail)}
+                                        {f.acknowledged.map(|a| format!(" (acknowledged by {})", a.by))}
                                     </li>
                                 }).collect_view()}
                             </ul>
@@ -304,7 +307,7 @@ fn BulkBar(filter: JobFilterForm, done: Callback<()>) -> impl IntoView {
                         {bulk_question(action, c.matched)}" "
                         <button class="button small danger" on:click=move |_| {
                             chosen.set(None);
-                            run.dispatch(BulkAction { action: action.to_string(), filter: filter.get_value() });
+                            run.dispatch(BulkAction { action: action.to_string(), filter: filter.get_value(), confirmed: c.matched });
                         }>{format!("Yes, {action} {}", c.matched)}</button>
                         " "
                         <button class="button small secondary" on:click=move |_| chosen.set(None)>"No"</button>
@@ -316,6 +319,7 @@ fn BulkBar(filter: JobFilterForm, done: Callback<()>) -> impl IntoView {
                 Ok(info) => view! {
                     <p class="ok-text" data-testid="bulk-done">
                         {match info.acted {
+                            Some(acted) if info.failed > 0 => format!("Done: {acted} of {} matched jobs changed; {} could not be changed (see the log).", info.matched, info.failed),
                             Some(acted) => format!("Done: {acted} of {} matched jobs changed (the rest were not in a state it applies to).", info.matched),
                             None => format!("Started on {} jobs; it goes on in the background (the audit log has the counts when it ends).", info.matched),
                         }}

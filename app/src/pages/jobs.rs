@@ -226,8 +226,9 @@ pub fn CancelButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
 #[component]
 pub fn RetryNowButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
     let retry = ServerAction::<RetryNow>::new();
+    // Only after it worked: on an error the button stays, with why.
     Effect::new(move |_| {
-        if retry.value().get().is_some() {
+        if let Some(Ok(_)) = retry.value().get() {
             done.run(());
         }
     });

@@ -50,9 +50,9 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
             dlq_depth: vitals.dlq_depth,
             drain: describe_drain(vitals.drain),
             history: history.into_iter().map(|m| (m.intake, m.completions)).collect(),
-            resume_at: settings.resume_at.map(|at| {
-                (crate::model::time_text(at), (at - chrono::Utc::now()).num_seconds().max(0))
-            }),
+            resume_at: settings
+                .resume_at
+                .map(|at| (crate::model::time_text(at), settings.resume_in_secs.unwrap_or(0.0).round() as i64)),
         })
     })
     .await

@@ -180,35 +180,39 @@ pub async fn bulk_preview(filter: JobFilterForm) -> Result<BulkCount, AppError> 
     .await
 }
 
-/// Cancel, replay or discard everything `filter` matches (at most the cap). It runs in its own
-/// task: if it outlasts the request, it goes on and the answer says so (the audit log has its
-/// counts when it ends).
+/// Cancel, replay or discard everything `filter` matches: at most the cap, and no more than
+/// `confirmed` (the count the admin was shown). It runs in its own task: if it outlasts the
+/// request, it goes on and the answer says so (the audit log has its counts when it ends).
 #[server(endpoint = "admin/bulk_action")]
-pub async fn bulk_action(action: String, filter: JobFilterForm) -> Result<BulkInfo, AppError> {
+pub async fn bulk_action(action: String, filter: JobFilterForm, confirmed: i64) -> Result<BulkInfo, AppError> {
     answer(async move {
         let ctx = context()?;
         let admin = require_admin(&ctx).await?;
         use engine::queue::bulk::{self, BulkAction};
         let action = BulkAction::parse(&action).ok_or_else(|| AppError::invalid("cancel, replay or discard"))?;
         let search = job_search(&filter)?;
-        let cap = ctx.settings.bulk_action_cap;
-        let matched = bulk::preview(&ctx.pool, &search, cap).await?;
-        bulk::within_cap(matched, cap)?;
+        let limits = (ctx.settings.bulk_action_cap, confirmed.max(0));
+        let matched = bulk::preview(&ctx.pool, &search, limits.0).await?;
+        bulk::within_bounds(matched, limits.0, limits.1)?;
         let pool = ctx.pool.clone();
         let running = tokio::spawn(async move {
-            bulk::run(&pool, &engine::hooks::SluiceHooks, &search, action, cap, &admin.email).await
+            let done = bulk::run(&pool, &engine::hooks::SluiceHooks, &search, action, limits, &admin.email).await;
+            if let Err(e) = &done {
+                tracing::warn!(error = %e, action = action.as_str(), "a bulk action stopped");
+            }
+            done
         });
         let patience = ctx.settings.request_timeout.saturating_sub(std::time::Duration::from_secs(2));
         match tokio::time::timeout(patience, running).await {
             Ok(Ok(done)) => {
                 let done = done?;
-                Ok(BulkInfo { matched: done.matched, acted: Some(done.acted) })
+                Ok(BulkInfo { matched: done.matched, acted: Some(done.acted), failed: done.failed })
             }
             Ok(Err(panicked)) => {
                 tracing::error!(error = %panicked, "a bulk action stopped");
                 Err(AppError::Internal)
             }
-            Err(_) => Ok(BulkInfo { matched, acted: None }),
+            Err(_) => Ok(BulkInfo { matched, acted: None, failed: 0 }),
         }
     })
     .await

@@ -70,14 +70,6 @@ impl Selection {
         }
     }
 
-    /// The group it names, if it names one.
-    fn group(&self) -> Option<(FailureKind, &str)> {
-        match self {
-            Selection::Group { kind, reason } => Some((*kind, reason)),
-            _ => None,
-        }
-    }
-
     /// The parameters `$1` (job ids) or `$2`, `$3` (a group) of the statements below.
     fn parameters(&self) -> (Option<Vec<Uuid>>, Option<FailureKind>, Option<&str>) {
         match self {
@@ -172,7 +164,7 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
         hooks.on_replayed(&mut tx, job).await?;
     }
     let ids: Vec<Uuid> = replayed.iter().map(|job| job.id).collect();
-    super::reviews::close_for(&mut tx, &ids, selection.group(), Resolution::Replayed, actor).await?;
+    super::reviews::close_for(&mut tx, &ids, Resolution::Replayed, actor).await?;
     if !replayed.is_empty() {
         if let Some(what) = selection.describe() {
             audit(&mut tx, actor, "dlq_replay", Some(&what), "failed", &format!("{} queued", replayed.len())).await?;
@@ -199,7 +191,7 @@ pub async fn discard(pool: &PgPool, selection: &Selection, actor: &str) -> Resul
     .bind(reason)
     .fetch_all(&mut *tx)
     .await?;
-    super::reviews::close_for(&mut tx, &ids, selection.group(), Resolution::Discarded, actor).await?;
+    super::reviews::close_for(&mut tx, &ids, Resolution::Discarded, actor).await?;
     let discarded = ids.len() as u64;
     if let Some(what) = selection.describe().filter(|_| discarded > 0) {
         audit(&mut tx, actor, "dlq_discard", Some(&what), "failed", &format!("{discarded} discarded")).await?;

@@ -27,10 +27,10 @@ pub async fn retry_now(pool: &PgPool, job_id: Uuid, owner: Option<i64>, actor: &
             .bind(owner)
             .fetch_optional(pool)
             .await?;
-    let owner_id = found.ok_or(EngineError::NotFound)?;
+    found.ok_or(EngineError::NotFound)?;
     let mut tx = pool.begin().await?;
-    // The owner's line first, as every change to waiting jobs takes it (no deadlock with claims).
-    super::lock_line(&mut tx, owner_id).await?;
+    // The job row, then (the heads trigger) the owner's line: the order cancel and the claim
+    // take them in, so none of them deadlock.
     let (state, moved): (JobState, bool) = sqlx::query_as(
         "WITH moved AS (
              UPDATE jobs SET run_at = now(), updated_at = now()

@@ -96,26 +96,35 @@ pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, 
         Subject::Job(id) => (Some(*id), None, None),
         Subject::Group { kind, reason } => (None, Some(*kind), Some(reason.as_str())),
     };
-    // Only what is in the dead-letter queue (failed, not discarded) can need review.
-    let present: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM dead_letters
-                        WHERE ($1::uuid IS NOT NULL AND id = $1)
-                           OR ($1::uuid IS NULL AND failure_kind = $2 AND coalesce(failure_reason, '') = $3))",
+    // Only what is in the dead-letter queue (failed, not discarded) can need review. One of its
+    // rows is held until this commits, so a replay or discard of it waits, then resolves this.
+    let present: Option<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE state = 'failed' AND discarded_at IS NULL
+           AND (($1::uuid IS NOT NULL AND id = $1)
+                OR ($1::uuid IS NULL AND failure_kind = $2 AND coalesce(failure_reason, '') = $3))
+         LIMIT 1 FOR SHARE",
     )
     .bind(job)
     .bind(kind)
     .bind(reason)
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    if !present {
+    if present.is_none() {
         return Err(EngineError::NotFound);
     }
-    let handed_over = sqlx::query(
-        "UPDATE reviews SET note = $4, assignee_id = $5, marked_by = $6, marked_at = now()
-         WHERE resolved_at IS NULL
-           AND (($1::uuid IS NOT NULL AND job_id = $1)
-                OR ($1::uuid IS NULL AND job_id IS NULL AND failure_kind = $2 AND failure_reason = $3))",
-    )
+    // One open review per job or group; marking again hands it over (two admins at once: the
+    // later one's stands).
+    let on_conflict = if job.is_some() {
+        "(job_id) WHERE resolved_at IS NULL AND job_id IS NOT NULL"
+    } else {
+        "(failure_kind, failure_reason) WHERE resolved_at IS NULL AND job_id IS NULL"
+    };
+    sqlx::query(&format!(
+        "INSERT INTO reviews (job_id, failure_kind, failure_reason, note, assignee_id, marked_by)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT {on_conflict} DO UPDATE
+             SET note = EXCLUDED.note, assignee_id = EXCLUDED.assignee_id, marked_by = EXCLUDED.marked_by, marked_at = now()"
+    ))
     .bind(job)
     .bind(kind)
     .bind(reason)
@@ -123,22 +132,7 @@ pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, 
     .bind(assignee_id)
     .bind(actor)
     .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if handed_over == 0 {
-        sqlx::query(
-            "INSERT INTO reviews (job_id, failure_kind, failure_reason, note, assignee_id, marked_by)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(job)
-        .bind(kind)
-        .bind(reason)
-        .bind(&note)
-        .bind(assignee_id)
-        .bind(actor)
-        .execute(&mut *tx)
-        .await?;
-    }
+    .await?;
     audit(&mut tx, actor, "review", Some(&subject.describe()), "", &format!("{assignee}: {note}")).await?;
     tx.commit().await?;
     open_for(pool, subject).await?.ok_or(EngineError::NotFound)
@@ -213,24 +207,22 @@ pub async fn resolve_without_action(pool: &PgPool, id: i64, note: &str, actor: &
     Ok(sqlx::query_as(&format!("{SELECT_REVIEWS} WHERE r.id = $1")).bind(id).fetch_one(pool).await?)
 }
 
-/// Close the open reviews of these jobs, and of the group they were acted on as, in the
-/// caller's transaction (a replay or a discard).
-pub(crate) async fn close_for(
-    tx: &mut PgConnection,
-    jobs: &[Uuid],
-    group: Option<(FailureKind, &str)>,
-    resolution: Resolution,
-    actor: &str,
-) -> Result<u64> {
-    let (kind, reason) = group.map(|(k, r)| (Some(k), Some(r))).unwrap_or((None, None));
+/// After a replay or a discard changed `jobs` (in the caller's transaction): close their
+/// open reviews, and those of groups that no longer have a job in the dead-letter queue, as
+/// `resolution` by `actor`. Nothing changed: nothing is closed.
+pub(crate) async fn close_for(tx: &mut PgConnection, jobs: &[Uuid], resolution: Resolution, actor: &str) -> Result<u64> {
+    if jobs.is_empty() {
+        return Ok(0);
+    }
     Ok(sqlx::query(
-        "UPDATE reviews SET resolved_at = now(), resolved_by = $4, resolution = $5
-         WHERE resolved_at IS NULL
-           AND (job_id = ANY($1) OR ($2::text IS NOT NULL AND job_id IS NULL AND failure_kind = $2 AND failure_reason = $3))",
+        "UPDATE reviews r SET resolved_at = now(), resolved_by = $2, resolution = $3
+         WHERE r.resolved_at IS NULL
+           AND (r.job_id = ANY($1)
+                OR (r.job_id IS NULL AND NOT EXISTS (
+                        SELECT 1 FROM dead_letters d
+                        WHERE d.failure_kind = r.failure_kind AND coalesce(d.failure_reason, '') = r.failure_reason)))",
     )
     .bind(jobs)
-    .bind(kind)
-    .bind(reason)
     .bind(actor)
     .bind(resolution.as_str())
     .execute(&mut *tx)

@@ -23,6 +23,8 @@ pub struct QueueSettings {
     pub processing_changed_by: String,
     /// When a timed pause ends by itself (None: paused until someone resumes, or running).
     pub resume_at: Option<DateTime<Utc>>,
+    /// Seconds until then, by the database's clock (the one the end is kept by).
+    pub resume_in_secs: Option<f64>,
 }
 
 /// The longest timed pause: a week (longer is a pause without an end).
@@ -52,7 +54,8 @@ pub fn parse_pause(text: &str) -> std::result::Result<u32, String> {
 /// The switches as they are now.
 pub async fn read(pool: &PgPool) -> Result<QueueSettings> {
     Ok(sqlx::query_as(
-        "SELECT processing_enabled, gate_size, processing_changed_at, processing_changed_by, resume_at
+        "SELECT processing_enabled, gate_size, processing_changed_at, processing_changed_by, resume_at,
+                greatest(extract(epoch FROM resume_at - now()), 0)::float8 AS resume_in_secs
          FROM queue_settings WHERE id = 1",
     )
     .fetch_one(pool)
@@ -67,14 +70,28 @@ pub async fn set_processing(pool: &PgPool, enabled: bool, actor: &str) -> Result
 }
 
 /// Pause for `minutes`, then resume by itself (the maintenance tick of any process, so it
-/// outlives a restart). Pausing again while paused sets the new end. Audited.
+/// outlives a restart). A timed pause again sets the new end; a pause without an end (someone's
+/// incident) is not turned into one that ends by itself: resume it first. Audited.
 pub async fn pause_for(pool: &PgPool, minutes: u32, actor: &str) -> Result<QueueSettings> {
     if !(1..=PAUSE_MAX_MINUTES).contains(&minutes) {
         return Err(EngineError::InvalidSetting(format!(
             "a timed pause lasts 1 to {PAUSE_MAX_MINUTES} minutes, not {minutes}"
         )));
     }
-    switch(pool, false, Some(minutes), actor).await
+    let mut tx = pool.begin().await?;
+    let (enabled, resume_at, by): (bool, Option<DateTime<Utc>>, String) = sqlx::query_as(
+        "SELECT processing_enabled, resume_at, processing_changed_by FROM queue_settings WHERE id = 1 FOR UPDATE",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !enabled && resume_at.is_none() {
+        return Err(EngineError::Invalid(format!(
+            "processing is already paused without an end (by {by}); resume it first to pause for a while"
+        )));
+    }
+    change(&mut tx, false, Some(minutes), actor).await?;
+    tx.commit().await?;
+    read(pool).await
 }
 
 /// Resume processing if a timed pause has run out; true if it did. Cheap (one indexed row),

@@ -260,6 +260,7 @@ async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retri
     assert_eq!((status, count["matched"].as_i64(), count["cap"].as_i64()), (200, Some(41), Some(40)), "counted to one past the cap");
     let mut all = form(&[("text", "carol@")]);
     all.push(("action".into(), "cancel".into()));
+    all.push(("confirmed".into(), "45".into()));
     let (status, refused) = send("admin/bulk_action", all).await;
     assert_eq!(status, 422, "{refused}");
     assert!(refused["message"].as_str().unwrap().contains("narrow"));
@@ -268,12 +269,20 @@ async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retri
     let (_, count) = send("admin/bulk_preview", some.clone()).await;
     assert_eq!(count["matched"], 10);
     some.push(("action".into(), "cancel".into()));
+    // Confirmed for fewer than match now: refused, count again.
+    let mut stale = some.clone();
+    stale.push(("confirmed".into(), "9".into()));
+    let (status, refused) = send("admin/bulk_action", stale).await;
+    assert_eq!(status, 422);
+    assert!(refused["message"].as_str().unwrap().contains("count again"), "{refused}");
+    some.push(("confirmed".into(), "10".into()));
     let (status, done) = send("admin/bulk_action", some).await;
     assert_eq!((status, done["matched"].as_i64(), done["acted"].as_i64()), (200, Some(10), Some(10)));
     let balance: i64 = sqlx::query_scalar("SELECT balance FROM users WHERE id = $1").bind(carol).fetch_one(&app.pool).await.unwrap();
     assert_eq!(balance, 60 - 45 + 10, "the ten are refunded");
     let mut bad = form(&[("text", "batch")]);
     bad.push(("action".into(), "delete".into()));
+    bad.push(("confirmed".into(), "1".into()));
     assert_eq!(send("admin/bulk_action", bad).await.0, 422);
 
     // A failed job marked for review shows in the search with who and the note.
@@ -336,7 +345,7 @@ async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retri
         // Every argument any of them takes, well formed: only the role decides.
         let form = [
             ("minutes", "5"), ("period", "hour"), ("id", "1"), ("note", "x"), ("what", "alert"), ("action", "cancel"),
-            ("filter[text]", "carol"), ("assignee", "ops@example.com"), ("job", failed.as_str()),
+            ("filter[text]", "carol"), ("assignee", "ops@example.com"), ("job", failed.as_str()), ("confirmed", "1"),
         ];
         let answer = call(&carol_browser, &app, name, &form).await;
         assert_eq!(answer.status(), 404, "{name}");
