@@ -85,6 +85,22 @@ pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
     .expect("insert a job")
 }
 
+/// A one-credit document of `user_id` whose content (and request) is `key`, as admission
+/// takes it.
+pub fn one_credit_document(user_id: i64, key: &str) -> crate::accounts::admission::Submission {
+    crate::accounts::admission::Submission {
+        price_by_size: None,
+        shared_document: None,
+        cost: 1,
+        est_input_tokens: 0,
+        user_id,
+        payload: serde_json::json!({ "document": { "name": format!("{key}.txt") } }),
+        content_key: key.to_string(),
+        client_key: None,
+        fingerprint: key.to_string(),
+    }
+}
+
 /// A second pool on the same database with room for `connections` (test pools are small).
 pub async fn wider_pool(pool: &PgPool, connections: u32) -> PgPool {
     PgPoolOptions::new()

@@ -7,25 +7,10 @@ use engine::queue::dlq::{self, Selection};
 use engine::queue::hooks::{TerminalHooks, TerminalJob};
 use engine::queue::policy::retry::{ErrorClass, RetryPolicy};
 use engine::queue::{self, JobError, JobOutput};
-use engine::testing::wider_pool;
+use engine::testing::{one_credit_document, wider_pool};
 use engine::{FailureKind, JobStage, JobState};
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
-
-/// A one-credit document of `user` whose content (and request) is `key`.
-fn one_credit_document(user_id: i64, key: &str) -> Submission {
-    Submission {
-        price_by_size: None,
-        shared_document: None,
-        cost: 1,
-        est_input_tokens: 0,
-        user_id,
-        payload: serde_json::json!({}),
-        content_key: key.to_string(),
-        client_key: None,
-        fingerprint: key.to_string(),
-    }
-}
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
+use engine::accounts::admission::{self, Admission, AdmissionConfig};
 use engine::accounts::{users, Role};
 use engine::hooks::SluiceHooks;
 use engine::queue::bulk::{self, BulkAction};
@@ -13,7 +13,7 @@ use engine::queue::dlq::{self, Selection};
 use engine::queue::outcomes::{self, Period};
 use engine::queue::reviews::{self, Subject};
 use engine::queue::{self, switches, JobSearch, RetriedNow};
-use engine::testing::{job, wider_pool, JobOpts};
+use engine::testing::{job, one_credit_document, wider_pool, JobOpts};
 use engine::{FailureKind, JobState};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -33,17 +33,7 @@ async fn admitted_jobs(pool: &PgPool, email: &str, n: usize) -> (i64, Vec<Uuid>)
     let config = AdmissionConfig { max_backlog: 1_000_000, ..AdmissionConfig::default() };
     let mut ids = Vec::new();
     for i in 0..n {
-        let submission = Submission {
-            price_by_size: None,
-            shared_document: None,
-            cost: 1,
-            est_input_tokens: 0,
-            user_id: user.id,
-            payload: serde_json::json!({ "document": { "name": format!("report-{i}.txt") } }),
-            content_key: format!("{email}-{i}"),
-            client_key: None,
-            fingerprint: format!("{email}-{i}"),
-        };
+        let submission = one_credit_document(user.id, &format!("{email}-{i}"));
         match admission::submit(pool, &config, &submission).await.unwrap() {
             Admission::Accepted { job_id } => ids.push(job_id),
             other => panic!("refused: {other:?}"),

@@ -21,14 +21,19 @@ pub struct DlqGroup {
     pub newest: DateTime<Utc>,
 }
 
-/// Every group, the largest first.
+/// The most groups listed (the largest first); the rest are found by the job search.
+pub const GROUPS_SHOWN: i64 = 200;
+
+/// The largest groups (at most [`GROUPS_SHOWN`]), the largest first.
 pub async fn groups(pool: &PgPool) -> Result<Vec<DlqGroup>> {
     Ok(sqlx::query_as(
         "SELECT failure_kind, coalesce(failure_reason, '') AS failure_reason, count(*) AS jobs,
                 max(finished_at) AS newest
          FROM dead_letters
-         GROUP BY failure_kind, failure_reason ORDER BY count(*) DESC, max(finished_at) DESC",
+         GROUP BY failure_kind, coalesce(failure_reason, '') ORDER BY count(*) DESC, max(finished_at) DESC
+         LIMIT $1",
     )
+    .bind(GROUPS_SHOWN)
     .fetch_all(pool)
     .await?)
 }
