@@ -421,6 +421,11 @@ pub struct Config {
     /// Uploads past it get 413 `storage_full` before their body is read. 0 = none.
     #[arg(long, env = "SLUICE_STORAGE_QUOTA_MIB", default_value_t = 1024, global = true)]
     pub storage_quota_mib: u64,
+    /// Seconds a process keeps who a token or a session belongs to, so polls need not ask
+    /// Postgres (0 to 5; 0 asks every time). Revoking a token, logging out and deleting an
+    /// account reach every process at once through LISTEN/NOTIFY; this is the backstop.
+    #[arg(long, env = "SLUICE_AUTH_CACHE_SECS", default_value_t = 5.0, global = true)]
+    pub auth_cache_secs: f64,
     /// The most jobs one bulk action of the console (cancel, replay or discard what a search
     /// matches) may take; a search matching more is refused with "narrow it".
     #[arg(long, env = "SLUICE_BULK_ACTION_CAP", default_value_t = 10_000, global = true)]
@@ -585,7 +590,12 @@ impl Config {
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),
             alert_webhook: self.alert_webhook_url.is_some(),
-            bulk_action_cap: self.bulk_action_cap.clamp(1, 1_000_000),
+            bulk_action_cap: self.bulk_action_cap.clamp(1, 100_000),
+            auth_cache_lifetime: Duration::from_secs_f64(if self.auth_cache_secs.is_finite() {
+                self.auth_cache_secs.clamp(0.0, 5.0)
+            } else {
+                5.0
+            }),
             time_limits: self.time_limits(),
             presets: {
                 let provider = providers::build(&self.provider_config());

@@ -45,7 +45,7 @@ pub async fn mark_notices_read(id: Option<i64>) -> Result<u64, AppError> {
 pub async fn credits() -> Result<CreditSummary, AppError> {
     answer(async move {
         let ctx = context()?;
-        let user = require_user(&ctx).await?;
+        let user = crate::server::session::fresh(&ctx, &require_user(&ctx).await?).await?;
         let history = engine::accounts::ledger::history(&ctx.pool, user.id, 200).await?;
         let months = engine::accounts::ledger::monthly_totals(&ctx.pool, user.id, 12).await?;
         Ok(CreditSummary { balance: user.balance, history: history.into_iter().map(Into::into).collect(), months })

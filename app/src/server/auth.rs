@@ -54,7 +54,11 @@ pub async fn log_out() -> Result<(), AppError> {
 pub async fn me() -> Result<Option<UserInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        Ok(session_user(&ctx, &session().await?).await?.map(UserInfo::from))
+        // The header shows the balance: as it is now, not as cached.
+        match session_user(&ctx, &session().await?).await? {
+            Some(user) => Ok(Some(crate::server::session::fresh(&ctx, &user).await?.into())),
+            None => Ok(None),
+        }
     })
     .await
 }

@@ -32,7 +32,12 @@ pub struct ServerContext {
     uploads_by_holder: Arc<std::sync::Mutex<std::collections::HashMap<UploadHolder, usize>>>,
     /// Everyone's place in line, read at most once a second for all the polls.
     pub line: Arc<engine::queue::SharedLine>,
+    /// Who tokens and sessions belong to, for a few seconds ([`engine::accounts::auth_cache`]).
+    pub auth: Arc<AuthCache>,
 }
+
+/// The process's cache of tokens, sessions (the session store's records) and users.
+pub type AuthCache = engine::accounts::auth_cache::AuthCache<tower_sessions::session::Record>;
 
 /// Who holds upload slots: an account, and the address it uploads from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -65,6 +70,7 @@ impl ServerContext {
     /// The context for these settings, with its upload permits.
     pub fn new(pool: PgPool, settings: WebSettings, blobs: Blobs) -> ServerContext {
         let uploads = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_uploads.max(1)));
+        let settings_auth_lifetime = settings.auth_cache_lifetime;
         ServerContext {
             pool,
             settings: Arc::new(settings),
@@ -72,6 +78,7 @@ impl ServerContext {
             uploads,
             uploads_by_holder: Default::default(),
             line: Default::default(),
+            auth: AuthCache::new(settings_auth_lifetime),
         }
     }
 
@@ -143,6 +150,9 @@ pub struct WebSettings {
     pub secure_cookies: bool,
     /// The most jobs one bulk action of the console may take.
     pub bulk_action_cap: i64,
+    /// How long this process keeps who a token or a session belongs to (at most 5 s; revoking
+    /// reaches every process at once through a notification; zero: ask every time).
+    pub auth_cache_lifetime: std::time::Duration,
 }
 
 impl Default for WebSettings {
@@ -171,11 +181,13 @@ impl Default for WebSettings {
             stalled_write_timeout: std::time::Duration::from_secs(30),
             secure_cookies: false,
             bulk_action_cap: engine::queue::bulk::DEFAULT_CAP,
+            auth_cache_lifetime: engine::accounts::auth_cache::MAX_LIFETIME,
         }
     }
 }
 
-const USER_KEY: &str = "user_id";
+/// Where a session keeps its user's id.
+pub const USER_KEY: &str = "user_id";
 /// When the session's expiry was last pushed back (seconds since the epoch).
 const RENEWED_KEY: &str = "renewed_at_ms";
 
@@ -209,7 +221,11 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
     let Some(id) = session.get::<i64>(USER_KEY).await.map_err(session_error)? else {
         return Ok(None);
     };
-    match users::get(&ctx.pool, id).await {
+    let found = match ctx.auth.user(id) {
+        Some(user) => Ok(user),
+        None => users::get(&ctx.pool, id).await.inspect(|user| ctx.auth.put_user(user.clone())),
+    };
+    match found {
         Ok(user) => {
             // Milliseconds: whole seconds made a period renew up to a second early.
             let now = chrono::Utc::now().timestamp_millis();
@@ -222,6 +238,14 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
         Err(engine::EngineError::NotFound) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The caller as the database has them now (their balance to the credit): the cached one is
+/// who they are, a few seconds old.
+pub async fn fresh(ctx: &ServerContext, user: &User) -> Result<User, AppError> {
+    let user = users::get(&ctx.pool, user.id).await?;
+    ctx.auth.put_user(user.clone());
+    Ok(user)
 }
 
 /// The caller, or 401.

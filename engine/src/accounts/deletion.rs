@@ -148,6 +148,8 @@ pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Resul
         .await?;
     // Its webhook deliveries go with its tokens (cascade); its jobs call back no more.
     sqlx::query("DELETE FROM api_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    // Every process forgets its tokens and sessions when this commits.
+    super::auth_cache::announce(&mut tx, &super::auth_cache::Revoked::User(user_id)).await?;
     sqlx::query("DELETE FROM device_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
     sqlx::query("DELETE FROM notices WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
     erase_address(&mut tx, &email, &label).await?;

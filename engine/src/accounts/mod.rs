@@ -3,6 +3,7 @@
 //! counts the job in flight) and the hooks that settle accounts when a job ends.
 
 pub mod admission;
+pub mod auth_cache;
 pub mod deletion;
 mod hooks;
 pub mod ledger;

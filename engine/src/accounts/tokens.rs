@@ -61,18 +61,40 @@ pub async fn list(pool: &PgPool, user_id: i64) -> Result<Vec<ApiToken>> {
     .await?)
 }
 
-/// Revoke one of the user's tokens (another user's token id is "not found").
+/// Revoke one of the user's tokens (another user's token id is "not found"). Every process
+/// forgets it when this commits ([`super::auth_cache`]).
 pub async fn revoke(pool: &PgPool, user_id: i64, id: i64) -> Result<()> {
+    let mut tx = pool.begin().await?;
     let done =
         sqlx::query("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND user_id = $2")
             .bind(id)
             .bind(user_id)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
     if done.rows_affected() == 0 {
         return Err(EngineError::NotFound);
     }
+    super::auth_cache::announce(&mut tx, &super::auth_cache::Revoked::Token(id)).await?;
+    tx.commit().await?;
     Ok(())
+}
+
+/// [`authenticate_token`], answered from `cache` while it holds the token (a few seconds,
+/// forgotten at once when the token is revoked or its account deleted).
+pub async fn authenticate_cached<R: Clone>(
+    conn: &mut PgConnection,
+    cache: &super::auth_cache::AuthCache<R>,
+    secret: &str,
+) -> Result<Option<(User, i64)>> {
+    let key = hex::encode(digest(secret));
+    if let Some(owner) = cache.token(&key) {
+        return Ok(Some((owner.user, owner.token_id)));
+    }
+    let found = authenticate_token(conn, secret).await?;
+    if let Some((user, token_id)) = &found {
+        cache.put_token(key, super::auth_cache::TokenOwner { user: user.clone(), token_id: *token_id });
+    }
+    Ok(found)
 }
 
 /// The user a bearer token belongs to, if it is valid and not revoked.

@@ -13,7 +13,7 @@ use tower_sessions::Session;
 
 use app::errors::AppError;
 use app::model::JobStatus;
-use app::server::session::{cancel_visible_job, client_of, job_status, session_user, visible_job};
+use app::server::session::{cancel_visible_job, client_of, job_status, session_user, visible_job, AuthCache};
 use app::server::upload;
 use engine::accounts::User;
 use engine::documents::processor::{DocumentJob, DocumentRef};
@@ -38,7 +38,7 @@ async fn caller_and_token(
     match bearer_token(headers)? {
         Some(token) => {
             let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
-            let (user, token_id) = token_caller(&mut conn, token).await?;
+            let (user, token_id) = token_caller(&mut conn, &state.ctx.auth, token).await?;
             Ok((user, Some(token_id)))
         }
         None => Ok((session_caller(state, session).await?, None)),
@@ -54,8 +54,9 @@ fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 /// A bearer token's user and token id, checked over `conn`, which the request may keep for its
 /// next query (each hand-out and return of a pooled connection is a round trip of its own).
-async fn token_caller(conn: &mut PgConnection, token: &str) -> Result<(User, i64), ApiError> {
-    engine::accounts::tokens::authenticate_token(conn, token).await?.ok_or(ApiError(AppError::Unauthenticated))
+async fn token_caller(conn: &mut PgConnection, cache: &AuthCache, token: &str) -> Result<(User, i64), ApiError> {
+    let found = engine::accounts::tokens::authenticate_cached(conn, cache, token).await?;
+    found.ok_or(ApiError(AppError::Unauthenticated))
 }
 
 /// The session's user; 401 without one. Reads through the pool (the session store takes a
@@ -76,11 +77,12 @@ impl FromRequestParts<AppState> for VisibleJob {
             Path::<String>::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::NotFound))?;
         let session = Session::from_request_parts(parts, state).await.map_err(|_| ApiError(AppError::Internal))?;
         match bearer_token(&parts.headers)? {
-            // One connection for the token and the job: a status poll is two queries, not two
-            // trips through the pool. Returned before the handler runs (it may need one too).
+            // One connection for the token and the job: a status poll is one or two queries (the
+            // token is usually known to this process), not two trips through the pool. Returned
+            // before the handler runs (it may need one too).
             Some(token) => {
                 let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
-                let (user, _) = token_caller(&mut conn, token).await?;
+                let (user, _) = token_caller(&mut conn, &state.ctx.auth, token).await?;
                 Ok(VisibleJob(visible_job(&mut *conn, &user, &id).await?, user))
             }
             None => {

@@ -8,6 +8,7 @@ pub mod jobs;
 pub mod layers;
 pub mod openapi;
 pub mod serve;
+mod sessions;
 pub mod unavailable;
 
 use std::net::SocketAddr;
@@ -58,6 +59,9 @@ pub fn leptos_options(site_root: &str, addr: SocketAddr) -> LeptosOptions {
 pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Router> {
     let store = PostgresStore::new(state.ctx.pool.clone());
     store.migrate().await.context("session store migration")?;
+    // Every process forgets revoked tokens and ended sessions as soon as it is told.
+    tokio::spawn(engine::accounts::auth_cache::listen(state.ctx.pool.clone(), state.ctx.auth.clone()));
+    let store = sessions::CachedStore::new(store, state.ctx.auth.clone(), state.ctx.pool.clone());
     let sessions = SessionManagerLayer::new(store)
         .with_name("sluice_session")
         .with_http_only(true)

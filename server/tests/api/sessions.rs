@@ -304,3 +304,87 @@ async fn a_session_in_use_is_kept_alive_lazily_not_written_on_every_request(pool
     assert_eq!(call(&browser, &app, "me", &[]).await.status(), StatusCode::OK);
     assert_eq!(expiry().await, renewed, "and not again at once");
 }
+
+/// A second web process on the same database: its own caches and its own listener.
+async fn second_process(app: &TestApp) -> std::net::SocketAddr {
+    let dir = app.blob_dir.with_extension("b");
+    let blobs = engine::documents::blobs::Blobs::local(&dir).unwrap();
+    server::startup::spawn_web(app.pool.clone(), WebSettings::default(), blobs).await.unwrap()
+}
+
+async fn poll(client: &reqwest::Client, addr: std::net::SocketAddr, job: &str, token: &str) -> u16 {
+    let answer = client.get(format!("http://{addr}/api/v1/jobs/{job}")).bearer_auth(token).send().await.unwrap();
+    answer.status().as_u16()
+}
+
+/// How long until `refused` holds, polling every 20 ms for at most 6 s.
+async fn time_until<F, Fut>(mut refused: F) -> std::time::Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !refused().await {
+        assert!(started.elapsed() < std::time::Duration::from_secs(6), "never refused");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_token_revoked_or_a_session_ended_on_one_process_is_refused_by_another_within_a_second(pool: PgPool) {
+    let a = TestApp::spawn(pool, WebSettings::default()).await;
+    let b = second_process(&a).await;
+    let (user, token) = a.user_with_token("two@example.com", 5, 5).await;
+    let job: serde_json::Value = a.upload(&token, doc(1), None).await.json().await.unwrap();
+    let job = job["id"].as_str().unwrap().to_string();
+    let program = reqwest::Client::new();
+    // B knows the token now (kept for a few seconds).
+    assert_eq!(poll(&program, b, &job, &token).await, 200);
+    assert_eq!(poll(&program, b, &job, &token).await, 200);
+
+    // The owner revokes it through A: B refuses it within a second.
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let logged_in = call(&browser, &a, "log_in", &[("email", "two@example.com"), ("password", "password123")]).await;
+    assert_eq!(logged_in.status(), 200);
+    let token_id = engine::accounts::tokens::list(&a.pool, user).await.unwrap()[0].id;
+    assert_eq!(call(&browser, &a, "revoke_token", &[("id", &token_id.to_string())]).await.status(), 200);
+    let took = time_until(|| async { poll(&program, b, &job, &token).await == 401 }).await;
+    assert!(took < std::time::Duration::from_secs(1), "B refused the revoked token after {took:?}");
+
+    // The same browser's session works on B (one database)... until it logs out through A.
+    let on_b = |name: &'static str| {
+        let browser = browser.clone();
+        async move {
+            browser
+                .post(format!("http://{b}/api/{name}"))
+                .header("Origin", format!("http://{b}"))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let jobs = on_b("list_jobs").await;
+    assert_eq!(jobs.status(), 200);
+    assert_eq!(on_b("list_jobs").await.status(), 200);
+    assert_eq!(call(&browser, &a, "log_out", &[]).await.status(), 200);
+    // The browser no longer sends the cookie; a thief who kept it would: ask as one.
+    let took = time_until(|| async { on_b("list_jobs").await.status() == 401 }).await;
+    assert!(took < std::time::Duration::from_secs(1), "B kept the ended session for {took:?}");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_revocation_whose_notification_is_lost_still_ends_within_the_cache_lifetime(pool: PgPool) {
+    let a = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = a.user_with_token("lost@example.com", 5, 5).await;
+    let job: serde_json::Value = a.upload(&token, doc(2), None).await.json().await.unwrap();
+    let job = job["id"].as_str().unwrap().to_string();
+    let program = reqwest::Client::new();
+    assert_eq!(poll(&program, a.addr, &job, &token).await, 200);
+    // Revoked behind the app's back: no notification. The kept answer stands for a while (the
+    // cache is in use), and no longer than its lifetime (5 s).
+    sqlx::query("UPDATE api_tokens SET revoked_at = now()").execute(&a.pool).await.unwrap();
+    assert_eq!(poll(&program, a.addr, &job, &token).await, 200, "answered from memory");
+    let took = time_until(|| async { poll(&program, a.addr, &job, &token).await == 401 }).await;
+    assert!(took <= std::time::Duration::from_millis(5_100), "{took:?}");
+}
