@@ -11,8 +11,38 @@ use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, HashedStylesheet, MetaTags, Title};
 use leptos_router::components::{Route, Router, Routes};
 use leptos_router::path;
-use pages::admin;
-use pages::console::{Console, Section};
+use leptos_router::{lazy_route, Lazy, LazyRoute};
+use pages::admin::{AdminJobsPage, AuditPage, CapacityPage, DeadLettersPage, OverviewPage, UsersPage};
+use pages::console::{Console, ProcessesPage, Section};
+
+/// A console page as a lazy route: its code is a WASM chunk of its own (`cargo leptos build
+/// --split`), downloaded when an admin opens it, so users' pages never carry the console.
+macro_rules! console_route {
+    ($route:ident, $section:expr, $page:ident) => {
+        #[derive(Debug)]
+        struct $route;
+
+        #[lazy_route]
+        impl LazyRoute for $route {
+            fn data() -> Self {
+                $route
+            }
+
+            fn view(this: Self) -> AnyView {
+                let _ = this;
+                view! { <Console section=$section><$page/></Console> }.into_any()
+            }
+        }
+    };
+}
+
+console_route!(OverviewRoute, Section::Overview, OverviewPage);
+console_route!(JobsRoute, Section::Jobs, AdminJobsPage);
+console_route!(DeadLettersRoute, Section::DeadLetters, DeadLettersPage);
+console_route!(UsersRoute, Section::Users, UsersPage);
+console_route!(CapacityRoute, Section::Capacity, CapacityPage);
+console_route!(ProcessesRoute, Section::Processes, ProcessesPage);
+console_route!(AuditRoute, Section::Audit, AuditPage);
 
 /// The HTML document around the app (server side only renders it).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -78,13 +108,14 @@ pub fn App() -> impl IntoView {
                         <Route path=path!("/credits") view=|| view! { <SignedIn><pages::account::CreditsPage/></SignedIn> }/>
                         <Route path=path!("/notices") view=|| view! { <SignedIn><pages::account::NoticesPage/></SignedIn> }/>
                         // Not behind SignedIn: to anyone but an admin these are pages that do not exist.
-                        <Route path=path!("/admin") view=|| view! { <Console section=Section::Overview><admin::OverviewPage/></Console> }/>
-                        <Route path=path!("/admin/jobs") view=|| view! { <Console section=Section::Jobs><admin::AdminJobsPage/></Console> }/>
-                        <Route path=path!("/admin/dead-letters") view=|| view! { <Console section=Section::DeadLetters><admin::DeadLettersPage/></Console> }/>
-                        <Route path=path!("/admin/users") view=|| view! { <Console section=Section::Users><admin::UsersPage/></Console> }/>
-                        <Route path=path!("/admin/capacity") view=|| view! { <Console section=Section::Capacity><admin::CapacityPage/></Console> }/>
-                        <Route path=path!("/admin/processes") view=|| view! { <Console section=Section::Processes><pages::console::ProcessesPage/></Console> }/>
-                        <Route path=path!("/admin/audit") view=|| view! { <Console section=Section::Audit><admin::AuditPage/></Console> }/>
+                        // Loaded only when opened (lazy routes: WASM chunks of their own).
+                        <Route path=path!("/admin") view={Lazy::<OverviewRoute>::new()}/>
+                        <Route path=path!("/admin/jobs") view={Lazy::<JobsRoute>::new()}/>
+                        <Route path=path!("/admin/dead-letters") view={Lazy::<DeadLettersRoute>::new()}/>
+                        <Route path=path!("/admin/users") view={Lazy::<UsersRoute>::new()}/>
+                        <Route path=path!("/admin/capacity") view={Lazy::<CapacityRoute>::new()}/>
+                        <Route path=path!("/admin/processes") view={Lazy::<ProcessesRoute>::new()}/>
+                        <Route path=path!("/admin/audit") view={Lazy::<AuditRoute>::new()}/>
                     </Routes>
                 </main>
             </Session>

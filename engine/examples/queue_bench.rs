@@ -6,7 +6,7 @@
 //!    intake bound's 10,000 jobs waiting across 100 owners and 24 running, for a user with 3 and
 //!    with 200 waiting jobs, 100 calls each.
 //!
-//! Prints each run and the medians, and a `RESULT drain=.. pickup_p50=.. pickup_p95=..` line
+//! Prints each run and the medians, and a `RESULT drain=.. pickup_p50=.. pickup_p95=.. pickup_p99=.. pickup_max=..` line
 //! that `cargo xtask bench` reads to set Sluice beside graphile-worker run by run. Options:
 //! --runs N (default 3), --jobs N (default 20000), --parts queue,line,scale (default queue,line).
 
@@ -106,7 +106,8 @@ async fn scale(pool: &PgPool, jobs: usize) {
 
 /// Pickup latency from the enqueue call (insert and commit included) to the processor's start;
 /// also returns the median from the commit's return alone.
-async fn pickup_run(pool: &PgPool, samples: usize) -> (f64, f64, f64) {
+/// Enqueue-to-start milliseconds: [p50, p95, p99, max], and the p50 counted from the commit.
+async fn pickup_run(pool: &PgPool, samples: usize) -> ([f64; 4], f64) {
     reset(pool).await;
     let (tx, mut rx) = mpsc::unbounded_channel::<Instant>();
     let processor = move |_job: ClaimedJob| {
@@ -128,7 +129,7 @@ async fn pickup_run(pool: &PgPool, samples: usize) -> (f64, f64, f64) {
     }
     workers.shutdown().await;
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (percentile(&latencies, 0.5), percentile(&latencies, 0.95), median(&mut after_commit))
+    ([0.5, 0.95, 0.99, 1.0].map(|p| percentile(&latencies, p)), median(&mut after_commit))
 }
 
 /// Milliseconds per `waiting_line` call, p50 and p95 over `calls`: the intake bound's worth of
@@ -226,22 +227,23 @@ async fn main() {
 }
 
 async fn queue(pool: &PgPool, runs: usize, jobs: usize) {
-    let (mut rates, mut p50s, mut p95s) = (vec![], vec![], vec![]);
+    let (mut rates, mut pickups) = (vec![], vec![[0.0; 4]; 0]);
     for run in 1..=runs {
         let rate = drain_run(pool, jobs).await;
-        let (p50, p95, from_commit) = pickup_run(pool, 200).await;
+        let (pickup, from_commit) = pickup_run(pool, 200).await;
+        let [p50, p95, p99, max] = pickup;
         println!(
-            "run {run}: drain {rate:>8.0} jobs/s   pickup p50 {p50:>6.2} ms  p95 {p95:>6.2} ms  (p50 after the commit returned: {from_commit:.2} ms)"
+            "run {run}: drain {rate:>8.0} jobs/s   pickup p50 {p50:>6.2} ms  p95 {p95:>6.2} ms  p99 {p99:>6.2} ms  max {max:>6.2} ms  (p50 after the commit returned: {from_commit:.2} ms)"
         );
         rates.push(rate);
-        p50s.push(p50);
-        p95s.push(p95);
+        pickups.push(pickup);
     }
-    let (rate, p50, p95) = (median(&mut rates), median(&mut p50s), median(&mut p95s));
+    let rate = median(&mut rates);
+    let [p50, p95, p99, max] = [0, 1, 2, 3].map(|i| median(&mut pickups.iter().map(|p| p[i]).collect::<Vec<_>>()));
     println!(
-        "median of {runs}: drain {rate:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {p50:.2} ms, p95 {p95:.2} ms"
+        "median of {runs}: drain {rate:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {p50:.2} ms, p95 {p95:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
     );
-    println!("RESULT drain={rate:.1} pickup_p50={p50:.3} pickup_p95={p95:.3}");
+    println!("RESULT drain={rate:.1} pickup_p50={p50:.3} pickup_p95={p95:.3} pickup_p99={p99:.3} pickup_max={max:.3}");
 }
 
 async fn line(pool: &PgPool) {

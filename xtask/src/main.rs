@@ -180,7 +180,9 @@ fn ensure_wasm_opt() -> Result<PathBuf> {
 
 fn build_site(release: bool) -> Result {
     let mut cmd = Command::new("cargo-leptos");
-    cmd.arg("build");
+    // `--split`: the console's lazy routes become WASM chunks of their own, so users' pages
+    // never download them.
+    cmd.args(["build", "--split"]);
     if release {
         cmd.arg("--release");
         // cargo-leptos takes wasm-opt from PATH; ours goes first.
@@ -215,32 +217,37 @@ fn dist() -> Result {
     ensure_tools()?;
     build_site(true)?;
     let pkg = Path::new("target/site/pkg");
-    let wasm = std::fs::read_dir(pkg)
-        .map_err(|e| format!("{}: {e}", pkg.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "wasm") && !p.to_string_lossy().contains("_bg"))
-        .ok_or("no .wasm in target/site/pkg")?;
-    // Node's zlib has both encodings the server uses (same quality as the server's layer).
-    let sizes = output_of(Command::new("node").args([
-        "-e",
-        "const z=require('zlib'),b=require('fs').readFileSync(process.argv[1]);\
-         const q=4;console.log(b.length,z.gzipSync(b,{level:q}).length,\
-         z.brotliCompressSync(b,{params:{[z.constants.BROTLI_PARAM_QUALITY]:q}}).length,\
-         z.brotliCompressSync(b).length)",
-        &wasm.to_string_lossy(),
-    ]))
-    .ok_or("measuring the bundle with node failed")?;
-    let kb: Vec<u64> =
-        sizes.split_whitespace().filter_map(|n| n.parse::<u64>().ok()).map(|n| n.div_ceil(1000)).collect();
-    if let [raw, gzip, br, br_max] = kb[..] {
-        println!(
-            "{}: {raw} KB raw; {gzip} KB gzip and {br} KB brotli at the on-the-fly level (4); \
-             {br_max} KB brotli precompressed (quality 11, as served)",
-            wasm.display()
-        );
-    }
+    let (main, chunks) = bundle_sizes(pkg)?;
+    println!(
+        "{}: the bundle every page loads: {} KB raw, {} KB brotli as served (quality 11); \
+         the console's chunks (admins only): {} KB raw, {} KB brotli",
+        pkg.display(),
+        main.0.div_ceil(1000),
+        main.1.div_ceil(1000),
+        chunks.0.div_ceil(1000),
+        chunks.1.div_ceil(1000)
+    );
     println!("run it: target/release/server (with LEPTOS_SITE_ROOT=target/site; see the README's production section)");
     Ok(())
+}
+
+/// The site's WASM and JS as served (raw, and their precompressed `.br`): the bundle every
+/// page loads (`sluice.*`), and the lazy routes' chunks (everything else) apart.
+fn bundle_sizes(pkg: &Path) -> Result<((u64, u64), (u64, u64))> {
+    let (mut main, mut chunks) = ((0, 0), (0, 0));
+    for entry in std::fs::read_dir(pkg).map_err(|e| format!("{}: {e}", pkg.display()))? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
+        if !(name.ends_with(".wasm") || name.ends_with(".js")) {
+            continue;
+        }
+        let raw = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
+        let br = std::fs::metadata(path.with_file_name(format!("{name}.br"))).map(|m| m.len()).unwrap_or(raw);
+        let every_page = name.starts_with("sluice.") || name.starts_with("__wasm_split.");
+        let sum = if every_page { &mut main } else { &mut chunks };
+        *sum = (sum.0 + raw, sum.1 + br);
+    }
+    Ok((main, chunks))
 }
 
 fn run(args: &[String]) -> Result {
@@ -509,8 +516,20 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
     for db in ["bench_queue", "bench_graphile"] {
         cluster.create_database(db).map_err(|e| e.to_string())?;
     }
-    eprintln!("== queue benchmark: Sluice beside graphile-worker 0.16.6, {runs} alternating runs");
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    eprintln!(
+        "== queue benchmark: Sluice beside graphile-worker 0.17.3 at its defaults and at its fastest documented \
+         configuration, {runs} alternating runs"
+    );
+    let (mut ours, mut defaults, mut tuned) = (Vec::new(), Vec::new(), Vec::new());
+    let graphile_run = |mode: &str| {
+        measured(
+            Command::new("node")
+                .args(["bench.mjs", "20000", "200", mode])
+                .current_dir(graphile)
+                .env("DATABASE_URL", cluster.url("bench_graphile")),
+            &format!("the graphile-worker benchmark ({mode})"),
+        )
+    };
     for run in 1..=runs {
         let sluice = measured(
             cargo()
@@ -519,46 +538,56 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
                 .env("DATABASE_URL", cluster.url("bench_queue")),
             "the Sluice queue benchmark",
         )?;
-        let reference = measured(
-            Command::new("node")
-                .args(["bench.mjs", "20000", "200"])
-                .current_dir(graphile)
-                .env("DATABASE_URL", cluster.url("bench_graphile")),
-            "the graphile-worker benchmark",
-        )?;
+        let at_defaults = graphile_run("defaults")?;
+        let at_fastest = graphile_run("tuned")?;
         println!(
-            "run {run}: drain {:.0} vs {:.0} jobs/s (ratio {:.2}); pickup p50 {:.2} vs {:.2} ms, p95 {:.2} vs {:.2} ms",
+            "run {run}: drain {:.0} vs {:.0} tuned (ratio {:.2}) and {:.0} at defaults (ratio {:.2}) jobs/s; \
+             pickup p50/p95/p99/max {:.2}/{:.2}/{:.2}/{:.2} ms vs tuned {:.2}/{:.2}/{:.2}/{:.2} ms",
             sluice[0],
-            reference[0],
-            sluice[0] / reference[0],
+            at_fastest[0],
+            sluice[0] / at_fastest[0],
+            at_defaults[0],
+            sluice[0] / at_defaults[0],
             sluice[1],
-            reference[1],
             sluice[2],
-            reference[2]
+            sluice[3],
+            sluice[4],
+            at_fastest[1],
+            at_fastest[2],
+            at_fastest[3],
+            at_fastest[4]
         );
         ours.push(sluice);
-        theirs.push(reference);
+        defaults.push(at_defaults);
+        tuned.push(at_fastest);
     }
-    let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a[0] / b[0]).collect();
     let median = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let column = |rows: &[[f64; 3]], i: usize| median(rows.iter().map(|r| r[i]).collect());
+    let ratios = |of: &[[f64; 5]]| -> Vec<f64> { ours.iter().zip(of).map(|(a, b)| a[0] / b[0]).collect() };
+    let column = |rows: &[[f64; 5]], i: usize| median(rows.iter().map(|r| r[i]).collect());
+    let listed = |r: &[f64]| r.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
     println!(
-        "queue drain, 20,000 no-op jobs, 24 workers: Sluice {:.0} jobs/s, graphile-worker {:.0} jobs/s; same-run ratio median {:.2} (runs: {})",
+        "queue drain, 20,000 no-op jobs, 24 workers: Sluice {:.0} jobs/s; graphile-worker 0.17.3 tuned {:.0} jobs/s \
+         (same-run ratio median {:.2}; runs {}), at its defaults {:.0} jobs/s (ratio median {:.2}; runs {})",
         column(&ours, 0),
-        column(&theirs, 0),
-        median(ratios.clone()),
-        ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+        column(&tuned, 0),
+        median(ratios(&tuned)),
+        listed(&ratios(&tuned)),
+        column(&defaults, 0),
+        median(ratios(&defaults)),
+        listed(&ratios(&defaults))
     );
-    println!(
-        "pickup, enqueue to processor start: Sluice p50 {:.2} ms, p95 {:.2} ms; graphile-worker p50 {:.2} ms, p95 {:.2} ms",
-        column(&ours, 1),
-        column(&ours, 2),
-        column(&theirs, 1),
-        column(&theirs, 2)
-    );
+    for (name, rows) in [("Sluice", &ours), ("graphile-worker tuned", &tuned), ("graphile-worker defaults", &defaults)] {
+        println!(
+            "pickup, enqueue to processor start, {name}: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            column(rows, 1),
+            column(rows, 2),
+            column(rows, 3),
+            column(rows, 4)
+        );
+    }
     status(
         cargo()
             .args(["run", "--quiet", "--release", "--package", "engine", "--example", "queue_bench", "--"])
@@ -568,8 +597,9 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
     )
 }
 
-/// Run a benchmark and read its `RESULT drain=.. pickup_p50=.. pickup_p95=..` line.
-fn measured(cmd: &mut Command, what: &str) -> Result<[f64; 3]> {
+/// Run a benchmark and read its `RESULT drain=.. pickup_p50=.. pickup_p95=.. pickup_p99=..
+/// pickup_max=..` line.
+fn measured(cmd: &mut Command, what: &str) -> Result<[f64; 5]> {
     let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("{what}: cannot start: {e}"))?;
     if !out.status.success() {
         return Err(format!("{what} failed ({})", out.status));
@@ -584,7 +614,7 @@ fn measured(cmd: &mut Command, what: &str) -> Result<[f64; 3]> {
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
             .ok_or_else(|| format!("{what}: no {key} in {line}"))
     };
-    Ok([value("drain")?, value("pickup_p50")?, value("pickup_p95")?])
+    Ok([value("drain")?, value("pickup_p50")?, value("pickup_p95")?, value("pickup_p99")?, value("pickup_max")?])
 }
 
 fn pg() -> Result {

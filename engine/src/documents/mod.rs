@@ -4,6 +4,7 @@
 //! ([`providers`]) through the document [`processor`].
 
 pub mod blobs;
+pub mod cpu;
 pub mod encoding;
 pub mod extract;
 pub mod intake;

@@ -242,14 +242,21 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
 
 /// In the child, before exec: hard limits, no core dumps, and a network namespace of its own
 /// where the kernel lets us (as root; elsewhere the empty environment must do).
+/// How much lower a reader's scheduling priority is than the server's.
+pub const READER_NICENESS: libc::c_int = 10;
+
 fn confine(memory_bytes: u64, cpu_secs: u64) {
     limit(libc::RLIMIT_AS, memory_bytes, memory_bytes);
     // SIGXCPU at the soft limit, SIGKILL one second later.
     limit(libc::RLIMIT_CPU, cpu_secs, cpu_secs + 1);
     limit(libc::RLIMIT_CORE, 0, 0);
     limit(libc::RLIMIT_FSIZE, 0, 0);
-    // SAFETY: affects only this (child) process.
-    unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    // SAFETY: affects only this (child) process. A reader yields the CPU to the web and the
+    // workers' own threads (nice 10): reading a document can wait a little, an answer cannot.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, READER_NICENESS);
+        libc::unshare(libc::CLONE_NEWNET);
+    }
 }
 
 fn limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {

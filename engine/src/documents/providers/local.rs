@@ -25,9 +25,10 @@ impl Provider for LocalProvider {
 
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
-            // CPU work on user text stays off the async runtime's threads.
+            // CPU work on user text stays off the async runtime's threads, and at most cores − 1
+            // analyses run at once, so the web always has a core ([`crate::documents::cpu`]).
             let (text, pages) = (task.text.clone(), task.pages);
-            let analysis = tokio::task::spawn_blocking(move || analyse(&text, pages))
+            let analysis = crate::documents::cpu::run(move || analyse(&text, pages))
                 .await
                 .map_err(|_| JobError::new(ErrorClass::InvalidInput, "the document's text could not be analysed"))?;
             let text = match task.preset {
