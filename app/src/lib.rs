@@ -292,5 +292,6 @@ fn HomePage() -> impl IntoView {
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
-    leptos::mount::hydrate_body(App);
+    // Lazy routes (the console) hydrate once their chunk has arrived.
+    leptos::mount::hydrate_lazy(App);
 }

@@ -1,9 +1,10 @@
 //! Status polls over real HTTP on loopback: `cargo xtask bench poll` (release build). 1,000
 //! users, each with a token and jobs waiting in line (10,000 jobs across them, a full gate
 //! running), poll `GET /api/v1/jobs/{id}` from 64 connections for 10 seconds, as 10,000 users
-//! polling every 2 s would. Prints requests per second and p50 / p99 latency, per run and the
-//! medians, beside the same client against `/healthz` in the same run (the HTTP stack and one
-//! trivial query). Options: --runs N (3), --seconds N (10), --clients N (64).
+//! polling every 2 s would; then the jobs page's poll, `list_jobs` through a logged-in session,
+//! one browser per connection. Prints requests per second and p50 / p99 latency, per run and
+//! the medians, beside the same client against `/healthz` in the same run (the HTTP stack and
+//! one trivial query). Options: --runs N (3), --seconds N (10), --clients N (64).
 //!
 //! Client, server and Postgres share the machine's cores: the figure is the whole system's.
 
@@ -69,20 +70,42 @@ async fn main() {
     // The reference, measured in the same run by the same client: `/healthz` is the whole HTTP
     // stack and one trivial query, the least any request that reads the database costs here.
     let health: Arc<Vec<(Option<String>, String)>> = Arc::new(vec![(None, "/healthz".to_string())]);
+    // The jobs page's poll: one logged-in browser per connection.
+    let mut browsers = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+        let email = format!("poller{}@example.com", c % 1000);
+        let logged_in = browser
+            .post(format!("http://{addr}/api/log_in"))
+            .header("Origin", format!("http://{addr}"))
+            .form(&[("email", email.as_str()), ("password", "bench password")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(logged_in.status(), 200);
+        browsers.push(browser);
+    }
     let (mut rates, mut p50s, mut p99s, mut references) = (vec![], vec![], vec![], vec![]);
+    let (mut list_rates, mut list_p50s, mut list_p99s) = (vec![], vec![], vec![]);
     for run in 1..=runs {
         let (rate, p50, p99) = load(addr, &polls, seconds, clients).await;
         let (reference, ref_p50, ref_p99) = load(addr, &health, seconds, clients).await;
+        let (list_rate, list_p50, list_p99) = load_jobs_page(addr, &browsers, seconds).await;
         println!(
-            "run {run}: {rate:>6.0} polls/s  p50 {p50:>6.2} ms  p99 {p99:>6.2} ms; /healthz {reference:>6.0}/s  p50 {ref_p50:>6.2} ms  p99 {ref_p99:>6.2} ms (ratio {:.2})",
-            rate / reference
+            "run {run}: {rate:>6.0} polls/s  p50 {p50:>6.2} ms  p99 {p99:>6.2} ms; list_jobs {list_rate:>6.0}/s  p50 {list_p50:>6.2} ms  p99 {list_p99:>6.2} ms; /healthz {reference:>6.0}/s  p50 {ref_p50:>6.2} ms  p99 {ref_p99:>6.2} ms (ratios {:.2}, {:.2})",
+            rate / reference,
+            list_rate / reference
         );
         rates.push(rate);
         p50s.push(p50);
         p99s.push(p99);
         references.push(reference);
+        list_rates.push(list_rate);
+        list_p50s.push(list_p50);
+        list_p99s.push(list_p99);
     }
     let ratios: Vec<f64> = rates.iter().zip(&references).map(|(a, b)| a / b).collect();
+    let list_ratios: Vec<f64> = list_rates.iter().zip(&references).map(|(a, b)| a / b).collect();
     println!(
         "median of {runs}: status polls, {clients} connections, 1,000 users with 10,000 jobs waiting: {:.0} polls/s, p50 {:.2} ms, p99 {:.2} ms; /healthz in the same runs {:.0}/s; ratio {:.2}",
         median(&mut rates),
@@ -91,7 +114,52 @@ async fn main() {
         median(&mut references),
         median(&mut ratios.clone())
     );
+    println!(
+        "median of {runs}: jobs page polls (list_jobs, a session each), {clients} connections: {:.0}/s, p50 {:.2} ms, p99 {:.2} ms; ratio to /healthz {:.2}",
+        median(&mut list_rates),
+        median(&mut list_p50s),
+        median(&mut list_p99s),
+        median(&mut list_ratios.clone())
+    );
     let _ = std::fs::remove_dir_all(&blob_dir);
+}
+
+/// Each browser (a session of its own) asks for its first page of jobs, as the jobs page polls,
+/// for `seconds`; returns requests per second and p50 / p99 latency in ms.
+async fn load_jobs_page(addr: std::net::SocketAddr, browsers: &[reqwest::Client], seconds: usize) -> (f64, f64, f64) {
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds as u64);
+    let tasks: Vec<_> = browsers
+        .iter()
+        .cloned()
+        .map(|browser| {
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < until {
+                    let sent = Instant::now();
+                    let answer = browser
+                        .post(format!("http://{addr}/api/list_jobs"))
+                        .header("Origin", format!("http://{addr}"))
+                        .form(&[("page", "0")])
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(answer.status(), 200);
+                    let body: serde_json::Value = answer.json().await.unwrap();
+                    assert!(body["jobs"].is_array(), "{body}");
+                    latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (latencies.len() as f64 / elapsed, percentile(&latencies, 0.5), percentile(&latencies, 0.99))
 }
 
 /// `clients` connections sending `requests` round-robin for `seconds`, each waiting for its

@@ -456,7 +456,7 @@ fn wait_healthy(port: u16) -> Result {
     Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
-/// `cargo xtask bench [queue|poll|upload|parts] [-- options]`: release builds against a private Postgres.
+/// `cargo xtask bench [queue|poll|upload|busy|parts] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
     survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
@@ -479,8 +479,14 @@ fn bench(args: &[String]) -> Result {
             "parts benchmark",
         )?;
     }
-    for (name, example) in [("poll", "poll_bench"), ("upload", "upload_bench")] {
+    for (name, example) in [("poll", "poll_bench"), ("upload", "upload_bench"), ("busy", "busy_bench")] {
         if which.is_none_or(|w| w == name) {
+            if name == "busy" {
+                status(
+                    cargo().args(["build", "--quiet", "--release", "--package", "engine", "--bin", "sluice-extract"]),
+                    "building the document reader",
+                )?;
+            }
             let db = format!("bench_{name}");
             temp.cluster.create_database(&db).map_err(|e| e.to_string())?;
             eprintln!("== {name} benchmark");

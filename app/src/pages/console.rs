@@ -111,10 +111,20 @@ fn store_refresh(secs: u32) {
 #[component]
 pub fn Console(section: Section, children: ChildrenFn) -> impl IntoView {
     let me = expect_context::<crate::CurrentUser>();
+    // The server renders "Loading…" (it does not know the role yet), and so must the first
+    // render in the browser, which hydrates that HTML: a console page's chunk arrives after the
+    // header may have learnt the role. The role counts once the page is mounted.
+    let mounted = RwSignal::new(false);
+    Effect::new(move |_| mounted.set(true));
     // Kept while the header asks again after a navigation, so the page does not flicker.
-    let admitted = Memo::new(move |before: Option<&Option<bool>>| match me.get() {
-        Some(user) => Some(user.is_some_and(|u| u.is_admin)),
-        None => before.copied().flatten(),
+    let admitted = Memo::new(move |before: Option<&Option<bool>>| {
+        if !mounted.get() {
+            return None;
+        }
+        match me.get() {
+            Some(user) => Some(user.is_some_and(|u| u.is_admin)),
+            None => before.copied().flatten(),
+        }
     });
     let tick = RwSignal::new(0u32);
     provide_context(Tick(tick));
