@@ -173,7 +173,7 @@ async fn owner_heads_follow_every_path_into_and_out_of_the_line(pool: PgPool) {
     // Rows deleted, and the whole table truncated.
     sqlx::query("DELETE FROM jobs WHERE id = $1").bind(claimed[3].id).execute(&pool).await.unwrap();
     assert_heads_true(&pool, "a delete").await;
-    sqlx::query("TRUNCATE jobs, job_attempts, job_parts").execute(&pool).await.unwrap();
+    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, reviews").execute(&pool).await.unwrap();
     assert_heads_true(&pool, "a truncate").await;
     enqueue_many(&pool, 1, 1).await;
     assert_heads_true(&pool, "an enqueue after the truncate").await;
