@@ -124,6 +124,18 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&blob_dir);
 }
 
+/// Requests per second since `started` and p50 / p99 latency in ms, over every client's
+/// latencies.
+async fn rate_and_latency(tasks: Vec<tokio::task::JoinHandle<Vec<f64>>>, started: Instant) -> (f64, f64, f64) {
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (latencies.len() as f64 / elapsed, percentile(&latencies, 0.5), percentile(&latencies, 0.99))
+}
+
 /// Each browser (a session of its own) asks for its first page of jobs, as the jobs page polls,
 /// for `seconds`; returns requests per second and p50 / p99 latency in ms.
 async fn load_jobs_page(addr: std::net::SocketAddr, browsers: &[reqwest::Client], seconds: usize) -> (f64, f64, f64) {
@@ -153,13 +165,7 @@ async fn load_jobs_page(addr: std::net::SocketAddr, browsers: &[reqwest::Client]
             })
         })
         .collect();
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.unwrap());
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (latencies.len() as f64 / elapsed, percentile(&latencies, 0.5), percentile(&latencies, 0.99))
+    rate_and_latency(tasks, started).await
 }
 
 /// `clients` connections sending `requests` round-robin for `seconds`, each waiting for its
@@ -197,11 +203,5 @@ async fn load(
             })
         })
         .collect();
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.unwrap());
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (latencies.len() as f64 / elapsed, percentile(&latencies, 0.5), percentile(&latencies, 0.99))
+    rate_and_latency(tasks, started).await
 }
