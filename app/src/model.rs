@@ -479,7 +479,11 @@ impl From<engine::alerts::Firing> for AlertInfo {
     fn from(f: engine::alerts::Firing) -> Self {
         AlertInfo {
             id: f.id,
-            acknowledged: f.acked_by.zip(f.acked_at).map(|(by, at)| AckInfo { by, at: time_text(at), note: f.ack_note }),
+            acknowledged: f.acked_by.zip(f.acked_at).map(|(by, at)| AckInfo {
+                by,
+                at: time_text(at),
+                note: f.ack_note,
+            }),
             rule: f.rule,
             fired_at: time_text(f.fired_at),
             resolved_at: f.resolved_at.map(time_text),

@@ -353,18 +353,26 @@ async fn the_outbox_takes_tokens_in_turn_bounds_each_and_prunes_what_ended(pool:
 async fn an_acknowledged_alert_says_who_and_why_and_its_resolving_webhook_carries_it(pool: PgPool) {
     use engine::acks::{acknowledge, Acked};
     let thresholds = engine::alerts::Thresholds { min_firing_secs: 0.0, ..Default::default() };
-    let config = AlertConfig { webhook_url: Some("http://127.0.0.1:9/alerts".into()), thresholds, ..AlertConfig::default() };
+    let config =
+        AlertConfig { webhook_url: Some("http://127.0.0.1:9/alerts".into()), thresholds, ..AlertConfig::default() };
     let (rule, fire, resolve) = scripts().pop().unwrap();
     exec(&pool, &fire).await;
     alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
     let firing = alerts::firing(&pool).await.unwrap().remove(0);
     assert_eq!(firing.rule, rule.as_str());
-    assert!(matches!(acknowledge(&pool, Acked::Alert(firing.id + 100), "", "x").await, Err(engine::error::EngineError::NotFound)));
+    assert!(matches!(
+        acknowledge(&pool, Acked::Alert(firing.id + 100), "", "x").await,
+        Err(engine::error::EngineError::NotFound)
+    ));
     assert!(acknowledge(&pool, Acked::Alert(firing.id), &"n".repeat(2001), "x").await.is_err());
-    let ack = acknowledge(&pool, Acked::Alert(firing.id), "  looking at the ledger  ", "ops@example.com").await.unwrap();
+    let ack =
+        acknowledge(&pool, Acked::Alert(firing.id), "  looking at the ledger  ", "ops@example.com").await.unwrap();
     assert_eq!((ack.by.as_str(), ack.note.as_deref()), ("ops@example.com", Some("looking at the ledger")));
     let shown = alerts::firing(&pool).await.unwrap().remove(0);
-    assert_eq!((shown.acked_by.as_deref(), shown.ack_note.as_deref()), (Some("ops@example.com"), Some("looking at the ledger")));
+    assert_eq!(
+        (shown.acked_by.as_deref(), shown.ack_note.as_deref()),
+        (Some("ops@example.com"), Some("looking at the ledger"))
+    );
 
     exec(&pool, &resolve).await;
     alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();

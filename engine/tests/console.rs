@@ -29,7 +29,12 @@ async fn audit_entries(pool: &PgPool, action: &str) -> Vec<(String, Option<Strin
 /// `n` one-credit jobs of a new user, admitted as uploads are (debited, in flight).
 async fn admitted_jobs(pool: &PgPool, email: &str, n: usize) -> (i64, Vec<Uuid>) {
     let user = users::create_user(pool, email, "password123", Role::User, n as i64).await.unwrap();
-    sqlx::query("UPDATE users SET max_in_flight = $2 WHERE id = $1").bind(user.id).bind(n as i32).execute(pool).await.unwrap();
+    sqlx::query("UPDATE users SET max_in_flight = $2 WHERE id = $1")
+        .bind(user.id)
+        .bind(n as i32)
+        .execute(pool)
+        .await
+        .unwrap();
     let config = AdmissionConfig { max_backlog: 1_000_000, ..AdmissionConfig::default() };
     let mut ids = Vec::new();
     for i in 0..n {
@@ -114,7 +119,8 @@ async fn bulk_replay_and_discard_act_on_the_dead_letters_a_search_matches_and_cl
     reviews::mark(&pool, &refused_group, "all of them?", &admin.email, &admin.email).await.unwrap();
 
     let search = JobSearch { failure_kind: Some(FailureKind::TimedOut), ..Default::default() };
-    let done = bulk::run(&pool, &SluiceHooks, &search, BulkAction::Replay, (10_000, 1_200), &admin.email).await.unwrap();
+    let done =
+        bulk::run(&pool, &SluiceHooks, &search, BulkAction::Replay, (10_000, 1_200), &admin.email).await.unwrap();
     assert_eq!((done.matched, done.acted), (1_200, 1_200));
     assert_eq!(dlq::depth(&pool).await.unwrap(), 800);
     assert!(reviews::open_for(&pool, &refused_group).await.unwrap().is_some(), "its group still has jobs");
@@ -124,7 +130,10 @@ async fn bulk_replay_and_discard_act_on_the_dead_letters_a_search_matches_and_cl
         .unwrap();
     assert_eq!(replays, 1_200);
     let review = reviews::recent(&pool, 10).await.unwrap().into_iter().find(|r| r.job_id == Some(timeouts[0])).unwrap();
-    assert_eq!((review.resolution.as_deref(), review.resolved_by.as_deref()), (Some("replayed"), Some("ops@example.com")));
+    assert_eq!(
+        (review.resolution.as_deref(), review.resolved_by.as_deref()),
+        (Some("replayed"), Some("ops@example.com"))
+    );
     assert!(audit_entries(&pool, "dlq_replay").await.is_empty(), "batches are not audited one by one");
 
     let search = JobSearch { failure_kind: Some(FailureKind::ProviderRejected), ..Default::default() };
@@ -132,11 +141,12 @@ async fn bulk_replay_and_discard_act_on_the_dead_letters_a_search_matches_and_cl
     assert_eq!((done.matched, done.acted), (800, 800));
     assert_eq!(dlq::depth(&pool).await.unwrap(), 0);
     assert!(reviews::open_for(&pool, &refused_group).await.unwrap().is_none(), "its group emptied: resolved");
-    let discarded: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE id = ANY($1) AND discarded_at IS NOT NULL")
-        .bind(&rejected)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let discarded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE id = ANY($1) AND discarded_at IS NOT NULL")
+            .bind(&rejected)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(discarded, 800, "they stay failed, out of the DLQ");
     assert_eq!(audit_entries(&pool, "bulk_replay").await.len(), 1);
     assert_eq!(audit_entries(&pool, "bulk_discard").await.len(), 1);
@@ -173,7 +183,10 @@ async fn a_review_names_an_admin_shows_who_and_since_when_and_ends_with_who_and_
 
     let resolved = reviews::resolve_without_action(&pool, handed.id, "fixed upstream", &lead.email).await.unwrap();
     assert_eq!(resolved.resolution.as_deref(), Some("no_action"));
-    assert_eq!((resolved.resolved_by.as_deref(), resolved.resolution_note.as_deref()), (Some("lead@example.com"), Some("fixed upstream")));
+    assert_eq!(
+        (resolved.resolved_by.as_deref(), resolved.resolution_note.as_deref()),
+        (Some("lead@example.com"), Some("fixed upstream"))
+    );
     assert!(matches!(
         reviews::resolve_without_action(&pool, handed.id, "again", &lead.email).await,
         Err(engine::error::EngineError::NotFound)
@@ -181,8 +194,12 @@ async fn a_review_names_an_admin_shows_who_and_since_when_and_ends_with_who_and_
     // Discarding the job resolves its review, by whoever discarded it.
     dlq::discard(&pool, &Selection::Job(jobs[0]), &admin.email).await.unwrap();
     let job_review = reviews::recent(&pool, 10).await.unwrap().into_iter().find(|r| r.job_id == Some(jobs[0])).unwrap();
-    assert_eq!((job_review.resolution.as_deref(), job_review.resolved_by.as_deref()), (Some("discarded"), Some("ops@example.com")));
-    let actions: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_log ORDER BY id").fetch_all(&pool).await.unwrap();
+    assert_eq!(
+        (job_review.resolution.as_deref(), job_review.resolved_by.as_deref()),
+        (Some("discarded"), Some("ops@example.com"))
+    );
+    let actions: Vec<String> =
+        sqlx::query_scalar("SELECT action FROM audit_log ORDER BY id").fetch_all(&pool).await.unwrap();
     assert_eq!(actions, ["review", "review", "review", "review_resolved", "dlq_discard"]);
 }
 
@@ -191,7 +208,13 @@ async fn retry_now_makes_a_waiting_retry_due_without_an_extra_attempt_or_passing
     let lease = Duration::from_secs(30);
     let retrying = job(
         &pool,
-        &JobOpts { owner_id: 7, state: JobState::Retrying, attempts: 1, run_at_ago: Some(-3600.0), ..Default::default() },
+        &JobOpts {
+            owner_id: 7,
+            state: JobState::Retrying,
+            attempts: 1,
+            run_at_ago: Some(-3600.0),
+            ..Default::default()
+        },
     )
     .await;
     assert!(queue::claim(&pool, "w", 10, lease).await.unwrap().is_empty(), "not due for an hour");
@@ -213,10 +236,24 @@ async fn retry_now_makes_a_waiting_retry_due_without_an_extra_attempt_or_passing
 
     let claimed = queue::claim(&pool, "w", 10, lease).await.unwrap();
     assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), vec![retrying]);
-    assert_eq!((claimed[0].attempt, claimed[0].max_attempts), (2, 3), "its second attempt, as the retry would have been");
+    assert_eq!(
+        (claimed[0].attempt, claimed[0].max_attempts),
+        (2, 3),
+        "its second attempt, as the retry would have been"
+    );
     assert!(audit_entries(&pool, "retry_now").await.is_empty(), "the owner's own retry is not in the admin audit");
     // An admin's is.
-    let other = job(&pool, &JobOpts { owner_id: 7, state: JobState::Retrying, attempts: 2, run_at_ago: Some(-600.0), ..Default::default() }).await;
+    let other = job(
+        &pool,
+        &JobOpts {
+            owner_id: 7,
+            state: JobState::Retrying,
+            attempts: 2,
+            run_at_ago: Some(-600.0),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(queue::retry_now(&pool, other, None, "ops@example.com").await.unwrap(), RetriedNow::Due);
     assert_eq!(audit_entries(&pool, "retry_now").await.len(), 1);
 }
@@ -231,10 +268,8 @@ async fn a_timed_pause_resumes_by_itself_after_a_restart_and_a_manual_resume_end
     assert!(!switches::resume_if_due(&pool).await.unwrap(), "not yet");
     // The end passes while no process runs; the first maintenance loop to start resumes.
     sqlx::query("UPDATE queue_settings SET resume_at = now() - interval '1 second'").execute(&pool).await.unwrap();
-    let config = engine::maintenance::MaintenanceConfig {
-        rescue_every: Duration::from_millis(100),
-        ..Default::default()
-    };
+    let config =
+        engine::maintenance::MaintenanceConfig { rescue_every: Duration::from_millis(100), ..Default::default() };
     let hooks: Arc<dyn engine::queue::hooks::TerminalHooks> = Arc::new(SluiceHooks);
     let restarted = tokio::spawn(engine::maintenance::run(pool.clone(), hooks, Default::default(), config, None));
     let resumed = engine::testing::wait_for(Duration::from_secs(5), || async {
@@ -246,7 +281,10 @@ async fn a_timed_pause_resumes_by_itself_after_a_restart_and_a_manual_resume_end
     let settings = switches::read(&pool).await.unwrap();
     assert_eq!((settings.resume_at, settings.processing_changed_by.as_str()), (None, "timer (the timed pause ended)"));
     let values: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT actor, new_value FROM audit_log WHERE action = 'processing' ORDER BY id").fetch_all(&pool).await.unwrap();
+        sqlx::query_as("SELECT actor, new_value FROM audit_log WHERE action = 'processing' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(values[0], ("ops@example.com".into(), Some("off for 10 min".into())));
     assert_eq!(values[1].1.as_deref(), Some("on"));
 
@@ -266,7 +304,12 @@ async fn a_timed_pause_resumes_by_itself_after_a_restart_and_a_manual_resume_end
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
     let user = users::create_user(&pool, "u@example.com", "password123", Role::User, 100).await.unwrap();
-    let at = |hours_ago: f64| JobOpts { owner_id: user.id, finished_ago: Some(hours_ago * 3600.0), accepted_ago: hours_ago * 3600.0, ..Default::default() };
+    let at = |hours_ago: f64| JobOpts {
+        owner_id: user.id,
+        finished_ago: Some(hours_ago * 3600.0),
+        accepted_ago: hours_ago * 3600.0,
+        ..Default::default()
+    };
     // This hour: three done, one failed; two hours ago: one failed.
     let mut now_jobs = Vec::new();
     for _ in 0..3 {
@@ -274,9 +317,12 @@ async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
     }
     let failed_now = job(&pool, &JobOpts { state: JobState::Failed, ..at(0.0) }).await;
     let failed_before = job(&pool, &JobOpts { state: JobState::Failed, ..at(2.0) }).await;
-    for (job_id, kind, amount, hours) in
-        [(now_jobs[0], "debit", -5, 0.0), (failed_now, "debit", -2, 0.0), (failed_now, "refund", 2, 0.0), (failed_before, "debit", -7, 2.0)]
-    {
+    for (job_id, kind, amount, hours) in [
+        (now_jobs[0], "debit", -5, 0.0),
+        (failed_now, "debit", -2, 0.0),
+        (failed_now, "refund", 2, 0.0),
+        (failed_before, "debit", -7, 2.0),
+    ] {
         sqlx::query("INSERT INTO ledger (user_id, kind, amount, job_id, at) VALUES ($1, $2, $3, $4, now() - make_interval(secs => $5))")
             .bind(user.id)
             .bind(kind)
@@ -287,7 +333,9 @@ async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
             .await
             .unwrap();
     }
-    for (job_id, outcome, tokens) in [(now_jobs[0], "succeeded", 1000), (failed_now, "retry_scheduled", 300), (failed_now, "failed", 200)] {
+    for (job_id, outcome, tokens) in
+        [(now_jobs[0], "succeeded", 1000), (failed_now, "retry_scheduled", 300), (failed_now, "failed", 200)]
+    {
         sqlx::query(
             "INSERT INTO job_attempts (id, job_id, attempt, worker, finished_at, outcome, input_tokens, output_tokens)
              VALUES (gen_random_uuid(), $1, 1, 'w', now(), $2, $3, 10)",
@@ -322,13 +370,32 @@ async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
 async fn the_process_list_shows_roles_slots_and_running_and_marks_a_silent_one(pool: PgPool) {
     use engine::queue::processes::{self, Announcement};
     let beat = Duration::from_millis(200);
-    processes::announce(&pool, &Announcement { name: "web-1", role: "web", slots: 0, running: 0, heartbeat: beat }).await.unwrap();
-    processes::announce(&pool, &Announcement { name: "worker-1", role: "worker", slots: 24, running: 5, heartbeat: beat }).await.unwrap();
-    processes::announce(&pool, &Announcement { name: "worker-2", role: "worker", slots: 24, running: 3, heartbeat: beat }).await.unwrap();
+    processes::announce(&pool, &Announcement { name: "web-1", role: "web", slots: 0, running: 0, heartbeat: beat })
+        .await
+        .unwrap();
+    processes::announce(
+        &pool,
+        &Announcement { name: "worker-1", role: "worker", slots: 24, running: 5, heartbeat: beat },
+    )
+    .await
+    .unwrap();
+    processes::announce(
+        &pool,
+        &Announcement { name: "worker-2", role: "worker", slots: 24, running: 3, heartbeat: beat },
+    )
+    .await
+    .unwrap();
     // worker-2 is killed: it stops beating.
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    processes::announce(&pool, &Announcement { name: "web-1", role: "web", slots: 0, running: 0, heartbeat: beat }).await.unwrap();
-    processes::announce(&pool, &Announcement { name: "worker-1", role: "worker", slots: 24, running: 4, heartbeat: beat }).await.unwrap();
+    processes::announce(&pool, &Announcement { name: "web-1", role: "web", slots: 0, running: 0, heartbeat: beat })
+        .await
+        .unwrap();
+    processes::announce(
+        &pool,
+        &Announcement { name: "worker-1", role: "worker", slots: 24, running: 4, heartbeat: beat },
+    )
+    .await
+    .unwrap();
     let list = processes::list(&pool).await.unwrap();
     let seen: Vec<(&str, &str, i32, i32, bool)> =
         list.iter().map(|p| (p.name.as_str(), p.role.as_str(), p.slots, p.running, p.alive)).collect();

@@ -34,9 +34,30 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// A 256 KiB text of plain sentences, different for each `n` (the analysis has real work).
 fn document(n: usize) -> Vec<u8> {
     const WORDS: [&str; 24] = [
-        "revenue", "grew", "region", "costs", "fell", "percent", "quarter", "the", "team", "shipped", "report",
-        "customers", "asked", "for", "faster", "answers", "and", "lower", "prices", "while", "margins", "held",
-        "steady", "overall",
+        "revenue",
+        "grew",
+        "region",
+        "costs",
+        "fell",
+        "percent",
+        "quarter",
+        "the",
+        "team",
+        "shipped",
+        "report",
+        "customers",
+        "asked",
+        "for",
+        "faster",
+        "answers",
+        "and",
+        "lower",
+        "prices",
+        "while",
+        "margins",
+        "held",
+        "steady",
+        "overall",
     ];
     let mut state = (n as u64).wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut text = format!("Report {n}\n\n");
@@ -57,20 +78,21 @@ async fn upload(client: &reqwest::Client, addr: std::net::SocketAddr, token: &st
         .part("file", reqwest::multipart::Part::bytes(document(n)).file_name(format!("report-{n}.txt")))
         .text("preset", "summarize");
     let sent = Instant::now();
-    let answer = client
-        .post(format!("http://{addr}/api/v1/jobs"))
-        .bearer_auth(token)
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let answer =
+        client.post(format!("http://{addr}/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap();
     assert_eq!(answer.status(), 202, "{}", answer.text().await.unwrap_or_default());
     sent.elapsed().as_secs_f64() * 1000.0
 }
 
 /// Uploads started every `1/rate` s for `seconds`, whatever the earlier ones are doing (an open
 /// loop); returns their latencies, sorted.
-async fn open_loop(addr: std::net::SocketAddr, tokens: &[String], first: usize, rate: usize, seconds: usize) -> Vec<f64> {
+async fn open_loop(
+    addr: std::net::SocketAddr,
+    tokens: &[String],
+    first: usize,
+    rate: usize,
+    seconds: usize,
+) -> Vec<f64> {
     let client = reqwest::Client::new();
     let started = Instant::now();
     let total = rate * seconds;
@@ -104,7 +126,10 @@ async fn main() {
     let (rate, seconds, backlog) = (arg("--rate", 50), arg("--seconds", 10), arg("--backlog", 600));
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (cargo xtask bench sets it)");
     let pool = engine::db::connect(&url, 40).await.unwrap();
-    sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE").execute(&pool).await.unwrap();
+    sqlx::query("TRUNCATE jobs, job_attempts, ledger, api_tokens, notices, users CASCADE")
+        .execute(&pool)
+        .await
+        .unwrap();
     let mut tokens = Vec::new();
     for u in 0..50 {
         let user = users::create_user(&pool, &format!("busy{u}@example.com"), "bench password", Role::User, 100_000)

@@ -112,7 +112,8 @@ impl Application {
                     prices: config.prices.clone(),
                 }),
             });
-            let worker_config = WorkerConfig { role: if role == Role::All { "all" } else { "worker" }, ..config.worker_config() };
+            let worker_config =
+                WorkerConfig { role: if role == Role::All { "all" } else { "worker" }, ..config.worker_config() };
             let process_name = worker_config.name.clone();
             let workers = (config.workers > 0 && role != Role::Web)
                 .then(|| WorkerPool::start(pool.clone(), worker_config.clone(), processor, hooks.clone()));
@@ -133,7 +134,8 @@ impl Application {
             let presence = workers.is_none().then(|| {
                 let role = if role == Role::Worker { "worker" } else { "web" };
                 let beat = worker_config.heartbeat;
-                let announcing = engine::queue::processes::keep_announcing(pool.clone(), process_name.clone(), role, beat);
+                let announcing =
+                    engine::queue::processes::keep_announcing(pool.clone(), process_name.clone(), role, beat);
                 background.push(tokio::spawn(announcing));
                 process_name
             });

@@ -154,8 +154,12 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
     // Each process records itself: the two web processes and the worker, with its slots.
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let processes = || async {
-        let mut rows: Vec<(String, i32, bool)> =
-            engine::queue::processes::list(&pool).await.unwrap().into_iter().map(|p| (p.role, p.slots, p.alive)).collect();
+        let mut rows: Vec<(String, i32, bool)> = engine::queue::processes::list(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.role, p.slots, p.alive))
+            .collect();
         rows.sort();
         rows
     };

@@ -585,7 +585,8 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
         median(ratios(&defaults)),
         listed(&ratios(&defaults))
     );
-    for (name, rows) in [("Sluice", &ours), ("graphile-worker tuned", &tuned), ("graphile-worker defaults", &defaults)] {
+    for (name, rows) in [("Sluice", &ours), ("graphile-worker tuned", &tuned), ("graphile-worker defaults", &defaults)]
+    {
         println!(
             "pickup, enqueue to processor start, {name}: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
             column(rows, 1),

@@ -74,7 +74,13 @@ pub fn MarkReviewForm(
     let submit = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
         let (kind, reason) = group.clone().map(|(k, r)| (Some(k), Some(r))).unwrap_or((None, None));
-        mark.dispatch(MarkReview { job: job.clone(), kind, reason, note: note.get_untracked(), assignee: assignee.get_untracked() });
+        mark.dispatch(MarkReview {
+            job: job.clone(),
+            kind,
+            reason,
+            note: note.get_untracked(),
+            assignee: assignee.get_untracked(),
+        });
     };
     view! {
         <button class="button link" aria-expanded=move || open.get().to_string() on:click=move |_| open.update(|o| *o = !*o)>
@@ -131,8 +137,12 @@ pub fn ReviewsCard(#[prop(into)] changed: Signal<u32>) -> impl IntoView {
 #[component]
 fn ReviewItem(review: ReviewInfo, resolve: ServerAction<ResolveReview>) -> impl IntoView {
     let what = match (&review.job_id, &review.group) {
-        (Some(job), _) => view! { <a href=format!("/jobs/{job}")>{format!("Job {}", &job[..8.min(job.len())])}</a> }.into_any(),
-        (None, Some((kind, reason))) => view! { <span>{format!("Group {}: {reason}", kind.as_str().replace('_', " "))}</span> }.into_any(),
+        (Some(job), _) => {
+            view! { <a href=format!("/jobs/{job}")>{format!("Job {}", &job[..8.min(job.len())])}</a> }.into_any()
+        }
+        (None, Some((kind, reason))) => {
+            view! { <span>{format!("Group {}: {reason}", kind.as_str().replace('_', " "))}</span> }.into_any()
+        }
         (None, None) => ().into_any(),
     };
     let why = RwSignal::new(String::new());

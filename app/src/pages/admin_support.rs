@@ -5,7 +5,9 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{AckInfo, AlertInfo, AlertsInfo, FailureKind, JobFilterForm, JobState, JobStatus, ReviewInfo, UserInfo};
+use crate::model::{
+    AckInfo, AlertInfo, AlertsInfo, FailureKind, JobFilterForm, JobState, JobStatus, ReviewInfo, UserInfo,
+};
 use crate::pages::admin_reviews::{MarkReviewForm, ReviewBadge};
 use crate::pages::clock::local_date_time;
 use crate::pages::clock::now_ms;
@@ -47,7 +49,10 @@ fn alert_line(a: &AlertInfo) -> String {
 
 /// What fires now (since when, value, threshold), and the latest resolved firings.
 #[component]
-pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>, ack: ServerAction<Acknowledge>) -> impl IntoView {
+pub fn AlertsCard(
+    alerts: LocalResource<Result<AlertsInfo, AppError>>,
+    ack: ServerAction<Acknowledge>,
+) -> impl IntoView {
     view! {
         <section class="card" data-testid="alerts">
             <h2>"Alerts"</h2>
@@ -102,7 +107,12 @@ pub fn AlertsCard(alerts: LocalResource<Result<AlertsInfo, AppError>>, ack: Serv
 
 /// Who acknowledged an alert or a report, or a form to acknowledge it with a note.
 #[component]
-pub fn Acknowledgement(what: &'static str, id: i64, acked: Option<AckInfo>, ack: ServerAction<Acknowledge>) -> impl IntoView {
+pub fn Acknowledgement(
+    what: &'static str,
+    id: i64,
+    acked: Option<AckInfo>,
+    ack: ServerAction<Acknowledge>,
+) -> impl IntoView {
     let note = RwSignal::new(String::new());
     let field = format!("ack-{what}-{id}");
     match acked {
@@ -256,7 +266,9 @@ fn FoundJob(
 pub fn bulk_question(action: &str, matched: i64) -> String {
     let jobs = if matched == 1 { "1 job".to_string() } else { format!("{matched} jobs") };
     match action {
-        "cancel" => format!("Cancel {jobs}? Waiting ones are refunded at once; running ones stop at their next safe point."),
+        "cancel" => {
+            format!("Cancel {jobs}? Waiting ones are refunded at once; running ones stop at their next safe point.")
+        }
         "replay" => format!("Replay the failed ones of {jobs}? They run again, free for their owners."),
         _ => format!("Discard the failed ones of {jobs} from the dead-letter queue? They stay failed and refunded."),
     }

@@ -143,7 +143,8 @@ pub fn Console(section: Section, children: ChildrenFn) -> impl IntoView {
         }
     });
     let children = StoredValue::new(children);
-    move || match admitted.get() {
+    move || {
+        match admitted.get() {
         Some(true) => view! {
             <div class="console">
                 <div class="console-head">
@@ -174,6 +175,7 @@ pub fn Console(section: Section, children: ChildrenFn) -> impl IntoView {
         .into_any(),
         Some(false) => view! { <p class="empty">"Page not found."</p> }.into_any(),
         None => view! { <p class="empty">"Loading…"</p> }.into_any(),
+    }
     }
 }
 

@@ -129,7 +129,8 @@ pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
             .into_iter()
             .map(|g| {
                 let mine = |r: &reviews::Review| {
-                    r.failure_kind == Some(g.failure_kind) && r.failure_reason.as_deref() == Some(g.failure_reason.as_str())
+                    r.failure_kind == Some(g.failure_kind)
+                        && r.failure_reason.as_deref() == Some(g.failure_reason.as_str())
                 };
                 let review = open.iter().position(mine).map(|at| open.swap_remove(at).into());
                 DlqGroupInfo { kind: g.failure_kind, reason: g.failure_reason, jobs: g.jobs, review }
@@ -251,7 +252,8 @@ pub async fn audit_log(page: Option<u32>) -> Result<Vec<AuditInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
         require_admin(&ctx).await?;
-        let entries = engine::audit::page(&ctx.pool, i64::from(page.unwrap_or(0).min(10_000)) * AUDIT_PAGE, AUDIT_PAGE).await?;
+        let entries =
+            engine::audit::page(&ctx.pool, i64::from(page.unwrap_or(0).min(10_000)) * AUDIT_PAGE, AUDIT_PAGE).await?;
         Ok(entries
             .into_iter()
             .map(|a| AuditInfo {

@@ -272,7 +272,9 @@ mod tests {
         for what in [Revoked::Token(7), Revoked::User(12), Revoked::Session("abc-DEF".into())] {
             assert_eq!(Revoked::parse(&what.payload()), Some(what));
         }
-        for junk in ["", "token:", "token:x", "user:-", "nothing:1", "session:", &format!("session:{}", "x".repeat(200))] {
+        for junk in
+            ["", "token:", "token:x", "user:-", "nothing:1", "session:", &format!("session:{}", "x".repeat(200))]
+        {
             assert_eq!(Revoked::parse(junk), None, "{junk:?}");
         }
     }

@@ -21,9 +21,7 @@ fn permits() -> &'static Semaphore {
 }
 
 /// Run `work` on the blocking pool once a CPU slot is free.
-pub async fn run<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, tokio::task::JoinError> {
+pub async fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, tokio::task::JoinError> {
     let _slot = permits().acquire().await.expect("the CPU semaphore is never closed");
     tokio::task::spawn_blocking(work).await
 }

@@ -96,7 +96,8 @@ pub async fn run(
 ) -> Result<BulkDone> {
     let (cap, confirmed) = limits;
     let mut lock = pool.acquire().await?;
-    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(BULK_LOCK).fetch_one(&mut *lock).await?;
+    let ours: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(BULK_LOCK).fetch_one(&mut *lock).await?;
     if !ours {
         return Err(EngineError::Invalid("another bulk action is running; try again when it ends".into()));
     }

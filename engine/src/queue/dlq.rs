@@ -60,7 +60,10 @@ pub async fn depth(pool: &PgPool) -> Result<i64> {
 #[derive(Clone, Debug)]
 pub enum Selection {
     Job(Uuid),
-    Group { kind: FailureKind, reason: String },
+    Group {
+        kind: FailureKind,
+        reason: String,
+    },
     /// A batch of a bulk action ([`super::bulk`]), which audits the whole action once itself.
     Batch(Vec<Uuid>),
 }

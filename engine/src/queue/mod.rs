@@ -2,17 +2,17 @@
 //! transaction as the debit), every transition is one transaction, results and failures are
 //! fenced by the attempt's lease token.
 
+pub mod bulk;
 pub mod cancel;
 pub mod capacity;
 mod claim;
 pub mod dlq;
 mod enqueue;
 pub mod hooks;
+pub mod outcomes;
 pub mod parts;
 pub mod policy;
 pub mod processes;
-pub mod bulk;
-pub mod outcomes;
 pub mod rescue;
 pub mod retention;
 pub mod retry_now;
@@ -26,13 +26,14 @@ mod waiting_line;
 pub mod worker;
 
 pub use cancel::{cancel, Canceled};
-pub use retry_now::{retry_now, RetriedNow};
 pub use claim::{claim, heartbeat, next_due, ClaimedJob};
 pub use enqueue::{enqueue, lock_line, NewJob};
+pub use retry_now::{retry_now, RetriedNow};
 pub use sluice_types::{FailureKind, JobStage, JobState};
 pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
 pub use views::{
-    attempts, count_matching, get, matching_ids, page_for_owner, search, search_terms, AttemptView, FoundJob, JobFilter, JobSearch, JobView,
+    attempts, count_matching, get, matching_ids, page_for_owner, search, search_terms, AttemptView, FoundJob,
+    JobFilter, JobSearch, JobView,
 };
 pub use waiting_line::{waiting_line, LineSnapshot, SharedLine, WaitingLine};
 

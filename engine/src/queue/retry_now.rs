@@ -21,12 +21,13 @@ pub enum RetriedNow {
 /// Bring `job_id`'s retry forward to now. `owner`: only that user's job (else not found), for
 /// an owner acting on their own job; `None` for an admin (then audited).
 pub async fn retry_now(pool: &PgPool, job_id: Uuid, owner: Option<i64>, actor: &str) -> Result<RetriedNow> {
-    let found: Option<i64> =
-        sqlx::query_scalar("SELECT owner_id FROM jobs WHERE id = $1 AND deleted_at IS NULL AND ($2::int8 IS NULL OR owner_id = $2)")
-            .bind(job_id)
-            .bind(owner)
-            .fetch_optional(pool)
-            .await?;
+    let found: Option<i64> = sqlx::query_scalar(
+        "SELECT owner_id FROM jobs WHERE id = $1 AND deleted_at IS NULL AND ($2::int8 IS NULL OR owner_id = $2)",
+    )
+    .bind(job_id)
+    .bind(owner)
+    .fetch_optional(pool)
+    .await?;
     found.ok_or(EngineError::NotFound)?;
     let mut tx = pool.begin().await?;
     // The job row, then (the heads trigger) the owner's line: the order cancel and the claim

@@ -86,11 +86,13 @@ pub fn clean_note(note: &str) -> Result<String> {
 /// open hands it over: the note, the assignee and the time are replaced.
 pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, actor: &str) -> Result<Review> {
     let note = clean_note(note)?;
-    let assignee_id: i64 = sqlx::query_scalar("SELECT id FROM users WHERE email = lower(trim($1)) AND role = 'admin' AND deleted_at IS NULL")
-        .bind(assignee)
-        .fetch_optional(pool)
-        .await?
-        .ok_or_else(|| EngineError::Invalid("the assignee must be an admin account".into()))?;
+    let assignee_id: i64 = sqlx::query_scalar(
+        "SELECT id FROM users WHERE email = lower(trim($1)) AND role = 'admin' AND deleted_at IS NULL",
+    )
+    .bind(assignee)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| EngineError::Invalid("the assignee must be an admin account".into()))?;
     let mut tx = pool.begin().await?;
     let (job, kind, reason) = match subject {
         Subject::Job(id) => (Some(*id), None, None),
@@ -210,7 +212,12 @@ pub async fn resolve_without_action(pool: &PgPool, id: i64, note: &str, actor: &
 /// After a replay or a discard changed `jobs` (in the caller's transaction): close their
 /// open reviews, and those of groups that no longer have a job in the dead-letter queue, as
 /// `resolution` by `actor`. Nothing changed: nothing is closed.
-pub(crate) async fn close_for(tx: &mut PgConnection, jobs: &[Uuid], resolution: Resolution, actor: &str) -> Result<u64> {
+pub(crate) async fn close_for(
+    tx: &mut PgConnection,
+    jobs: &[Uuid],
+    resolution: Resolution,
+    actor: &str,
+) -> Result<u64> {
     if jobs.is_empty() {
         return Ok(0);
     }

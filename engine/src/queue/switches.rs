@@ -133,12 +133,10 @@ async fn change(tx: &mut sqlx::PgConnection, enabled: bool, minutes: Option<u32>
     let old: bool = sqlx::query_scalar("SELECT processing_enabled FROM queue_settings WHERE id = 1 FOR UPDATE")
         .fetch_one(&mut *tx)
         .await?;
-    sqlx::query(
-        "UPDATE queue_settings SET resume_at = now() + make_interval(mins => $1::int) WHERE id = 1",
-    )
-    .bind(minutes.map(|m| m as i32))
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query("UPDATE queue_settings SET resume_at = now() + make_interval(mins => $1::int) WHERE id = 1")
+        .bind(minutes.map(|m| m as i32))
+        .execute(&mut *tx)
+        .await?;
     if old != enabled {
         sqlx::query(
             "UPDATE queue_settings SET processing_enabled = $1, processing_changed_at = now(),

@@ -356,12 +356,7 @@ async fn a_token_revoked_or_a_session_ended_on_one_process_is_refused_by_another
     let on_b = |name: &'static str| {
         let browser = browser.clone();
         async move {
-            browser
-                .post(format!("http://{b}/api/{name}"))
-                .header("Origin", format!("http://{b}"))
-                .send()
-                .await
-                .unwrap()
+            browser.post(format!("http://{b}/api/{name}")).header("Origin", format!("http://{b}")).send().await.unwrap()
         }
     };
     let jobs = on_b("list_jobs").await;

@@ -20,7 +20,15 @@ async fn browser(app: &TestApp, email: &str) -> reqwest::Client {
 /// The console's search form: every field but the page inside `filter`.
 fn filter_form(form: &[(&str, &str)]) -> Vec<(String, String)> {
     form.iter()
-        .map(|(k, v)| if *k == "page" { (k.to_string(), v.to_string()) } else { (format!("filter[{k}]"), v.to_string()) })
+        .map(
+            |(k, v)| {
+                if *k == "page" {
+                    (k.to_string(), v.to_string())
+                } else {
+                    (format!("filter[{k}]"), v.to_string())
+                }
+            },
+        )
         .collect()
 }
 
@@ -257,7 +265,11 @@ async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retri
 
     // Counted first; past the cap (40) the action is refused and nothing changes.
     let (status, count) = send("admin/bulk_preview", form(&[("text", "carol@")])).await;
-    assert_eq!((status, count["matched"].as_i64(), count["cap"].as_i64()), (200, Some(41), Some(40)), "counted to one past the cap");
+    assert_eq!(
+        (status, count["matched"].as_i64(), count["cap"].as_i64()),
+        (200, Some(41), Some(40)),
+        "counted to one past the cap"
+    );
     let mut all = form(&[("text", "carol@")]);
     all.push(("action".into(), "cancel".into()));
     all.push(("confirmed".into(), "45".into()));
@@ -278,7 +290,8 @@ async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retri
     some.push(("confirmed".into(), "10".into()));
     let (status, done) = send("admin/bulk_action", some).await;
     assert_eq!((status, done["matched"].as_i64(), done["acted"].as_i64()), (200, Some(10), Some(10)));
-    let balance: i64 = sqlx::query_scalar("SELECT balance FROM users WHERE id = $1").bind(carol).fetch_one(&app.pool).await.unwrap();
+    let balance: i64 =
+        sqlx::query_scalar("SELECT balance FROM users WHERE id = $1").bind(carol).fetch_one(&app.pool).await.unwrap();
     assert_eq!(balance, 60 - 45 + 10, "the ten are refunded");
     let mut bad = form(&[("text", "batch")]);
     bad.push(("action".into(), "delete".into()));
@@ -333,19 +346,42 @@ async fn the_console_acts_on_a_whole_search_reviews_pauses_for_a_while_and_retri
         .await
         .unwrap();
     assert!(due, "due now, with the attempts it had");
-    assert_eq!(call(&carol_browser, &app, "retry_now", &[("id", &retrying)]).await.status(), 200, "still retrying: no harm");
-    let queued: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE state = 'queued' LIMIT 1").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(
+        call(&carol_browser, &app, "retry_now", &[("id", &retrying)]).await.status(),
+        200,
+        "still retrying: no harm"
+    );
+    let queued: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE state = 'queued' LIMIT 1")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
     assert_eq!(call(&carol_browser, &app, "retry_now", &[("id", &queued)]).await.status(), 409);
 
     // None of the console for anyone else.
     for name in [
-        "admin/bulk_preview", "admin/bulk_action", "admin/mark_review", "admin/resolve_review", "admin/acknowledge",
-        "admin/pause_for", "admin/outcomes", "admin/processes", "admin/reviews", "admin/admins",
+        "admin/bulk_preview",
+        "admin/bulk_action",
+        "admin/mark_review",
+        "admin/resolve_review",
+        "admin/acknowledge",
+        "admin/pause_for",
+        "admin/outcomes",
+        "admin/processes",
+        "admin/reviews",
+        "admin/admins",
     ] {
         // Every argument any of them takes, well formed: only the role decides.
         let form = [
-            ("minutes", "5"), ("period", "hour"), ("id", "1"), ("note", "x"), ("what", "alert"), ("action", "cancel"),
-            ("filter[text]", "carol"), ("assignee", "ops@example.com"), ("job", failed.as_str()), ("confirmed", "1"),
+            ("minutes", "5"),
+            ("period", "hour"),
+            ("id", "1"),
+            ("note", "x"),
+            ("what", "alert"),
+            ("action", "cancel"),
+            ("filter[text]", "carol"),
+            ("assignee", "ops@example.com"),
+            ("job", failed.as_str()),
+            ("confirmed", "1"),
         ];
         let answer = call(&carol_browser, &app, name, &form).await;
         assert_eq!(answer.status(), 404, "{name}");
