@@ -86,13 +86,13 @@ pub fn clean_note(note: &str) -> Result<String> {
 /// open hands it over: the note, the assignee and the time are replaced.
 pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, actor: &str) -> Result<Review> {
     let note = clean_note(note)?;
-    let assignee_id: i64 = sqlx::query_scalar(
-        "SELECT id FROM users WHERE email = lower(trim($1)) AND role = 'admin' AND deleted_at IS NULL",
-    )
-    .bind(assignee)
-    .fetch_optional(pool)
-    .await?
-    .ok_or_else(|| EngineError::Invalid("the assignee must be an admin account".into()))?;
+    // The account as a log-in finds it (the same e-mail normalisation); a deleted one is no one.
+    let not_an_admin = || EngineError::Invalid("the assignee must be an admin account".into());
+    let assignee_id = match crate::accounts::users::find_by_email(pool, assignee).await {
+        Ok(user) if user.is_admin() => crate::accounts::users::get(pool, user.id).await.map_err(|_| not_an_admin())?.id,
+        Ok(_) | Err(EngineError::NotFound | EngineError::Invalid(_)) => return Err(not_an_admin()),
+        Err(e) => return Err(e),
+    };
     let mut tx = pool.begin().await?;
     let (job, kind, reason) = match subject {
         Subject::Job(id) => (Some(*id), None, None),
