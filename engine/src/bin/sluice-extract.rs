@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use engine::documents::sandbox::{answer_text, child_main, lock_down, RunAs};
+use engine::documents::sandbox::{answer_text, child_main, confine, lock_down, RunAs};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,6 +20,7 @@ fn main() -> ExitCode {
 }
 
 fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode {
+    confine();
     let Ok(walls) = lock_down(run_as.and_then(RunAs::parse)) else { return ExitCode::from(6) };
     let outcome = |result: std::io::Result<()>| match result {
         Ok(()) => "reached".to_string(),

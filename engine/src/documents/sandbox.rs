@@ -167,18 +167,21 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    let limits = (config.memory_bytes, config.cpu_secs);
-    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, unshare).
-    unsafe {
-        command.pre_exec(move || {
-            confine(limits.0, limits.1);
-            Ok(())
-        });
-    }
+    // No `pre_exec`: the limits are set from here once the child runs, before it has the
+    // document, so the standard library starts it with `posix_spawn` (a vfork). A fork of this
+    // large, many-threaded process copied its page tables and stalled every thread of the web.
     let mut child = command.spawn().map_err(|e| {
         tracing::error!(error = %e, program = %config.program.display(), "cannot start the document reader");
         JobError::new(ErrorClass::ServerError, "the document reader could not start")
     })?;
+    let limited = match child.id() {
+        Some(pid) => limit_child(pid, config.memory_bytes, config.cpu_secs),
+        None => Ok(()), // reaped already: it has finished
+    };
+    if let Err(e) = limited {
+        tracing::error!(error = %e, "cannot limit the document reader");
+        return Err(JobError::new(ErrorClass::ServerError, "the document reader could not start"));
+    }
     let mut stdin = child.stdin.take().expect("piped stdin");
     let mut stdout = child.stdout.take().expect("piped stdout");
     let feed = async move {
@@ -240,15 +243,13 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
     }
 }
 
-/// In the child, before exec: hard limits, no core dumps, and a network namespace of its own
-/// where the kernel lets us (as root; elsewhere the empty environment must do).
 /// How much lower a reader's scheduling priority is than the server's.
 pub const READER_NICENESS: libc::c_int = 10;
 
-fn confine(memory_bytes: u64, cpu_secs: u64) {
-    limit(libc::RLIMIT_AS, memory_bytes, memory_bytes);
-    // SIGXCPU at the soft limit, SIGKILL one second later.
-    limit(libc::RLIMIT_CPU, cpu_secs, cpu_secs + 1);
+/// In the child, first of all (still root, before the document): a lower priority, and a
+/// network namespace of its own where the kernel lets us (as root; elsewhere the empty
+/// environment must do). The hard limits come from the parent ([`limit_child`]).
+pub fn confine() {
     limit(libc::RLIMIT_CORE, 0, 0);
     limit(libc::RLIMIT_FSIZE, 0, 0);
     // SAFETY: affects only this (child) process. A reader yields the CPU to the web and the
@@ -259,10 +260,39 @@ fn confine(memory_bytes: u64, cpu_secs: u64) {
     }
 }
 
+/// From the parent, once the child runs and before it is given the document: its address
+/// space, CPU time, core dumps and file sizes. A child that is gone already needs none.
+fn limit_child(pid: u32, memory_bytes: u64, cpu_secs: u64) -> std::io::Result<()> {
+    let limits = [
+        (libc::RLIMIT_AS, memory_bytes, memory_bytes),
+        // SIGXCPU at the soft limit, SIGKILL one second later.
+        (libc::RLIMIT_CPU, cpu_secs, cpu_secs + 1),
+        (libc::RLIMIT_CORE, 0, 0),
+        (libc::RLIMIT_FSIZE, 0, 0),
+    ];
+    for (resource, soft, hard) in limits {
+        match limit_of(pid as libc::pid_t, resource, soft, hard) {
+            Err(e) if e.raw_os_error() != Some(libc::ESRCH) => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Lower one of this process's limits (best effort: a limit already lower stays).
 fn limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {
+    let _ = limit_of(0, resource, soft, hard);
+}
+
+/// Set a limit of process `pid` (0: this one).
+fn limit_of(pid: libc::pid_t, resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> std::io::Result<()> {
     let value = libc::rlimit { rlim_cur: soft, rlim_max: hard };
-    // SAFETY: plain syscall with a valid pointer.
-    unsafe { libc::setrlimit(resource, &value) };
+    // SAFETY: plain syscall with a valid pointer; `pid` is this process or our unreaped child.
+    if unsafe { libc::prlimit(pid, resource, &value, std::ptr::null_mut()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// What [`lock_down`] achieved.
@@ -406,6 +436,7 @@ fn doc_type_arg(doc_type: DocType) -> &'static str {
 /// The parsing runs on a thread with a large stack, so honest deep documents fit; hostile
 /// ones hit the address-space limit or the parser's own nesting limit instead.
 pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
+    confine();
     let doc_type = match doc_type {
         Some("pdf") => DocType::Pdf,
         Some("text") => DocType::PlainText,
