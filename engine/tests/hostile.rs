@@ -60,6 +60,19 @@ async fn hostile_pdfs_fail_in_the_child_with_plain_reasons_and_honest_big_ones_a
     assert!(peak < 300, "peak RSS {peak} MiB");
 }
 
+/// A reader started without its limits reads nothing: it never runs unconfined.
+#[test]
+fn a_reader_without_its_limits_refuses_to_read() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-extract"))
+        .arg("text")
+        .env_remove(engine::documents::sandbox::LIMITS_VAR)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "refused before reading");
+    assert!(out.stdout.is_empty(), "no answer");
+}
+
 #[tokio::test]
 async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
     // The document type is appended as an argument: `sh -c CMD sh` takes it as $1 and ignores it.

@@ -1,5 +1,6 @@
 //! The sandboxed document reader on its own, for the engine's tests and for deployments that
-//! prefer a separate binary: `sluice-extract [--run-as=UID:GID] <pdf|text|markdown> < document`.
+//! prefer a separate binary: `SLUICE_READER_LIMITS=BYTES:SECS sluice-extract [--run-as=UID:GID]
+//! <pdf|text|markdown> < document` (the limits are required: a reader never runs without them).
 //!
 //! `sluice-extract probe <socket> <file> <tcp address> [--run-as=UID:GID] <type>` is for the
 //! tests: it locks itself down exactly as a reader does, then tries to reach the database's
@@ -7,7 +8,7 @@
 
 use std::process::ExitCode;
 
-use engine::documents::sandbox::{answer_text, child_main, confine, lock_down, RunAs};
+use engine::documents::sandbox::{answer_text, child_main, confine, lock_down, Limits, RunAs};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,7 +21,9 @@ fn main() -> ExitCode {
 }
 
 fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode {
-    confine();
+    if !confine(Limits { memory_bytes: 1 << 30, cpu_secs: 30 }) {
+        return ExitCode::from(6);
+    }
     let Ok(walls) = lock_down(run_as.and_then(RunAs::parse)) else { return ExitCode::from(6) };
     let outcome = |result: std::io::Result<()>| match result {
         Ok(()) => "reached".to_string(),

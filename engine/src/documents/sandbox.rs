@@ -157,28 +157,27 @@ fn invalid(message: impl Into<String>) -> JobError {
 pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: Bytes) -> Result<Extracted, JobError> {
     // Waiting for a turn is not the document's time: the wall clock starts with the child.
     let _turn = config.readers.acquire().await.expect("the readers' semaphore is never closed");
+    let limits = Limits { memory_bytes: config.memory_bytes, cpu_secs: config.cpu_secs };
     let mut command = tokio::process::Command::new(&config.program);
     command
         .args(&config.args)
         .args(config.run_as.map(RunAs::to_arg))
         .arg(doc_type_arg(doc_type))
         .env_clear()
+        .env(LIMITS_VAR, limits.to_value())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    // No `pre_exec`: the limits are set from here once the child runs, before it has the
-    // document, so the standard library starts it with `posix_spawn` (a vfork). A fork of this
-    // large, many-threaded process copied its page tables and stalled every thread of the web.
+    // No `pre_exec`, so the standard library starts the child with `posix_spawn` (a vfork): a
+    // fork of this large, many-threaded process copied its page tables and stalled every thread
+    // of the web. The child sets its own limits first of all ([`confine`]), and they are set
+    // from here too before it is given the document, so a reader that is not ours has them.
     let mut child = command.spawn().map_err(|e| {
         tracing::error!(error = %e, program = %config.program.display(), "cannot start the document reader");
         JobError::new(ErrorClass::ServerError, "the document reader could not start")
     })?;
-    let limited = match child.id() {
-        Some(pid) => limit_child(pid, config.memory_bytes, config.cpu_secs),
-        None => Ok(()), // reaped already: it has finished
-    };
-    if let Err(e) = limited {
+    if let Err(e) = limit_child(child.id(), limits) {
         tracing::error!(error = %e, "cannot limit the document reader");
         return Err(JobError::new(ErrorClass::ServerError, "the document reader could not start"));
     }
@@ -246,34 +245,68 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
 /// How much lower a reader's scheduling priority is than the server's.
 pub const READER_NICENESS: libc::c_int = 10;
 
-/// In the child, first of all (still root, before the document): a lower priority, and a
-/// network namespace of its own where the kernel lets us (as root; elsewhere the empty
-/// environment must do). The hard limits come from the parent ([`limit_child`]).
-pub fn confine() {
-    limit(libc::RLIMIT_CORE, 0, 0);
-    limit(libc::RLIMIT_FSIZE, 0, 0);
+/// The variable a reader finds its limits in (its environment is otherwise empty).
+pub const LIMITS_VAR: &str = "SLUICE_READER_LIMITS";
+
+/// A reader's address space and CPU time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpu_secs: u64,
+}
+
+impl Limits {
+    /// `bytes:secs`, as the reader is given them.
+    fn to_value(self) -> String {
+        format!("{}:{}", self.memory_bytes, self.cpu_secs)
+    }
+
+    pub fn parse(text: &str) -> Option<Limits> {
+        let (memory, cpu) = text.split_once(':')?;
+        Some(Limits { memory_bytes: memory.parse().ok()?, cpu_secs: cpu.parse().ok()? })
+    }
+
+    /// The limits to set: (resource, soft, hard). SIGXCPU at the CPU time, SIGKILL a second later.
+    fn settings(self) -> [(libc::__rlimit_resource_t, u64, u64); 4] {
+        [
+            (libc::RLIMIT_AS, self.memory_bytes, self.memory_bytes),
+            (libc::RLIMIT_CPU, self.cpu_secs, self.cpu_secs.saturating_add(1)),
+            (libc::RLIMIT_CORE, 0, 0),
+            (libc::RLIMIT_FSIZE, 0, 0),
+        ]
+    }
+}
+
+/// Pure: a limit to set, never above the hard limit the process holds already (raising one
+/// needs a privilege a container may not give, and a stricter limit its operator set stays).
+pub fn within(soft: u64, hard: u64, held_hard: u64) -> (u64, u64) {
+    (soft.min(held_hard), hard.min(held_hard))
+}
+
+/// In the child, first of all (still root, before the document): its limits (a process may
+/// always lower its own, so this needs no privilege and cannot race the parent), a lower
+/// priority, and a network namespace of its own where the kernel lets us (as root; elsewhere
+/// the empty environment must do). False when a limit could not be set.
+pub fn confine(limits: Limits) -> bool {
+    let limited = limits.settings().into_iter().all(|(resource, soft, hard)| limit_of(0, resource, soft, hard).is_ok());
     // SAFETY: affects only this (child) process. A reader yields the CPU to the web and the
     // workers' own threads (nice 10): reading a document can wait a little, an answer cannot.
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, 0, READER_NICENESS);
         libc::unshare(libc::CLONE_NEWNET);
     }
+    limited
 }
 
-/// From the parent, once the child runs and before it is given the document: its address
-/// space, CPU time, core dumps and file sizes. A child that is gone already needs none.
-fn limit_child(pid: u32, memory_bytes: u64, cpu_secs: u64) -> std::io::Result<()> {
-    let limits = [
-        (libc::RLIMIT_AS, memory_bytes, memory_bytes),
-        // SIGXCPU at the soft limit, SIGKILL one second later.
-        (libc::RLIMIT_CPU, cpu_secs, cpu_secs + 1),
-        (libc::RLIMIT_CORE, 0, 0),
-        (libc::RLIMIT_FSIZE, 0, 0),
-    ];
-    for (resource, soft, hard) in limits {
+/// From the parent, once the child runs and before it is given the document: the same limits.
+/// A reader of ours may have become another user by now (having set them itself); then the
+/// kernel refuses without `CAP_SYS_RESOURCE`, which is no error.
+fn limit_child(pid: Option<u32>, limits: Limits) -> std::io::Result<()> {
+    let pid = pid.ok_or_else(|| std::io::Error::other("the reader has no process id"))?;
+    for (resource, soft, hard) in limits.settings() {
         match limit_of(pid as libc::pid_t, resource, soft, hard) {
-            Err(e) if e.raw_os_error() != Some(libc::ESRCH) => return Err(e),
-            _ => {}
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            other => other?,
         }
     }
     Ok(())
@@ -284,15 +317,21 @@ fn limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) {
     let _ = limit_of(0, resource, soft, hard);
 }
 
-/// Set a limit of process `pid` (0: this one).
+/// Set a limit of process `pid` (0: this one), within the hard limit this process holds.
 fn limit_of(pid: libc::pid_t, resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> std::io::Result<()> {
-    let value = libc::rlimit { rlim_cur: soft, rlim_max: hard };
-    // SAFETY: plain syscall with a valid pointer; `pid` is this process or our unreaped child.
-    if unsafe { libc::prlimit(pid, resource, &value, std::ptr::null_mut()) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+    let mut held = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain syscalls with valid pointers; `pid` is this process or our unreaped child.
+    unsafe {
+        if libc::getrlimit(resource, &mut held) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (soft, hard) = within(soft, hard, held.rlim_max);
+        let value = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+        if libc::prlimit(pid, resource, &value, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
     }
+    Ok(())
 }
 
 /// What [`lock_down`] achieved.
@@ -436,7 +475,11 @@ fn doc_type_arg(doc_type: DocType) -> &'static str {
 /// The parsing runs on a thread with a large stack, so honest deep documents fit; hostile
 /// ones hit the address-space limit or the parser's own nesting limit instead.
 pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
-    confine();
+    // No limits, no reading: a reader never runs unconfined.
+    let limits = std::env::var(LIMITS_VAR).ok().and_then(|v| Limits::parse(&v));
+    if !limits.is_some_and(confine) {
+        return ExitCode::from(2);
+    }
     let doc_type = match doc_type {
         Some("pdf") => DocType::Pdf,
         Some("text") => DocType::PlainText,
@@ -499,5 +542,20 @@ mod tests {
         assert_eq!(RunAs::parse(nobody.to_arg().trim_start_matches("--run-as=")), Some(nobody));
         assert_eq!(RunAs::parse("65534"), None);
         assert_eq!(RunAs::parse("a:b"), None);
+    }
+
+    #[test]
+    fn limits_round_trip_and_stay_within_what_is_held() {
+        let limits = Limits { memory_bytes: 1 << 30, cpu_secs: 30 };
+        assert_eq!(Limits::parse(&limits.to_value()), Some(limits));
+        assert_eq!(Limits::parse("1073741824"), None);
+        assert_eq!(Limits::parse("-1:30"), None);
+        // No hard limit held: as asked. A stricter one held: it stays, soft and hard.
+        assert_eq!(within(30, 31, u64::MAX), (30, 31));
+        assert_eq!(within(30, 31, 10), (10, 10));
+        assert_eq!(within(30, 31, 30), (30, 30));
+        // The CPU limit's grace second cannot overflow.
+        let most = Limits { memory_bytes: 0, cpu_secs: u64::MAX };
+        assert!(most.settings().iter().all(|&(_, soft, hard)| soft <= hard));
     }
 }
