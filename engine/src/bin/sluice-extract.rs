@@ -21,7 +21,7 @@ fn main() -> ExitCode {
 }
 
 fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode {
-    if !confine(Limits { memory_bytes: 1 << 30, cpu_secs: 30 }) {
+    if !confine(Limits::DEFAULT) {
         return ExitCode::from(6);
     }
     let Ok(walls) = lock_down(run_as.and_then(RunAs::parse)) else { return ExitCode::from(6) };

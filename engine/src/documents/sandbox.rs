@@ -63,8 +63,8 @@ impl SandboxConfig {
         let mut config = SandboxConfig {
             program,
             args,
-            memory_bytes: 1 << 30,
-            cpu_secs: 30,
+            memory_bytes: Limits::DEFAULT.memory_bytes,
+            cpu_secs: Limits::DEFAULT.cpu_secs,
             wall_clock: Duration::from_secs(60),
             max_output_bytes: 64 << 20,
             run_as: RunAs::default_for_root(),
@@ -256,6 +256,9 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// 1 GiB of address space and 30 CPU seconds.
+    pub const DEFAULT: Limits = Limits { memory_bytes: 1 << 30, cpu_secs: 30 };
+
     /// `bytes:secs`, as the reader is given them.
     fn to_value(self) -> String {
         format!("{}:{}", self.memory_bytes, self.cpu_secs)
