@@ -8,8 +8,16 @@
 //!
 //! It can also hold callers to an input-tokens-per-minute limit the way Anthropic does
 //! ([`FakeProvider::limit_input_tokens`]): a token bucket holding `burst` of the rate, refilled
-//! continuously; a request whose prompt (counted as [`sluice_types::capacity::tokens_in_chars`])
+//! continuously; a request whose prompt (counted with `o200k_base`, as a hosted model counts)
 //! does not fit gets 429 with `Retry-After` and the tokens left, and uses nothing.
+//!
+//! And it can behave like a hosted model ([`FakeProvider::behave_like`], or `POST /_model`
+//! with a [`HostedModel`]): with the script empty it answers the prompt's document (a
+//! translation: the text itself, each paragraph marked; anything else: a short summary), takes
+//! time to do it (first-token latency, prefill, time per output token), keeps input and output
+//! token buckets per minute (429 with `Retry-After` when one is short), and cuts an answer at the
+//! request's `max_tokens` with the provider's own stop reason (`finish_reason: "length"`,
+//! `stop_reason: "max_tokens"`), as real providers do.
 
 pub mod receiver;
 #[cfg(feature = "s3")]
@@ -53,11 +61,90 @@ pub enum Reply {
     EndlessBody,
     /// 401 whose message quotes part of the key, as OpenAI's does.
     Unauthorized,
+    /// What the hosted model answers (not scripted: made by [`HostedModel`]), after `delay_ms`.
+    Modelled { text: String, input_tokens: u64, output_tokens: u64, cut: bool, delay_ms: u64 },
+}
+
+/// How a hosted model behaves, for tests and benchmarks of long documents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HostedModel {
+    /// Before the first output token.
+    pub first_token_ms: u64,
+    /// Prompt tokens read per second.
+    pub prefill_tokens_per_sec: f64,
+    /// Output tokens written per second, per call.
+    pub output_tokens_per_sec: f64,
+    /// Input tokens per minute (0: no limit); the bucket holds a minute's worth.
+    pub input_tokens_per_min: u64,
+    /// Output tokens per minute (0: no limit); a request is refused while the bucket is empty,
+    /// and its answer is taken from it.
+    pub output_tokens_per_min: u64,
+    /// How many times its text a translation's paragraph comes back (1: as long as its input;
+    /// more: a language that takes more tokens, so answers meet `max_tokens` sooner).
+    pub translation_growth: u32,
+}
+
+impl Default for HostedModel {
+    fn default() -> Self {
+        HostedModel {
+            first_token_ms: 300,
+            prefill_tokens_per_sec: 50_000.0,
+            output_tokens_per_sec: 1_000.0,
+            input_tokens_per_min: 0,
+            output_tokens_per_min: 0,
+            translation_growth: 1,
+        }
+    }
+}
+
+/// What the hosted model did: its calls' overlap and the tokens it read and wrote.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelReport {
+    pub calls: u64,
+    /// The most calls it was answering at once.
+    pub most_at_once: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// The longest prompt it was sent, in its tokens.
+    pub largest_prompt: u64,
+    /// Answers cut at `max_tokens`.
+    pub cut: u64,
+    /// Requests refused by a bucket (429).
+    pub refused: u64,
+}
+
+struct Model {
+    behaviour: HostedModel,
+    input: Option<TokenBucket>,
+    output: Option<TokenBucket>,
+    at_once: u64,
+    report: ModelReport,
+}
+
+impl Model {
+    fn new(behaviour: HostedModel) -> Model {
+        let bucket = |per_min: u64| {
+            (per_min > 0).then(|| {
+                let per_sec = per_min as f64 / 60.0;
+                TokenBucket { per_sec, capacity: per_sec * 60.0, level: per_sec * 60.0, at: Instant::now() }
+            })
+        };
+        Model {
+            input: bucket(behaviour.input_tokens_per_min),
+            output: bucket(behaviour.output_tokens_per_min),
+            behaviour,
+            at_once: 0,
+            report: ModelReport::default(),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Script {
     replies: VecDeque<Reply>,
+    /// Replies kept for requests whose prompt holds a text (checked before `replies`).
+    matching: Vec<(String, VecDeque<Reply>)>,
     calls: u64,
     last_request: Option<serde_json::Value>,
     limit: Option<TokenBucket>,
@@ -65,6 +152,9 @@ struct Script {
     refused_by_limit: u64,
     /// When each request within the limit came, and its input tokens.
     accepted: Vec<(Instant, u64)>,
+    model: Option<Model>,
+    /// Every request's prompt, for tests asking which parts were called (at most 10,000 kept).
+    prompts: Vec<String>,
 }
 
 /// An input-token bucket: holds at most `capacity`, refills at `per_sec`.
@@ -76,10 +166,14 @@ struct TokenBucket {
 }
 
 impl TokenBucket {
-    fn take(&mut self, tokens: u64) -> Result<f64, Duration> {
+    fn refill(&mut self) {
         let now = Instant::now();
         self.level = (self.level + self.per_sec * (now - self.at).as_secs_f64()).min(self.capacity);
         self.at = now;
+    }
+
+    fn take(&mut self, tokens: u64) -> Result<f64, Duration> {
+        self.refill();
         if tokens as f64 > self.level {
             let short = tokens as f64 - self.level;
             return Err(Duration::from_secs_f64(short / self.per_sec));
@@ -111,13 +205,59 @@ impl LimitReport {
     }
 }
 
-/// The input tokens of a request, counted from its messages' text.
-fn input_tokens_of(body: &serde_json::Value) -> u64 {
-    let chars: usize = body["messages"]
+/// Tokens in `text`, as a hosted model counts them (`o200k_base`).
+pub fn count_tokens(text: &str) -> u64 {
+    bpe_openai::o200k_base().count(text) as u64
+}
+
+/// The prompt of a request: its messages' text.
+fn prompt_of(body: &serde_json::Value) -> String {
+    body["messages"]
         .as_array()
-        .map(|messages| messages.iter().filter_map(|m| m["content"].as_str()).map(|c| c.chars().count()).sum())
-        .unwrap_or(0);
-    sluice_types::capacity::tokens_in_chars(chars as u64)
+        .map(|messages| messages.iter().filter_map(|m| m["content"].as_str()).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
+}
+
+/// What a hosted model answers to `prompt`: a translation is the document itself with each
+/// paragraph marked (as long as its input, as a real one is); anything else a short summary
+/// (the first words of each paragraph, at most a tenth of the text).
+pub fn model_answer(prompt: &str, growth: u32) -> String {
+    let document = prompt
+        .rsplit_once("<document>\n")
+        .map(|(_, rest)| rest.rsplit_once("\n</document>").map_or(rest, |(doc, _)| doc))
+        .unwrap_or(prompt);
+    let paragraphs = document.split("\n\n").filter(|p| !p.trim().is_empty());
+    if prompt.starts_with("Translate") {
+        let grown = |p: &str| vec![p; growth.max(1) as usize].join(" ");
+        return paragraphs.map(|p| format!("[translated] {}", grown(p))).collect::<Vec<_>>().join("\n\n");
+    }
+    let budget = (document.len() / 10).max(200);
+    let mut summary = String::from("## Summary\n");
+    for p in paragraphs {
+        let words: Vec<&str> = p.split_whitespace().take(8).collect();
+        if summary.len() + 60 > budget {
+            break;
+        }
+        summary.push_str(&format!("- {}\n", words.join(" ")));
+    }
+    summary
+}
+
+/// The longest start of `answer` that holds at most `max_tokens` tokens (by bisection).
+fn cut_to_tokens(answer: &str, max_tokens: u64) -> String {
+    let (mut fits, mut over) = (0usize, answer.len());
+    while over - fits > 1 {
+        let mid = answer.floor_char_boundary(fits + (over - fits) / 2);
+        if mid <= fits {
+            break;
+        }
+        if count_tokens(&answer[..mid]) <= max_tokens {
+            fits = mid;
+        } else {
+            over = mid;
+        }
+    }
+    answer[..fits].to_string()
 }
 
 /// A running fake provider.
@@ -142,6 +282,7 @@ impl FakeProvider {
             .route("/v1/chat/completions", post(openai))
             .route("/_script", post(set_script))
             .route("/_calls", get(calls))
+            .route("/_model", post(set_model).get(model_report))
             .with_state(script.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -155,6 +296,18 @@ impl FakeProvider {
 
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
         self.script.lock().unwrap().replies.extend(replies);
+    }
+
+    /// Replies for the requests whose prompt contains `needle` only (e.g. "part 2 of"), in
+    /// order; other requests take the common script. Parts run side by side, so which request
+    /// comes first is not known.
+    pub fn push_matching(&self, needle: &str, replies: impl IntoIterator<Item = Reply>) {
+        self.script.lock().unwrap().matching.push((needle.to_string(), replies.into_iter().collect()));
+    }
+
+    /// Requests so far whose prompt contained `needle`.
+    pub fn calls_matching(&self, needle: &str) -> u64 {
+        self.script.lock().unwrap().prompts.iter().filter(|p| p.contains(needle)).count() as u64
     }
 
     pub fn calls(&self) -> u64 {
@@ -176,6 +329,16 @@ impl FakeProvider {
         s.accepted.clear();
     }
 
+    /// From now on, with the script empty, answer like a hosted model (see the crate's docs).
+    pub fn behave_like(&self, model: HostedModel) {
+        self.script.lock().unwrap().model = Some(Model::new(model));
+    }
+
+    /// What the hosted model did so far.
+    pub fn model_report(&self) -> ModelReport {
+        self.script.lock().unwrap().model.as_ref().map(|m| m.report.clone()).unwrap_or_default()
+    }
+
     /// What the limit let through and refused so far.
     pub fn limit_report(&self) -> LimitReport {
         let s = self.script.lock().unwrap();
@@ -191,8 +354,13 @@ type Shared = Arc<Mutex<Script>>;
 fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) {
     let mut s = script.lock().unwrap();
     s.calls += 1;
-    let tokens = input_tokens_of(&body);
+    let prompt = prompt_of(&body);
+    let tokens = count_tokens(&prompt);
+    let max_tokens = body["max_tokens"].as_u64().unwrap_or(4_096);
     s.last_request = Some(body);
+    if s.prompts.len() < 10_000 {
+        s.prompts.push(prompt.clone());
+    }
     let mut remaining = None;
     if let Some(bucket) = s.limit.as_mut() {
         match bucket.take(tokens) {
@@ -208,6 +376,15 @@ fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) 
             }
         }
     }
+    let matched = s.matching.iter_mut().find(|(needle, r)| !r.is_empty() && prompt.contains(needle.as_str()));
+    if let Some(reply) = matched.and_then(|(_, r)| r.pop_front()) {
+        return (reply, remaining);
+    }
+    if s.replies.is_empty() {
+        if let Some(model) = s.model.as_mut() {
+            return modelled(model, &prompt, tokens, max_tokens);
+        }
+    }
     let counted = if s.limit.is_some() { tokens } else { 120 };
     let reply = s.replies.pop_front().unwrap_or(Reply::Success {
         text: "## Summary\nA scripted answer from the fake provider.".into(),
@@ -215,6 +392,66 @@ fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) 
         output_tokens: 30,
     });
     (reply, remaining)
+}
+
+/// The hosted model's reply to a prompt of `tokens`: refused while a bucket is short, else its
+/// answer, cut at `max_tokens`, and how long writing it takes.
+fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (Reply, Option<u64>) {
+    let refuse = |model: &mut Model, wait: f64| {
+        model.report.refused += 1;
+        (Reply::RateLimitedSeconds { seconds: wait.ceil().max(1.0) as u64 }, None)
+    };
+    if let Some(output) = model.output.as_mut() {
+        output.refill();
+        if output.level <= 0.0 {
+            let wait = -output.level / output.per_sec + 1.0;
+            return refuse(model, wait);
+        }
+    }
+    if let Some(input) = model.input.as_mut() {
+        if let Err(wait) = input.take(tokens) {
+            return refuse(model, wait.as_secs_f64());
+        }
+    }
+    let answer = model_answer(prompt, model.behaviour.translation_growth);
+    let whole = count_tokens(&answer);
+    let (text, written, cut) =
+        if whole > max_tokens { (cut_to_tokens(&answer, max_tokens), max_tokens, true) } else { (answer, whole, false) };
+    if let Some(output) = model.output.as_mut() {
+        output.level -= written as f64;
+    }
+    let b = &model.behaviour;
+    let secs = tokens as f64 / b.prefill_tokens_per_sec.max(1.0) + written as f64 / b.output_tokens_per_sec.max(1.0);
+    let delay_ms = b.first_token_ms + (secs * 1000.0) as u64;
+    let r = &mut model.report;
+    r.calls += 1;
+    r.input_tokens += tokens;
+    r.output_tokens += written;
+    r.largest_prompt = r.largest_prompt.max(tokens);
+    r.cut += u64::from(cut);
+    (Reply::Modelled { text, input_tokens: tokens, output_tokens: written, cut, delay_ms }, None)
+}
+
+/// Counts the hosted model's calls in progress while it writes an answer.
+struct Writing(Shared);
+
+impl Writing {
+    fn start(script: &Shared) -> Writing {
+        let mut s = script.lock().unwrap();
+        if let Some(model) = s.model.as_mut() {
+            model.at_once += 1;
+            model.report.most_at_once = model.report.most_at_once.max(model.at_once);
+        }
+        Writing(script.clone())
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        if let Some(model) = self.0.lock().unwrap().model.as_mut() {
+            model.at_once = model.at_once.saturating_sub(1);
+        }
+    }
 }
 
 fn with_remaining(mut response: Response, remaining: Option<u64>) -> Response {
@@ -239,12 +476,19 @@ fn error(shape: Shape, status: u16, kind: &str, message: &str) -> Response {
     (StatusCode::from_u16(status).unwrap(), Json(body)).into_response()
 }
 
-async fn answer(shape: Shape, reply: Reply) -> Response {
+async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
     match reply {
-        Reply::Success { text, input_tokens, output_tokens } => success(shape, &text, input_tokens, output_tokens),
+        Reply::Success { text, input_tokens, output_tokens } => {
+            success(shape, &text, input_tokens, output_tokens, false)
+        }
+        Reply::Modelled { text, input_tokens, output_tokens, cut, delay_ms } => {
+            let _writing = Writing::start(script);
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            success(shape, &text, input_tokens, output_tokens, cut)
+        }
         Reply::Hang { millis } => {
             tokio::time::sleep(Duration::from_millis(millis)).await;
-            success(shape, "late", 1, 1)
+            success(shape, "late", 1, 1, false)
         }
         Reply::RateLimitedSeconds { seconds } => {
             with_retry_after(error(shape, 429, "rate_limit_error", "rate limited"), seconds.to_string())
@@ -286,7 +530,8 @@ fn with_retry_after(mut response: Response, value: String) -> Response {
     response
 }
 
-fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64) -> Response {
+/// 200 with the answer; `cut`: it stopped at `max_tokens`, said the provider's way.
+fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64, cut: bool) -> Response {
     match shape {
         Shape::Anthropic => {
             let mut headers = HeaderMap::new();
@@ -295,14 +540,14 @@ fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64) -> R
             let body = serde_json::json!({
                 "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake",
                 "content": [{ "type": "text", "text": text }],
-                "stop_reason": "end_turn",
+                "stop_reason": if cut { "max_tokens" } else { "end_turn" },
                 "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
             });
             (headers, Json(body)).into_response()
         }
         Shape::OpenAi => Json(serde_json::json!({
             "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake",
-            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": if cut { "length" } else { "stop" } }],
             "usage": { "prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens },
         }))
         .into_response(),
@@ -311,17 +556,26 @@ fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64) -> R
 
 async fn anthropic(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
     let (reply, remaining) = next_reply(&script, body);
-    with_remaining(answer(Shape::Anthropic, reply).await, remaining)
+    with_remaining(answer(&script, Shape::Anthropic, reply).await, remaining)
 }
 
 async fn openai(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
     let (reply, remaining) = next_reply(&script, body);
-    with_remaining(answer(Shape::OpenAi, reply).await, remaining)
+    with_remaining(answer(&script, Shape::OpenAi, reply).await, remaining)
 }
 
 async fn set_script(State(script): State<Shared>, Json(replies): Json<Vec<Reply>>) -> StatusCode {
     script.lock().unwrap().replies.extend(replies);
     StatusCode::NO_CONTENT
+}
+
+async fn set_model(State(script): State<Shared>, Json(model): Json<HostedModel>) -> StatusCode {
+    script.lock().unwrap().model = Some(Model::new(model));
+    StatusCode::NO_CONTENT
+}
+
+async fn model_report(State(script): State<Shared>) -> Json<ModelReport> {
+    Json(script.lock().unwrap().model.as_ref().map(|m| m.report.clone()).unwrap_or_default())
 }
 
 async fn calls(State(script): State<Shared>) -> Json<serde_json::Value> {

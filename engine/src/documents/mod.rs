@@ -14,6 +14,7 @@ pub mod render;
 pub mod sandbox;
 pub mod sniff;
 pub mod split;
+pub mod tokens;
 pub mod sweep;
 
 pub use blobs::Blobs;

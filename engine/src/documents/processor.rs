@@ -1,7 +1,9 @@
 //! The worker's processor for documents: fetch the blob, extract the text, call the provider,
 //! return the result with its token usage.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -13,15 +15,15 @@ use super::providers::{PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
 use super::split;
+use super::tokens;
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
-use crate::queue::parts::{NewPart, PartDone, PartStore, PendingPart, Progress};
+use crate::queue::parts::{NewPart, PartStore, PartsProgress, PendingPart, Progress, StoredPart};
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::stages::StageLog;
 use crate::queue::worker::Processor;
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
-use sluice_types::capacity;
 use sluice_types::capacity::SizeKind;
 
 /// What a document job's payload holds (ids and metadata, never the bytes).
@@ -77,7 +79,8 @@ pub struct PdfSettlement {
     pub prices: sluice_types::capacity::PriceTable,
 }
 
-/// What this attempt still holds of the budget (reserved at the claim, not yet settled).
+/// What a call still holds of the budget (reserved, not yet settled).
+#[derive(Clone, Copy, Debug, Default)]
 struct Held {
     input: i64,
     output: i64,
@@ -88,6 +91,93 @@ const PART_PROMPT_TOKENS: u64 = 200;
 use sluice_types::settlement::PDF_HOLD_FACTOR;
 /// Levels of summaries of summaries before giving up (each level must shrink the text).
 const MAX_LEVELS: i32 = 8;
+/// The most parts of one document in flight at once (the gate's maximum is 70).
+const MAX_PARTS_AT_ONCE: usize = 64;
+/// How long one claim of a document in parts starts new parts; then it lets the parts in
+/// flight finish and goes back in line (well inside the attempt's deadline, so the calls it
+/// started end before it).
+const PARTS_TURN: Duration = Duration::from_secs(240);
+/// How often a document asks again for calls the gate or the budget could not give yet.
+const ASK_AGAIN: Duration = Duration::from_millis(250);
+/// Halvings of a part whose answer was cut before giving up.
+const MAX_HALVINGS: u32 = 6;
+
+/// Tokens used by this attempt's calls.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    input: i64,
+    output: i64,
+}
+
+impl Usage {
+    fn add(&mut self, other: Usage) {
+        self.input = self.input.saturating_add(other.input);
+        self.output = self.output.saturating_add(other.output);
+    }
+}
+
+/// A whole answer (perhaps made of the answers to halves of a text whose answer was cut) and
+/// what its calls used.
+struct Answer {
+    text: String,
+    usage: Usage,
+}
+
+/// One part's call, ended.
+struct PartEnded {
+    part: PendingPart,
+    reserved: i64,
+    result: Result<Answer, JobError>,
+}
+
+/// A level's part calls in flight, each its own task.
+#[derive(Default)]
+struct PartCalls {
+    tasks: tokio::task::JoinSet<PartEnded>,
+    /// The part each task calls for, should the task panic.
+    parts: std::collections::HashMap<tokio::task::Id, (PendingPart, i64)>,
+}
+
+impl PartCalls {
+    fn start(&mut self, processor: &DocumentProcessor, job: &ClaimedJob, spec: &DocumentJob, part: PendingPart, held: Held) {
+        let (this, job, spec) = (processor.clone(), job.clone(), spec.clone());
+        let meta = (PendingPart { body: String::new(), overlap: String::new(), ..part.clone() }, held.input);
+        let task = self.tasks.spawn(async move { this.call_part(&job, &spec, part, held).await });
+        self.parts.insert(task.id(), meta);
+    }
+
+    fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The next call to end; a panicked one ends as a server error for its part.
+    async fn next(&mut self) -> Option<PartEnded> {
+        let joined = self.tasks.join_next_with_id().await?;
+        Some(match joined {
+            Ok((id, ended)) => {
+                self.parts.remove(&id);
+                ended
+            }
+            Err(e) => {
+                let (part, reserved) = self.parts.remove(&e.id()).expect("every task's part is known");
+                let error = JobError::new(ErrorClass::ServerError, "the part's call failed unexpectedly");
+                PartEnded { part, reserved, result: Err(error) }
+            }
+        })
+    }
+}
+
+/// How a level's turn ended.
+enum LevelEnd {
+    /// Every part of the level is done.
+    Done,
+    /// Stopped before (paused, to be canceled, the turn over): back in line.
+    Stopped,
+}
 
 impl DocumentProcessor {
     /// One attempt; whatever it reserved and did not spend goes back to the budget, except
@@ -98,12 +188,9 @@ impl DocumentProcessor {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
         let outcome = self.attempt(&job, &mut held).await;
-        let counted = matches!(&outcome, Err(e) if matches!(
-            e.class,
-            ErrorClass::RateLimited | ErrorClass::Overloaded | ErrorClass::Timeout | ErrorClass::ServerError
-        ));
-        if !counted {
-            self.budget.correct(-held.input, -held.output).await;
+        match &outcome {
+            Err(e) => self.give_back_unless_counted(e, held).await,
+            Ok(_) => self.budget.correct(-held.input, -held.output).await,
         }
         outcome
     }
@@ -121,8 +208,8 @@ impl DocumentProcessor {
         }
         match self.parts.progress(job.id).await.map_err(database_error)? {
             Progress::Unsplit => self.read_document(job, &spec, held).await,
-            Progress::Pending(part) => self.run_part(job, &spec, part, held).await,
-            Progress::LevelDone { level, count } => self.combine(job, &spec, level, count, held).await,
+            Progress::Pending(part) => self.run_in_parts(job, &spec, part.level, held).await,
+            Progress::LevelDone { level, .. } => self.run_in_parts(job, &spec, level, held).await,
         }
     }
 
@@ -163,14 +250,15 @@ impl DocumentProcessor {
                 ),
             ));
         }
-        let Some(context) = self.context_tokens.filter(|c| estimated as u64 > *c) else {
+        let limit = self.part_tokens(spec.preset);
+        if limit.is_none_or(|l| estimated as u64 <= l) {
             return self.run_whole(job, spec, task, estimated, held).await;
-        };
+        }
         if !self.parts.is_enabled() {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
-                    "the document's text is about {estimated} tokens, more than the provider reads at once ({context}); split it and upload the parts"
+                    "the document's text is about {estimated} tokens, more than the provider reads or writes at once; split it and upload the parts"
                 ),
             ));
         }
@@ -190,17 +278,27 @@ impl DocumentProcessor {
                 ),
             ));
         }
-        let parts = split_for(spec.preset, &task.text, self.part_tokens(spec.preset, context), 0);
-        if parts.len() < 2 {
-            return self.run_whole(job, spec, task, estimated, held).await;
-        }
+        let limit = limit.unwrap_or(u64::MAX / 8);
+        self.split_and_run(job, spec, task.text, limit, held).await
+    }
+
+    /// Store `text` as the document's parts of at most `limit` tokens and run them.
+    async fn split_and_run(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        text: String,
+        limit: u64,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
+        let preset = spec.preset;
+        let parts = crate::documents::cpu::run(move || split_for(preset, &text, limit, 0))
+            .await
+            .map_err(|_| JobError::new(ErrorClass::ServerError, "the document could not be split"))?;
         if !self.parts.add_level(job, 0, &parts).await.map_err(database_error)? {
             return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
         }
-        match self.parts.progress(job.id).await.map_err(database_error)? {
-            Progress::Pending(part) => self.run_part(job, spec, part, held).await,
-            _ => Err(JobError::new(ErrorClass::ServerError, "the document's parts were not stored")),
-        }
+        self.run_in_parts(job, spec, 0, held).await
     }
 
     /// A PDF was admitted at a hold (its worst case); now that its text is known, settle it to
@@ -236,6 +334,16 @@ impl DocumentProcessor {
         held: &mut Held,
     ) -> Result<JobOutput, JobError> {
         let output = self.call(job, &task, estimated, held).await?;
+        if output.cut {
+            // The answer stopped at its limit: never a success. The text goes in parts of half
+            // its size (each a whole answer), at no extra charge to the user.
+            if !self.parts.is_enabled() || !self.may_halve(estimated) {
+                return Err(self.cut_error());
+            }
+            tracing::info!(job = %job.id, estimated, "answer cut at its limit; the document goes in parts");
+            let half = (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS;
+            return self.split_and_run(job, spec, task.text, half, held).await;
+        }
         Ok(JobOutput {
             result: serde_json::json!({
                 "markdown": output.text,
@@ -251,111 +359,296 @@ impl DocumentProcessor {
         })
     }
 
-    /// One part: its output is stored and the job goes back in line for the next.
-    async fn run_part(
+    /// The job's parts from `level` on, side by side, within this claim: each level's parts run
+    /// at once as far as the gate and the budget allow, each stored when it ends; a level done
+    /// is combined (a translation joined, no call; a summary's answers become the next level)
+    /// until one answer is left. Stops early, back in line with its parts kept, when
+    /// processing is paused, a cancel is asked for, or the turn is over.
+    async fn run_in_parts(
         &self,
         job: &ClaimedJob,
         spec: &DocumentJob,
-        part: PendingPart,
-        held: &mut Held,
+        mut level: i32,
+        claim_held: &mut Held,
     ) -> Result<JobOutput, JobError> {
-        let of = PartOf {
-            number: part.idx as u32 + 1,
-            count: part.count as u32,
-            level: part.level as u32,
-            overlap: part.overlap,
-        };
-        let where_ = if part.level == 0 {
-            format!("part {} of {}", of.number, of.count)
-        } else {
-            format!("combining the parts ({} of {})", of.number, of.count)
-        };
-        let task =
-            Task { preset: spec.preset, language: spec.language.clone(), text: part.body, pages: None, part: Some(of) };
-        let estimated = task.estimated_tokens();
-        let output = self.call(job, &task, estimated, held).await.map_err(|mut e| {
-            e.message = format!("{where_}: {}", e.message);
-            e
-        })?;
-        // The next claim reserves what it will send: the next part, or about the combined
-        // outputs (a join takes no call at all).
-        let next_est_tokens = match part.following_est_tokens {
-            Some(next) => next,
-            // A join, or the one answer at a combining level, is the result: no call.
-            None if (joins(spec.preset) && part.level == 0) || (part.level > 0 && part.count == 1) => 0,
-            None => self.context_tokens.map_or(estimated, |c| c as i64).min(estimated),
-        };
-        Ok(JobOutput {
-            result: serde_json::Value::Null,
-            input_tokens: output.input_tokens.or(Some(estimated)),
-            output_tokens: output.output_tokens,
-            part: Some(PartDone { level: part.level, idx: part.idx, output: output.text, next_est_tokens }),
-        })
+        let started = Instant::now();
+        // The claim reserved its first call: the first part started uses it.
+        let mut first = Some(std::mem::take(claim_held));
+        let mut used = Usage::default();
+        loop {
+            let count = self.parts.count(job.id, level).await.map_err(database_error)? as i32;
+            let end = self.run_level(job, spec, level, count, &mut first, &mut used, started).await?;
+            if let Some(unused) = first.take() {
+                self.budget.correct(-unused.input, -unused.output).await;
+            }
+            if let LevelEnd::Stopped = end {
+                let next = self.parts.pending(job.id, level, count, 1).await.map_err(database_error)?;
+                return Ok(JobOutput {
+                    result: serde_json::Value::Null,
+                    input_tokens: Some(used.input),
+                    output_tokens: Some(used.output),
+                    part: Some(PartsProgress { next_est_tokens: next.first().map_or(0, |p| p.est_tokens) }),
+                });
+            }
+            let outputs = self.parts.outputs(job.id, level).await.map_err(database_error)?;
+            if (joins(spec.preset) && level == 0) || (level > 0 && count == 1) {
+                self.stages.enter(job, JobStage::Writing, None).await?;
+                let parts_total = self.parts.count(job.id, 0).await.map_err(database_error)?;
+                return Ok(JobOutput {
+                    result: serde_json::json!({
+                        "markdown": outputs.join("\n\n"),
+                        "provider": self.provider.name(),
+                        "preset": spec.preset,
+                        "parts": parts_total,
+                        "levels": level + 1,
+                        "details": { "parts": parts_total },
+                    }),
+                    input_tokens: Some(used.input),
+                    output_tokens: Some(used.output),
+                    part: None,
+                });
+            }
+            let too_long = || {
+                JobError::new(
+                    ErrorClass::InvalidInput,
+                    "the parts' answers did not get shorter when combined; the document cannot be summarised in parts",
+                )
+            };
+            if level + 1 >= MAX_LEVELS {
+                return Err(too_long());
+            }
+            let (preset, limit) = (spec.preset, self.part_tokens(spec.preset).unwrap_or(u64::MAX / 8));
+            let combined = outputs.join("\n\n");
+            let parts = crate::documents::cpu::run(move || split_for(preset, &combined, limit, level + 1))
+                .await
+                .map_err(|_| JobError::new(ErrorClass::ServerError, "the answers could not be combined"))?;
+            if parts.len() >= count as usize {
+                return Err(too_long());
+            }
+            if !self.parts.add_level(job, level + 1, &parts).await.map_err(database_error)? {
+                return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+            }
+            level += 1;
+        }
     }
 
-    /// Every part of `level` is done: a translation joins them; a summary of one part at a
-    /// combining level is the result; otherwise the outputs become the next level's parts.
-    async fn combine(
+    /// One level's parts not done yet, as many at once as [`PartStore::calls`] grants. A part
+    /// that fails for a transient reason counts against that part; the others in flight
+    /// finish and are kept, and then the attempt fails (the job retries with backoff, the
+    /// part's failures deciding). A permanent failure ends the job at once.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_level(
         &self,
         job: &ClaimedJob,
         spec: &DocumentJob,
         level: i32,
         count: i32,
-        held: &mut Held,
-    ) -> Result<JobOutput, JobError> {
-        let outputs = self.parts.outputs(job.id, level).await.map_err(database_error)?;
-        let parts_total = self.parts.count(job.id, 0).await.map_err(database_error)?;
-        if (joins(spec.preset) && level == 0) || (level > 0 && count == 1) {
-            // No provider call: give back what the claim reserved.
-            self.budget.correct(-held.input, -held.output).await;
-            *held = Held { input: 0, output: 0 };
-            self.stages.enter(job, JobStage::Writing, None).await?;
-            let markdown = outputs.join("\n\n");
-            return Ok(JobOutput {
-                result: serde_json::json!({
-                    "markdown": markdown,
-                    "provider": self.provider.name(),
-                    "preset": spec.preset,
-                    "parts": parts_total,
-                    "levels": level + 1,
-                    "details": { "parts": parts_total },
-                }),
-                input_tokens: None,
-                output_tokens: None,
-                part: None,
-            });
-        }
-        if level + 1 >= MAX_LEVELS {
-            return Err(JobError::new(
-                ErrorClass::InvalidInput,
-                "the parts' answers did not get shorter when combined; the document cannot be summarised in parts",
-            ));
-        }
-        let combined = outputs.join("\n\n");
-        let context = self.context_tokens.unwrap_or(u64::MAX / 8);
-        let parts = split_for(spec.preset, &combined, self.part_tokens(spec.preset, context), level + 1);
-        if parts.len() >= count as usize {
-            return Err(JobError::new(
-                ErrorClass::InvalidInput,
-                "the parts' answers did not get shorter when combined; the document cannot be summarised in parts",
-            ));
-        }
-        if !self.parts.add_level(job, level + 1, &parts).await.map_err(database_error)? {
-            return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
-        }
-        match self.parts.progress(job.id).await.map_err(database_error)? {
-            Progress::Pending(part) => self.run_part(job, spec, part, held).await,
-            _ => Err(JobError::new(ErrorClass::ServerError, "the combined parts were not stored")),
+        first: &mut Option<Held>,
+        used: &mut Usage,
+        started: Instant,
+    ) -> Result<LevelEnd, JobError> {
+        let mut waiting: VecDeque<PendingPart> =
+            self.parts.pending(job.id, level, count, i64::MAX).await.map_err(database_error)?.into();
+        // Each call its own task: a call in a transaction must not wait on this loop to be
+        // polled (dropping the set, at a deadline or a permanent failure, aborts them).
+        let mut running = PartCalls::default();
+        let mut failed: Option<(JobError, i32)> = None;
+        let mut go_on = true;
+        loop {
+            let may_start = go_on && failed.is_none() && started.elapsed() < PARTS_TURN;
+            let room = MAX_PARTS_AT_ONCE.saturating_sub(running.len()).min(waiting.len());
+            if may_start && room > 0 {
+                if running.is_empty() && first.is_some() {
+                    let held = first.take().unwrap_or_default();
+                    let part = waiting.pop_front().expect("room means a part waits");
+                    running.start(self, job, spec, part, held);
+                    continue;
+                }
+                let wants: Vec<(i64, i64)> =
+                    waiting.iter().take(room).map(|p| (p.est_tokens, self.expected_output(spec, p.est_tokens))).collect();
+                let grant = self.parts.calls(job, running.len(), &wants).await.map_err(database_error)?;
+                go_on = grant.go_on;
+                for (input, output) in wants.into_iter().take(grant.granted) {
+                    let part = waiting.pop_front().expect("granted parts wait");
+                    running.start(self, job, spec, part, Held { input, output });
+                }
+            }
+            if running.is_empty() {
+                if let Some((error, attempts)) = failed {
+                    let next = self.parts.pending(job.id, level, count, 1).await.map_err(database_error)?;
+                    let next_est = next.first().map_or(0, |p| p.est_tokens);
+                    self.parts.stand_down(job, attempts, next_est).await.map_err(database_error)?;
+                    return Err(error);
+                }
+                if waiting.is_empty() {
+                    return Ok(LevelEnd::Done);
+                }
+                if !go_on || started.elapsed() >= PARTS_TURN {
+                    return Ok(LevelEnd::Stopped);
+                }
+            }
+            let ended = tokio::select! {
+                Some(ended) = running.next() => ended,
+                _ = tokio::time::sleep(ASK_AGAIN) => continue,
+            };
+            let PartEnded { part, reserved, result } = ended;
+            let place = part_place(&part);
+            match result {
+                Ok(answer) => {
+                    used.add(answer.usage);
+                    let stored = StoredPart {
+                        level: part.level,
+                        idx: part.idx,
+                        output: &answer.text,
+                        input_tokens: Some(answer.usage.input),
+                        output_tokens: Some(answer.usage.output),
+                        reserved_tokens: reserved,
+                    };
+                    if !self.parts.store_output(job, &stored).await.map_err(database_error)? {
+                        return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+                    }
+                }
+                Err(mut e) if e.class.is_transient() => {
+                    let failures =
+                        self.parts.part_failed(job, part.level, part.idx, reserved).await.map_err(database_error)?;
+                    e.message = format!("{place}: {}", e.message);
+                    let most = failed.as_ref().map_or(0, |(_, n)| *n).max(failures);
+                    failed = Some((e, most));
+                }
+                Err(mut e) => {
+                    e.message = format!("{place}: {}", e.message);
+                    return Err(e);
+                }
+            }
         }
     }
 
-    /// The most tokens a part may carry: one call's context; for a translation also no more
-    /// than the answer may hold (its output is as long as its input, and an answer cut at the
-    /// provider's `max_tokens` would lose the end of the part).
-    fn part_tokens(&self, preset: Preset, context: u64) -> u64 {
-        match self.provider.max_output_tokens() {
-            Some(output) if joins(preset) => context.min(output.saturating_mul(3) / 4 + PART_PROMPT_TOKENS),
-            _ => context,
+    /// One part's call (its halves', if its answer was cut), with the reservation it holds.
+    async fn call_part(&self, job: &ClaimedJob, spec: &DocumentJob, part: PendingPart, mut held: Held) -> PartEnded {
+        {
+            let reserved = held.input;
+            let of = PartOf {
+                number: part.idx as u32 + 1,
+                count: part.count as u32,
+                level: part.level as u32,
+                overlap: part.overlap.clone(),
+            };
+            let result = self.answer(job, spec, part.body.clone(), of, &mut held, 0).await;
+            if let Err(e) = &result {
+                self.give_back_unless_counted(e, held).await;
+            }
+            PartEnded { part, reserved, result }
+        }
+    }
+
+    /// The whole answer for `text` (one part): one call, or, when the answer was cut at its
+    /// limit, the answers for its two halves joined, each split again if cut (a translation
+    /// loses nothing; a summary of a part becomes two shorter ones, combined at the next
+    /// level). No attempt is used and the user pays nothing more; the calls' tokens count.
+    fn answer<'a>(
+        &'a self,
+        job: &'a ClaimedJob,
+        spec: &'a DocumentJob,
+        text: String,
+        of: PartOf,
+        held: &'a mut Held,
+        halvings: u32,
+    ) -> BoxFuture<'a, Result<Answer, JobError>> {
+        Box::pin(async move {
+            let task = Task { preset: spec.preset, language: spec.language.clone(), text, pages: None, part: Some(of) };
+            let estimated = task.estimated_tokens();
+            let output = self.call(job, &task, estimated, held).await?;
+            let mut usage = Usage {
+                input: output.input_tokens.unwrap_or(estimated),
+                output: output.output_tokens.unwrap_or(0),
+            };
+            if !output.cut {
+                return Ok(Answer { text: output.text, usage });
+            }
+            let Task { text, part: Some(of), .. } = task else { unreachable!("a part's task") };
+            if of.level > 0 || halvings >= MAX_HALVINGS || !self.may_halve(estimated) {
+                return Err(self.cut_error());
+            }
+            tracing::info!(job = %job.id, part = of.number, estimated, "answer cut at its limit; the part is redone in halves");
+            let chars = text.chars().count();
+            let halves = split::split(&text, chars.div_ceil(2).max(1), 0);
+            let mut answers = Vec::with_capacity(halves.len());
+            for half in &halves {
+                let body = half.body(&text).to_string();
+                let tokens = tokens::count(&body) as i64 + PART_PROMPT_TOKENS as i64;
+                let mut half_held = Held { input: tokens, output: self.expected_output(spec, tokens) };
+                self.budget.correct(half_held.input, half_held.output).await;
+                let result = self.answer(job, spec, body, of.clone(), &mut half_held, halvings + 1).await;
+                if let Err(e) = &result {
+                    self.give_back_unless_counted(e, half_held).await;
+                }
+                let half_answer = result?;
+                usage.add(half_answer.usage);
+                answers.push(half_answer.text);
+            }
+            Ok(Answer { text: answers.join("\n\n"), usage })
+        })
+    }
+
+    /// Whether a text of `estimated` tokens whose answer was cut is worth redoing in halves:
+    /// not when it is already small beside an answer's limit (the answer rambles, and halves
+    /// would too).
+    fn may_halve(&self, estimated: i64) -> bool {
+        let floor = self.provider.max_output_tokens().unwrap_or(0).min(i64::MAX as u64) as i64 / 8;
+        estimated >= floor.max(PART_PROMPT_TOKENS as i64 / 2)
+    }
+
+    /// An answer that stayed cut however the text was split.
+    fn cut_error(&self) -> JobError {
+        let limit = self.provider.max_output_tokens().map_or_else(String::new, |n| {
+            format!(" ({} tokens)", sluice_types::thousands(n.min(i64::MAX as u64) as i64))
+        });
+        JobError::new(
+            ErrorClass::InvalidInput,
+            format!(
+                "the provider's answer was longer than it may write at once{limit}, even for a short piece of the \
+                 document, so it was not kept; you were not charged"
+            ),
+        )
+    }
+
+    /// A failed call gives back what it reserved, unless the provider may have counted the
+    /// request (a 429/529, a timeout or a server error): keeping it spent brings the budget
+    /// back under the provider's own count.
+    async fn give_back_unless_counted(&self, error: &JobError, held: Held) {
+        let counted = matches!(
+            error.class,
+            ErrorClass::RateLimited | ErrorClass::Overloaded | ErrorClass::Timeout | ErrorClass::ServerError
+        );
+        if !counted {
+            self.budget.correct(-held.input, -held.output).await;
+        }
+    }
+
+    /// Output tokens a call of `input_tokens` is expected to write, reserved from the budget: a
+    /// translation's answer is about as long as its text; others are short.
+    fn expected_output(&self, spec: &DocumentJob, input_tokens: i64) -> i64 {
+        let cap = self.provider.max_output_tokens().map_or(i64::MAX, |n| n.min(i64::MAX as u64) as i64);
+        if joins(spec.preset) {
+            input_tokens.saturating_mul(5).saturating_div(4).min(cap)
+        } else {
+            self.budget.output_reserve.min(cap)
+        }
+    }
+
+    /// The most tokens one call's prompt may carry, if limited: the provider's context (less
+    /// the planning margin: the provider's tokenizer is not ours); for a translation also no
+    /// more than its answer can hold (an answer as long as its text, with room to grow).
+    fn part_tokens(&self, preset: Preset) -> Option<u64> {
+        let context = self.context_tokens.map(|c| (c as f64 * tokens::PLANNING_MARGIN) as u64);
+        let answer = self
+            .provider
+            .max_output_tokens()
+            .filter(|_| joins(preset))
+            .map(|output| output.saturating_mul(3) / 4 + PART_PROMPT_TOKENS);
+        match (context, answer) {
+            (Some(c), Some(a)) => Some(c.min(a)),
+            (c, a) => c.or(a),
         }
     }
 
@@ -367,7 +660,12 @@ impl DocumentProcessor {
         estimated: i64,
         held: &mut Held,
     ) -> Result<ProviderOutput, JobError> {
-        self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
+        if task.part.is_none() {
+            self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
+        } else {
+            // A part's job estimate is the sum of its parts in flight: only the bucket moves.
+            self.budget.correct(estimated - held.input, 0).await;
+        }
         held.input = estimated;
         self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
         let span = tracing::info_span!(
@@ -393,11 +691,12 @@ impl DocumentProcessor {
         }
         let output = output?;
         // The provider counted what it counted: settle the reservation with the real usage, as
-        // far as it is believable (tokenizers differ from our estimate, but not fourfold; an
-        // answer is never longer than the `max_tokens` reserved for it).
+        // far as it is believable (tokenizers differ from our count, but not fourfold; an
+        // answer is never longer than the `max_tokens` asked for).
         let believable_in = estimated.saturating_mul(4).max(estimated.saturating_add(10_000));
         let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_in);
-        let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, held.output.max(0));
+        let most_out = self.provider.max_output_tokens().map_or(held.output, |n| n.min(i64::MAX as u64) as i64);
+        let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, most_out.max(held.output).max(0));
         let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
         self.budget.correct(used_in.saturating_sub(reserved.input), used_out.saturating_sub(reserved.output)).await;
         self.budget.observe(&output.remaining).await;
@@ -412,24 +711,45 @@ fn joins(preset: Preset) -> bool {
     preset == Preset::Translate
 }
 
-/// `text` split into parts whose prompts fit `context_tokens`, as new parts of `level`. A
-/// summary's parts carry a little of the text before them as context; a translation's none
-/// (it would be translated twice).
-fn split_for(preset: Preset, text: &str, context_tokens: u64, level: i32) -> Vec<NewPart> {
-    let max_chars = context_tokens.saturating_sub(PART_PROMPT_TOKENS).max(100).saturating_mul(4);
-    let max_chars = usize::try_from(max_chars).unwrap_or(usize::MAX / 2);
-    let overlap = if joins(preset) || level > 0 { 0 } else { (max_chars / 50).min(2_000) };
+/// Where a part stands, for messages: "part 2 of 7", or a combining step's.
+fn part_place(part: &PendingPart) -> String {
+    if part.level == 0 {
+        format!("part {} of {}", part.idx + 1, part.count)
+    } else {
+        format!("combining the parts ({} of {})", part.idx + 1, part.count)
+    }
+}
+
+/// `text` split into parts whose prompts hold at most `limit_tokens` as the tokenizer counts
+/// them, as new parts of `level`. A summary's parts carry a little of the text before them as
+/// context; a translation's none (it would be translated twice). Parts are cut by characters
+/// at the text's own density, then counted; if one is over (a denser stretch), the text is
+/// cut again tighter. CPU work: run it off the async runtime.
+fn split_for(preset: Preset, text: &str, limit_tokens: u64, level: i32) -> Vec<NewPart> {
+    let budget = limit_tokens.saturating_sub(PART_PROMPT_TOKENS).max(50);
     // Postgres text holds no NUL, and no provider needs one.
     let text = &text.replace('\0', "");
-    split::split(text, max_chars, overlap)
-        .into_iter()
-        .map(|p| {
-            let (body, overlap) = (p.body(text).to_string(), p.overlap(text).to_string());
-            let chars = (body.chars().count() + overlap.chars().count()) as u64;
-            let est_tokens = (capacity::tokens_in_chars(chars) + PART_PROMPT_TOKENS) as i64;
-            NewPart { body, overlap, est_tokens }
-        })
-        .collect()
+    let chars = text.chars().count().max(1) as f64;
+    let total = tokens::count(text).max(1) as f64;
+    let mut max_chars = ((budget as f64 * chars / total) * 0.97).max(100.0) as usize;
+    let mut parts = Vec::new();
+    for _ in 0..8 {
+        let overlap = if joins(preset) || level > 0 { 0 } else { (max_chars / 50).min(2_000) };
+        parts = split::split(text, max_chars, overlap)
+            .into_iter()
+            .map(|p| {
+                let (body, overlap) = (p.body(text).to_string(), p.overlap(text).to_string());
+                let est_tokens = (tokens::count(&body) + tokens::count(&overlap) + PART_PROMPT_TOKENS) as i64;
+                NewPart { body, overlap, est_tokens }
+            })
+            .collect();
+        let worst = parts.iter().map(|p| p.est_tokens as f64 / limit_tokens.max(1) as f64).fold(0.0, f64::max);
+        if worst <= 1.0 || max_chars <= 100 {
+            break;
+        }
+        max_chars = ((max_chars as f64 * 0.95 / worst) as usize).max(100);
+    }
+    parts
 }
 
 fn database_error(e: EngineError) -> JobError {

@@ -1,9 +1,11 @@
-//! Jobs done in parts: a document too long for one provider call is split into parts, each
-//! one claim of the job (its own lease, gate slot, token reservation and attempts). Level 0
-//! holds the document's parts; level n + 1 the combined outputs of level n (a summary of the
-//! summaries). A part's output is stored in the transaction that puts the job back in line
-//! ([`super::complete_many`] with a [`PartDone`]), so a crash never redoes a finished part.
-//! Every write here is fenced by the attempt's lease token.
+//! Jobs done in parts: a document too long for one provider call (or whose answer would not
+//! fit one answer) is split into parts. Level 0 holds the document's parts; level n + 1 the
+//! combined outputs of level n (a summary of the summaries). One claim of the job runs its
+//! parts side by side, as many at once as [`PartStore::calls`] grants (the gate and the token
+//! budget, after every other owner waiting); each part's output is stored the moment it ends
+//! ([`PartStore::store_output`]), so a crash never redoes a finished part, and a part's
+//! failures are its own ([`PartStore::part_failed`]). Every write here is fenced by the
+//! attempt's lease token.
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -12,15 +14,22 @@ use uuid::Uuid;
 use super::ClaimedJob;
 use crate::error::Result;
 
-/// A part's output, handed back with the attempt's [`super::JobOutput`]: the job goes back in
-/// line instead of ending.
+/// An attempt that stored parts and stopped before the end (processing paused, a cancel asked
+/// for, or its turn over): the job goes back in line, its attempts counted afresh, instead of
+/// ending. Its parts are stored already.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PartDone {
-    pub level: i32,
-    pub idx: i32,
-    pub output: String,
+pub struct PartsProgress {
     /// What the job's next claim reserves from the token budget (its next part's estimate).
     pub next_est_tokens: i64,
+}
+
+/// What [`PartStore::calls`] granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallGrant {
+    /// How many of the parts asked for may start now.
+    pub granted: usize,
+    /// False: start nothing more (paused, to be canceled, or the lease is lost).
+    pub go_on: bool,
 }
 
 /// A part still to do.
@@ -33,8 +42,8 @@ pub struct PendingPart {
     pub body: String,
     pub overlap: String,
     pub est_tokens: i64,
-    /// The estimate of the part after it at the same level, if any.
-    pub following_est_tokens: Option<i64>,
+    /// Its failed attempts so far.
+    pub failures: i32,
 }
 
 /// Where a job in parts stands.
@@ -86,23 +95,131 @@ impl PartStore {
         .fetch_optional(pool)
         .await?;
         let Some((level, count)) = top else { return Ok(Progress::Unsplit) };
-        let pending: Option<PendingPart> = sqlx::query_as(
-            "SELECT p.level, p.idx, $3::int4 AS count, p.body, p.overlap, p.est_tokens,
-                    (SELECT n.est_tokens FROM job_parts n
-                     WHERE n.job_id = p.job_id AND n.level = p.level AND n.idx > p.idx AND n.output IS NULL
-                     ORDER BY n.idx LIMIT 1) AS following_est_tokens
+        let pending = self.pending(job, level, count, 1).await?;
+        Ok(match pending.into_iter().next() {
+            Some(part) => Progress::Pending(part),
+            None => Progress::LevelDone { level, count },
+        })
+    }
+
+    /// The parts of `level` (of `count`) not done yet, in order, at most `limit`.
+    pub async fn pending(&self, job: Uuid, level: i32, count: i32, limit: i64) -> Result<Vec<PendingPart>> {
+        let Some(pool) = &self.pool else { return Ok(Vec::new()) };
+        Ok(sqlx::query_as(
+            "SELECT p.level, p.idx, $3::int4 AS count, p.body, p.overlap, p.est_tokens, p.failures
              FROM job_parts p WHERE p.job_id = $1 AND p.level = $2 AND p.output IS NULL
-             ORDER BY p.idx LIMIT 1",
+             ORDER BY p.idx LIMIT $4",
         )
         .bind(job)
         .bind(level)
         .bind(count)
-        .fetch_optional(pool)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+    }
+
+    /// Ask to start parts of these `(input, expected output)` tokens while `running` of the
+    /// job's calls run (see `sluice_part_calls`): the gate slots and budget they take are
+    /// reserved until [`PartStore::store_output`] or the end of the attempt gives them back.
+    pub async fn calls(&self, job: &ClaimedJob, running: usize, wants: &[(i64, i64)]) -> Result<CallGrant> {
+        let Some(pool) = &self.pool else { return Ok(CallGrant { granted: 0, go_on: false }) };
+        let inputs: Vec<i64> = wants.iter().map(|w| w.0.max(0)).collect();
+        let outputs: Vec<i64> = wants.iter().map(|w| w.1.max(0)).collect();
+        let (granted, go_on): (i32, bool) = sqlx::query_as("SELECT * FROM sluice_part_calls($1, $2, $3, $4, $5)")
+            .bind(job.id)
+            .bind(job.lease_token)
+            .bind(running.min(i32::MAX as usize) as i32)
+            .bind(&inputs)
+            .bind(&outputs)
+            .fetch_one(pool)
+            .await?;
+        Ok(CallGrant { granted: granted.max(0) as usize, go_on })
+    }
+
+    /// Store a part's output, if the attempt still holds its lease, and give back the gate slot
+    /// its call held (the job keeps its own). Returns whether the attempt still holds the job.
+    pub async fn store_output(&self, job: &ClaimedJob, part: &StoredPart<'_>) -> Result<bool> {
+        let Some(pool) = &self.pool else { return Ok(false) };
+        let mut tx = pool.begin().await?;
+        let held: Option<i32> = sqlx::query_scalar(
+            "UPDATE jobs SET extra_calls = greatest(0, extra_calls - 1),
+                 est_input_tokens = greatest(0, est_input_tokens - $3),
+                 parts_done = parts_done + (CASE WHEN $4 = 0 THEN 1 ELSE 0 END), updated_at = now()
+             WHERE id = $1 AND lease_token = $2 AND state = 'running' RETURNING 1",
+        )
+        .bind(job.id)
+        .bind(job.lease_token)
+        .bind(part.reserved_tokens)
+        .bind(part.level)
+        .fetch_optional(&mut *tx)
         .await?;
-        Ok(match pending {
-            Some(part) => Progress::Pending(part),
-            None => Progress::LevelDone { level, count },
-        })
+        if held.is_none() {
+            return Ok(false);
+        }
+        // Postgres text holds no NUL: a provider's stray one goes.
+        sqlx::query(
+            "UPDATE job_parts SET output = $4, input_tokens = $5, output_tokens = $6, attempt_id = $7, done_at = now()
+             WHERE job_id = $1 AND level = $2 AND idx = $3 AND output IS NULL",
+        )
+        .bind(job.id)
+        .bind(part.level)
+        .bind(part.idx)
+        .bind(part.output.replace('\0', ""))
+        .bind(part.input_tokens)
+        .bind(part.output_tokens)
+        .bind(job.lease_token)
+        .execute(&mut *tx)
+        .await?;
+        super::notify_workers(&mut tx).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// A part's call failed: count it against the part, and give back the gate slot its call
+    /// held. Returns the part's failures so far.
+    pub async fn part_failed(&self, job: &ClaimedJob, level: i32, idx: i32, reserved_tokens: i64) -> Result<i32> {
+        let Some(pool) = &self.pool else { return Ok(0) };
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "UPDATE jobs SET extra_calls = greatest(0, extra_calls - 1),
+                 est_input_tokens = greatest(0, est_input_tokens - $3)
+             WHERE id = $1 AND lease_token = $2 AND state = 'running'",
+        )
+        .bind(job.id)
+        .bind(job.lease_token)
+        .bind(reserved_tokens)
+        .execute(&mut *tx)
+        .await?;
+        let failures: Option<i32> = sqlx::query_scalar(
+            "UPDATE job_parts SET failures = failures + 1 WHERE job_id = $1 AND level = $2 AND idx = $3
+             RETURNING failures",
+        )
+        .bind(job.id)
+        .bind(level)
+        .bind(idx)
+        .fetch_optional(&mut *tx)
+        .await?;
+        super::notify_workers(&mut tx).await?;
+        tx.commit().await?;
+        Ok(failures.unwrap_or(1))
+    }
+
+    /// Before the attempt's failure is recorded: the job's attempts become those of its part
+    /// that failed most (the retry policy counts per part), and its next claim reserves
+    /// `next_est_tokens`.
+    pub async fn stand_down(&self, job: &ClaimedJob, attempts: i32, next_est_tokens: i64) -> Result<()> {
+        let Some(pool) = &self.pool else { return Ok(()) };
+        sqlx::query(
+            "UPDATE jobs SET attempts = $3, est_input_tokens = $4
+             WHERE id = $1 AND lease_token = $2 AND state = 'running'",
+        )
+        .bind(job.id)
+        .bind(job.lease_token)
+        .bind(attempts.max(1))
+        .bind(next_est_tokens.max(0))
+        .execute(pool)
+        .await?;
+        Ok(())
     }
 
     /// The outputs of a finished level, in order.
@@ -168,70 +285,57 @@ impl PartStore {
     }
 }
 
-/// Store the outputs of parts and put their jobs back in line, each fenced by its attempt's
-/// lease token, inside the caller's transaction. Returns the ids of the jobs moved.
-pub(crate) async fn store_and_requeue(
+/// A part's answer, to store.
+#[derive(Clone, Debug)]
+pub struct StoredPart<'a> {
+    pub level: i32,
+    pub idx: i32,
+    pub output: &'a str,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    /// The input tokens its call reserved (given back from the job's running estimate).
+    pub reserved_tokens: i64,
+}
+
+/// Put jobs that stored parts and stopped back in line, each fenced by its attempt's lease
+/// token (and not when a cancel was asked for: that one ends canceled), inside the caller's
+/// transaction. Returns the ids of the jobs moved.
+pub(crate) async fn requeue(
     tx: &mut sqlx::PgConnection,
-    items: &[(&ClaimedJob, &PartDone, Option<i64>, Option<i64>)],
+    items: &[(&ClaimedJob, &PartsProgress, Option<i64>, Option<i64>)],
 ) -> Result<Vec<Uuid>> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
     let ids: Vec<Uuid> = items.iter().map(|(j, ..)| j.id).collect();
     let tokens: Vec<Uuid> = items.iter().map(|(j, ..)| j.lease_token).collect();
-    let levels: Vec<i32> = items.iter().map(|(_, p, ..)| p.level).collect();
-    let idxs: Vec<i32> = items.iter().map(|(_, p, ..)| p.idx).collect();
-    // Postgres text holds no NUL: a provider's stray one goes.
-    let outputs: Vec<String> = items.iter().map(|(_, p, ..)| p.output.replace('\0', "")).collect();
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
-    // The jobs first, each locked and checked against its lease (and a cancel request) after
-    // the lock, so a rescue or a cancel that won the race leaves its part untouched; then the
-    // parts of the jobs that moved, and their attempts.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int8[])
-                 AS t(id, token, level, idx, next_est)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int8[]) AS t(id, token, next_est)
          )
          UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now(), est_input_tokens = i.next_est,
-             parts_done = j.parts_done + (CASE WHEN i.level = 0 THEN 1 ELSE 0 END),
-             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
+             extra_calls = 0, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
              updated_at = now()
          FROM input i
          WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running' AND j.cancel_requested_at IS NULL
-           AND EXISTS (SELECT 1 FROM job_parts p
-                       WHERE p.job_id = i.id AND p.level = i.level AND p.idx = i.idx AND p.output IS NULL)
          RETURNING j.id",
     )
     .bind(&ids)
     .bind(&tokens)
-    .bind(&levels)
-    .bind(&idxs)
     .bind(&next)
     .fetch_all(&mut *tx)
     .await?;
     sqlx::query(
-        "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::text[], $6::int8[], $7::int8[])
-                 AS t(id, token, level, idx, output, input_tokens, output_tokens)
-             WHERE t.id = ANY($8)
-         ),
-         part AS (
-             UPDATE job_parts p SET output = i.output, input_tokens = i.input_tokens,
-                 output_tokens = i.output_tokens, attempt_id = i.token, done_at = now()
-             FROM input i
-             WHERE p.job_id = i.id AND p.level = i.level AND p.idx = i.idx AND p.output IS NULL
-         )
-         UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
-             input_tokens = i.input_tokens, output_tokens = i.output_tokens
-         FROM input i WHERE a.id = i.token",
+        "UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
+             input_tokens = t.input_tokens, output_tokens = t.output_tokens
+         FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::int8[]) AS t(id, token, input_tokens, output_tokens)
+         WHERE a.id = t.token AND t.id = ANY($5)",
     )
     .bind(&ids)
     .bind(&tokens)
-    .bind(&levels)
-    .bind(&idxs)
-    .bind(&outputs)
     .bind(&input_tokens)
     .bind(&output_tokens)
     .bind(&moved)

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::claim::ClaimedJob;
 use super::hooks::{TerminalHooks, TerminalJob};
-use super::parts::{self, PartDone};
+use super::parts::{self, PartsProgress};
 use super::policy::retry::{Decision, ErrorClass, Failure, RetryPolicy};
 use crate::error::Result;
 use crate::FailureKind;
@@ -25,10 +25,10 @@ pub struct JobOutput {
     pub result: Value,
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
-    /// Set when the attempt did one part of a job done in parts: the part's output is stored
-    /// and the job goes back in line for its next part instead of ending.
+    /// Set when the attempt stored parts of a job done in parts and stopped before its end:
+    /// the job goes back in line instead of ending.
     #[serde(default)]
-    pub part: Option<PartDone>,
+    pub part: Option<PartsProgress>,
 }
 
 /// Why an attempt failed.
@@ -130,7 +130,7 @@ pub enum Recorded {
         at: DateTime<Utc>,
     },
     Requeued,
-    /// One part of a job in parts is done and stored; the job is back in line for the next.
+    /// A job in parts stored parts and stopped before its end; it is back in line.
     PartDone,
     Failed(FailureKind),
     /// The job had a cancellation request: canceled and refunded, whatever the attempt did.
@@ -167,7 +167,7 @@ pub async fn complete_many(
     let mut tx = pool.begin().await?;
     let steps: Vec<_> =
         steps.iter().filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens))).collect();
-    let continued: HashSet<Uuid> = parts::store_and_requeue(&mut tx, &steps).await?.into_iter().collect();
+    let continued: HashSet<Uuid> = parts::requeue(&mut tx, &steps).await?.into_iter().collect();
     let done = write_results(&mut tx, &finals).await?;
     if !done.is_empty() {
         // A finished document's text is not kept twice: its parts keep their answers only.

@@ -187,6 +187,7 @@ impl Provider for AnthropicProvider {
                 input_tokens: json.pointer("/usage/input_tokens").and_then(Value::as_i64),
                 output_tokens: json.pointer("/usage/output_tokens").and_then(Value::as_i64),
                 remaining: remaining_from_headers(&headers),
+                cut: json["stop_reason"].as_str() == Some("max_tokens"),
             })
         })
     }
@@ -248,6 +249,7 @@ impl Provider for OpenAiProvider {
                 input_tokens: json.pointer("/usage/prompt_tokens").and_then(Value::as_i64),
                 output_tokens: json.pointer("/usage/completion_tokens").and_then(Value::as_i64),
                 remaining: remaining_from_headers(&headers),
+                cut: json.pointer("/choices/0/finish_reason").and_then(Value::as_str) == Some("length"),
             })
         })
     }

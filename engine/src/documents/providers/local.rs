@@ -28,7 +28,8 @@ impl Provider for LocalProvider {
             // CPU work on user text stays off the async runtime's threads, and at most cores − 1
             // analyses run at once, so the web always has a core ([`crate::documents::cpu`]).
             let (text, pages) = (task.text.clone(), task.pages);
-            let analysis = crate::documents::cpu::run(move || analyse(&text, pages))
+            let (analysis, tokens) =
+                crate::documents::cpu::run(move || (analyse(&text, pages), crate::documents::tokens::count(&text)))
                 .await
                 .map_err(|_| JobError::new(ErrorClass::InvalidInput, "the document's text could not be analysed"))?;
             let text = match task.preset {
@@ -39,9 +40,11 @@ impl Provider for LocalProvider {
                 text,
                 data: serde_json::to_value(&analysis).unwrap_or_default(),
                 // No prompt goes anywhere: only the text counts.
-                input_tokens: Some(sluice_types::capacity::tokens_in_chars(task.text.chars().count() as u64) as i64),
+                input_tokens: Some(tokens.min(i64::MAX as u64) as i64),
                 output_tokens: Some(0),
                 remaining: Default::default(),
+                // An extract of a few sentences: never longer than an answer may be.
+                cut: false,
             })
         })
     }

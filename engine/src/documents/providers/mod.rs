@@ -54,10 +54,10 @@ impl ProviderConfig {
 }
 
 impl Task {
-    /// The request's input tokens as estimated before the call: its whole prompt, about four
-    /// characters a token.
+    /// The request's input tokens as counted before the call: its whole prompt, by the
+    /// tokenizer ([`crate::documents::tokens`]).
     pub fn estimated_tokens(&self) -> i64 {
-        sluice_types::capacity::tokens_in_chars(prompt(self).chars().count() as u64) as i64
+        crate::documents::tokens::count(&prompt(self)).min(i64::MAX as u64) as i64
     }
 }
 
@@ -73,6 +73,10 @@ pub struct ProviderOutput {
     /// What the provider's rate-limit headers say is left.
     #[serde(default)]
     pub remaining: RateRemaining,
+    /// The answer stopped at its output limit (OpenAI `finish_reason: "length"`, Anthropic
+    /// `stop_reason: "max_tokens"`): it is not the whole answer, and never a success.
+    #[serde(default)]
+    pub cut: bool,
 }
 
 /// An AI provider: one call per attempt, no retries of its own.
@@ -135,11 +139,45 @@ impl Default for ProviderConfig {
             base_url: String::new(),
             api_key: None,
             model: String::new(),
-            max_tokens: 1024,
+            max_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             timeout: Duration::from_secs(120),
             timeout_per_100k_tokens: Duration::ZERO,
         }
     }
+}
+
+/// The answer limit for a model we know nothing of (Ollama's and llama.cpp's servers run many):
+/// one a real deployment uses; `--provider-max-tokens` sets another.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 8_192;
+
+/// The most output tokens `model` may write in one answer, as its maker documents it, so a
+/// translation's parts are as large as an answer can hold (a 1,024-token answer is a page and
+/// a half). Matched by prefix, newest names first; unknown models get
+/// [`DEFAULT_MAX_OUTPUT_TOKENS`].
+pub fn documented_max_output_tokens(kind: ProviderKind, model: &str) -> u32 {
+    let model = model.trim().to_ascii_lowercase();
+    let model = match (kind, model.as_str()) {
+        (ProviderKind::Anthropic, "") => "claude-sonnet-4-5",
+        (ProviderKind::Openai, "") => "gpt-4o-mini",
+        (_, m) => m,
+    };
+    const KNOWN: &[(&str, u32)] = &[
+        ("claude-opus-4-5", 64_000),
+        ("claude-opus-4", 32_000),
+        ("claude-sonnet-4", 64_000),
+        ("claude-haiku-4", 64_000),
+        ("claude-3-7-sonnet", 64_000),
+        ("claude-3-5-haiku", 8_192),
+        ("claude-3-5-sonnet", 8_192),
+        ("claude-3-haiku", 4_096),
+        ("gpt-4.1", 32_768),
+        ("gpt-4o", 16_384),
+        ("gpt-5", 128_000),
+        ("o4-mini", 100_000),
+        ("o3", 100_000),
+        ("o1", 100_000),
+    ];
+    KNOWN.iter().find(|(prefix, _)| model.starts_with(prefix)).map_or(DEFAULT_MAX_OUTPUT_TOKENS, |(_, n)| *n)
 }
 
 /// The provider `config` names.
