@@ -110,7 +110,8 @@ pub struct PartsProgress {
 }
 
 impl PartsProgress {
-    /// What a user reads: "Translating part 3 of 7", "Combining 7 parts".
+    /// What a user reads: "Translating 7 parts, 3 done" (parts run side by side, so there is
+    /// no one part in progress), "Combining 7 parts".
     pub fn words(&self, preset: Option<Preset>, state: JobState) -> String {
         if state == JobState::Done {
             return format!("Done in {} parts", self.total);
@@ -124,8 +125,7 @@ impl PartsProgress {
             Some(Preset::KeyFacts) => "Reading facts from",
             _ => "Summarizing",
         };
-        let next = (self.done + 1).min(self.total);
-        format!("{verb} part {next} of {}", self.total)
+        format!("{verb} {} parts, {} done", self.total, self.done.min(self.total))
     }
 }
 

@@ -222,7 +222,7 @@ test('the jobs list filters by state and searches by file name', async ({ page }
   await expect(page.getByRole('button', { name: 'Older' })).toBeDisabled();
 });
 
-test('a document longer than one provider call is done in parts: "part n of N" advances, then one combined result', async ({ page }) => {
+test('a document longer than one provider call is done in parts: "n of N done" advances, then one combined result', async ({ page }) => {
   await signUp(page, 'parts');
   // 1,000 paragraphs of 100 characters: three parts of at most 39,200 characters (the e2e
   // server's context is 10,000 tokens). Each part takes the provider 3 s; the combining call
@@ -242,8 +242,8 @@ test('a document longer than one provider call is done in parts: "part n of N" a
 
   const parts = page.locator('.parts');
   await expect(parts).toHaveAttribute('data-parts-total', '3', { timeout: 10_000 });
-  await expect(parts).toContainText(/Summarizing part [12] of 3/);
-  await expect(parts).toContainText(/Summarizing part 3 of 3|Combining 3 parts/, { timeout: 15_000 });
+  await expect(parts).toContainText(/Summarizing 3 parts, [012] done/);
+  await expect(parts).toContainText(/Summarizing 3 parts, 3 done|Combining 3 parts/, { timeout: 15_000 });
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 20_000 });
   await expect(parts).toHaveText(/Done in 3 parts/);
   const result = page.locator('article.result-rendered');
@@ -253,4 +253,40 @@ test('a document longer than one provider call is done in parts: "part n of N" a
   // The jobs list says the same, and the API gives the parts to programs.
   await page.getByRole('link', { name: '← All jobs' }).click();
   await expect(page.locator('.job').first().locator('.parts')).toHaveAttribute('data-parts-done', '3');
+});
+
+test('a multi-page text translated comes back whole, every paragraph in order, its parts side by side', async ({ page }) => {
+  await signUp(page, 'translate');
+  // The shared fake answers this document like a hosted model: time per output token, and an
+  // answer as long as its text ("[translated] …" per paragraph), cut at max_tokens if longer.
+  const marker = `hosted-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  const model = await fetch(`${process.env.FAKE_PROVIDER_URL}/_model`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ first_token_ms: 200, prefill_tokens_per_sec: 200000, output_tokens_per_sec: 4000, only_for: marker }),
+  });
+  expect(model.status).toBe(204);
+  // About 26,000 tokens: three parts at the e2e server's context of 10,000.
+  const count = 1200;
+  const text = Array.from({ length: count }, (_, i) =>
+    `Paragraph ${String(i + 1).padStart(4, '0')} ${marker}: the supplier delivers the goods named in schedule A by the agreed date.\n\n`).join('');
+  await open(page, '/upload');
+  await page.locator('#preset').selectOption('translate');
+  await page.locator('#language').fill('German');
+  await page.locator('#files').setInputFiles({ name: 'contract.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
+  const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'ok');
+  await row.getByRole('link', { name: 'View the job' }).click();
+
+  const parts = page.locator('.parts');
+  await expect(parts).toHaveAttribute('data-parts-total', /^[3-9]$/, { timeout: 15_000 });
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 60_000 });
+  await expect(parts).toHaveText(/Done in [3-9] parts/);
+  const rendered = await page.locator('article.result-rendered').innerText();
+  const numbers = [...rendered.matchAll(/\[translated\] Paragraph (\d{4})/g)].map((m) => Number(m[1]));
+  expect(numbers).toEqual(Array.from({ length: count }, (_, i) => i + 1));
+
+  const report = await (await fetch(`${process.env.FAKE_PROVIDER_URL}/_model`)).json();
+  expect(report.cut).toBe(0);
+  expect(report.most_at_once).toBeGreaterThan(1);
 });

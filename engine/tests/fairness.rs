@@ -99,6 +99,7 @@ async fn the_claim_takes_the_fairest_jobs_on_random_lines(pool: PgPool) {
         }
         assert_heads_true(&pool, &format!("round {round}")).await;
     }
+    assert!(granted > 20, "documents did run parts side by side: {granted} calls granted");
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -248,4 +249,102 @@ async fn a_claim_racing_an_enqueue_of_the_same_owner_leaves_the_new_job_its_head
     assert_heads_true(&pool, "a claim racing an enqueue").await;
     let next = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
     assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), vec![second]);
+}
+
+/// Gate slots in use: running jobs, and their calls beyond the first (parts side by side).
+async fn slots_in_use(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) + coalesce(sum(extra_calls), 0) FROM jobs WHERE state = 'running'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Owners other than `owner` with a due waiting job.
+async fn other_owners_waiting(pool: &PgPool, owner: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(DISTINCT owner_id) FROM waiting_jobs WHERE run_at <= now() AND owner_id <> $1")
+        .bind(owner)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn documents_in_parts_side_by_side_keep_the_claim_fair_and_a_slot_for_every_other_owner(pool: PgPool) {
+    use engine::queue::parts::{PartStore, StoredPart};
+    const GATE: i64 = 24;
+    queue::switches::set_gate_size(&pool, GATE as i32, "test").await.unwrap();
+    let parts = PartStore::new(pool.clone());
+    let mut rng = StdRng::seed_from_u64(33);
+    // Claimed jobs, each with its calls in flight (documents in parts ask for more).
+    let mut running: Vec<(queue::ClaimedJob, usize)> = Vec::new();
+    let mut granted = 0;
+    for round in 0..60 {
+        for _ in 0..rng.random_range(0..4) {
+            let owner = rng.random_range(1..=12);
+            let est_input_tokens =
+                if rng.random_bool(0.3) { rng.random_range(25_000..200_000) } else { rng.random_range(500..25_000) };
+            let opts = JobOpts {
+                owner_id: owner,
+                run_at_ago: Some(rng.random_range(0.0..30.0)),
+                est_input_tokens,
+                ..Default::default()
+            };
+            job(&pool, &opts).await;
+        }
+        // The claim takes exactly the fairest jobs, the parts in flight weighed by their tokens.
+        let free = GATE - slots_in_use(&pool).await;
+        let n = rng.random_range(1..6).min(free.max(0));
+        if n > 0 {
+            let expected = fairest(&pool, n).await;
+            let claimed = queue::claim(&pool, "w", n, Duration::from_secs(60)).await.unwrap();
+            let got: HashSet<Uuid> = claimed.iter().map(|j| j.id).collect();
+            assert_eq!(got, expected, "round {round}: claimed {n}");
+            running.extend(claimed.into_iter().map(|j| (j, 1)));
+        }
+        // Documents ask to run more parts at once.
+        for k in 0..running.len() {
+            if !rng.random_bool(0.5) {
+                continue;
+            }
+            let (doc, calls) = &running[k];
+            let wants: Vec<(i64, i64)> =
+                (0..rng.random_range(1..20)).map(|_| (rng.random_range(1_000..30_000), 1_000)).collect();
+            let (before, others) = (slots_in_use(&pool).await, other_owners_waiting(&pool, doc.owner_id).await);
+            let grant = parts.calls(doc, *calls, &wants).await.unwrap();
+            assert!(grant.go_on);
+            let after = slots_in_use(&pool).await;
+            assert!(after <= GATE, "round {round}: the gate holds with parts side by side: {after}");
+            let room_for_others = (GATE - before - others).max(0);
+            assert!(
+                after - before <= room_for_others,
+                "round {round}: a document took {} slots with {others} other owners waiting and {} free",
+                after - before,
+                GATE - before
+            );
+            running[k].1 += grant.granted;
+            granted += grant.granted;
+        }
+        // Calls end: a part's slot comes back; a job with none left ends.
+        for k in (0..running.len()).rev() {
+            if rng.random_bool(0.4) {
+                let (doc, calls) = &mut running[k];
+                let part = StoredPart {
+                    level: 0,
+                    idx: 0,
+                    output: "",
+                    input_tokens: None,
+                    output_tokens: None,
+                    reserved_tokens: 1_000,
+                };
+                assert!(parts.store_output(doc, &part).await.unwrap());
+                *calls = calls.saturating_sub(1);
+                if *calls == 0 {
+                    let (done, _) = running.swap_remove(k);
+                    queue::complete(&pool, &NoHooks, &done, &JobOutput::default()).await.unwrap();
+                }
+            }
+        }
+        assert_heads_true(&pool, &format!("round {round}")).await;
+    }
+    assert!(granted > 20, "documents did run parts side by side: {granted} calls granted");
 }

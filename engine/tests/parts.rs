@@ -239,11 +239,8 @@ async fn an_answer_cut_at_its_limit_is_never_a_success_the_text_is_redone_in_hal
     assert!(fake.model_report().cut >= 1, "the first answer was cut: {:?}", fake.model_report());
     let result = view.result.unwrap()["markdown"].as_str().unwrap().to_string();
     // Every paragraph came back, in order (each three times, as this language writes it).
-    let numbers: Vec<usize> = result
-        .split("Paragraph ")
-        .skip(1)
-        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
-        .collect();
+    let numbers: Vec<usize> =
+        result.split("Paragraph ").skip(1).filter_map(|rest| rest.split_whitespace().next()?.parse().ok()).collect();
     let mut seen = numbers.clone();
     seen.dedup();
     assert_eq!(seen, (1..=12).collect::<Vec<_>>(), "every paragraph, in order: {numbers:?}");
@@ -275,7 +272,8 @@ async fn a_summary_whose_answer_stays_cut_fails_in_words_and_is_refunded(pool: P
     let user = users::create_user(&pool, "cuts@example.com", "password123", Role::User, 20).await.unwrap();
     let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
     // The model rambles: every answer stops at its limit.
-    let rambling = || Reply::Modelled { text: "Well, ".repeat(50), input_tokens: 10, output_tokens: 64, cut: true, delay_ms: 0 };
+    let rambling =
+        || Reply::Modelled { text: "Well, ".repeat(50), input_tokens: 10, output_tokens: 64, cut: true, delay_ms: 0 };
     fake.push((0..20).map(|_| rambling()));
     let processor = processor(&pool, &docs, fake_config(&fake), 200_000, Budget::disabled());
     let view = drive(&pool, &processor, job).await;
@@ -296,7 +294,9 @@ async fn parts_of_dense_scripts_never_exceed_the_context_as_the_provider_counts_
     // Japanese and emoji: one to two characters a token, where four characters a token would
     // make each part two to four times the context.
     let text: String = (1..=300)
-        .map(|i| format!("第{i}条 契約の当事者は、本契約に定める条件に従い、納品日までに商品を引き渡すものとする。🎉🚀\n\n"))
+        .map(|i| {
+            format!("第{i}条 契約の当事者は、本契約に定める条件に従い、納品日までに商品を引き渡すものとする。🎉🚀\n\n")
+        })
         .collect();
     let context = 2_000;
     let job = submit(&pool, &docs, user.id, &text, "summarize", context).await;
@@ -307,7 +307,11 @@ async fn parts_of_dense_scripts_never_exceed_the_context_as_the_provider_counts_
     assert_eq!(view.state, JobState::Done, "{view:?}");
     let model = fake.model_report();
     assert!(view.parts_total.unwrap() >= 5, "{:?} parts", view.parts_total);
-    assert!(model.largest_prompt <= context, "a prompt of {} tokens against a context of {context}", model.largest_prompt);
+    assert!(
+        model.largest_prompt <= context,
+        "a prompt of {} tokens against a context of {context}",
+        model.largest_prompt
+    );
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

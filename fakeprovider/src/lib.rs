@@ -83,6 +83,9 @@ pub struct HostedModel {
     /// How many times its text a translation's paragraph comes back (1: as long as its input;
     /// more: a language that takes more tokens, so answers meet `max_tokens` sooner).
     pub translation_growth: u32,
+    /// Only for prompts holding this text (which it then answers before any script): a
+    /// browser flow's own document beside other flows' scripts on one shared fake.
+    pub only_for: Option<String>,
 }
 
 impl Default for HostedModel {
@@ -94,6 +97,7 @@ impl Default for HostedModel {
             input_tokens_per_min: 0,
             output_tokens_per_min: 0,
             translation_growth: 1,
+            only_for: None,
         }
     }
 }
@@ -106,8 +110,9 @@ pub struct ModelReport {
     pub most_at_once: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
-    /// The longest prompt it was sent, in its tokens.
+    /// The longest prompt it was sent, and the longest answer it wrote, in tokens.
     pub largest_prompt: u64,
+    pub largest_answer: u64,
     /// Answers cut at `max_tokens`.
     pub cut: u64,
     /// Requests refused by a bucket (429).
@@ -380,8 +385,13 @@ fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) 
     if let Some(reply) = matched.and_then(|(_, r)| r.pop_front()) {
         return (reply, remaining);
     }
-    if s.replies.is_empty() {
-        if let Some(model) = s.model.as_mut() {
+    let script_empty = s.replies.is_empty();
+    if let Some(model) = s.model.as_mut() {
+        let answers = match &model.behaviour.only_for {
+            Some(needle) => prompt.contains(needle.as_str()),
+            None => script_empty,
+        };
+        if answers {
             return modelled(model, &prompt, tokens, max_tokens);
         }
     }
@@ -415,8 +425,11 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     }
     let answer = model_answer(prompt, model.behaviour.translation_growth);
     let whole = count_tokens(&answer);
-    let (text, written, cut) =
-        if whole > max_tokens { (cut_to_tokens(&answer, max_tokens), max_tokens, true) } else { (answer, whole, false) };
+    let (text, written, cut) = if whole > max_tokens {
+        (cut_to_tokens(&answer, max_tokens), max_tokens, true)
+    } else {
+        (answer, whole, false)
+    };
     if let Some(output) = model.output.as_mut() {
         output.level -= written as f64;
     }
@@ -428,6 +441,7 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     r.input_tokens += tokens;
     r.output_tokens += written;
     r.largest_prompt = r.largest_prompt.max(tokens);
+    r.largest_answer = r.largest_answer.max(written);
     r.cut += u64::from(cut);
     (Reply::Modelled { text, input_tokens: tokens, output_tokens: written, cut, delay_ms }, None)
 }

@@ -23,6 +23,10 @@ use engine::queue::retention::Retention;
 use engine::queue::worker::WorkerConfig;
 use engine::sizing::PriceTable;
 use engine::sizing::TimeLimits;
+
+/// Output tokens reserved from the budget per call until its usage is known, at most (a
+/// translation's part reserves by its own size).
+const OUTPUT_RESERVE: u32 = 4_096;
 use engine::webhooks::{DeliveryConfig, TargetPolicy};
 
 /// Sluice: documents through slow AI providers, behind a durable queue.
@@ -344,9 +348,11 @@ pub struct Config {
     /// The model to ask.
     #[arg(long, env = "SLUICE_PROVIDER_MODEL", default_value = "", global = true)]
     pub provider_model: String,
-    /// The most output tokens to ask for.
-    #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", default_value_t = 1024, global = true)]
-    pub provider_max_tokens: u32,
+    /// The most output tokens one answer may have (`max_tokens`). Unset: the model's documented
+    /// maximum (claude-sonnet-4-5 64,000; gpt-4o 16,384; unknown models 8,192). A translation's
+    /// parts are sized so their answers fit it; an answer cut at it is redone in halves.
+    #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", global = true)]
+    pub provider_max_tokens: Option<u32>,
     /// Seconds before a provider call counts as timed out (plus the allowance per 100K tokens).
     #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
     pub provider_timeout_secs: f64,
@@ -635,24 +641,39 @@ impl Config {
             },
             // `max` first: it turns NaN into the floor.
             burst: Duration::from_secs_f64(self.provider_burst_secs.max(0.01).min(3600.0)),
-            output_reserve: i64::from(self.provider_max_tokens),
+            // What a call's answer is expected to hold until its usage is known: a translation
+            // reserves by its own size; other answers are short (a summary), not `max_tokens`.
+            output_reserve: i64::from(self.max_output_tokens().min(OUTPUT_RESERVE)),
             recover_step: Duration::from_secs_f64(self.gate_recover_secs.max(0.01).min(3600.0)),
             share: self.provider_limit_share.max(0.01).min(1.0),
+        }
+    }
+
+    /// The most output tokens one answer may have: as configured, or the model's documented
+    /// maximum.
+    pub fn max_output_tokens(&self) -> u32 {
+        let kind = self.provider_kind();
+        self.provider_max_tokens
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| providers::documented_max_output_tokens(kind, &self.provider_model))
+    }
+
+    fn provider_kind(&self) -> ProviderKind {
+        match self.provider {
+            ProviderChoice::Local => ProviderKind::Local,
+            ProviderChoice::Anthropic => ProviderKind::Anthropic,
+            ProviderChoice::Openai => ProviderKind::Openai,
         }
     }
 
     /// The AI provider.
     pub fn provider_config(&self) -> ProviderConfig {
         ProviderConfig {
-            kind: match self.provider {
-                ProviderChoice::Local => ProviderKind::Local,
-                ProviderChoice::Anthropic => ProviderKind::Anthropic,
-                ProviderChoice::Openai => ProviderKind::Openai,
-            },
+            kind: self.provider_kind(),
             base_url: self.provider_url.clone(),
             api_key: self.provider_api_key.as_ref().map(|k| k.expose().to_string()),
             model: self.provider_model.clone(),
-            max_tokens: self.provider_max_tokens,
+            max_tokens: self.max_output_tokens(),
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
             timeout_per_100k_tokens: Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.clamp(0.0, 86_400.0)),
         }

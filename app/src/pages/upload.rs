@@ -153,6 +153,8 @@ struct UploadRow {
 pub fn UploadPage() -> impl IntoView {
     let terms = LocalResource::new(terms);
     let preset = RwSignal::new("summarize".to_string());
+    // A translation needs its target language.
+    let language = RwSignal::new("German".to_string());
     let rows = RwSignal::new(Vec::<UploadRow>::new());
     let dragging = RwSignal::new(false);
     #[cfg(feature = "hydrate")]
@@ -168,7 +170,9 @@ pub fn UploadPage() -> impl IntoView {
                 let row =
                     UploadRow { name: file.name(), price, progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
                 rows.update(|r| r.push(row.clone()));
-                send(file, preset.get_untracked(), row.progress, row.outcome, account);
+                let preset = preset.get_untracked();
+                let language = (preset == "translate").then(|| language.get_untracked());
+                send(file, preset, language, row.progress, row.outcome, account);
             }
         }
     };
@@ -189,6 +193,15 @@ pub fn UploadPage() -> impl IntoView {
                         .collect_view()
                 }}
             </select>
+            <Show when=move || preset.get() == "translate">
+                <label for="language">"Into which language?"</label>
+                <input
+                    id="language"
+                    maxlength="40"
+                    prop:value=move || language.get()
+                    on:input=move |ev| language.set(event_target_value(&ev))
+                />
+            </Show>
             <div
                 class="dropzone"
                 class:dragging=move || dragging.get()
@@ -280,6 +293,7 @@ pub const UPLOAD_URL: &str = "/api/upload_document";
 fn send(
     file: web_sys::File,
     preset: String,
+    language: Option<String>,
     progress: RwSignal<f64>,
     outcome: RwSignal<Option<Outcome>>,
     account: Option<crate::AccountChanged>,
@@ -291,6 +305,9 @@ fn send(
     let Ok(form) = web_sys::FormData::new() else { return };
     let _ = form.append_with_blob_and_filename("file", &file, &file.name());
     let _ = form.append_with_str("preset", &preset);
+    if let Some(language) = language {
+        let _ = form.append_with_str("language", &language);
+    }
     // The upload server function (the same intake as the REST API's `POST /api/v1/jobs`).
     let _ = xhr.open("POST", UPLOAD_URL);
 

@@ -14,8 +14,8 @@ pub mod render;
 pub mod sandbox;
 pub mod sniff;
 pub mod split;
-pub mod tokens;
 pub mod sweep;
+pub mod tokens;
 
 pub use blobs::Blobs;
 pub use sniff::DocType;

@@ -139,7 +139,14 @@ struct PartCalls {
 }
 
 impl PartCalls {
-    fn start(&mut self, processor: &DocumentProcessor, job: &ClaimedJob, spec: &DocumentJob, part: PendingPart, held: Held) {
+    fn start(
+        &mut self,
+        processor: &DocumentProcessor,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        part: PendingPart,
+        held: Held,
+    ) {
         let (this, job, spec) = (processor.clone(), job.clone(), spec.clone());
         let meta = (PendingPart { body: String::new(), overlap: String::new(), ..part.clone() }, held.input);
         let task = self.tasks.spawn(async move { this.call_part(&job, &spec, part, held).await });
@@ -251,7 +258,11 @@ impl DocumentProcessor {
             ));
         }
         let limit = self.part_tokens(spec.preset);
-        if limit.is_none_or(|l| estimated as u64 <= l) {
+        let pace = pace_part_tokens(estimated.max(0) as u64);
+        // A translation writes as much as it reads, at a model's pace per call: in parts side
+        // by side it ends in a fraction of one call's time.
+        let for_pace = joins(spec.preset) && estimated as u64 > pace;
+        if !for_pace && limit.is_none_or(|l| estimated as u64 <= l) {
             return self.run_whole(job, spec, task, estimated, held).await;
         }
         if !self.parts.is_enabled() {
@@ -265,7 +276,7 @@ impl DocumentProcessor {
         // Parts are paid work: a PDF whose text costs more than the price held for it (a
         // dense, compressed one) is not done in parts for less; a text file (priced by its
         // text) is the way.
-        if !pdf_within_hold {
+        if !pdf_within_hold && limit.is_some_and(|l| estimated as u64 > l) {
             let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size) as i64;
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
@@ -278,7 +289,7 @@ impl DocumentProcessor {
                 ),
             ));
         }
-        let limit = limit.unwrap_or(u64::MAX / 8);
+        let limit = limit.unwrap_or(u64::MAX / 8).min(pace);
         self.split_and_run(job, spec, task.text, limit, held).await
     }
 
@@ -464,8 +475,11 @@ impl DocumentProcessor {
                     running.start(self, job, spec, part, held);
                     continue;
                 }
-                let wants: Vec<(i64, i64)> =
-                    waiting.iter().take(room).map(|p| (p.est_tokens, self.expected_output(spec, p.est_tokens))).collect();
+                let wants: Vec<(i64, i64)> = waiting
+                    .iter()
+                    .take(room)
+                    .map(|p| (p.est_tokens, self.expected_output(spec, p.est_tokens)))
+                    .collect();
                 let grant = self.parts.calls(job, running.len(), &wants).await.map_err(database_error)?;
                 go_on = grant.go_on;
                 for (input, output) in wants.into_iter().take(grant.granted) {
@@ -558,10 +572,8 @@ impl DocumentProcessor {
             let task = Task { preset: spec.preset, language: spec.language.clone(), text, pages: None, part: Some(of) };
             let estimated = task.estimated_tokens();
             let output = self.call(job, &task, estimated, held).await?;
-            let mut usage = Usage {
-                input: output.input_tokens.unwrap_or(estimated),
-                output: output.output_tokens.unwrap_or(0),
-            };
+            let mut usage =
+                Usage { input: output.input_tokens.unwrap_or(estimated), output: output.output_tokens.unwrap_or(0) };
             if !output.cut {
                 return Ok(Answer { text: output.text, usage });
             }
@@ -709,6 +721,18 @@ impl DocumentProcessor {
 /// by a summary of their answers.
 fn joins(preset: Preset) -> bool {
     preset == Preset::Translate
+}
+
+/// Parts a long document is split into at least, so its calls run side by side: a model
+/// writes at its own pace per call (60-1,000 tokens a second), and the provider's limits are
+/// reached only by several calls at once.
+const PACE_PARTS: u64 = 8;
+/// Parts no smaller than this (each call repeats the instruction, and a part needs context).
+const MIN_PART_TOKENS: u64 = 4_000;
+
+/// The part size that keeps a document of `tokens` in [`PACE_PARTS`] parts or more.
+fn pace_part_tokens(tokens: u64) -> u64 {
+    tokens.div_ceil(PACE_PARTS).saturating_add(PART_PROMPT_TOKENS).max(MIN_PART_TOKENS)
 }
 
 /// Where a part stands, for messages: "part 2 of 7", or a combining step's.

@@ -30,8 +30,10 @@ impl Provider for LocalProvider {
             let (text, pages) = (task.text.clone(), task.pages);
             let (analysis, tokens) =
                 crate::documents::cpu::run(move || (analyse(&text, pages), crate::documents::tokens::count(&text)))
-                .await
-                .map_err(|_| JobError::new(ErrorClass::InvalidInput, "the document's text could not be analysed"))?;
+                    .await
+                    .map_err(|_| {
+                        JobError::new(ErrorClass::InvalidInput, "the document's text could not be analysed")
+                    })?;
             let text = match task.preset {
                 Preset::KeyFacts => facts_markdown(&analysis),
                 _ => summary_markdown(&analysis),
