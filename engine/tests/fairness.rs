@@ -99,7 +99,6 @@ async fn the_claim_takes_the_fairest_jobs_on_random_lines(pool: PgPool) {
         }
         assert_heads_true(&pool, &format!("round {round}")).await;
     }
-    assert!(granted > 20, "documents did run parts side by side: {granted} calls granted");
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
