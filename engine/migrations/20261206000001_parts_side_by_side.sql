@@ -219,3 +219,21 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_granted, true;
 END $$;
+
+
+-- The retry budget counts the time a job could have run (issue 33): from its acceptance, or
+-- from its last part stored (the budget runs per part, not across a whole document), less the
+-- time processing was paused meanwhile (a job paused for 7 days and then hit by one transient
+-- error retries).
+CREATE FUNCTION sluice_retry_age(p_job uuid, p_accepted timestamptz) RETURNS float8
+LANGUAGE sql STABLE AS $$
+    WITH since AS (
+        SELECT greatest(p_accepted, (SELECT max(p.done_at) FROM job_parts p WHERE p.job_id = p_job)) AS t
+    )
+    SELECT extract(epoch FROM now() - s.t)::float8 - coalesce((
+        SELECT sum(extract(epoch FROM least(coalesce(z.resumed_at, now()), now()) - greatest(z.paused_at, s.t)))::float8
+        FROM processing_pauses z
+        WHERE coalesce(z.resumed_at, now()) > s.t AND z.paused_at < now()
+    ), 0)
+    FROM since s
+$$;

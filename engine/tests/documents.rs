@@ -417,7 +417,8 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
     let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();
     assert_eq!(error.class, ErrorClass::InvalidInput, "permanent: refunded, never retried");
-    assert!(error.message.contains("more than the provider reads at once (200)"), "{}", error.message);
+    // 90 % of the context: the provider's tokenizer is not ours.
+    assert!(error.message.contains("more than the provider reads or writes at once (180)"), "{}", error.message);
     assert_eq!(fake.calls(), 0, "the provider is not paid for a request it would refuse");
     let _ = std::fs::remove_dir_all(dir);
 }

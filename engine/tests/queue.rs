@@ -733,3 +733,32 @@ async fn worker_slots_follow_the_gate_on_one_process_and_are_counted_alive(pool:
     workers.shutdown().await;
     assert_eq!(queue::processes::live(&pool).await.unwrap().slots, 0, "a process that stopped is not counted");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_retry_budget_counts_time_the_job_could_run_not_a_long_pause(pool: PgPool) {
+    use engine::queue::policy::retry::RetryPolicy;
+    // Accepted 7 days and an hour ago; processing was paused for 7 days of that.
+    let id = job(&pool, &JobOpts { accepted_ago: 7.0 * 86_400.0 + 3_600.0, ..Default::default() }).await;
+    sqlx::query(
+        "INSERT INTO processing_pauses (paused_at, resumed_at)
+         VALUES (now() - interval '7 days 50 minutes', now() - interval '50 minutes')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let error = JobError::new(ErrorClass::ServerError, "the provider had an error (500)");
+    let recorded = queue::fail(&pool, &NoHooks, &RetryPolicy::default(), &claimed[0], &error).await.unwrap();
+    assert!(
+        matches!(recorded, Recorded::Retrying { .. }),
+        "one transient error after a long pause retries: {recorded:?}"
+    );
+
+    // Without the pause, the same age is past the 6-hour budget: it fails as retries exhausted.
+    sqlx::query("DELETE FROM processing_pauses").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE jobs SET run_at = now() WHERE id = $1").bind(id).execute(&pool).await.unwrap();
+    let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    let recorded = queue::fail(&pool, &NoHooks, &RetryPolicy::default(), &claimed[0], &error).await.unwrap();
+    assert_eq!(recorded, Recorded::Failed(FailureKind::RetriesExhausted));
+}

@@ -269,7 +269,8 @@ impl DocumentProcessor {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
-                    "the document's text is about {estimated} tokens, more than the provider reads or writes at once; split it and upload the parts"
+                    "the document's text is about {estimated} tokens, more than the provider reads or writes at once ({}); split it and upload the parts",
+                    limit.unwrap_or(pace)
                 ),
             ));
         }

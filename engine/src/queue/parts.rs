@@ -144,7 +144,9 @@ impl PartStore {
         let held: Option<i32> = sqlx::query_scalar(
             "UPDATE jobs SET extra_calls = greatest(0, extra_calls - 1),
                  est_input_tokens = greatest(0, est_input_tokens - $3),
-                 parts_done = parts_done + (CASE WHEN $4 = 0 THEN 1 ELSE 0 END), updated_at = now()
+                 parts_done = parts_done + (CASE WHEN $4 = 0 THEN 1 ELSE 0 END),
+                 -- Progress: what fails from here on counts from this claim as its first.
+                 attempts = least(attempts, 1), updated_at = now()
              WHERE id = $1 AND lease_token = $2 AND state = 'running' RETURNING 1",
         )
         .bind(job.id)

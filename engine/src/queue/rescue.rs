@@ -20,7 +20,8 @@ pub async fn rescue_expired(
     loop {
         let mut tx = pool.begin().await?;
         let expired: Option<RunningJob> = sqlx::query_as(
-            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now,
+            "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled,
+                    sluice_retry_age(j.id, j.accepted_at) AS retry_age_secs, now() AS now,
                     j.cancel_requested_at IS NOT NULL AS cancel_requested
              FROM jobs j, queue_settings s
              WHERE j.state = 'running' AND j.lease_expires_at < now()

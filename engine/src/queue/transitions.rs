@@ -265,7 +265,10 @@ pub(crate) struct RunningJob {
     pub lease_token: Uuid,
     pub attempts: i32,
     pub processing_enabled: bool,
-    pub accepted_at: DateTime<Utc>,
+    /// Seconds the job could have run toward its retry budget: since its acceptance, or since
+    /// its last part was stored (the budget runs per part), less the time processing was
+    /// paused meanwhile (`sluice_retry_age`).
+    pub retry_age_secs: f64,
     pub now: DateTime<Utc>,
     /// Its owner (or an admin) asked to cancel it while it ran.
     pub cancel_requested: bool,
@@ -279,7 +282,7 @@ impl RunningJob {
             class,
             retry_after,
             processing_enabled: self.processing_enabled,
-            age: (self.now - self.accepted_at).to_std().unwrap_or_default(),
+            age: Duration::try_from_secs_f64(self.retry_age_secs.max(0.0)).unwrap_or_default(),
         }
     }
 }
@@ -296,7 +299,8 @@ pub async fn fail(
 ) -> Result<Recorded> {
     let mut tx = pool.begin().await?;
     let running: Option<RunningJob> = sqlx::query_as(
-        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled, j.accepted_at, now() AS now,
+        "SELECT j.id, j.lease_token, j.attempts, s.processing_enabled,
+                sluice_retry_age(j.id, j.accepted_at) AS retry_age_secs, now() AS now,
                 j.cancel_requested_at IS NOT NULL AS cancel_requested
          FROM jobs j, queue_settings s
          WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'running' FOR UPDATE OF j",
