@@ -616,8 +616,14 @@ pub struct OutcomeRow {
     pub failure_share: Option<f64>,
     pub credits_charged: i64,
     pub credits_refunded: i64,
-    pub tokens_succeeded: i64,
-    pub tokens_failed: i64,
+    /// Provider tokens, input and output apart, of successful attempts and of the others.
+    pub input_tokens_succeeded: i64,
+    pub output_tokens_succeeded: i64,
+    pub input_tokens_failed: i64,
+    pub output_tokens_failed: i64,
+    /// What all those tokens cost at the provider, when the operator gave its prices.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
 }
 
 /// The console's job search as its form sends it (every field optional).

@@ -354,7 +354,8 @@ async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
     let this_hour = &hours[0];
     assert_eq!((this_hour.done, this_hour.failed), (3, 1));
     assert_eq!((this_hour.credits_charged, this_hour.credits_refunded), (7, 2));
-    assert_eq!((this_hour.tokens_succeeded, this_hour.tokens_failed), (1010, 520));
+    assert_eq!((this_hour.input_tokens_succeeded, this_hour.output_tokens_succeeded), (1000, 10));
+    assert_eq!((this_hour.input_tokens_failed, this_hour.output_tokens_failed), (500, 20), "input and output apart");
     assert_eq!((hours[2].failed, hours[2].credits_charged), (1, 7), "two hours ago");
     assert_eq!(hours[1].done + hours[1].failed, 0, "an empty hour still has its row");
     assert_eq!(outcomes::failure_share(this_hour.done, this_hour.failed), Some(0.25));

@@ -353,6 +353,13 @@ pub struct Config {
     /// parts are sized so their answers fit it; an answer cut at it is redone in halves.
     #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", global = true)]
     pub provider_max_tokens: Option<u32>,
+    /// What the provider charges per million input tokens, in US dollars (unset: the console
+    /// shows outcomes in tokens and credits only).
+    #[arg(long, env = "SLUICE_PROVIDER_INPUT_USD_PER_MTOK", global = true)]
+    pub provider_input_usd_per_mtok: Option<f64>,
+    /// What the provider charges per million output tokens, in US dollars.
+    #[arg(long, env = "SLUICE_PROVIDER_OUTPUT_USD_PER_MTOK", global = true)]
+    pub provider_output_usd_per_mtok: Option<f64>,
     /// Seconds before a provider call counts as timed out (plus the allowance per 100K tokens).
     #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
     pub provider_timeout_secs: f64,
@@ -603,6 +610,7 @@ impl Config {
                 5.0
             }),
             time_limits: self.time_limits(),
+            provider_prices: self.provider_prices(),
             presets: {
                 let provider = providers::build(&self.provider_config());
                 Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
@@ -647,6 +655,16 @@ impl Config {
             recover_step: Duration::from_secs_f64(self.gate_recover_secs.max(0.01).min(3600.0)),
             share: self.provider_limit_share.max(0.01).min(1.0),
         }
+    }
+
+    /// The provider's prices per million tokens, when either is given.
+    pub fn provider_prices(&self) -> Option<engine::sizing::ProviderPrices> {
+        let price = |v: Option<f64>| v.filter(|p| p.is_finite() && *p >= 0.0);
+        let (input, output) = (price(self.provider_input_usd_per_mtok), price(self.provider_output_usd_per_mtok));
+        (input.is_some() || output.is_some()).then(|| engine::sizing::ProviderPrices {
+            input_usd_per_mtok: input.unwrap_or(0.0),
+            output_usd_per_mtok: output.unwrap_or(0.0),
+        })
     }
 
     /// The most output tokens one answer may have: as configured, or the model's documented

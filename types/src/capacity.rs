@@ -55,6 +55,34 @@ pub fn tokens_in_chars(chars: u64) -> u64 {
     chars.div_ceil(4)
 }
 
+/// Tokens a provider bills for a document of `input_tokens` done as `preset`: what it reads
+/// and what it is expected to write. A translation writes about as much as it reads, so it is
+/// priced as about twice its input; a summary, an explanation or key facts write a small
+/// fraction, covered by the price of the input. The price table is read at this figure.
+pub fn billed_tokens(preset: crate::Preset, input_tokens: u64) -> u64 {
+    if preset.answer_grows_with_input() {
+        input_tokens.saturating_mul(2)
+    } else {
+        input_tokens
+    }
+}
+
+/// What the provider charges per million tokens, when the operator says so: the console then
+/// shows the outcomes' cost in money beside the credits.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderPrices {
+    pub input_usd_per_mtok: f64,
+    pub output_usd_per_mtok: f64,
+}
+
+impl ProviderPrices {
+    /// The cost of these tokens in US dollars.
+    pub fn cost_usd(&self, input_tokens: i64, output_tokens: i64) -> f64 {
+        let per = |tokens: i64, price: f64| tokens.max(0) as f64 / 1_000_000.0 * price.max(0.0);
+        per(input_tokens, self.input_usd_per_mtok) + per(output_tokens, self.output_usd_per_mtok)
+    }
+}
+
 /// One step of the price table: documents estimated at up to `up_to_tokens` cost `credits`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriceTier {
@@ -431,6 +459,20 @@ mod tests {
             assert!(price >= last);
             last = price;
         }
+    }
+
+    #[test]
+    fn a_translation_is_priced_by_what_it_reads_and_writes() {
+        use crate::Preset;
+        assert_eq!(billed_tokens(Preset::Translate, 20_000), 40_000);
+        assert_eq!(billed_tokens(Preset::Summarize, 20_000), 20_000);
+        let table = PriceTable::default();
+        assert_eq!(table.price(billed_tokens(Preset::Summarize, 20_000)), 1);
+        assert_eq!(table.price(billed_tokens(Preset::Translate, 20_000)), 2, "its answer is billed too");
+        assert_eq!(billed_tokens(Preset::Translate, u64::MAX), u64::MAX, "no overflow");
+        let prices = ProviderPrices { input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0 };
+        assert!((prices.cost_usd(1_000_000, 100_000) - 4.5).abs() < 1e-9);
+        assert_eq!(prices.cost_usd(-5, -5), 0.0);
     }
 
     #[test]

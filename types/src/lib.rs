@@ -232,6 +232,11 @@ impl Preset {
         }
     }
 
+    /// Whether its answer is about as long as its document (a translation), rather than short.
+    pub fn answer_grows_with_input(self) -> bool {
+        self == Preset::Translate
+    }
+
     /// The name a user reads.
     pub fn label(self) -> &'static str {
         match self {

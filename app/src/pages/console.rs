@@ -215,8 +215,9 @@ pub fn OutcomesCard() -> impl IntoView {
                 <td class="num" class:warn=o.failure_share.is_some_and(|s| s > 0.1)>{share_text(o.failure_share)}</td>
                 <td class="num">{o.credits_charged}</td>
                 <td class="num">{o.credits_refunded}</td>
-                <td class="num">{tokens_text(o.tokens_succeeded)}</td>
-                <td class="num">{tokens_text(o.tokens_failed)}</td>
+                <td class="num">{format!("{} / {}", tokens_text(o.input_tokens_succeeded), tokens_text(o.output_tokens_succeeded))}</td>
+                <td class="num">{format!("{} / {}", tokens_text(o.input_tokens_failed), tokens_text(o.output_tokens_failed))}</td>
+                <td class="num" data-testid="cost">{o.cost_usd.map_or_else(|| "—".to_string(), |c| format!("${c:.2}"))}</td>
             </tr>
         }
     };
@@ -237,14 +238,15 @@ pub fn OutcomesCard() -> impl IntoView {
                         <th>{move || if period.get() == "hour" { "Hour (UTC)" } else { "Day (UTC)" }}</th>
                         <th class="num">"Done"</th><th class="num">"Failed"</th><th class="num">"Failure share"</th>
                         <th class="num">"Credits charged"</th><th class="num">"Refunded"</th>
-                        <th class="num">"Tokens, succeeded"</th><th class="num">"Tokens, failed attempts"</th>
+                        <th class="num">"Tokens in / out, succeeded"</th><th class="num">"Tokens in / out, failed attempts"</th>
+                        <th class="num">"Provider cost"</th>
                     </tr></thead>
                     <tbody>
                         {move || rows.get().and_then(|r| r.ok()).unwrap_or_default().into_iter().map(row).collect_view()}
                     </tbody>
                 </table>
             </div>
-            <p class="hint">"Failed attempts' tokens are what retries, failures and timeouts cost at the provider."</p>
+            <p class="hint">"Failed attempts' tokens are what retries, failures and timeouts cost at the provider. Providers bill output at several times input; the cost column needs the provider's prices (--provider-input-usd-per-mtok, --provider-output-usd-per-mtok)."</p>
         </section>
     }
 }

@@ -5,7 +5,8 @@ use leptos::prelude::*;
 use serde_json::Value;
 
 use crate::server::account::terms;
-use sluice_types::capacity::{estimate_input_tokens, max_bytes_for_context, PriceTable, SizeKind};
+use sluice_types::capacity::{billed_tokens, estimate_input_tokens, max_bytes_for_context, PriceTable, SizeKind};
+use sluice_types::Preset;
 
 /// How an upload ended, for the message under its progress bar.
 #[derive(Clone, Debug, PartialEq)]
@@ -123,13 +124,14 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
 }
 
 /// Pure: what a file will cost, from its name and size, before it is sent.
-pub fn price_of_file(prices: &PriceTable, ceiling: Option<u64>, name: &str, bytes: u64) -> i64 {
+pub fn price_of_file(prices: &PriceTable, ceiling: Option<u64>, name: &str, bytes: u64, preset: Preset) -> i64 {
     let kind = SizeKind::from_file_name(name);
     let tokens = estimate_input_tokens(kind, bytes);
     // A PDF is charged its hold (settled to its text's price once read).
     let charged =
         if kind == SizeKind::Pdf { sluice_types::settlement::pdf_hold_tokens(tokens, ceiling) } else { tokens };
-    prices.price(charged)
+    // A translation's answer is billed by the provider too.
+    prices.price(billed_tokens(preset, charged))
 }
 
 /// Pure: a row's price: "2 credits", or for a PDF "2 credits held" (settled once read).
@@ -165,8 +167,9 @@ pub fn UploadPage() -> impl IntoView {
         for i in 0..files.length() {
             if let Some(file) = files.get(i) {
                 let terms = terms.get_untracked().and_then(|r| r.ok());
-                let price =
-                    terms.map(|t| price_of_file(&t.prices, t.max_document_tokens, &file.name(), file.size() as u64));
+                let chosen = Preset::parse(&preset.get_untracked()).unwrap_or(Preset::Summarize);
+                let price = terms
+                    .map(|t| price_of_file(&t.prices, t.max_document_tokens, &file.name(), file.size() as u64, chosen));
                 let row =
                     UploadRow { name: file.name(), price, progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
                 rows.update(|r| r.push(row.clone()));
@@ -364,16 +367,33 @@ mod tests {
             terms_hint(50 * 1024 * 1024, &table),
             "Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each 781 KB (7.6 MB) after that."
         );
-        assert_eq!(price_of_file(&table, None, "long.txt", 1_000_000), 8, "past the last step the price keeps growing");
-        assert_eq!(price_of_file(&table, None, "notes.txt", 1_000), 1);
-        assert_eq!(price_of_file(&table, None, "book.txt", 200_000), 2);
-        assert_eq!(price_of_file(&table, None, "book.pdf", 20_000), 1, "a PDF's bytes are mostly not text");
         assert_eq!(
-            price_of_file(&table, None, "book.pdf", 200_000),
+            price_of_file(&table, None, "long.txt", 1_000_000, Preset::Summarize),
+            8,
+            "past the last step the price keeps growing"
+        );
+        assert_eq!(price_of_file(&table, None, "notes.txt", 1_000, Preset::Summarize), 1);
+        assert_eq!(
+            price_of_file(&table, None, "book.txt", 200_000, Preset::Translate),
+            price_of_file(&table, None, "book.txt", 400_000, Preset::Summarize),
+            "a translation is priced by what it reads and writes"
+        );
+        assert_eq!(price_of_file(&table, None, "book.txt", 200_000, Preset::Summarize), 2);
+        assert_eq!(
+            price_of_file(&table, None, "book.pdf", 20_000, Preset::Summarize),
+            1,
+            "a PDF's bytes are mostly not text"
+        );
+        assert_eq!(
+            price_of_file(&table, None, "book.pdf", 200_000, Preset::Summarize),
             2,
             "a PDF is charged its hold: 8 times its bytes' tokens"
         );
-        assert_eq!(price_of_file(&table, Some(25_000), "book.pdf", 200_000), 1, "never past the ceiling");
+        assert_eq!(
+            price_of_file(&table, Some(25_000), "book.pdf", 200_000, Preset::Summarize),
+            1,
+            "never past the ceiling"
+        );
         assert_eq!(price_label("book.pdf", 2), "2 credits held");
         assert_eq!(price_label("notes.txt", 1), "1 credit");
     }

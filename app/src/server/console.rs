@@ -47,8 +47,16 @@ pub async fn outcomes(period: String) -> Result<Vec<OutcomeRow>, AppError> {
                 failed: o.failed,
                 credits_charged: o.credits_charged,
                 credits_refunded: o.credits_refunded,
-                tokens_succeeded: o.tokens_succeeded,
-                tokens_failed: o.tokens_failed,
+                input_tokens_succeeded: o.input_tokens_succeeded,
+                output_tokens_succeeded: o.output_tokens_succeeded,
+                input_tokens_failed: o.input_tokens_failed,
+                output_tokens_failed: o.output_tokens_failed,
+                cost_usd: ctx.settings.provider_prices.map(|p| {
+                    p.cost_usd(
+                        o.input_tokens_succeeded.saturating_add(o.input_tokens_failed),
+                        o.output_tokens_succeeded.saturating_add(o.output_tokens_failed),
+                    )
+                }),
             })
             .collect())
     })

@@ -139,6 +139,8 @@ pub struct WebSettings {
     pub session_renew_after: std::time::Duration,
     /// The provider timeout and attempt deadline, for the capacity card's warnings.
     pub time_limits: sluice_types::capacity::TimeLimits,
+    /// What the provider charges per million tokens, if the operator said (outcomes in money).
+    pub provider_prices: Option<sluice_types::capacity::ProviderPrices>,
     /// A request's headers must arrive within this (also the longest a kept-alive connection
     /// sits idle), and at most `max_connections` are open at once.
     pub header_read_timeout: std::time::Duration,
@@ -176,6 +178,7 @@ impl Default for WebSettings {
             alert_webhook: false,
             session_renew_after: std::time::Duration::from_secs(24 * 3600),
             time_limits: Default::default(),
+            provider_prices: None,
             header_read_timeout: std::time::Duration::from_secs(10),
             max_connections: 4096,
             stalled_write_timeout: std::time::Duration::from_secs(30),

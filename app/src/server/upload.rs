@@ -199,7 +199,7 @@ where
             return Err(e.into());
         }
     };
-    let price = intake::price(&settings.admission, &stored.upload);
+    let price = intake::price(&settings.admission, &stored.upload, options.preset);
     let keyed = client_key.clone();
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
     let lifetime = settings.admission.client_key_lifetime;
@@ -230,9 +230,6 @@ pub async fn run_again(
         return Err(AppError::NotFound);
     }
     let spec: Option<engine::documents::processor::DocumentJob> = serde_json::from_value(earlier.payload.clone()).ok();
-    let charged = spec
-        .as_ref()
-        .map_or(0, |s| intake::document_price(&ctx.settings.admission, s.document.doc_type, s.document.size).1);
     let options = UploadOptions {
         preset: match preset.filter(|p| !p.trim().is_empty()) {
             Some(p) => intake::parse_preset(p)?,
@@ -240,11 +237,15 @@ pub async fn run_again(
         },
         language: match language {
             Some(l) => intake::parse_language(l)?,
-            None => spec.and_then(|s| s.language),
+            None => spec.as_ref().and_then(|s| s.language.clone()),
         },
         callback_url: None,
     };
     options.check(&ctx.settings.presets)?;
+    // What this run costs: its own preset's price (a translation's answer is billed too).
+    let charged = spec.as_ref().map_or(0, |s| {
+        intake::document_price(&ctx.settings.admission, s.document.doc_type, s.document.size, options.preset).1
+    });
     let admitted = intake::run_again(&ctx.pool, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
         Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged, key_expires_at: None }),

@@ -272,25 +272,27 @@ where
 
 /// What a checked upload costs: the price table at its estimated tokens, settled once its
 /// bytes are in (the estimate before reading, from the declared size, was only a hint).
-pub fn price(config: &AdmissionConfig, upload: &CheckedUpload) -> i64 {
-    document_price(config, upload.doc_type, upload.size).1
+pub fn price(config: &AdmissionConfig, upload: &CheckedUpload, preset: Preset) -> i64 {
+    document_price(config, upload.doc_type, upload.size, preset).1
 }
 
 /// A stored document's estimated input tokens and what admission charges: its price, or for a
 /// PDF the price held until its text is read (see [`document_price_by_size`]).
-pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64) -> (u64, i64) {
+/// The price covers what the provider bills: a translation's answer too
+/// ([`capacity::billed_tokens`]).
+pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64, preset: Preset) -> (u64, i64) {
     let tokens = capacity::estimate_input_tokens(size_kind(doc_type), size);
     let priced = match doc_type {
         DocType::Pdf => settlement::pdf_hold_tokens(tokens, config.max_document_tokens),
         _ => tokens,
     };
-    (tokens, config.prices.price(priced))
+    (tokens, config.prices.price(capacity::billed_tokens(preset, priced)))
 }
 
 /// A document's price by its size alone: what a PDF costs if its text is never read (an
 /// unreadable one past the day's allowance), before it is settled to its text.
-pub fn document_price_by_size(config: &AdmissionConfig, doc_type: DocType, size: u64) -> i64 {
-    config.prices.price(capacity::estimate_input_tokens(size_kind(doc_type), size))
+pub fn document_price_by_size(config: &AdmissionConfig, doc_type: DocType, size: u64, preset: Preset) -> i64 {
+    config.prices.price(capacity::billed_tokens(preset, capacity::estimate_input_tokens(size_kind(doc_type), size)))
 }
 
 /// What a document's first claim reserves from the token budget: all of it, or its first
@@ -337,9 +339,14 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         fingerprint: content_key.clone(),
         content_key,
         client_key: intake.client_key,
-        cost: price(intake.admission, &upload),
+        cost: price(intake.admission, &upload, intake.options.preset),
         est_input_tokens: first_claim_tokens(intake.admission, upload.estimated_tokens()),
-        price_by_size: Some(document_price_by_size(intake.admission, upload.doc_type, upload.size)),
+        price_by_size: Some(document_price_by_size(
+            intake.admission,
+            upload.doc_type,
+            upload.size,
+            intake.options.preset,
+        )),
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
@@ -362,7 +369,7 @@ pub async fn run_again(
 ) -> Result<Admission> {
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
-    let (tokens, cost) = document_price(admission, job.document.doc_type, job.document.size);
+    let (tokens, cost) = document_price(admission, job.document.doc_type, job.document.size, options.preset);
     // Refused before anything is copied (a user out of credits copies nothing).
     if let Some(refusal) = admission::precheck(pool, admission, user_id, cost, 0).await? {
         return Ok(Admission::Refused(refusal));
@@ -381,7 +388,12 @@ pub async fn run_again(
         cost,
         est_input_tokens: first_claim_tokens(admission, tokens),
         shared_document: Some(key),
-        price_by_size: Some(document_price_by_size(admission, again.document.doc_type, again.document.size)),
+        price_by_size: Some(document_price_by_size(
+            admission,
+            again.document.doc_type,
+            again.document.size,
+            again.preset,
+        )),
     };
     admission::submit(pool, admission, &submission).await
 }
@@ -394,16 +406,16 @@ mod tests {
     fn a_pdf_is_charged_a_hold_of_its_worst_case_and_a_text_its_price() {
         let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
         // 600 KB of PDF suggests 15K tokens (1 credit); its hold is priced at 120K (4 credits).
-        assert_eq!(document_price(&config, DocType::Pdf, 600_000), (15_040, 4));
-        assert_eq!(document_price_by_size(&config, DocType::Pdf, 600_000), 1);
+        assert_eq!(document_price(&config, DocType::Pdf, 600_000, Preset::Summarize), (15_040, 4));
+        assert_eq!(document_price_by_size(&config, DocType::Pdf, 600_000, Preset::Summarize), 1);
         // A text's price is its price: nothing held.
         assert_eq!(
-            document_price(&config, DocType::PlainText, 60_000).1,
-            document_price_by_size(&config, DocType::PlainText, 60_000)
+            document_price(&config, DocType::PlainText, 60_000, Preset::Summarize).1,
+            document_price_by_size(&config, DocType::PlainText, 60_000, Preset::Summarize)
         );
         // The hold never passes the document ceiling.
         let capped = AdmissionConfig { max_document_tokens: Some(50_000), ..config };
-        assert_eq!(document_price(&capped, DocType::Pdf, 600_000).1, 2);
+        assert_eq!(document_price(&capped, DocType::Pdf, 600_000, Preset::Summarize).1, 2);
     }
 
     fn check_in_chunks(bytes: &[u8], chunk: usize, limit: u64) -> Result<CheckedUpload> {

@@ -321,7 +321,8 @@ impl DocumentProcessor {
             let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size);
             return Ok(estimated.max(0) as u64 <= by_size.saturating_mul(PDF_HOLD_FACTOR));
         };
-        let text_price = settlement.prices.price(estimated.max(0) as u64);
+        let text_price =
+            settlement.prices.price(sluice_types::capacity::billed_tokens(spec.preset, estimated.max(0) as u64));
         let held: Option<i32> = sqlx::query_scalar(
             "UPDATE jobs SET settled_cost = least(cost, $3) WHERE id = $1 AND lease_token = $2 AND state = 'running'
              RETURNING cost",
@@ -721,7 +722,7 @@ impl DocumentProcessor {
 /// Whether a preset's parts are combined by joining them in order (a translation), rather than
 /// by a summary of their answers.
 fn joins(preset: Preset) -> bool {
-    preset == Preset::Translate
+    preset.answer_grows_with_input()
 }
 
 /// Parts a long document is split into at least, so its calls run side by side: a model

@@ -40,8 +40,12 @@ pub struct Outcomes {
     pub failed: i64,
     pub credits_charged: i64,
     pub credits_refunded: i64,
-    pub tokens_succeeded: i64,
-    pub tokens_failed: i64,
+    /// Provider tokens, input and output apart (providers bill output at several times input),
+    /// of successful attempts and of attempts that did not succeed.
+    pub input_tokens_succeeded: i64,
+    pub output_tokens_succeeded: i64,
+    pub input_tokens_failed: i64,
+    pub output_tokens_failed: i64,
 }
 
 /// Pure: the share of ended jobs that failed, none when nothing ended.
@@ -76,15 +80,16 @@ pub async fn read(pool: &PgPool, period: Period, count: u32) -> Result<Vec<Outco
          ),
          tokens AS (
              SELECT date_trunc($1, finished_at, 'UTC') AS start,
-                    coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
-                        FILTER (WHERE outcome = 'succeeded'), 0) AS succeeded,
-                    coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
-                        FILTER (WHERE outcome <> 'succeeded'), 0) AS failed
+                    coalesce(sum(input_tokens) FILTER (WHERE outcome = 'succeeded'), 0) AS in_ok,
+                    coalesce(sum(output_tokens) FILTER (WHERE outcome = 'succeeded'), 0) AS out_ok,
+                    coalesce(sum(input_tokens) FILTER (WHERE outcome <> 'succeeded'), 0) AS in_failed,
+                    coalesce(sum(output_tokens) FILTER (WHERE outcome <> 'succeeded'), 0) AS out_failed
              FROM job_attempts WHERE finished_at >= (SELECT at FROM since) GROUP BY 1
          )
          SELECT p.start, coalesce(e.done, 0) AS done, coalesce(e.failed, 0) AS failed,
                 coalesce(m.charged, 0)::int8 AS credits_charged, coalesce(m.refunded, 0)::int8 AS credits_refunded,
-                coalesce(t.succeeded, 0)::int8 AS tokens_succeeded, coalesce(t.failed, 0)::int8 AS tokens_failed
+                coalesce(t.in_ok, 0)::int8 AS input_tokens_succeeded, coalesce(t.out_ok, 0)::int8 AS output_tokens_succeeded,
+                coalesce(t.in_failed, 0)::int8 AS input_tokens_failed, coalesce(t.out_failed, 0)::int8 AS output_tokens_failed
          FROM periods p
          LEFT JOIN ended e ON e.start = p.start
          LEFT JOIN money m ON m.start = p.start
