@@ -117,6 +117,20 @@ export async function scriptProvider(replies: object[]) {
   expect(response.status).toBe(204);
 }
 
+/** Make the shared fake answer prompts holding `only_for` like a hosted model (time per
+ * output token, answers as long as a translation's text, cut at max_tokens); see
+ * `fakeprovider::HostedModel`. Other flows' scripts are left alone. */
+export async function hostedModel(model: { only_for: string } & Record<string, unknown>) {
+  const url = process.env.FAKE_PROVIDER_URL;
+  if (!url) throw new Error('FAKE_PROVIDER_URL is not set: run the suite through `cargo xtask test`');
+  const response = await fetch(`${url}/_model`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(model),
+  });
+  expect(response.status).toBe(204);
+}
+
 /** Run an operator command (`server …`, set up by `cargo xtask test`) and return what it printed. */
 export function serverCommand(args: string[]): string {
   const server = process.env.SLUICE_SERVER_BIN;

@@ -6,9 +6,16 @@
 -- when it starts (`sluice_part_calls`). A finished part keeps the job's place: the job stays
 -- running, so it never goes back to the end of the line between parts.
 
-ALTER TABLE jobs ADD COLUMN extra_calls integer NOT NULL DEFAULT 0 CHECK (extra_calls >= 0);
+-- Checks added NOT VALID: a new column's default passes them, and validating would scan the
+-- table under its exclusive lock.
+ALTER TABLE jobs ADD COLUMN extra_calls integer NOT NULL DEFAULT 0,
+    -- The input tokens of those extra calls, for fairness by tokens in flight (the job's own
+    -- `est_input_tokens` stays what its next claim reserves).
+    ADD COLUMN extra_tokens bigint NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD CONSTRAINT jobs_extra_calls_check CHECK (extra_calls >= 0 AND extra_tokens >= 0) NOT VALID;
 -- A part's own failed attempts (3 per part, as for a job): the job's attempts count claims.
-ALTER TABLE job_parts ADD COLUMN failures integer NOT NULL DEFAULT 0 CHECK (failures >= 0);
+ALTER TABLE job_parts ADD COLUMN failures integer NOT NULL DEFAULT 0;
+ALTER TABLE job_parts ADD CONSTRAINT job_parts_failures_check CHECK (failures >= 0) NOT VALID;
 
 -- The claim, as in 20261202000001 (an applied migration never changes, so its text repeats
 -- here), counting the extra calls of running jobs against the gate, and starting each claim
@@ -57,7 +64,7 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
     WITH served AS (
-        SELECT j.owner_id, sum(sluice_token_weight(j.est_input_tokens))::bigint AS running
+        SELECT j.owner_id, sum(sluice_token_weight(j.est_input_tokens + j.extra_tokens))::bigint AS running
         FROM jobs j WHERE j.state = 'running' GROUP BY j.owner_id
     ),
     -- The owners fairness serves first: least weight running, then the oldest due head. Owners with
@@ -115,7 +122,7 @@ BEGIN
     ),
     claimed AS (
         UPDATE jobs j
-        SET state = 'running', attempts = j.attempts + 1, lease_owner = p_worker, extra_calls = 0,
+        SET state = 'running', attempts = j.attempts + 1, lease_owner = p_worker, extra_calls = 0, extra_tokens = 0,
             lease_token = gen_random_uuid(),
             lease_expires_at = now() + make_interval(secs => p_lease_secs),
             started_at = coalesce(j.started_at, now()), updated_at = now()
@@ -138,13 +145,16 @@ BEGIN
 END $$;
 
 -- More calls for a running job in parts: `p_running` of its calls run now; it wants to start
--- parts of `p_tokens` input and `p_outputs` expected output tokens, in order. Serialised with
--- the claims by the settings row. Every other owner with a due waiting job keeps a gate slot
--- and its head's tokens (fairness: their documents start within one claim cycle, whatever the
--- size of this one); of the rest, the longest prefix that fits the gate and the buckets is
--- granted and reserved. A call on the job's own slot (none running) needs no gate slot, only
--- tokens. `go_on` is false once processing is paused, the job is to be canceled, or the
--- attempt lost its lease: start nothing more.
+-- parts of `p_tokens` input and `p_outputs` expected output tokens, in order. The job's row is
+-- locked first, then the settings row (the order account deletion takes them), so grants are
+-- serialised with the claims. Every other owner with a due waiting job keeps a gate slot and
+-- its head's tokens (fairness: their documents start within one claim cycle, whatever the size
+-- of this one); of the rest, the longest prefix that fits the gate and the buckets is granted
+-- and reserved. A call on the job's own slot (none running) needs no new gate slot, only
+-- tokens, and goes when the buckets are full whatever its size, as a claim does. `go_on` is
+-- false once processing is paused, the job is to be canceled, the attempt lost its lease, or
+-- (between parts, nothing running) the gate is full while another owner waits: the job then
+-- goes back in line, and the claim decides again.
 CREATE FUNCTION sluice_part_calls(p_job uuid, p_token uuid, p_running integer, p_tokens bigint[], p_outputs bigint[])
 RETURNS TABLE (granted integer, go_on boolean)
 LANGUAGE plpgsql VOLATILE
@@ -158,14 +168,20 @@ DECLARE
     v_req float8 := 'Infinity';
     v_in float8 := 'Infinity';
     v_out float8 := 'Infinity';
+    v_req_full boolean := true;
+    v_in_full boolean := true;
+    v_out_full boolean := true;
     v_budgeted boolean;
     v_granted integer := 0;
     v_input bigint := 0;
     v_output bigint := 0;
 BEGIN
-    SELECT * INTO v_s FROM queue_settings q WHERE q.id = 1 FOR UPDATE;
+    -- Grants and polls are cheap to lose in a crash: no wait for the WAL flush under the lock.
+    PERFORM set_config('synchronous_commit', 'off', true);
     SELECT j.owner_id INTO v_owner FROM jobs j
-    WHERE j.id = p_job AND j.lease_token = p_token AND j.state = 'running' AND j.cancel_requested_at IS NULL;
+    WHERE j.id = p_job AND j.lease_token = p_token AND j.state = 'running' AND j.cancel_requested_at IS NULL
+    FOR UPDATE;
+    SELECT * INTO v_s FROM queue_settings q WHERE q.id = 1 FOR UPDATE;
     IF v_owner IS NULL OR NOT v_s.processing_enabled THEN
         RETURN QUERY SELECT 0, false;
         RETURN;
@@ -181,24 +197,30 @@ BEGIN
     ) o JOIN jobs w ON w.id = o.job_id;
     SELECT sluice_effective_gate(v_s) - count(*) - coalesce(sum(j.extra_calls), 0) - v_others INTO v_free
     FROM jobs j WHERE j.state = 'running';
+    IF p_running = 0 AND v_free < 0 THEN
+        -- Between parts with the gate full and another owner waiting: give the slot back.
+        RETURN QUERY SELECT 0, false;
+        RETURN;
+    END IF;
     v_budgeted := coalesce(v_s.limit_requests_per_min, v_s.limit_input_tokens_per_min, v_s.limit_output_tokens_per_min) IS NOT NULL;
     IF v_budgeted THEN
-        UPDATE queue_settings q SET
-            level_requests = sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
-            level_input = sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
-            level_output = sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at),
-            levels_at = greatest(q.levels_at, clock_timestamp())
-        WHERE q.id = 1
-        RETURNING q.level_requests - v_others, q.level_input - v_others_tokens,
-                  q.level_output - v_others * q.output_reserve
+        -- Read, not written: a poll that is granted nothing changes nothing.
+        SELECT sluice_refill(v_s.level_requests, v_s.limit_requests_per_min * v_s.limit_share, v_s.limit_burst_secs, v_s.levels_at),
+               sluice_refill(v_s.level_input, v_s.limit_input_tokens_per_min * v_s.limit_share, v_s.limit_burst_secs, v_s.levels_at),
+               sluice_refill(v_s.level_output, v_s.limit_output_tokens_per_min * v_s.limit_share, v_s.limit_burst_secs, v_s.levels_at)
         INTO v_req, v_in, v_out;
+        v_req_full := v_req >= coalesce(v_s.limit_requests_per_min * v_s.limit_share / 60.0 * v_s.limit_burst_secs, 0);
+        v_in_full := v_in >= coalesce(v_s.limit_input_tokens_per_min * v_s.limit_share / 60.0 * v_s.limit_burst_secs, 0);
+        v_out_full := v_out >= coalesce(v_s.limit_output_tokens_per_min * v_s.limit_share / 60.0 * v_s.limit_burst_secs, 0);
     END IF;
     FOR i IN 1 .. cardinality(p_tokens) LOOP
         -- A call beyond the job's own slot needs a free gate slot.
         EXIT WHEN p_running + v_granted >= 1 AND v_free <= 0;
-        EXIT WHEN v_granted + 1 > v_req
-              OR v_input + p_tokens[i] > v_in
-              OR v_output + coalesce(p_outputs[i], 0) > v_out;
+        -- The call on the job's own slot goes when the buckets are full, whatever its size.
+        EXIT WHEN NOT (p_running = 0 AND v_granted = 0 AND v_req_full AND v_in_full AND v_out_full)
+              AND (v_granted + 1 > v_req - v_others
+                   OR v_input + p_tokens[i] > v_in - v_others_tokens
+                   OR v_output + coalesce(p_outputs[i], 0) > v_out - v_others * v_s.output_reserve);
         IF p_running + v_granted >= 1 THEN
             v_free := v_free - 1;
         END IF;
@@ -207,19 +229,18 @@ BEGIN
         v_output := v_output + coalesce(p_outputs[i], 0);
     END LOOP;
     IF v_granted > 0 THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-        UPDATE jobs j SET extra_calls = greatest(0, p_running + v_granted - 1),
-            est_input_tokens = CASE WHEN p_running = 0 THEN v_input ELSE j.est_input_tokens + v_input END
-        WHERE j.id = p_job;
+        UPDATE jobs j SET extra_calls = greatest(0, p_running + v_granted - 1), extra_tokens = j.extra_tokens + v_input
+        WHERE j.id = p_job AND j.lease_token = p_token AND j.state = 'running';
         IF v_budgeted THEN
-            UPDATE queue_settings q SET level_requests = q.level_requests - v_granted,
-                level_input = q.level_input - v_input, level_output = q.level_output - v_output
+            UPDATE queue_settings q SET levels_at = greatest(q.levels_at, clock_timestamp()),
+                level_requests = sluice_refill(q.level_requests, q.limit_requests_per_min * q.limit_share, q.limit_burst_secs, q.levels_at) - v_granted,
+                level_input = sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at) - v_input,
+                level_output = sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at) - v_output
             WHERE q.id = 1;
         END IF;
     END IF;
     RETURN QUERY SELECT v_granted, true;
 END $$;
-
 
 -- The retry budget counts the time a job could have run (issue 33): from its acceptance, or
 -- from its last part stored (the budget runs per part, not across a whole document), less the

@@ -75,7 +75,9 @@ async fn a_calls_timeout_grows_with_its_tokens() {
         timeout_per_100k_tokens: Duration::from_secs(4),
         ..Default::default()
     };
-    assert_eq!(config.call_timeout(50_000), Duration::from_millis(2_800));
+    assert_eq!(config.call_timeout(50_000, 0), Duration::from_millis(2_800));
+    // A long answer (a translation's) gets the time to be written at a slow model's pace.
+    assert_eq!(config.call_timeout(0, 4_000), Duration::from_millis(100_800));
     let provider = providers::build(&config);
     // The provider takes 1.5 s: too long for a short text (0.8 s), in time for a 50K-token part.
     fake.push([Reply::Hang { millis: 1_500 }, Reply::Hang { millis: 1_500 }]);
@@ -333,6 +335,7 @@ fn claimed_pdf(key: &str, preset: &str) -> queue::ClaimedJob {
         max_attempts: 3,
         lease_token: uuid::Uuid::nil(),
         est_input_tokens: 41,
+        deadline: None,
     }
 }
 

@@ -22,7 +22,7 @@ use uuid::Uuid;
 async fn fairest(pool: &PgPool, n: i64) -> HashSet<Uuid> {
     sqlx::query_scalar(
         "WITH served AS (
-             SELECT owner_id, sum(greatest(1, ceil(est_input_tokens / 25000.0))) AS running
+             SELECT owner_id, sum(greatest(1, ceil((est_input_tokens + extra_tokens) / 25000.0))) AS running
              FROM jobs WHERE state = 'running' GROUP BY owner_id
          )
          SELECT id FROM (
@@ -346,4 +346,23 @@ async fn documents_in_parts_side_by_side_keep_the_claim_fair_and_a_slot_for_ever
         assert_heads_true(&pool, &format!("round {round}")).await;
     }
     assert!(granted > 20, "documents did run parts side by side: {granted} calls granted");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_document_between_parts_gives_its_slot_back_when_the_gate_is_full_and_another_owner_waits(pool: PgPool) {
+    use engine::queue::parts::PartStore;
+    queue::switches::set_gate_size(&pool, 1, "test").await.unwrap();
+    let parts = PartStore::new(pool.clone());
+    job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 4_000, ..Default::default() }).await;
+    let doc = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+    // Nobody else waits: its next part goes on its own slot.
+    let alone = parts.calls(&doc, 0, &[(4_000, 100)]).await.unwrap();
+    assert_eq!((alone.granted, alone.go_on), (1, true));
+    // Another owner waits and the gate (1) is full: between parts, the document yields.
+    job(&pool, &JobOpts { owner_id: 2, est_input_tokens: 2_000, ..Default::default() }).await;
+    let crowded = parts.calls(&doc, 0, &[(4_000, 100)]).await.unwrap();
+    assert_eq!((crowded.granted, crowded.go_on), (0, false));
+    // While a call runs, it keeps what it has, and gets no more.
+    let running = parts.calls(&doc, 1, &[(4_000, 100)]).await.unwrap();
+    assert_eq!((running.granted, running.go_on), (0, true));
 }

@@ -175,9 +175,15 @@ async fn a_summary_too_long_for_one_call_is_mapped_then_reduced_by_the_local_pro
     assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit, nothing else");
 }
 
-/// A hosted model that answers at once (the tests are about what comes back, not when).
+/// A hosted model that answers quickly (the tests are about what comes back), though not so
+/// fast that calls made together could not overlap.
 fn instant_model() -> HostedModel {
-    HostedModel { first_token_ms: 0, prefill_tokens_per_sec: 1e9, output_tokens_per_sec: 1e9, ..HostedModel::default() }
+    HostedModel {
+        first_token_ms: 40,
+        prefill_tokens_per_sec: 1e9,
+        output_tokens_per_sec: 1e9,
+        ..HostedModel::default()
+    }
 }
 
 /// The words of a text, without the fake translator's marks and however it was cut in parts.
@@ -272,8 +278,14 @@ async fn a_summary_whose_answer_stays_cut_fails_in_words_and_is_refunded(pool: P
     let user = users::create_user(&pool, "cuts@example.com", "password123", Role::User, 20).await.unwrap();
     let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
     // The model rambles: every answer stops at its limit.
-    let rambling =
-        || Reply::Modelled { text: "Well, ".repeat(50), input_tokens: 10, output_tokens: 64, cut: true, delay_ms: 0 };
+    let rambling = || Reply::Modelled {
+        text: "Well, ".repeat(50),
+        input_tokens: 10,
+        output_tokens: 64,
+        cut: true,
+        delay_ms: 0,
+        model: None,
+    };
     fake.push((0..20).map(|_| rambling()));
     let processor = processor(&pool, &docs, fake_config(&fake), 200_000, Budget::disabled());
     let view = drive(&pool, &processor, job).await;

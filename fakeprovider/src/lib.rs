@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -62,7 +62,16 @@ pub enum Reply {
     /// 401 whose message quotes part of the key, as OpenAI's does.
     Unauthorized,
     /// What the hosted model answers (not scripted: made by [`HostedModel`]), after `delay_ms`.
-    Modelled { text: String, input_tokens: u64, output_tokens: u64, cut: bool, delay_ms: u64 },
+    Modelled {
+        text: String,
+        input_tokens: u64,
+        output_tokens: u64,
+        cut: bool,
+        delay_ms: u64,
+        /// The model's `only_for` (none: the default model).
+        #[serde(default)]
+        model: Option<String>,
+    },
 }
 
 /// How a hosted model behaves, for tests and benchmarks of long documents.
@@ -157,7 +166,8 @@ struct Script {
     refused_by_limit: u64,
     /// When each request within the limit came, and its input tokens.
     accepted: Vec<(Instant, u64)>,
-    model: Option<Model>,
+    /// Hosted models: at most one default (`only_for` none), and one per `only_for` text.
+    models: Vec<Model>,
     /// Every request's prompt, for tests asking which parts were called (at most 10,000 kept).
     prompts: Vec<String>,
 }
@@ -336,12 +346,12 @@ impl FakeProvider {
 
     /// From now on, with the script empty, answer like a hosted model (see the crate's docs).
     pub fn behave_like(&self, model: HostedModel) {
-        self.script.lock().unwrap().model = Some(Model::new(model));
+        self.script.lock().unwrap().set_model(model);
     }
 
-    /// What the hosted model did so far.
+    /// What the default hosted model (no `only_for`) did so far.
     pub fn model_report(&self) -> ModelReport {
-        self.script.lock().unwrap().model.as_ref().map(|m| m.report.clone()).unwrap_or_default()
+        self.script.lock().unwrap().report_of(None)
     }
 
     /// What the limit let through and refused so far.
@@ -386,14 +396,11 @@ fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) 
         return (reply, remaining);
     }
     let script_empty = s.replies.is_empty();
-    if let Some(model) = s.model.as_mut() {
-        let answers = match &model.behaviour.only_for {
-            Some(needle) => prompt.contains(needle.as_str()),
-            None => script_empty,
-        };
-        if answers {
-            return modelled(model, &prompt, tokens, max_tokens);
-        }
+    let model =
+        s.models.iter_mut().position(|m| m.behaviour.only_for.as_ref().is_some_and(|n| prompt.contains(n.as_str())));
+    let model = model.or_else(|| s.models.iter().position(|m| m.behaviour.only_for.is_none()).filter(|_| script_empty));
+    if let Some(i) = model {
+        return modelled(&mut s.models[i], &prompt, tokens, max_tokens);
     }
     let counted = if s.limit.is_some() { tokens } else { 120 };
     let reply = s.replies.pop_front().unwrap_or(Reply::Success {
@@ -443,28 +450,46 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     r.largest_prompt = r.largest_prompt.max(tokens);
     r.largest_answer = r.largest_answer.max(written);
     r.cut += u64::from(cut);
-    (Reply::Modelled { text, input_tokens: tokens, output_tokens: written, cut, delay_ms }, None)
+    let model = model.behaviour.only_for.clone();
+    (Reply::Modelled { text, input_tokens: tokens, output_tokens: written, cut, delay_ms, model }, None)
 }
 
 /// Counts the hosted model's calls in progress while it writes an answer.
-struct Writing(Shared);
+struct Writing(Shared, Option<String>);
 
 impl Writing {
-    fn start(script: &Shared) -> Writing {
+    fn start(script: &Shared, key: Option<String>) -> Writing {
         let mut s = script.lock().unwrap();
-        if let Some(model) = s.model.as_mut() {
+        if let Some(model) = s.model_mut(key.as_deref()) {
             model.at_once += 1;
             model.report.most_at_once = model.report.most_at_once.max(model.at_once);
         }
-        Writing(script.clone())
+        Writing(script.clone(), key)
     }
 }
 
 impl Drop for Writing {
     fn drop(&mut self) {
-        if let Some(model) = self.0.lock().unwrap().model.as_mut() {
+        if let Some(model) = self.0.lock().unwrap().model_mut(self.1.as_deref()) {
             model.at_once = model.at_once.saturating_sub(1);
         }
+    }
+}
+
+impl Script {
+    /// The model with this `only_for`.
+    fn model_mut(&mut self, key: Option<&str>) -> Option<&mut Model> {
+        self.models.iter_mut().find(|m| m.behaviour.only_for.as_deref() == key)
+    }
+
+    /// Start (or start again) the model with this behaviour's `only_for`.
+    fn set_model(&mut self, behaviour: HostedModel) {
+        self.models.retain(|m| m.behaviour.only_for != behaviour.only_for);
+        self.models.push(Model::new(behaviour));
+    }
+
+    fn report_of(&mut self, key: Option<&str>) -> ModelReport {
+        self.model_mut(key).map(|m| m.report.clone()).unwrap_or_default()
     }
 }
 
@@ -495,8 +520,8 @@ async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
         Reply::Success { text, input_tokens, output_tokens } => {
             success(shape, &text, input_tokens, output_tokens, false)
         }
-        Reply::Modelled { text, input_tokens, output_tokens, cut, delay_ms } => {
-            let _writing = Writing::start(script);
+        Reply::Modelled { text, input_tokens, output_tokens, cut, delay_ms, model } => {
+            let _writing = Writing::start(script, model);
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             success(shape, &text, input_tokens, output_tokens, cut)
         }
@@ -584,12 +609,16 @@ async fn set_script(State(script): State<Shared>, Json(replies): Json<Vec<Reply>
 }
 
 async fn set_model(State(script): State<Shared>, Json(model): Json<HostedModel>) -> StatusCode {
-    script.lock().unwrap().model = Some(Model::new(model));
+    script.lock().unwrap().set_model(model);
     StatusCode::NO_CONTENT
 }
 
-async fn model_report(State(script): State<Shared>) -> Json<ModelReport> {
-    Json(script.lock().unwrap().model.as_ref().map(|m| m.report.clone()).unwrap_or_default())
+/// `GET /_model?only_for=TEXT`: what that model did (without it: the default model).
+async fn model_report(
+    State(script): State<Shared>,
+    Query(which): Query<std::collections::HashMap<String, String>>,
+) -> Json<ModelReport> {
+    Json(script.lock().unwrap().report_of(which.get("only_for").map(String::as_str)))
 }
 
 async fn calls(State(script): State<Shared>) -> Json<serde_json::Value> {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::blobs::Blobs;
-use super::providers::{PartOf, Provider, ProviderOutput, Task};
+use super::providers::{self, PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
 use super::split;
@@ -93,10 +93,13 @@ use sluice_types::settlement::PDF_HOLD_FACTOR;
 const MAX_LEVELS: i32 = 8;
 /// The most parts of one document in flight at once (the gate's maximum is 70).
 const MAX_PARTS_AT_ONCE: usize = 64;
-/// How long one claim of a document in parts starts new parts; then it lets the parts in
-/// flight finish and goes back in line (well inside the attempt's deadline, so the calls it
-/// started end before it).
+/// How long one claim of a document in parts starts new parts, at most; then it lets the parts
+/// in flight finish and goes back in line. Never more than a third of the attempt's time, so
+/// the calls it started end before the attempt's deadline.
 const PARTS_TURN: Duration = Duration::from_secs(240);
+/// A translation's part at most, in tokens: its answer is written at a model's pace (60-1,000
+/// tokens a second), so a part must end well within a call's timeout.
+const MAX_TRANSLATION_PART_TOKENS: u64 = 8_000;
 /// How often a document asks again for calls the gate or the budget could not give yet.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Halvings of a part whose answer was cut before giving up.
@@ -139,6 +142,8 @@ struct PartCalls {
 }
 
 impl PartCalls {
+    /// Start a part's call; `granted`: its reservation came from [`PartStore::calls`] (counted
+    /// in the job's tokens in flight), not from the claim.
     fn start(
         &mut self,
         processor: &DocumentProcessor,
@@ -146,10 +151,12 @@ impl PartCalls {
         spec: &DocumentJob,
         part: PendingPart,
         held: Held,
+        granted: bool,
     ) {
         let (this, job, spec) = (processor.clone(), job.clone(), spec.clone());
-        let meta = (PendingPart { body: String::new(), overlap: String::new(), ..part.clone() }, held.input);
-        let task = self.tasks.spawn(async move { this.call_part(&job, &spec, part, held).await });
+        let granted_tokens = if granted { held.input } else { 0 };
+        let meta = (PendingPart { body: String::new(), overlap: String::new(), ..part.clone() }, granted_tokens);
+        let task = self.tasks.spawn(async move { this.call_part(&job, &spec, part, held, granted_tokens).await });
         self.parts.insert(task.id(), meta);
     }
 
@@ -242,7 +249,7 @@ impl DocumentProcessor {
             pages: extracted.pages,
             part: None,
         };
-        let estimated = task.estimated_tokens();
+        let estimated = tokens::count_off_runtime(providers::prompt(&task)).await.min(i64::MAX as u64) as i64;
         let pdf_within_hold = match spec.document.doc_type {
             DocType::Pdf => self.settle_pdf(job, spec, estimated).await?,
             _ => true,
@@ -350,7 +357,7 @@ impl DocumentProcessor {
         if output.cut {
             // The answer stopped at its limit: never a success. The text goes in parts of half
             // its size (each a whole answer), at no extra charge to the user.
-            if !self.parts.is_enabled() || !self.may_halve(estimated) {
+            if !joins(spec.preset) || !self.parts.is_enabled() || !self.may_halve(estimated) {
                 return Err(self.cut_error());
             }
             tracing::info!(job = %job.id, estimated, "answer cut at its limit; the document goes in parts");
@@ -385,12 +392,13 @@ impl DocumentProcessor {
         claim_held: &mut Held,
     ) -> Result<JobOutput, JobError> {
         let started = Instant::now();
+        let turn = job.deadline.map_or(PARTS_TURN, |d| PARTS_TURN.min(d.saturating_duration_since(started) / 3));
         // The claim reserved its first call: the first part started uses it.
         let mut first = Some(std::mem::take(claim_held));
         let mut used = Usage::default();
         loop {
             let count = self.parts.count(job.id, level).await.map_err(database_error)? as i32;
-            let end = self.run_level(job, spec, level, count, &mut first, &mut used, started).await?;
+            let end = self.run_level(job, spec, level, count, &mut first, &mut used, started + turn).await?;
             if let Some(unused) = first.take() {
                 self.budget.correct(-unused.input, -unused.output).await;
             }
@@ -458,7 +466,7 @@ impl DocumentProcessor {
         count: i32,
         first: &mut Option<Held>,
         used: &mut Usage,
-        started: Instant,
+        turn_ends: Instant,
     ) -> Result<LevelEnd, JobError> {
         let mut waiting: VecDeque<PendingPart> =
             self.parts.pending(job.id, level, count, i64::MAX).await.map_err(database_error)?.into();
@@ -468,13 +476,13 @@ impl DocumentProcessor {
         let mut failed: Option<(JobError, i32)> = None;
         let mut go_on = true;
         loop {
-            let may_start = go_on && failed.is_none() && started.elapsed() < PARTS_TURN;
+            let may_start = go_on && failed.is_none() && Instant::now() < turn_ends;
             let room = MAX_PARTS_AT_ONCE.saturating_sub(running.len()).min(waiting.len());
             if may_start && room > 0 {
                 if running.is_empty() && first.is_some() {
                     let held = first.take().unwrap_or_default();
                     let part = waiting.pop_front().expect("room means a part waits");
-                    running.start(self, job, spec, part, held);
+                    running.start(self, job, spec, part, held, false);
                     continue;
                 }
                 let wants: Vec<(i64, i64)> = waiting
@@ -486,7 +494,7 @@ impl DocumentProcessor {
                 go_on = grant.go_on;
                 for (input, output) in wants.into_iter().take(grant.granted) {
                     let part = waiting.pop_front().expect("granted parts wait");
-                    running.start(self, job, spec, part, Held { input, output });
+                    running.start(self, job, spec, part, Held { input, output }, true);
                 }
             }
             if running.is_empty() {
@@ -499,7 +507,7 @@ impl DocumentProcessor {
                 if waiting.is_empty() {
                     return Ok(LevelEnd::Done);
                 }
-                if !go_on || started.elapsed() >= PARTS_TURN {
+                if !go_on || Instant::now() >= turn_ends {
                     return Ok(LevelEnd::Stopped);
                 }
             }
@@ -540,9 +548,15 @@ impl DocumentProcessor {
     }
 
     /// One part's call (its halves', if its answer was cut), with the reservation it holds.
-    async fn call_part(&self, job: &ClaimedJob, spec: &DocumentJob, part: PendingPart, mut held: Held) -> PartEnded {
+    async fn call_part(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        part: PendingPart,
+        mut held: Held,
+        reserved: i64,
+    ) -> PartEnded {
         {
-            let reserved = held.input;
             let of = PartOf {
                 number: part.idx as u32 + 1,
                 count: part.count as u32,
@@ -574,13 +588,19 @@ impl DocumentProcessor {
             let task = Task { preset: spec.preset, language: spec.language.clone(), text, pages: None, part: Some(of) };
             let estimated = task.estimated_tokens();
             let output = self.call(job, &task, estimated, held).await?;
-            let mut usage =
-                Usage { input: output.input_tokens.unwrap_or(estimated), output: output.output_tokens.unwrap_or(0) };
+            // What the provider says it used, as far as believable (the budget's bounds).
+            let most_out = self.provider.max_output_tokens().map_or(i64::MAX / 4, |n| n.min(i64::MAX as u64) as i64);
+            let mut usage = Usage {
+                input: output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated)),
+                output: output.output_tokens.unwrap_or(0).clamp(0, most_out),
+            };
             if !output.cut {
                 return Ok(Answer { text: output.text, usage });
             }
             let Task { text, part: Some(of), .. } = task else { unreachable!("a part's task") };
-            if of.level > 0 || halvings >= MAX_HALVINGS || !self.may_halve(estimated) {
+            // Only a translation is redone in halves (its answer is its text's); a summary cut
+            // at its limit rambles, and halves would too, at the provider's price.
+            if !joins(spec.preset) || of.level > 0 || halvings >= MAX_HALVINGS || !self.may_halve(estimated) {
                 return Err(self.cut_error());
             }
             tracing::info!(job = %job.id, part = of.number, estimated, "answer cut at its limit; the part is redone in halves");
@@ -659,7 +679,7 @@ impl DocumentProcessor {
             .provider
             .max_output_tokens()
             .filter(|_| joins(preset))
-            .map(|output| output.saturating_mul(3) / 4 + PART_PROMPT_TOKENS);
+            .map(|output| (output.saturating_mul(3) / 4).min(MAX_TRANSLATION_PART_TOKENS) + PART_PROMPT_TOKENS);
         match (context, answer) {
             (Some(c), Some(a)) => Some(c.min(a)),
             (c, a) => c.or(a),
@@ -707,8 +727,7 @@ impl DocumentProcessor {
         // The provider counted what it counted: settle the reservation with the real usage, as
         // far as it is believable (tokenizers differ from our count, but not fourfold; an
         // answer is never longer than the `max_tokens` asked for).
-        let believable_in = estimated.saturating_mul(4).max(estimated.saturating_add(10_000));
-        let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_in);
+        let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated));
         let most_out = self.provider.max_output_tokens().map_or(held.output, |n| n.min(i64::MAX as u64) as i64);
         let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, most_out.max(held.output).max(0));
         let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
@@ -735,6 +754,12 @@ const MIN_PART_TOKENS: u64 = 4_000;
 /// The part size that keeps a document of `tokens` in [`PACE_PARTS`] parts or more.
 fn pace_part_tokens(tokens: u64) -> u64 {
     tokens.div_ceil(PACE_PARTS).saturating_add(PART_PROMPT_TOKENS).max(MIN_PART_TOKENS)
+}
+
+/// The most input tokens a provider may believably report for a prompt we counted at
+/// `estimated` (tokenizers differ, but not fourfold).
+fn believable_input(estimated: i64) -> i64 {
+    estimated.saturating_mul(4).max(estimated.saturating_add(10_000))
 }
 
 /// Where a part stands, for messages: "part 2 of 7", or a combining step's.

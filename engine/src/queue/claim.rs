@@ -24,6 +24,10 @@ pub struct ClaimedJob {
     pub lease_token: Uuid,
     /// Input tokens the claim reserved from the provider budget for this attempt.
     pub est_input_tokens: i64,
+    /// When the worker abandons the attempt (set by the worker as it starts it): long work
+    /// inside one attempt, a document's parts, stops starting new calls well before it.
+    #[sqlx(skip)]
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// Claim up to `max` due jobs for `worker`, fairly across owners, within the global gate and

@@ -143,7 +143,7 @@ impl PartStore {
         let mut tx = pool.begin().await?;
         let held: Option<i32> = sqlx::query_scalar(
             "UPDATE jobs SET extra_calls = greatest(0, extra_calls - 1),
-                 est_input_tokens = greatest(0, est_input_tokens - $3),
+                 extra_tokens = greatest(0, extra_tokens - $3),
                  parts_done = parts_done + (CASE WHEN $4 = 0 THEN 1 ELSE 0 END),
                  -- Progress: what fails from here on counts from this claim as its first.
                  attempts = least(attempts, 1), updated_at = now()
@@ -177,28 +177,33 @@ impl PartStore {
         Ok(true)
     }
 
-    /// A part's call failed: count it against the part, and give back the gate slot its call
-    /// held. Returns the part's failures so far.
+    /// A part's call failed: count it against the part (not while processing is paused: that
+    /// failure uses no attempt), and give back the gate slot its call held. Returns the part's
+    /// failures so far; none when the attempt no longer holds the job.
     pub async fn part_failed(&self, job: &ClaimedJob, level: i32, idx: i32, reserved_tokens: i64) -> Result<i32> {
         let Some(pool) = &self.pool else { return Ok(0) };
         let mut tx = pool.begin().await?;
-        sqlx::query(
+        let counts: Option<bool> = sqlx::query_scalar(
             "UPDATE jobs SET extra_calls = greatest(0, extra_calls - 1),
-                 est_input_tokens = greatest(0, est_input_tokens - $3)
-             WHERE id = $1 AND lease_token = $2 AND state = 'running'",
+                 extra_tokens = greatest(0, extra_tokens - $3)
+             WHERE id = $1 AND lease_token = $2 AND state = 'running'
+             RETURNING (SELECT processing_enabled FROM queue_settings WHERE id = 1)",
         )
         .bind(job.id)
         .bind(job.lease_token)
         .bind(reserved_tokens)
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
+        let Some(counts) = counts else { return Ok(0) };
         let failures: Option<i32> = sqlx::query_scalar(
-            "UPDATE job_parts SET failures = failures + 1 WHERE job_id = $1 AND level = $2 AND idx = $3
+            "UPDATE job_parts SET failures = failures + (CASE WHEN $4 THEN 1 ELSE 0 END)
+             WHERE job_id = $1 AND level = $2 AND idx = $3
              RETURNING failures",
         )
         .bind(job.id)
         .bind(level)
         .bind(idx)
+        .bind(counts)
         .fetch_optional(&mut *tx)
         .await?;
         super::notify_workers(&mut tx).await?;
@@ -295,7 +300,8 @@ pub struct StoredPart<'a> {
     pub output: &'a str,
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
-    /// The input tokens its call reserved (given back from the job's running estimate).
+    /// The input tokens its call was granted by [`PartStore::calls`] (0 for the call on the
+    /// claim's own reservation), given back from the job's tokens in flight.
     pub reserved_tokens: i64,
 }
 

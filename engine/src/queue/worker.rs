@@ -377,7 +377,8 @@ async fn run_within_deadline(shared: &Shared, job: &ClaimedJob) -> Result<JobOut
         shared.config.deadline_per_100k_tokens.as_secs_f64(),
         job.est_input_tokens as f64,
     ));
-    let attempt = AssertUnwindSafe(shared.processor.process(job.clone())).catch_unwind();
+    let timed = ClaimedJob { deadline: Some(std::time::Instant::now() + deadline), ..job.clone() };
+    let attempt = AssertUnwindSafe(shared.processor.process(timed)).catch_unwind();
     let Ok(outcome) = tokio::time::timeout(deadline, attempt).await else {
         tracing::warn!(job = %job.id, ?deadline, "attempt abandoned at its deadline");
         let limit = match deadline.as_secs() {

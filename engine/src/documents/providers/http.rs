@@ -111,6 +111,12 @@ async fn post(request: reqwest::RequestBuilder) -> Result<(HeaderMap, Value), Jo
     Ok((headers, json))
 }
 
+/// The model declined to answer (a refusal or a content filter): what came is not the answer,
+/// and asking again would not change it.
+fn declined() -> JobError {
+    JobError::new(ErrorClass::Rejected, "the provider declined to answer this document")
+}
+
 /// The request body both APIs share: one user message with the task's prompt.
 fn chat_body(model: &str, max_tokens: u32, task: &Task) -> Value {
     serde_json::json!({
@@ -169,9 +175,12 @@ impl Provider for AnthropicProvider {
                 .post(&self.url)
                 .header("x-api-key", &self.api_key)
                 .header("anthropic-version", "2023-06-01")
-                .timeout(self.config.call_timeout(task.estimated_tokens()))
+                .timeout(self.config.task_timeout(task))
                 .json(&body);
             let (headers, json) = post(request).await?;
+            if json["stop_reason"].as_str() == Some("refusal") {
+                return Err(declined());
+            }
             let text = json["content"]
                 .as_array()
                 .map(|blocks| blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n"))
@@ -233,12 +242,14 @@ impl Provider for OpenAiProvider {
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>> {
         Box::pin(async move {
             let body = chat_body(&self.model, self.max_tokens, task);
-            let mut request =
-                self.client.post(&self.url).timeout(self.config.call_timeout(task.estimated_tokens())).json(&body);
+            let mut request = self.client.post(&self.url).timeout(self.config.task_timeout(task)).json(&body);
             if let Some(key) = &self.api_key {
                 request = request.bearer_auth(key);
             }
             let (headers, json) = post(request).await?;
+            if json.pointer("/choices/0/finish_reason").and_then(Value::as_str) == Some("content_filter") {
+                return Err(declined());
+            }
             Ok(ProviderOutput {
                 text: json
                     .pointer("/choices/0/message/content")

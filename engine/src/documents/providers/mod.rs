@@ -43,13 +43,23 @@ pub struct PartOf {
 }
 
 impl ProviderConfig {
-    /// The timeout of a call carrying `input_tokens`.
-    pub fn call_timeout(&self, input_tokens: i64) -> Duration {
+    /// The timeout of a call carrying `input_tokens` whose answer is expected to hold
+    /// `output_tokens`: a model writes at its own pace, so a long answer (a translation's) gets
+    /// the time to be written at [`SLOW_OUTPUT_TOKENS_PER_SEC`].
+    pub fn call_timeout(&self, input_tokens: i64, output_tokens: i64) -> Duration {
+        let writing = output_tokens.max(0) as f64 / SLOW_OUTPUT_TOKENS_PER_SEC;
         Duration::from_secs_f64(sluice_types::capacity::scaled_secs(
-            self.timeout.as_secs_f64(),
+            self.timeout.as_secs_f64() + writing,
             self.timeout_per_100k_tokens.as_secs_f64(),
             input_tokens as f64,
         ))
+    }
+
+    /// The timeout of a call for `task`.
+    pub fn task_timeout(&self, task: &Task) -> Duration {
+        let input = task.estimated_tokens();
+        let output = if task.preset.answer_grows_with_input() { input.min(i64::from(self.max_tokens)) } else { 0 };
+        self.call_timeout(input, output)
     }
 }
 
@@ -146,6 +156,9 @@ impl Default for ProviderConfig {
     }
 }
 
+/// The slowest pace a hosted model writes at that a call's timeout allows for (tokens a second).
+pub const SLOW_OUTPUT_TOKENS_PER_SEC: f64 = 40.0;
+
 /// The answer limit for a model we know nothing of (Ollama's and llama.cpp's servers run many):
 /// one a real deployment uses; `--provider-max-tokens` sets another.
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 8_192;
@@ -172,10 +185,8 @@ pub fn documented_max_output_tokens(kind: ProviderKind, model: &str) -> u32 {
         ("claude-3-haiku", 4_096),
         ("gpt-4.1", 32_768),
         ("gpt-4o", 16_384),
-        ("gpt-5", 128_000),
-        ("o4-mini", 100_000),
-        ("o3", 100_000),
-        ("o1", 100_000),
+        // Reasoning models (o1, o3, gpt-5) take `max_completion_tokens`, not `max_tokens`:
+        // not listed, so they get the conservative default.
     ];
     KNOWN.iter().find(|(prefix, _)| model.starts_with(prefix)).map_or(DEFAULT_MAX_OUTPUT_TOKENS, |(_, n)| *n)
 }
