@@ -105,30 +105,37 @@ export async function logIn(page: Page, email: string, password: string) {
   await expect(page).toHaveURL(/\/jobs$/);
 }
 
-/** Queue answers on the scripted fake provider `cargo xtask test` runs (FAKE_PROVIDER_URL). */
-export async function scriptProvider(replies: object[]) {
+/** The scripted fake provider `cargo xtask test` runs (FAKE_PROVIDER_URL), and `path` on it. */
+export function fakeProvider(path: string): string {
   const url = process.env.FAKE_PROVIDER_URL;
   if (!url) throw new Error('FAKE_PROVIDER_URL is not set: run the suite through `cargo xtask test`');
-  const response = await fetch(`${url}/_script`, {
+  return `${url}${path}`;
+}
+
+async function tellFakeProvider(path: string, body: unknown) {
+  const response = await fetch(fakeProvider(path), {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(replies),
+    body: JSON.stringify(body),
   });
   expect(response.status).toBe(204);
+}
+
+/** Queue answers on the scripted fake provider. */
+export async function scriptProvider(replies: object[]) {
+  await tellFakeProvider('/_script', replies);
 }
 
 /** Make the shared fake answer prompts holding `only_for` like a hosted model (time per
  * output token, answers as long as a translation's text, cut at max_tokens); see
  * `fakeprovider::HostedModel`. Other flows' scripts are left alone. */
 export async function hostedModel(model: { only_for: string } & Record<string, unknown>) {
-  const url = process.env.FAKE_PROVIDER_URL;
-  if (!url) throw new Error('FAKE_PROVIDER_URL is not set: run the suite through `cargo xtask test`');
-  const response = await fetch(`${url}/_model`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(model),
-  });
-  expect(response.status).toBe(204);
+  await tellFakeProvider('/_model', model);
+}
+
+/** What the hosted model for `onlyFor` did (calls, most at once, answers cut, ...). */
+export async function hostedModelReport(onlyFor: string) {
+  return (await fetch(fakeProvider(`/_model?only_for=${encodeURIComponent(onlyFor)}`))).json();
 }
 
 /** Run an operator command (`server …`, set up by `cargo xtask test`) and return what it printed. */

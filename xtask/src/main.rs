@@ -467,7 +467,7 @@ fn bench(args: &[String]) -> Result {
     }
     if which.is_none_or(|w| w == "parts") {
         temp.cluster.create_database("bench_parts").map_err(|e| e.to_string())?;
-        eprintln!("== parts benchmark: a 500K-token document at a fixed tokens-per-minute limit");
+        eprintln!("== parts benchmark: long documents through a fake that behaves like a hosted model");
         status(
             cargo().args(["build", "--quiet", "--release", "--package", "engine", "--bin", "sluice-extract"]),
             "building the document reader",
