@@ -461,7 +461,7 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
     }
     // A document over the ceiling is refused while it streams, with the ceiling in the error.
     let mut check = engine::documents::intake::UploadCheck::new(Some("huge.txt"), 50 << 20).with_ceiling(Some(ceiling));
-    let huge = "word ".repeat(1_700_000);
+    let huge = "word ".repeat(2_100_000);
     let refused = huge.as_bytes().chunks(64 * 1024).try_for_each(|c| check.push(c));
     assert!(matches!(refused, Err(engine::error::EngineError::TooManyTokens { max_tokens: 2_000_000 })), "{refused:?}");
 

@@ -11,6 +11,7 @@ use super::blobs::Blobs;
 use super::encoding::Transcoder;
 use super::processor::{DocumentJob, DocumentRef};
 use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
+use super::tokens::TokenTally;
 use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use crate::error::{EngineError, Result};
 use crate::webhooks::completion::Callback;
@@ -33,6 +34,8 @@ pub struct UploadCheck {
     doc_type: Option<DocType>,
     utf8: Utf8Stream,
     markup: MarkupScan,
+    /// A text's tokens, counted as it streams in.
+    tally: TokenTally,
 }
 
 /// An upload that passed every check.
@@ -43,6 +46,8 @@ pub struct CheckedUpload {
     pub size: u64,
     pub sha256: String,
     pub doc_type: DocType,
+    /// A text's tokens, counted (none for a PDF: its text is known once read).
+    pub tokens: Option<u64>,
 }
 
 impl UploadCheck {
@@ -59,6 +64,7 @@ impl UploadCheck {
             doc_type: None,
             utf8: Utf8Stream::default(),
             markup: MarkupScan::default(),
+            tally: TokenTally::default(),
         }
     }
 
@@ -70,12 +76,12 @@ impl UploadCheck {
         self
     }
 
-    /// `TooManyTokens` once a text is past the document ceiling.
+    /// `TooManyTokens` once a text's tokens, as counted so far, are past the document ceiling.
     fn check_context(&self) -> Result<()> {
         let (Some(ceiling), Some(kind)) = (self.max_document_tokens, self.doc_type.map(size_kind)) else {
             return Ok(());
         };
-        if self.size > capacity::max_bytes_for_context(kind, ceiling) && kind == SizeKind::Text {
+        if kind == SizeKind::Text && self.tally.so_far() + capacity::PROMPT_OVERHEAD_TOKENS > ceiling {
             return Err(EngineError::TooManyTokens { max_tokens: ceiling });
         }
         Ok(())
@@ -119,7 +125,11 @@ impl UploadCheck {
     /// Text must be UTF-8 to its last byte and carry no markup anywhere.
     fn check_text(&mut self, chunk: &[u8]) -> Result<()> {
         self.utf8.push(chunk).map_err(EngineError::UnsupportedType)?;
-        self.markup.push(chunk).map_err(EngineError::UnsupportedType)
+        self.markup.push(chunk).map_err(EngineError::UnsupportedType)?;
+        // Counted as it comes (a chunk's worth of CPU, as hashing it is), so the price and the
+        // ceiling follow the tokens a provider will count, not four bytes a token.
+        self.tally.push(chunk);
+        self.check_context()
     }
 
     /// The upload ended: an empty file is `Invalid`; a text must not end mid-character.
@@ -131,10 +141,23 @@ impl UploadCheck {
             self.decide()?;
         }
         let doc_type = self.doc_type.expect("decided above");
-        if doc_type != DocType::Pdf {
+        let tokens = if doc_type == DocType::Pdf {
+            None
+        } else {
             self.utf8.finish().map_err(EngineError::UnsupportedType)?;
-        }
-        Ok(CheckedUpload { name: self.name, size: self.size, sha256: hex::encode(self.hasher.finalize()), doc_type })
+            let tokens = std::mem::take(&mut self.tally).finish();
+            if let Some(ceiling) = self.max_document_tokens.filter(|c| tokens + capacity::PROMPT_OVERHEAD_TOKENS > *c) {
+                return Err(EngineError::TooManyTokens { max_tokens: ceiling });
+            }
+            Some(tokens)
+        };
+        Ok(CheckedUpload {
+            name: self.name,
+            size: self.size,
+            sha256: hex::encode(self.hasher.finalize()),
+            doc_type,
+            tokens,
+        })
     }
 }
 
@@ -147,9 +170,33 @@ pub fn size_kind(doc_type: DocType) -> SizeKind {
 }
 
 impl CheckedUpload {
-    /// Its provider request's input tokens, estimated from its size and type.
+    /// What it is, as admission prices it.
+    pub fn size(&self) -> DocumentSize {
+        DocumentSize { doc_type: self.doc_type, bytes: self.size, tokens: self.tokens }
+    }
+
+    /// Its provider request's input tokens: a text's counted, a PDF's estimated from its size.
     pub fn estimated_tokens(&self) -> u64 {
-        capacity::estimate_input_tokens(size_kind(self.doc_type), self.size)
+        self.size().input_tokens()
+    }
+}
+
+/// A document as admission prices it: its type and bytes, and a text's tokens as counted while
+/// it streamed in (a document stored before tokens were counted has none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DocumentSize {
+    pub doc_type: DocType,
+    pub bytes: u64,
+    pub tokens: Option<u64>,
+}
+
+impl DocumentSize {
+    /// Its provider request's input tokens: counted, or estimated from its size and type.
+    pub fn input_tokens(&self) -> u64 {
+        match self.tokens {
+            Some(tokens) => tokens.saturating_add(capacity::PROMPT_OVERHEAD_TOKENS),
+            None => capacity::estimate_input_tokens(size_kind(self.doc_type), self.bytes),
+        }
     }
 }
 
@@ -273,16 +320,16 @@ where
 /// What a checked upload costs: the price table at its estimated tokens, settled once its
 /// bytes are in (the estimate before reading, from the declared size, was only a hint).
 pub fn price(config: &AdmissionConfig, upload: &CheckedUpload, preset: Preset) -> i64 {
-    document_price(config, upload.doc_type, upload.size, preset).1
+    document_price(config, upload.size(), preset).1
 }
 
 /// A stored document's estimated input tokens and what admission charges: its price, or for a
 /// PDF the price held until its text is read (see [`document_price_by_size`]).
 /// The price covers what the provider bills: a translation's answer too
 /// ([`capacity::billed_tokens`]).
-pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64, preset: Preset) -> (u64, i64) {
-    let tokens = capacity::estimate_input_tokens(size_kind(doc_type), size);
-    let priced = match doc_type {
+pub fn document_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset) -> (u64, i64) {
+    let tokens = size.input_tokens();
+    let priced = match size.doc_type {
         DocType::Pdf => settlement::pdf_hold_tokens(tokens, config.max_document_tokens),
         _ => tokens,
     };
@@ -291,8 +338,8 @@ pub fn document_price(config: &AdmissionConfig, doc_type: DocType, size: u64, pr
 
 /// A document's price by its size alone: what a PDF costs if its text is never read (an
 /// unreadable one past the day's allowance), before it is settled to its text.
-pub fn document_price_by_size(config: &AdmissionConfig, doc_type: DocType, size: u64, preset: Preset) -> i64 {
-    config.prices.price(capacity::billed_tokens(preset, capacity::estimate_input_tokens(size_kind(doc_type), size)))
+pub fn document_price_by_size(config: &AdmissionConfig, size: DocumentSize, preset: Preset) -> i64 {
+    config.prices.price(capacity::billed_tokens(preset, size.input_tokens()))
 }
 
 /// What a document's first claim reserves from the token budget: all of it, or its first
@@ -324,6 +371,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
             sha256: upload.sha256.clone(),
             size: upload.size,
             name: upload.name.clone(),
+            tokens: upload.tokens,
         },
         preset: intake.options.preset,
         language: intake.options.language.clone(),
@@ -341,12 +389,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         client_key: intake.client_key,
         cost: price(intake.admission, &upload, intake.options.preset),
         est_input_tokens: first_claim_tokens(intake.admission, upload.estimated_tokens()),
-        price_by_size: Some(document_price_by_size(
-            intake.admission,
-            upload.doc_type,
-            upload.size,
-            intake.options.preset,
-        )),
+        price_by_size: Some(document_price_by_size(intake.admission, upload.size(), intake.options.preset)),
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
@@ -369,7 +412,7 @@ pub async fn run_again(
 ) -> Result<Admission> {
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
-    let (tokens, cost) = document_price(admission, job.document.doc_type, job.document.size, options.preset);
+    let (tokens, cost) = document_price(admission, job.document.size_for_price(), options.preset);
     // Refused before anything is copied (a user out of credits copies nothing).
     if let Some(refusal) = admission::precheck(pool, admission, user_id, cost, 0).await? {
         return Ok(Admission::Refused(refusal));
@@ -388,12 +431,7 @@ pub async fn run_again(
         cost,
         est_input_tokens: first_claim_tokens(admission, tokens),
         shared_document: Some(key),
-        price_by_size: Some(document_price_by_size(
-            admission,
-            again.document.doc_type,
-            again.document.size,
-            again.preset,
-        )),
+        price_by_size: Some(document_price_by_size(admission, again.document.size_for_price(), again.preset)),
     };
     admission::submit(pool, admission, &submission).await
 }
@@ -406,16 +444,37 @@ mod tests {
     fn a_pdf_is_charged_a_hold_of_its_worst_case_and_a_text_its_price() {
         let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
         // 600 KB of PDF suggests 15K tokens (1 credit); its hold is priced at 120K (4 credits).
-        assert_eq!(document_price(&config, DocType::Pdf, 600_000, Preset::Summarize), (15_040, 4));
-        assert_eq!(document_price_by_size(&config, DocType::Pdf, 600_000, Preset::Summarize), 1);
+        assert_eq!(document_price(&config, by_size(DocType::Pdf, 600_000), Preset::Summarize), (15_040, 4));
+        assert_eq!(document_price_by_size(&config, by_size(DocType::Pdf, 600_000), Preset::Summarize), 1);
         // A text's price is its price: nothing held.
         assert_eq!(
-            document_price(&config, DocType::PlainText, 60_000, Preset::Summarize).1,
-            document_price_by_size(&config, DocType::PlainText, 60_000, Preset::Summarize)
+            document_price(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize).1,
+            document_price_by_size(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize)
         );
         // The hold never passes the document ceiling.
         let capped = AdmissionConfig { max_document_tokens: Some(50_000), ..config };
-        assert_eq!(document_price(&capped, DocType::Pdf, 600_000, Preset::Summarize).1, 2);
+        assert_eq!(document_price(&capped, by_size(DocType::Pdf, 600_000), Preset::Summarize).1, 2);
+    }
+
+    fn by_size(doc_type: DocType, bytes: u64) -> DocumentSize {
+        DocumentSize { doc_type, bytes, tokens: None }
+    }
+
+    #[test]
+    fn a_text_is_priced_by_its_tokens_counted_as_it_streams_in_not_four_bytes_a_token() {
+        // 24,000 emoji: 96 KB, "24K tokens" at four bytes a token (1 credit), far more counted.
+        let emoji = "🎉🚀🧪🦀".repeat(6_000);
+        let checked = check_in_chunks(emoji.as_bytes(), 4_096, 1 << 20).unwrap();
+        let counted = checked.tokens.unwrap();
+        assert_eq!(counted, crate::documents::tokens::count(&emoji));
+        assert!(counted > emoji.len() as u64 / 4, "{counted} tokens in {} bytes", emoji.len());
+        let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
+        assert_eq!(document_price_by_size(&config, by_size(DocType::PlainText, emoji.len() as u64), Preset::Summarize), 1);
+        assert!(price(&config, &checked, Preset::Summarize) >= 2, "priced by what the provider counts");
+        // The ceiling is held to the counted tokens too, as the bytes arrive.
+        let mut check = UploadCheck::new(Some("a.txt"), 1 << 20).with_ceiling(Some(10_000));
+        let refused = emoji.as_bytes().chunks(4_096).try_for_each(|part| check.push(part));
+        assert!(matches!(refused, Err(EngineError::TooManyTokens { max_tokens: 10_000 })), "{refused:?}");
     }
 
     fn check_in_chunks(bytes: &[u8], chunk: usize, limit: u64) -> Result<CheckedUpload> {

@@ -21,7 +21,7 @@ use crate::queue::capacity::Budget;
 use crate::queue::parts::{NewPart, PartStore, PartsProgress, PendingPart, Progress, StoredPart};
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::stages::StageLog;
-use crate::queue::worker::Processor;
+use crate::queue::worker::{with_db_retries, Processor};
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
 use sluice_types::capacity::SizeKind;
@@ -36,6 +36,17 @@ pub struct DocumentRef {
     pub size: u64,
     /// The user's file name, sanitised, for display only.
     pub name: Option<String>,
+    /// A text's tokens as counted at upload (none for a PDF, or a document stored before
+    /// tokens were counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+}
+
+impl DocumentRef {
+    /// What it is, as admission prices it.
+    pub fn size_for_price(&self) -> super::intake::DocumentSize {
+        super::intake::DocumentSize { doc_type: self.doc_type, bytes: self.size, tokens: self.tokens }
+    }
 }
 
 /// A document job's payload: the document and what to do with it.
@@ -528,13 +539,25 @@ impl DocumentProcessor {
                         output_tokens: Some(answer.usage.output),
                         reserved_tokens: reserved,
                     };
-                    if !self.parts.store_output(job, &stored).await.map_err(database_error)? {
-                        return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+                    // A paid answer is worth a few tries of the database before the calls in
+                    // flight are given up with it.
+                    let written = with_db_retries("a part's answer", || self.parts.store_output(job, &stored)).await;
+                    match written {
+                        Some(true) => {}
+                        Some(false) => return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease")),
+                        None => {
+                            return Err(JobError::new(
+                                ErrorClass::Connection,
+                                "the database did not answer; the part's answer was not stored",
+                            ))
+                        }
                     }
                 }
                 Err(mut e) if e.class.is_transient() => {
                     let failures =
-                        self.parts.part_failed(job, part.level, part.idx, reserved).await.map_err(database_error)?;
+                        with_db_retries("a part's failure", || self.parts.part_failed(job, part.level, part.idx, reserved))
+                            .await
+                            .unwrap_or(1);
                     e.message = format!("{place}: {}", e.message);
                     let most = failed.as_ref().map_or(0, |(_, n)| *n).max(failures);
                     failed = Some((e, most));

@@ -25,6 +25,51 @@ pub async fn count_off_runtime(text: String) -> u64 {
     crate::documents::cpu::run(move || count(&text)).await.unwrap_or(u64::MAX / 4)
 }
 
+/// The most bytes a tally holds back waiting for a space (a text without spaces, say
+/// Japanese, is counted at a character boundary past this).
+const MAX_CARRY: usize = 64 * 1024;
+
+/// Counts a text's tokens as it streams in, chunk by chunk, with memory bounded by a chunk: each
+/// chunk is counted up to its last whitespace (a word keeps the space before it, as the
+/// tokenizer's own pre-split does), the rest carried into the next. A cut inside a long run without spaces can count a token or two more than the whole
+/// text would: never fewer.
+#[derive(Debug, Default)]
+pub struct TokenTally {
+    carry: Vec<u8>,
+    tokens: u64,
+}
+
+impl TokenTally {
+    /// Count the next bytes of the text (UTF-8; anything else is counted as replacement
+    /// characters, and refused elsewhere).
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.carry.extend_from_slice(chunk);
+        let cut = match self.carry.iter().rposition(|b| b.is_ascii_whitespace()) {
+            Some(i) => i,
+            None if self.carry.len() > MAX_CARRY => {
+                // The last character boundary: not a UTF-8 continuation byte.
+                self.carry.iter().rposition(|b| (b & 0xC0) != 0x80).unwrap_or(self.carry.len())
+            }
+            None => 0,
+        };
+        if cut > 0 {
+            self.tokens += count(&String::from_utf8_lossy(&self.carry[..cut]));
+            self.carry.drain(..cut);
+        }
+    }
+
+    /// Tokens counted so far (what is carried is not yet).
+    pub fn so_far(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The whole text's tokens.
+    pub fn finish(mut self) -> u64 {
+        let rest = std::mem::take(&mut self.carry);
+        self.tokens + count(&String::from_utf8_lossy(&rest))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +85,24 @@ mod tests {
         let emoji = "🎉🚀🧪🦀".repeat(100);
         assert!(count(&emoji) >= 400, "an emoji is at least one token: {}", count(&emoji));
         assert_eq!(count(""), 0);
+    }
+
+    #[test]
+    fn a_tally_in_chunks_counts_as_the_whole_text_or_a_little_more() {
+        let english = "The supplier delivers the goods named in schedule A by the agreed date.\n\n".repeat(2_000);
+        let japanese = "契約の当事者は、本契約に定める条件に従い、商品を引き渡すものとする。".repeat(5_000);
+        let emoji = "🎉🚀 done. ".repeat(3_000);
+        for text in [english, japanese, emoji] {
+            let whole = count(&text);
+            for chunk in [1, 7, 4096, 65_536, 1 << 20] {
+                let mut tally = TokenTally::default();
+                for piece in text.as_bytes().chunks(chunk) {
+                    tally.push(piece);
+                }
+                let counted = tally.finish();
+                assert!(counted >= whole, "chunks of {chunk}: {counted} < {whole}");
+                assert!(counted <= whole + whole / 50 + 2, "chunks of {chunk}: {counted} against {whole}");
+            }
+        }
     }
 }

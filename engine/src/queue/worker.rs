@@ -406,7 +406,7 @@ async fn record_failure(shared: &Shared, job: &ClaimedJob, error: &JobError) -> 
 
 /// Retry a write briefly while the database is unreachable (e.g. restarting). If it never
 /// gets through, the lease expires and the rescue task takes the job.
-async fn with_db_retries<T, F, Fut>(what: &str, mut write: F) -> Option<T>
+pub(crate) async fn with_db_retries<T, F, Fut>(what: &str, mut write: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = crate::error::Result<T>>,

@@ -25,21 +25,26 @@ fn priced() -> WebSettings {
     }
 }
 
-/// A text of exactly `bytes` bytes, unique per `n`.
-fn text(n: usize, bytes: usize) -> Vec<u8> {
-    let mut t = format!("document {n}: ").into_bytes();
-    t.resize(bytes, b'a');
-    t
+/// A text of about `tokens` tokens (" word" is one), unique per `n`: five bytes a token, so
+/// four bytes a token would price it a quarter higher than the provider counts.
+fn text(n: usize, tokens: usize) -> Vec<u8> {
+    format!("document {n}:{}", " word".repeat(tokens)).into_bytes()
+}
+
+/// What admission should count: the text's tokens and the prompt's.
+fn counted(text: &[u8]) -> i64 {
+    engine::documents::tokens::count(std::str::from_utf8(text).unwrap()) as i64 + 40
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn uploads_cost_by_size_and_a_refund_returns_exactly_what_was_charged(pool: PgPool) {
     let app = TestApp::spawn(pool, priced()).await;
     let (user, token) = app.user_with_token("sizes@example.com", 100, 10).await;
-    // 100 bytes: 65 tokens (1 credit); 8,000: 2,040 (3); 40,000: 10,040 (7).
+    // About 60 tokens (1 credit), 2,000 (3), 10,000 (7), counted as the bytes stream in.
+    let texts: Vec<Vec<u8>> = [60, 2_000, 10_000].into_iter().enumerate().map(|(n, t)| text(n, t)).collect();
     let mut charged = Vec::new();
-    for (n, bytes) in [100, 8_000, 40_000].into_iter().enumerate() {
-        let r = app.upload(&token, text(n, bytes), None).await;
+    for t in &texts {
+        let r = app.upload(&token, t.clone(), None).await;
         assert_eq!(r.status(), StatusCode::ACCEPTED);
         let body: serde_json::Value = r.json().await.unwrap();
         charged.push(body["charged"].as_i64().unwrap());
@@ -54,7 +59,10 @@ async fn uploads_cost_by_size_and_a_refund_returns_exactly_what_was_charged(pool
     .fetch_all(&app.pool)
     .await
     .unwrap();
-    assert_eq!(costs, [(1, 65, 1), (3, 2_040, 3), (7, 10_040, 7)]);
+    let expected: Vec<(i32, i64, i64)> =
+        texts.iter().zip([1, 3, 7]).map(|(t, cost)| (cost, counted(t), i64::from(cost))).collect();
+    assert_eq!(costs, expected);
+    assert!(counted(&texts[2]) < texts[2].len() as i64 / 4, "priced by the tokens counted, not four bytes a token");
 
     // Every job fails for good: each refund is exactly its charge, and the books balance.
     let rejected = |_| async { Err(JobError::new(ErrorClass::Rejected, "the provider refused it").with_status(400)) };
@@ -74,21 +82,21 @@ async fn uploads_cost_by_size_and_a_refund_returns_exactly_what_was_charged(pool
 async fn a_text_longer_than_the_context_is_413_and_a_short_balance_402_with_nothing_charged(pool: PgPool) {
     let app = TestApp::spawn(pool, priced()).await;
     let (user, token) = app.user_with_token("long@example.com", 5, 10).await;
-    // 90,000 bytes of text is about 22,540 tokens, past the 20,000 the provider reads.
-    let r = app.upload(&token, text(1, 90_000), None).await;
+    // About 22,000 tokens, past the 20,000 the provider reads.
+    let r = app.upload(&token, text(1, 22_000), None).await;
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!((body["error"].as_str(), body["max_tokens"].as_u64()), (Some("too_many_tokens"), Some(20_000)));
-    // 40,000 bytes costs 7: the declared size let it be read (it could have been a PDF, which
-    // costs less), the bytes settle the price, and 5 credits are not enough.
-    let r = app.upload(&token, text(2, 40_000), None).await;
+    // About 10,000 tokens costs 7: the declared size let it be read (it could have been a PDF,
+    // which costs less), its tokens settle the price, and 5 credits are not enough.
+    let r = app.upload(&token, text(2, 10_000), None).await;
     assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!((body["cost"].as_i64(), body["balance"].as_i64()), (Some(7), Some(5)));
     assert_eq!(app.user_state(user).await, (5, 0, 5, 0), "nothing charged, nothing queued");
     assert_eq!(app.stored_blobs(), 0, "nothing kept");
     // What fits is still accepted and charged its price.
-    let r = app.upload(&token, text(3, 8_000), None).await;
+    let r = app.upload(&token, text(3, 2_000), None).await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     assert_eq!(app.user_state(user).await, (2, 1, 2, 1));
 }
