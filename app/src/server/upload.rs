@@ -243,9 +243,9 @@ pub async fn run_again(
     };
     options.check(&ctx.settings.presets)?;
     // What this run costs: its own preset's price (a translation's answer is billed too).
-    let charged = spec.as_ref().map_or(0, |s| {
-        intake::document_price(&ctx.settings.admission, s.document.size_for_price(), options.preset).1
-    });
+    let charged = spec
+        .as_ref()
+        .map_or(0, |s| intake::document_price(&ctx.settings.admission, s.document.size_for_price(), options.preset).1);
     let admitted = intake::run_again(&ctx.pool, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
         Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged, key_expires_at: None }),

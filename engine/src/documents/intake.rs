@@ -469,7 +469,10 @@ mod tests {
         assert_eq!(counted, crate::documents::tokens::count(&emoji));
         assert!(counted > emoji.len() as u64 / 4, "{counted} tokens in {} bytes", emoji.len());
         let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
-        assert_eq!(document_price_by_size(&config, by_size(DocType::PlainText, emoji.len() as u64), Preset::Summarize), 1);
+        assert_eq!(
+            document_price_by_size(&config, by_size(DocType::PlainText, emoji.len() as u64), Preset::Summarize),
+            1
+        );
         assert!(price(&config, &checked, Preset::Summarize) >= 2, "priced by what the provider counts");
         // The ceiling is held to the counted tokens too, as the bytes arrive.
         let mut check = UploadCheck::new(Some("a.txt"), 1 << 20).with_ceiling(Some(10_000));

@@ -554,10 +554,11 @@ impl DocumentProcessor {
                     }
                 }
                 Err(mut e) if e.class.is_transient() => {
-                    let failures =
-                        with_db_retries("a part's failure", || self.parts.part_failed(job, part.level, part.idx, reserved))
-                            .await
-                            .unwrap_or(1);
+                    let failures = with_db_retries("a part's failure", || {
+                        self.parts.part_failed(job, part.level, part.idx, reserved)
+                    })
+                    .await
+                    .unwrap_or(1);
                     e.message = format!("{place}: {}", e.message);
                     let most = failed.as_ref().map_or(0, |(_, n)| *n).max(failures);
                     failed = Some((e, most));

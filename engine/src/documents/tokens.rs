@@ -30,12 +30,16 @@ pub async fn count_off_runtime(text: String) -> u64 {
 const MAX_CARRY: usize = 64 * 1024;
 
 /// Counts a text's tokens as it streams in, chunk by chunk, with memory bounded by a chunk: each
-/// chunk is counted up to its last whitespace (a word keeps the space before it, as the
-/// tokenizer's own pre-split does), the rest carried into the next. A cut inside a long run without spaces can count a token or two more than the whole
+/// chunk is counted up to its last whitespace (a word keeps the space before it, a line break
+/// stays with what it ends, as the tokenizer's own pre-split does), the rest carried into the
+/// next. A cut inside a long run without spaces can count a token or two more than the whole
 /// text would: never fewer.
 #[derive(Debug, Default)]
 pub struct TokenTally {
     carry: Vec<u8>,
+    /// Where the last whitespace in `carry` is (each byte is looked at once, however small
+    /// the chunks come).
+    last_space: Option<usize>,
     tokens: u64,
 }
 
@@ -43,18 +47,32 @@ impl TokenTally {
     /// Count the next bytes of the text (UTF-8; anything else is counted as replacement
     /// characters, and refused elsewhere).
     pub fn push(&mut self, chunk: &[u8]) {
+        let start = self.carry.len();
         self.carry.extend_from_slice(chunk);
-        let cut = match self.carry.iter().rposition(|b| b.is_ascii_whitespace()) {
-            Some(i) => i,
-            None if self.carry.len() > MAX_CARRY => {
+        if let Some(j) = chunk.iter().rposition(|b| b.is_ascii_whitespace()) {
+            self.last_space = Some(start + j);
+        }
+        let cut = match self.last_space {
+            // Only once a word follows it (the run may go on). After a line break, which
+            // belongs to what comes before it (".\n\n" is one token); before a space, which
+            // belongs to the word after it (" The").
+            Some(i) if i + 1 < self.carry.len() => {
+                if matches!(self.carry[i], b'\n' | b'\r') {
+                    i + 1
+                } else {
+                    i
+                }
+            }
+            _ if self.carry.len() > MAX_CARRY => {
                 // The last character boundary: not a UTF-8 continuation byte.
                 self.carry.iter().rposition(|b| (b & 0xC0) != 0x80).unwrap_or(self.carry.len())
             }
-            None => 0,
+            _ => 0,
         };
         if cut > 0 {
             self.tokens += count(&String::from_utf8_lossy(&self.carry[..cut]));
             self.carry.drain(..cut);
+            self.last_space = self.last_space.and_then(|i| i.checked_sub(cut));
         }
     }
 
