@@ -94,3 +94,23 @@ async fn retention_prunes_old_done_and_failed_jobs_only(pool: PgPool) {
     };
     assert_eq!(prune(&pool, short).await.unwrap().len(), 2);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_documents_age_runs_from_its_acceptance_across_its_parts_but_does_not_close_intake(pool: PgPool) {
+    use engine::accounts::admission::{precheck, AdmissionConfig};
+    use engine::accounts::{users, Role};
+    // Accepted two hours ago, begun in parts, back in line just now (its claim's turn over).
+    job(&pool, &JobOpts { state: JobState::Queued, accepted_ago: 7_200.0, run_at_ago: Some(1.0), ..Default::default() })
+        .await;
+    sqlx::query("UPDATE jobs SET parts_total = 40, parts_done = 12, parts_stage = 'parts'").execute(&pool).await.unwrap();
+
+    let v = vitals::read(&pool).await.unwrap();
+    assert!(v.oldest_waiting_secs.unwrap() >= 7_100.0, "shown from its acceptance: {:?}", v.oldest_waiting_secs);
+    let seen = engine::alerts::observe(&pool).await.unwrap();
+    assert!(seen.oldest_wait_secs.unwrap() >= 7_100.0, "alerted from its acceptance: {:?}", seen.oldest_wait_secs);
+    // The intake bound counts waits since jobs fell due: a long document in progress does not
+    // refuse everyone's uploads.
+    let user = users::create_user(&pool, "u@example.com", "password123", Role::User, 20).await.unwrap();
+    let config = AdmissionConfig { max_oldest_wait: Duration::from_secs(1_800), ..AdmissionConfig::default() };
+    assert_eq!(precheck(&pool, &config, user.id, 1, 0).await.unwrap(), None);
+}

@@ -131,14 +131,31 @@ pub fn intake_refusal(backlog: i64, oldest_wait: Option<Duration>, config: &Admi
         .then(|| Refusal::Overloaded { retry_after_secs: config.retry_after_overloaded.as_secs().max(1) })
 }
 
+/// How the oldest waiting job's wait is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitSince {
+    /// Since it fell due: what the intake bound holds (a long document in progress must not
+    /// refuse everyone's uploads).
+    Due,
+    /// A document begun in parts from its acceptance, across all its parts (what the vital
+    /// signs show and the alert fires on); any other job since it fell due.
+    AcceptanceAcrossParts,
+}
+
 /// Backlog (counted up to the bound only) and the oldest waiting job's wait, not counting
 /// the time processing was paused (seed 003: pause processing without refusing uploads).
-pub(crate) async fn intake_state(pool: &PgPool, bound: i64) -> Result<(i64, Option<Duration>)> {
+pub(crate) async fn intake_state(pool: &PgPool, bound: i64, since: WaitSince) -> Result<(i64, Option<Duration>)> {
+    // A document in parts waiting again (its claim's turn over, a pause, a retry) is found by
+    // its own small index (`jobs_waiting_in_parts`).
     let (backlog, oldest, now): (i64, Option<DateTime<Utc>>, DateTime<Utc>) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM waiting_jobs WHERE run_at <= now() LIMIT $1) b),
-                (SELECT min(run_at) FROM waiting_jobs WHERE run_at <= now()), now()",
+                least((SELECT min(run_at) FROM waiting_jobs WHERE run_at <= now()),
+                      (SELECT min(accepted_at) FROM jobs
+                       WHERE $2 AND state IN ('queued', 'retrying') AND parts_total IS NOT NULL AND run_at <= now())),
+                now()",
     )
     .bind(bound)
+    .bind(since == WaitSince::AcceptanceAcrossParts)
     .fetch_one(pool)
     .await?;
     let Some(oldest) = oldest else { return Ok((backlog, None)) };
@@ -191,7 +208,7 @@ pub async fn precheck(
     cost: i64,
     incoming_bytes: u64,
 ) -> Result<Option<Refusal>> {
-    let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;
+    let (backlog, oldest) = intake_state(pool, config.max_backlog, WaitSince::Due).await?;
     if let Some(refusal) = intake_refusal(backlog, oldest, config) {
         return Ok(Some(refusal));
     }
@@ -277,7 +294,7 @@ pub async fn forget_client_keys(pool: &PgPool, lifetime: Duration) -> Result<u64
 
 /// Admit a document: 202-worthy only after the commit.
 pub async fn submit(pool: &PgPool, config: &AdmissionConfig, submission: &Submission) -> Result<Admission> {
-    let (backlog, oldest) = intake_state(pool, config.max_backlog).await?;
+    let (backlog, oldest) = intake_state(pool, config.max_backlog, WaitSince::Due).await?;
     if let Some(refusal) = intake_refusal(backlog, oldest, config) {
         return Ok(Admission::Refused(refusal));
     }

@@ -38,7 +38,8 @@ const PROVIDER_FAILURES: &str = "('rate_limited', 'overloaded', 'server_error', 
 
 /// Read what the rules look at.
 pub async fn observe(pool: &PgPool) -> Result<Observation> {
-    let (backlog, oldest_wait) = crate::accounts::admission::intake_state(pool, i64::MAX).await?;
+    use crate::accounts::admission::{intake_state, WaitSince};
+    let (backlog, oldest_wait) = intake_state(pool, i64::MAX, WaitSince::AcceptanceAcrossParts).await?;
     #[derive(sqlx::FromRow)]
     struct Row {
         processing_enabled: bool,

@@ -64,7 +64,10 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
         "SELECT
             count(*) FILTER (WHERE state = 'queued' OR run_at <= now()) AS backlog,
             count(*) FILTER (WHERE state = 'retrying' AND run_at > now()) AS scheduled_retries,
-            extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_waiting_secs
+            extract(epoch FROM now() - least(min(run_at) FILTER (WHERE run_at <= now()),
+                (SELECT min(accepted_at) FROM jobs
+                 WHERE state IN ('queued', 'retrying') AND parts_total IS NOT NULL AND run_at <= now())))::float8
+                AS oldest_waiting_secs
          FROM waiting_jobs",
     )
     .fetch_one(pool)
