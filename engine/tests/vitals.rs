@@ -100,9 +100,15 @@ async fn a_documents_age_runs_from_its_acceptance_across_its_parts_but_does_not_
     use engine::accounts::admission::{precheck, AdmissionConfig};
     use engine::accounts::{users, Role};
     // Accepted two hours ago, begun in parts, back in line just now (its claim's turn over).
-    job(&pool, &JobOpts { state: JobState::Queued, accepted_ago: 7_200.0, run_at_ago: Some(1.0), ..Default::default() })
-        .await;
-    sqlx::query("UPDATE jobs SET parts_total = 40, parts_done = 12, parts_stage = 'parts'").execute(&pool).await.unwrap();
+    job(
+        &pool,
+        &JobOpts { state: JobState::Queued, accepted_ago: 7_200.0, run_at_ago: Some(1.0), ..Default::default() },
+    )
+    .await;
+    sqlx::query("UPDATE jobs SET parts_total = 40, parts_done = 12, parts_stage = 'parts'")
+        .execute(&pool)
+        .await
+        .unwrap();
 
     let v = vitals::read(&pool).await.unwrap();
     assert!(v.oldest_waiting_secs.unwrap() >= 7_100.0, "shown from its acceptance: {:?}", v.oldest_waiting_secs);
