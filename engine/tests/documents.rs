@@ -45,7 +45,14 @@ fn encrypted_scanned_and_damaged_pdfs_are_invalid_input() {
 }
 
 fn task() -> Task {
-    Task { preset: Preset::Summarize, language: None, text: "Some text to summarize.".into(), pages: None, part: None }
+    Task {
+        preset: Preset::Summarize,
+        language: None,
+        text: "Some text to summarize.".into(),
+        pages: None,
+        part: None,
+        prompt_tokens: None,
+    }
 }
 
 fn provider(kind: ProviderKind, fake: &FakeProvider, timeout: Duration) -> Arc<dyn Provider> {

@@ -253,14 +253,15 @@ impl DocumentProcessor {
         })?;
         let reading = tracing::info_span!("read document", doc_type = ?spec.document.doc_type, bytes = bytes.len());
         let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
-        let task = Task {
+        let mut task = Task {
             preset: spec.preset,
             language: spec.language.clone(),
             text: extracted.text,
             pages: extracted.pages,
             part: None,
+            prompt_tokens: None,
         };
-        let estimated = tokens::count_off_runtime(providers::prompt(&task)).await.min(i64::MAX as u64) as i64;
+        let estimated = count_prompt(&mut task).await;
         let pdf_within_hold = match spec.document.doc_type {
             DocType::Pdf => self.settle_pdf(job, spec, estimated).await?,
             _ => true,
@@ -609,8 +610,15 @@ impl DocumentProcessor {
         halvings: u32,
     ) -> BoxFuture<'a, Result<Answer, JobError>> {
         Box::pin(async move {
-            let task = Task { preset: spec.preset, language: spec.language.clone(), text, pages: None, part: Some(of) };
-            let estimated = task.estimated_tokens();
+            let mut task = Task {
+                preset: spec.preset,
+                language: spec.language.clone(),
+                text,
+                pages: None,
+                part: Some(of),
+                prompt_tokens: None,
+            };
+            let estimated = count_prompt(&mut task).await;
             let output = self.call(job, &task, estimated, held).await?;
             // What the provider says it used, as far as believable (the budget's bounds).
             let most_out = self.provider.max_output_tokens().map_or(i64::MAX / 4, |n| n.min(i64::MAX as u64) as i64);
@@ -782,6 +790,14 @@ const MIN_PART_TOKENS: u64 = 4_000;
 /// The part size that keeps a document of `tokens` in [`PACE_PARTS`] parts or more.
 fn pace_part_tokens(tokens: u64) -> u64 {
     tokens.div_ceil(PACE_PARTS).saturating_add(PART_PROMPT_TOKENS).max(MIN_PART_TOKENS)
+}
+
+/// Count `task`'s prompt once, off the async runtime, and keep the count on it (the client's
+/// timeout reads it).
+async fn count_prompt(task: &mut Task) -> i64 {
+    let tokens = tokens::count_off_runtime(providers::prompt(task)).await.min(i64::MAX as u64) as i64;
+    task.prompt_tokens = Some(tokens);
+    tokens
 }
 
 /// The most input tokens a provider may believably report for a prompt we counted at

@@ -28,6 +28,9 @@ pub struct Task {
     pub pages: Option<u32>,
     /// Set when the text is one part of a longer document.
     pub part: Option<PartOf>,
+    /// The prompt's tokens, once counted (the processor counts each prompt once, off the async
+    /// runtime; the client's timeout reuses the count).
+    pub prompt_tokens: Option<i64>,
 }
 
 /// Which part of a document a task's text is.
@@ -67,7 +70,7 @@ impl Task {
     /// The request's input tokens as counted before the call: its whole prompt, by the
     /// tokenizer ([`crate::documents::tokens`]).
     pub fn estimated_tokens(&self) -> i64 {
-        crate::documents::tokens::count(&prompt(self)).min(i64::MAX as u64) as i64
+        self.prompt_tokens.unwrap_or_else(|| crate::documents::tokens::count(&prompt(self)).min(i64::MAX as u64) as i64)
     }
 }
 
