@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Re-measure issue 23's abuse table against a running Sluice, black-box (standard library only).
+"""Re-measure the abuse table (issues 23 and 34) against a running Sluice, black-box (standard library only).
 
     python3 tools/abuse_table.py http://127.0.0.1:3000 /path/to/data-folder
 
@@ -190,11 +190,49 @@ def row_half_open():
             f"{still_open} still open after 15 s; {served} of {served} health checks answered 200 meanwhile")
 
 
+def row_connections_per_address():
+    """One address holds more connections than its share; /healthz is still answered to it."""
+    held, refused = [], 0
+    for _ in range(300):
+        s = socket.create_connection((HOST, PORT), timeout=5)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: sluice\r\n")  # an unfinished head: the connection stays
+        held.append(s)
+    time.sleep(0.5)
+    status, hdrs, _ = request("GET", "/api/v1/jobs")
+    health = request("GET", "/healthz")[0]
+    for s in held:
+        s.close()
+    return ("one address opens 300 connections (another host's share, health checks included)",
+            f"past its share of 256: a new request answered {status} with Retry-After {hdrs.get('retry-after', ['none'])[0]}; "
+            f"/healthz from the same address {health}")
+
+
+def row_admin_area():
+    session = sign_up()
+    status, _, body = request("POST", "/api/admin/dlq_replay", b"kind=nonsense&reason=x",
+                              dict(session, **{"Content-Type": "application/x-www-form-urlencoded"}))
+    return ("a user calls `admin/dlq_replay` with a bad argument", f"{status} {body[:40].decode(errors='replace')}")
+
+
+def row_tokens():
+    session = sign_up()
+    statuses = []
+    for n in range(22):
+        status, _, _ = request("POST", "/api/create_token", f"name=t{n}".encode(),
+                               dict(session, **{"Content-Type": "application/x-www-form-urlencoded"}))
+        statuses.append(status)
+    return ("one account creates 22 API tokens (each a callback, sharing one outbox turn)",
+            f"{statuses.count(200)} created, then {sorted(set(s for s in statuses if s != 200))}")
+
+
 if __name__ == "__main__":
     import resource
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
     print("| what | measured |\n|---|---|")
-    for row in (row_storage, row_unread_body, row_server_fn_body, row_server_fn_args, row_half_open):
+    rows = (row_storage, row_unread_body, row_server_fn_body, row_server_fn_args, row_half_open,
+            row_connections_per_address, row_admin_area, row_tokens)
+    only = [r for r in rows if r.__name__ in sys.argv[3:]] or rows
+    for row in only:
         what, measured = row()
         print(f"| {what} | {measured} |", flush=True)

@@ -62,6 +62,12 @@ pub enum AppError {
     /// The database cannot be reached (a restart): nothing was changed, waiting helps.
     #[error("Sluice is restarting, try again in a few seconds")]
     Unavailable { retry_after_secs: u64 },
+    /// A lock the work needs was busy past its wait (a backup listing its documents).
+    #[error("Sluice is busy for a moment; try again in {retry_after_secs} s")]
+    Busy { retry_after_secs: u64 },
+    /// The document store has no room left: nothing was stored or charged.
+    #[error("Sluice's document store is full right now, so nothing was stored or charged; try again in {retry_after_secs} s")]
+    StoreFull { retry_after_secs: u64 },
     #[error("something went wrong on our side")]
     Internal,
     #[error("{0}")]
@@ -74,6 +80,14 @@ impl AppError {
 
     pub fn unavailable() -> AppError {
         AppError::Unavailable { retry_after_secs: Self::RESTART_RETRY_SECS }
+    }
+
+    /// Seconds a client is told to wait while the document store is full (an operator frees
+    /// room, or released documents do).
+    pub const STORE_FULL_RETRY_SECS: u64 = 60;
+
+    pub fn store_full() -> AppError {
+        AppError::StoreFull { retry_after_secs: Self::STORE_FULL_RETRY_SECS }
     }
 
     pub fn invalid(message: impl Into<String>) -> AppError {
@@ -101,7 +115,8 @@ impl AppError {
             AppError::Invalid { .. } | AppError::IdempotencyConflict { .. } => 422,
             AppError::RateLimited { .. } | AppError::TooManyInFlight { .. } | AppError::TooManyUploads { .. } => 429,
             AppError::Internal => 500,
-            AppError::Overloaded { .. } | AppError::Unavailable { .. } => 503,
+            AppError::StoreFull { .. } => 507,
+            AppError::Overloaded { .. } | AppError::Unavailable { .. } | AppError::Busy { .. } => 503,
             AppError::ServerFn(ServerFnErrorErr::Args(_) | ServerFnErrorErr::Deserialization(_)) => 400,
             AppError::ServerFn(_) => 500,
         }
@@ -114,7 +129,9 @@ impl AppError {
             | AppError::TooManyInFlight { retry_after_secs, .. }
             | AppError::TooManyUploads { retry_after_secs, .. }
             | AppError::Overloaded { retry_after_secs }
-            | AppError::Unavailable { retry_after_secs } => Some(*retry_after_secs),
+            | AppError::Unavailable { retry_after_secs }
+            | AppError::StoreFull { retry_after_secs }
+            | AppError::Busy { retry_after_secs } => Some(*retry_after_secs),
             _ => None,
         }
     }
@@ -140,6 +157,9 @@ mod ssr {
                 tracing::warn!(error = %e, "the database is unreachable; answering 503");
                 return AppError::unavailable();
             }
+            if e.is_busy() {
+                return AppError::Busy { retry_after_secs: AppError::RESTART_RETRY_SECS };
+            }
             match e {
                 EngineError::NotFound => AppError::NotFound,
                 EngineError::Invalid(message) | EngineError::InvalidSetting(message) => AppError::Invalid { message },
@@ -150,6 +170,10 @@ mod ssr {
                 EngineError::TooLarge { limit_bytes } => AppError::TooLarge { limit_bytes },
                 EngineError::TooManyTokens { max_tokens } => AppError::TooManyTokens { max_tokens },
                 EngineError::UnsupportedType(message) => AppError::UnsupportedType { message },
+                EngineError::StoreFull => {
+                    tracing::error!("the document store is full: uploads are refused until there is room");
+                    AppError::store_full()
+                }
                 EngineError::Database(_) | EngineError::Migrate(_) | EngineError::Storage(_) => {
                     tracing::error!(error = %e, "engine failure");
                     AppError::Internal

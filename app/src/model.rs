@@ -393,6 +393,12 @@ pub struct QueueStatus {
     pub time_to_done_p50_secs: Option<f64>,
     pub time_to_done_p95_secs: Option<f64>,
     pub dlq_depth: i64,
+    /// The document store's free bytes (none for S3 or not measured lately), and whether it
+    /// is full (uploads refused with 507).
+    #[serde(default)]
+    pub store_free_bytes: Option<i64>,
+    #[serde(default)]
+    pub store_full: bool,
     /// "empty", "not draining", or a duration like "3 min".
     pub drain: String,
     /// Per minute over the last hour, oldest first: (intake, completions).

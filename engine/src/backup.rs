@@ -1,21 +1,31 @@
 //! Backup and restore: the database as `pg_dump` writes it (from the Postgres install the
 //! server uses) plus every stored document a job in that dump names, taken so that no job in
-//! the dump lacks its document. While a backup runs it holds the backup lock, which every
-//! document deletion takes shared ([`crate::documents::sweep::document_needed`]): deletions
-//! wait, uploads and the queue go on. The dump and the list of documents to copy are read from
-//! one exported snapshot, so they agree exactly.
+//! the dump lacks its document. The backup holds off only what it has not copied yet: the
+//! documents its snapshot names go into `backup_holds` (while the backup lock keeps deletions
+//! out, for the moment it takes to list them), and a deletion of one still held is deferred
+//! (`deferred`), never waited for: the backup deletes it itself once copied. Deletions,
+//! uploads, "run again" and the queue go on meanwhile. The dump and the list of documents are
+//! read from one exported snapshot, so they agree exactly.
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::documents::Blobs;
 use crate::error::{EngineError, Result};
 
-/// The advisory lock a backup holds (exclusive) and deletions of documents take (shared).
+/// The advisory lock a backup holds (exclusive) while it lists what it will copy, and
+/// deletions of documents take (shared, for at most [`DELETION_LOCK_WAIT`]).
 pub const BACKUP_LOCK: i64 = 0x5_11CE_BAC0;
+/// The advisory lock a backup holds (exclusive) from start to end: `backup_holds` means
+/// something only while it is held (a backup that died leaves rows nobody heeds).
+pub const BACKUP_RUNNING: i64 = 0x5_11CE_BAC1;
+/// The longest a deletion waits for a backup to list its documents; past it the deletion
+/// fails as busy (503 and `Retry-After` for a request, a skipped turn for a sweep).
+pub const DELETION_LOCK_WAIT: &str = "5s";
 
 /// What a backup folder holds besides `database.dump` and `documents/`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -32,6 +42,8 @@ pub struct Manifest {
 }
 
 const DUMP: &str = "database.dump";
+/// The sessions' table (tower-sessions' Postgres store), whose rows a backup leaves out.
+const SESSIONS: &str = "tower_sessions.session";
 const DOCUMENTS: &str = "documents";
 const MANIFEST: &str = "manifest.json";
 
@@ -40,17 +52,28 @@ const MANIFEST: &str = "manifest.json";
 pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &Path, dir: &Path) -> Result<Manifest> {
     let started = Instant::now();
     let taken_at = chrono::Utc::now();
-    std::fs::create_dir_all(dir).map_err(|e| io_error("creating the backup folder", e))?;
+    private_folder(dir).map_err(|e| io_error("creating the backup folder", e))?;
     if std::fs::read_dir(dir).map_err(|e| io_error("reading the backup folder", e))?.next().is_some() {
         return Err(EngineError::Invalid(format!("{} is not empty: back up into a new folder", dir.display())));
     }
-    // Deletions in progress finish first; new ones wait until the documents are copied. Held by
-    // a connection of its own (released if this process dies), not by the snapshot below, so
-    // the snapshot ends as soon as the dump and the list are read and vacuum is not held back.
+    // Its owner's only: documents and accounts, whatever the umask.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| io_error("creating the backup folder", e))?;
+    // Held by a connection of its own (released if this process dies), not by the snapshot
+    // below, so the snapshot ends as soon as the dump is written and vacuum is not held back.
     let mut lock = pool.acquire().await?;
-    sqlx::query("SELECT pg_advisory_lock($1)").bind(BACKUP_LOCK).execute(&mut *lock).await?;
-    let copied = dump_and_copy(pool, database_url, blobs, pg_bin, dir).await;
-    let _ = sqlx::query("SELECT pg_advisory_unlock($1)").bind(BACKUP_LOCK).execute(&mut *lock).await;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(BACKUP_RUNNING).execute(&mut *lock).await?;
+    // Rows a backup that died left behind: the deletions they deferred are carried out below.
+    let mut deferred = release_holds(&mut lock).await?;
+    let copied = dump_and_copy(pool, &mut lock, database_url, blobs, pg_bin, dir).await;
+    // Whatever was not copied (the backup failed) is held no more, still under this backup's
+    // lock, so no later backup's rows are touched; the deletions it deferred happen now.
+    let left = release_holds(&mut lock).await;
+    let _ = sqlx::query("SELECT pg_advisory_unlock_all()").execute(&mut *lock).await;
+    deferred.extend(left?);
+    for key in &deferred {
+        crate::documents::sweep::delete_if_unneeded(pool, blobs, key).await?;
+    }
     let (jobs, postgres, documents, document_bytes, released) = copied?;
     let manifest = Manifest {
         taken_at,
@@ -62,26 +85,62 @@ pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &P
         took_ms: started.elapsed().as_millis() as u64,
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| EngineError::Storage(e.to_string()))?;
-    std::fs::write(dir.join(MANIFEST), json).map_err(|e| io_error("writing the manifest", e))?;
+    private_file(&dir.join(MANIFEST))
+        .and_then(|mut file| std::io::Write::write_all(&mut file, &json))
+        .map_err(|e| io_error("writing the manifest", e))?;
     Ok(manifest)
 }
 
+/// Delete every row of `backup_holds`; returns the keys whose deletion was deferred to it.
+async fn release_holds(lock: &mut PgConnection) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("WITH gone AS (DELETE FROM backup_holds RETURNING key, deferred) SELECT key FROM gone WHERE deferred")
+        .fetch_all(&mut *lock)
+        .await?)
+}
+
 /// The dump and the documents its jobs name, read from one exported snapshot; the documents
-/// are copied once the snapshot has ended (the backup lock keeps them). Returns (jobs, the
-/// Postgres version, documents copied, their bytes, documents released before the backup).
+/// are copied once the snapshot has ended (held in `backup_holds` until each is copied).
+/// Returns (jobs, the Postgres version, documents copied, their bytes, documents released
+/// before the backup).
 async fn dump_and_copy(
     pool: &PgPool,
+    lock: &mut PgConnection,
     database_url: &str,
     blobs: &Blobs,
     pg_bin: &Path,
     dir: &Path,
 ) -> Result<(i64, String, usize, u64, usize)> {
+    // Deletions in progress finish first (each briefly); new ones wait until the documents
+    // the snapshot names are held, then go on.
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(BACKUP_LOCK).execute(&mut *lock).await?;
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
     let snapshot: String = sqlx::query_scalar("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await?;
+    // A document may be missing only if every job naming it has let it go (released, or
+    // deleted by its owner).
+    let named: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT payload #>> '{document,key}', bool_and(document_released_at IS NOT NULL OR deleted_at IS NOT NULL)
+         FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' IS NOT NULL GROUP BY 1",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&mut *tx).await?;
+    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&mut *tx).await?;
+    let keys: Vec<&str> = named.iter().map(|(key, _)| key.as_str()).collect();
+    sqlx::query("INSERT INTO backup_holds (key) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING")
+        .bind(&keys)
+        .execute(&mut *lock)
+        .await?;
+    // Held: deletions go on (deferring what is not copied yet) while the dump is written.
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(BACKUP_LOCK).execute(&mut *lock).await?;
     let (url, password) = without_password(database_url);
+    // pg_dump writes into the file made here, keeping its mode.
+    private_file(&dir.join(DUMP)).map_err(|e| io_error("writing the dump", e))?;
     let dumped = tokio::process::Command::new(pg_bin.join("pg_dump"))
-        .args(["--format=custom", "--no-owner", "--snapshot", &snapshot, "--file"])
+        // Sessions stay out: a backup holds no key to anyone's account (users log in again
+        // after a restore).
+        .args(["--format=custom", "--no-owner", "--exclude-table-data", SESSIONS, "--exclude-table-data", "backup_holds"])
+        .args(["--snapshot", &snapshot, "--file"])
         .arg(dir.join(DUMP))
         .arg("--dbname")
         .arg(url)
@@ -95,21 +154,21 @@ async fn dump_and_copy(
             String::from_utf8_lossy(&dumped.stderr).trim()
         )));
     }
-    // A document may be missing only if every job naming it has let it go (released, or
-    // deleted by its owner).
-    let named: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT payload #>> '{document,key}', bool_and(document_released_at IS NOT NULL OR deleted_at IS NOT NULL)
-         FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' IS NOT NULL GROUP BY 1",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&mut *tx).await?;
-    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&mut *tx).await?;
     tx.commit().await?;
     let (mut documents, mut document_bytes, mut released) = (0, 0u64, 0);
     for (key, let_go) in &named {
         let path = document_path(dir, key)?;
-        match copy_document(blobs, key, &path).await {
+        let copied = copy_document(blobs, key, &path).await;
+        // Copied (or not there to copy): a deletion held off meanwhile happens now.
+        let deferred: Option<bool> =
+            sqlx::query_scalar("DELETE FROM backup_holds WHERE key = $1 RETURNING deferred")
+                .bind(key)
+                .fetch_optional(&mut *lock)
+                .await?;
+        if deferred == Some(true) {
+            crate::documents::sweep::delete_if_unneeded(pool, blobs, key).await?;
+        }
+        match copied {
             Ok(bytes) => {
                 documents += 1;
                 document_bytes += bytes;
@@ -129,8 +188,9 @@ async fn copy_document(blobs: &Blobs, key: &str, path: &Path) -> Result<u64> {
     use futures::StreamExt;
     use tokio::io::AsyncWriteExt;
     let mut chunks = blobs.stream(key).await?;
-    std::fs::create_dir_all(path.parent().unwrap_or(path)).map_err(|e| io_error("creating a folder", e))?;
-    let mut file = tokio::fs::File::create(path).await.map_err(|e| io_error("writing a document", e))?;
+    private_folder(path.parent().unwrap_or(path)).map_err(|e| io_error("creating a folder", e))?;
+    let file = private_file(path).map_err(|e| io_error("writing a document", e))?;
+    let mut file = tokio::fs::File::from_std(file);
     let mut bytes = 0u64;
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk?;
@@ -231,6 +291,16 @@ pub fn without_password(database_url: &str) -> (String, Option<String>) {
         }
         _ => (database_url.to_string(), None),
     }
+}
+
+/// A folder (and its parents) only its owner may enter (0700).
+fn private_folder(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// A new file only its owner may read (0600), whatever the umask.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)
 }
 
 fn io_error(what: &str, e: std::io::Error) -> EngineError {

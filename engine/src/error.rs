@@ -31,6 +31,9 @@ pub enum EngineError {
     UnsupportedType(String),
     #[error("blob storage: {0}")]
     Storage(String),
+    /// The document store has no room left (a full disk, a quota): nothing was stored.
+    #[error("the document store is full")]
+    StoreFull,
     /// An `Idempotency-Key` reused with a different request.
     #[error("{0}")]
     IdempotencyConflict(String),
@@ -41,6 +44,12 @@ impl EngineError {
     /// connections): waiting helps, so callers answer 503 with `Retry-After`, not 500.
     pub fn is_unavailable(&self) -> bool {
         matches!(self, EngineError::Database(e) if database_unavailable(e))
+    }
+
+    /// Whether a lock the work needs was not free within its wait (55P03, `lock_timeout`: a
+    /// backup listing its documents): busy for a moment, so 503 with `Retry-After`.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, EngineError::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03"))
     }
 }
 

@@ -1,5 +1,5 @@
 //! Background upkeep, one loop per process (the periodic tasks taking turns across processes): rescue jobs whose worker vanished, prune old jobs
-//! and their documents, reconcile the books (reporting only), and forget old failed logins. It
+//! and their documents (and stored documents no job needs), reconcile the books (reporting only), and forget old failed logins. It
 //! spans the queue, documents and accounts, so it lives beside them rather than in any.
 
 use std::sync::Arc;
@@ -36,6 +36,8 @@ pub struct MaintenanceConfig {
     pub evidence_retention: Duration,
     /// Client `Idempotency-Key`s are forgotten this long after their job was accepted.
     pub client_key_lifetime: Duration,
+    /// Stored documents no job needs are deleted (with the hourly pruning) once this old.
+    pub orphan_grace: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -51,6 +53,7 @@ impl Default for MaintenanceConfig {
             webhook_retention: Duration::from_secs(7 * 86_400),
             evidence_retention: Duration::from_secs(90 * 86_400),
             client_key_lifetime: crate::accounts::admission::CLIENT_KEY_LIFETIME,
+            orphan_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -110,9 +113,19 @@ pub async fn run(
                     Ok(_) => {}
                     Err(e) => tracing::error!(error = %e, "retention pruning failed"),
                 }
+                if let Some(blobs) = &blobs {
+                    match crate::documents::sweep::sweep_orphans(&pool, blobs, config.orphan_grace).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(documents = n, "deleted stored documents no job needs"),
+                        Err(e) => tracing::warn!(error = %e, "deleting stored documents no job needs failed"),
+                    }
+                }
             }
             _ = release_tick.tick() => {
                 if let Some(blobs) = &blobs {
+                    if let Err(e) = crate::queue::vitals::record_store_space(&pool, blobs).await {
+                        tracing::warn!(error = %e, "recording the document store's free space failed");
+                    }
                     match crate::accounts::deletion::finish_deletions(&pool, blobs).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(jobs = n, "carried deletions through"),

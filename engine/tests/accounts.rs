@@ -45,7 +45,7 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
             tokio::spawn(async move {
                 let mut tx = pool.begin().await.unwrap();
                 let refunded = ledger::refund_job(&mut tx, &job, job.cost.into(), "boom").await.unwrap();
-                notices::add_refund_notice(&mut tx, &job, job.cost.into()).await.unwrap();
+                notices::add_refund_notice(&mut tx, &job, job.cost.into(), None).await.unwrap();
                 tx.commit().await.unwrap();
                 refunded
             })
@@ -729,6 +729,45 @@ async fn a_cancel_does_not_turn_an_unreadable_document_into_a_free_one(pool: PgP
             .await
             .unwrap();
     assert_eq!(flagged, [(JobState::Failed, true), (JobState::Canceled, false)]);
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
+}
+
+/// A document canceled while the reader reads it spent the reader's work: it counts against the
+/// day's free unreadable documents like one that failed unread, and past them it is charged.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn documents_canceled_while_read_count_against_the_daily_allowance(pool: PgPool) {
+    use sluice_types::settlement::FREE_UNREADABLE_PER_DAY;
+    let hooks = AccountHooks;
+    let user = users::create_user(&pool, "reader@example.com", "password123", Role::User, 10).await.unwrap();
+    let jobs = FREE_UNREADABLE_PER_DAY as usize + 2;
+    let mut refunds = Vec::new();
+    for n in 0..jobs {
+        admission::submit(&pool, &AdmissionConfig::default(), &one_credit_document(user.id, &format!("read-{n}")))
+            .await
+            .unwrap();
+        let job = queue::claim(&pool, "w", 1, std::time::Duration::from_secs(60)).await.unwrap().pop().unwrap();
+        // The last one is canceled before the reader starts: that one is free whatever the count.
+        if n + 1 < jobs {
+            queue::stages::set_stage(&pool, job.id, job.lease_token, JobStage::Reading, None).await.unwrap();
+        }
+        assert_eq!(queue::cancel(&pool, &hooks, job.id, "owner", false).await.unwrap(), queue::Canceled::Requested);
+        let stopped = JobError::new(ErrorClass::Rejected, "canceled before it was finished");
+        let recorded = queue::fail(&pool, &hooks, &RetryPolicy::default(), &job, &stopped).await.unwrap();
+        assert_eq!(recorded, queue::Recorded::Canceled);
+        let refunded: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE job_id = $1 AND kind = 'refund'",
+        )
+        .bind(job.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        refunds.push(refunded);
+    }
+    let free = FREE_UNREADABLE_PER_DAY as usize;
+    assert_eq!(refunds[..free], vec![1; free], "the day's allowance is refunded: {refunds:?}");
+    assert_eq!(refunds[free], 0, "past it, a document canceled while read is charged: {refunds:?}");
+    assert_eq!(refunds[free + 1], 1, "canceled before the reader started: free");
     let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
     assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
 }

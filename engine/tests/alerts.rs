@@ -282,57 +282,79 @@ async fn callbacks_never_reach_private_addresses_unless_allowed(pool: PgPool) {
     assert_eq!(receiver.received().len(), 1);
 }
 
-/// One token's flood does not delay another token's callback: due deliveries are taken a token
-/// at a time. A token's waiting deliveries are bounded, and ended ones are pruned.
+/// One account's flood, over however many tokens, does not delay another account's callback:
+/// due deliveries are taken an account at a time. An account's waiting deliveries are bounded
+/// whichever token they are for, its tokens are bounded, and ended deliveries are pruned.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn the_outbox_takes_tokens_in_turn_bounds_each_and_prunes_what_ended(pool: PgPool) {
+async fn the_outbox_takes_accounts_in_turn_bounds_each_and_prunes_what_ended(pool: PgPool) {
+    use engine::accounts::tokens::{self, MAX_TOKENS_PER_ACCOUNT};
     let receiver = WebhookReceiver::start().await;
     let lab = TargetPolicy { allow_private: true, ..TargetPolicy::default() };
     let config = DeliveryConfig { policy: lab.clone(), ..delivery_config() };
-    let user = engine::accounts::users::create_user(
-        &pool,
-        "hooks@example.com",
-        "password123",
-        engine::accounts::Role::User,
-        0,
-    )
-    .await
-    .unwrap();
-    let mut tokens = Vec::new();
-    for name in ["flood", "quiet"] {
-        let (token, _) = engine::accounts::tokens::create(&pool, user.id, name).await.unwrap();
-        engine::webhooks::completion::register(&pool, &lab, user.id, token.id, &receiver.url(&format!("/{name}")))
+    let mut tokens_of = Vec::new();
+    for (email, names) in [("flood@example.com", vec!["f0", "f1", "f2", "f3", "f4"]), ("quiet@example.com", vec!["q"])] {
+        let user = engine::accounts::users::create_user(&pool, email, "password123", engine::accounts::Role::User, 0)
             .await
             .unwrap();
-        tokens.push(token.id);
+        let mut tokens = Vec::new();
+        for name in names {
+            let (token, _) = tokens::create(&pool, user.id, name).await.unwrap();
+            engine::webhooks::completion::register(&pool, &lab, user.id, token.id, &receiver.url(&format!("/{name}")))
+                .await
+                .unwrap();
+            tokens.push(token.id);
+        }
+        tokens_of.push((user.id, tokens));
     }
-    // The flood's 40 are older than the quiet token's one.
+    let (flooder, flood) = tokens_of[0].clone();
+    let quiet = tokens_of[1].1[0];
+    // The flood's 40, over five tokens, are older than the quiet account's one: taken a token
+    // at a time, the flood's five firsts would come before it.
     for n in 0..40 {
-        enqueue(&pool, &format!("flood-{n}"), &receiver.url("/flood"), Some(tokens[0])).await;
+        enqueue(&pool, &format!("flood-{n}"), &receiver.url("/flood"), Some(flood[n % flood.len()])).await;
     }
     exec(&pool, &["UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 minute'"]).await;
-    enqueue(&pool, "quiet-0", &receiver.url("/quiet"), Some(tokens[1])).await;
+    enqueue(&pool, "quiet-0", &receiver.url("/quiet"), Some(quiet)).await;
     assert_eq!(deliver_due(&pool, &config, 4).await.unwrap(), 4);
     let first: Vec<String> =
         receiver.wait_for(4, Duration::from_secs(5)).await.iter().map(|r| r.header("sluice-delivery")).collect();
-    assert!(first.contains(&"quiet-0".to_string()), "the quiet token's turn comes in the first batch: {first:?}");
+    assert!(first.contains(&"quiet-0".to_string()), "the quiet account's turn comes in the first batch: {first:?}");
 
-    // The bound: a token with MAX_PENDING_PER_TOKEN waiting gets a new one given up, with why.
-    let waiting = outbox::MAX_PENDING_PER_TOKEN - 37;
+    // The bound: an account with MAX_PENDING_PER_ACCOUNT waiting gets a new one given up,
+    // with why, whichever of its tokens it is for.
+    let waiting = outbox::MAX_PENDING_PER_ACCOUNT - 37;
     sqlx::query(
         "INSERT INTO webhook_deliveries (event_key, url, token_id, body)
          SELECT 'bulk-' || n, 'http://127.0.0.1:9/x', $1, '{}' FROM generate_series(1, $2) n",
     )
-    .bind(tokens[0])
+    .bind(flood[0])
     .bind(waiting)
     .execute(&pool)
     .await
     .unwrap();
-    enqueue(&pool, "one-too-many", &receiver.url("/flood"), Some(tokens[0])).await;
+    enqueue(&pool, "one-too-many", &receiver.url("/flood"), Some(flood[4])).await;
     let (_, _, delivered, gave_up, _) = delivery(&pool, "one-too-many").await;
-    assert_eq!((delivered, gave_up), (false, true), "refused by the bound");
-    enqueue(&pool, "quiet-1", &receiver.url("/quiet"), Some(tokens[1])).await;
-    assert!(!delivery(&pool, "quiet-1").await.3, "another token is not bound by the flood's");
+    assert_eq!((delivered, gave_up), (false, true), "refused by the account's bound, on another of its tokens");
+    let why: String = sqlx::query_scalar("SELECT last_error FROM webhook_deliveries WHERE event_key = 'one-too-many'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(why.contains("waiting for this account"), "{why}");
+    enqueue(&pool, "quiet-1", &receiver.url("/quiet"), Some(quiet)).await;
+    assert!(!delivery(&pool, "quiet-1").await.3, "another account is not bound by the flood's");
+
+    // Tokens are bounded per account: past the bound, a new one is refused in words until one
+    // is revoked.
+    for n in flood.len() as i64..MAX_TOKENS_PER_ACCOUNT {
+        tokens::create(&pool, flooder, &format!("more-{n}")).await.unwrap();
+    }
+    let refused = tokens::create(&pool, flooder, "one-more").await;
+    assert!(
+        matches!(&refused, Err(engine::EngineError::Invalid(why)) if why.contains("at most 20 API tokens")),
+        "{refused:?}"
+    );
+    tokens::revoke(&pool, flooder, flood[1]).await.unwrap();
+    tokens::create(&pool, flooder, "one-more").await.unwrap();
 
     // Pruning: what ended more than the retention ago goes; what waits stays.
     exec(
@@ -392,4 +414,112 @@ async fn an_acknowledged_alert_says_who_and_why_and_its_resolving_webhook_carrie
     let report = engine::reconcile::latest(&pool).await.unwrap().unwrap();
     let ack = report.acknowledged.unwrap();
     assert_eq!((ack.by.as_str(), ack.note), ("lead@example.com", None));
+}
+
+/// Where `needle` is still found: every table of the schema, each row as text.
+async fn found_anywhere(pool: &PgPool, needle: &str) -> Vec<String> {
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let mut found = Vec::new();
+    for table in tables {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table} t WHERE t::text LIKE $1"))
+            .bind(format!("%{needle}%"))
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if n > 0 {
+            found.push(format!("{table}: {n}"));
+        }
+    }
+    found
+}
+
+/// An admin who reviewed a job, acknowledged an alert and a report, and was named in an
+/// alert leaves no trace of their address once their account is deleted: not in the reviews,
+/// the acknowledgements, the alert's detail, nor the alert webhooks' bodies.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_deleted_admins_address_is_erased_from_reviews_acknowledgements_alerts_and_their_webhooks(pool: PgPool) {
+    use engine::accounts::{deletion, users, Role};
+    use engine::acks::{acknowledge, Acked};
+    use engine::queue::reviews::{self, Subject};
+    const LEAD: &str = "lead@example.com";
+    let lead = users::create_user(&pool, LEAD, "password123", Role::Admin, 0).await.unwrap();
+    let owner = users::create_user(&pool, "owner@example.com", "password123", Role::User, 0).await.unwrap();
+    let job: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO jobs (owner_id, state, payload, accepted_at, run_at, finished_at, failure_kind, failure_reason)
+         VALUES ($1, 'failed', '{}', now(), now(), now(), 'provider_rejected', 'refused') RETURNING id",
+    )
+    .bind(owner.id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let review = reviews::mark(&pool, &Subject::Job(job), &format!("ask {LEAD} first"), LEAD, LEAD).await.unwrap();
+    reviews::resolve_without_action(&pool, review.id, &format!("{LEAD} saw it"), LEAD).await.unwrap();
+
+    let thresholds = engine::alerts::Thresholds { min_firing_secs: 0.0, ..Default::default() };
+    let config =
+        AlertConfig { webhook_url: Some("http://127.0.0.1:9/alerts".into()), thresholds, ..AlertConfig::default() };
+    let (_, fire, resolve) = scripts().pop().unwrap();
+    exec(&pool, &fire).await;
+    alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+    let firing = alerts::firing(&pool).await.unwrap().remove(0);
+    sqlx::query("UPDATE alert_firings SET detail = detail || $2 WHERE id = $1")
+        .bind(firing.id)
+        .bind(format!(" (paged {LEAD})"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    acknowledge(&pool, Acked::Alert(firing.id), &format!("{LEAD} is on it"), LEAD).await.unwrap();
+    exec(&pool, &resolve).await;
+    alerts::evaluate_once(&pool, &config).await.unwrap().unwrap();
+    let report = engine::reconcile::latest(&pool).await.unwrap().unwrap();
+    acknowledge(&pool, Acked::Report(report.id), &format!("checked by {LEAD}"), LEAD).await.unwrap();
+    for place in ["reviews", "alert_firings", "reconciliation_reports", "webhook_deliveries"] {
+        assert!(found_anywhere(&pool, LEAD).await.iter().any(|f| f.starts_with(place)), "{place} names the admin");
+    }
+
+    let blobs = engine::testing::TempBlobs::new("erase-admin");
+    deletion::delete_account(&pool, &blobs.blobs, lead.id).await.unwrap();
+    let left = found_anywhere(&pool, LEAD).await;
+    assert!(left.is_empty(), "the address is still in {left:?}");
+    let acked_by: Option<String> = sqlx::query_scalar("SELECT acked_by FROM alert_firings WHERE id = $1")
+        .bind(firing.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(acked_by.as_deref(), Some(format!("deleted user {}", lead.id).as_str()));
+}
+
+/// Each statement an account's deletion runs to erase an address finds its rows by an index:
+/// with sequential scans made as dear as the planner allows, none is left in any plan (a
+/// table without a usable index would still be scanned whole).
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn erasing_an_address_scans_no_table_whole(pool: PgPool) {
+    use engine::accounts::deletion::{containing, whole_address_pattern, ACCOUNT_THROTTLE_ROWS, ADDRESS_COLUMNS, ADDRESS_TEXTS};
+    const EMAIL: &str = "gone@example.com";
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let (pattern, like) = (whole_address_pattern(EMAIL), containing(EMAIL));
+    let mut statements: Vec<String> = ADDRESS_COLUMNS
+        .iter()
+        .map(|sql| sql.replace("$1", &quote(EMAIL)).replace("$2", &quote("deleted user 1")))
+        .collect();
+    statements.extend(ADDRESS_TEXTS.iter().map(|sql| {
+        sql.replace("$1", &quote(&pattern)).replace("$2", &quote("deleted user 1")).replace("$3", &quote(&like))
+    }));
+    statements.push(ACCOUNT_THROTTLE_ROWS.replace("$1", &quote("0123456789abcdef")));
+    for sql in statements {
+        let plan: serde_json::Value = sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) {sql}"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let plan = plan.to_string();
+        // queue_settings is one row.
+        let whole = plan.contains("\"Seq Scan\"") && !sql.contains("queue_settings");
+        assert!(!whole, "a whole-table scan: {sql}\n{plan}");
+    }
 }

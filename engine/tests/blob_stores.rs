@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use engine::documents::intake::{self, UploadCheck};
 use engine::documents::Blobs;
+use engine::testing::wait_for;
 use engine::EngineError;
 use fakeprovider::s3::S3Server;
 use futures::{StreamExt, TryStreamExt};
@@ -86,6 +87,30 @@ async fn large_blobs_go_up_in_parts_and_come_down_as_a_stream_alike() {
         writer.abort().await;
         assert!(!blobs.exists(&aborted).await.unwrap(), "{name}");
     }
+}
+
+/// A writer dropped half way (its request went away) aborts on its own: the parts S3 already
+/// holds for it are gone too, not left as an unfinished multipart upload nobody lists.
+#[tokio::test]
+async fn a_writer_dropped_half_way_leaves_no_parts_behind() {
+    let stores = stores("dropped").await;
+    let before = stores._server.stored_files();
+    let key = Blobs::new_key();
+    let mut writer = stores.s3.writer(&key).await.unwrap();
+    for piece in vec![7u8; 12 << 20].chunks(1 << 20) {
+        writer.write(piece).await.unwrap();
+    }
+    assert!(
+        wait_for(Duration::from_secs(10), || async { stores._server.stored_files() > before }).await,
+        "parts were uploaded"
+    );
+    drop(writer);
+    assert!(
+        wait_for(Duration::from_secs(10), || async { stores._server.stored_files() == before }).await,
+        "{} files left",
+        stores._server.stored_files()
+    );
+    assert!(!stores.s3.exists(&key).await.unwrap());
 }
 
 #[tokio::test]

@@ -236,8 +236,56 @@ async fn documents_no_job_points_at_are_removed_after_their_grace_on_the_record(
     let job = engine::queue::get(&pool, kept).await.unwrap();
     let key = job.payload["document"]["key"].as_str().unwrap();
     assert!(blobs.get(key).await.is_ok(), "a job's document stays");
+
+    // The upkeep's own turn: a stored document only a released job names (its deletion was
+    // held off and never came back), and one no job names, go, on the record as the upkeep's.
+    let released = submit(&pool, &blobs, user.id, "released.txt", b"Canceled and released.").await;
+    let released_key = engine::queue::get(&pool, released).await.unwrap().payload["document"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sqlx::query("UPDATE jobs SET state = 'canceled', finished_at = now(), document_released_at = now() WHERE id = $1")
+        .bind(released)
+        .execute(&pool)
+        .await
+        .unwrap();
+    blobs.put(&orphan, bytes::Bytes::from_static(b"left behind again")).await.unwrap();
+    assert_eq!(engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::from_secs(3600)).await.unwrap(), 0);
+    assert_eq!(engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::ZERO).await.unwrap(), 2);
+    assert!(matches!(blobs.get(&released_key).await, Err(engine::EngineError::NotFound)));
+    assert!(blobs.get(key).await.is_ok(), "a job's document stays");
+    let upkeep: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'upkeep'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(upkeep, 1, "on the record when it removed something, quiet when not");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An upload whose request ends before its job exists (its client gone, a deadline) leaves no
+/// file: the pending blob deletes it when dropped, unless a job came to need it meanwhile.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_upload_abandoned_before_its_admission_leaves_no_file(pool: PgPool) {
+    use engine::documents::sweep::PendingBlob;
+    let dir = std::env::temp_dir().join(format!("sluice-pending-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let user = users::create_user(&pool, "pending@example.com", "password123", Role::User, 5).await.unwrap();
+    let abandoned = Blobs::new_key();
+    blobs.put(&abandoned, bytes::Bytes::from_static(b"a request that never finished")).await.unwrap();
+    drop(PendingBlob::new(&pool, &blobs, &abandoned));
+    let gone = wait_for(Duration::from_secs(10), || async { blobs.get(&abandoned).await.is_err() }).await;
+    assert!(gone, "an abandoned upload's file is deleted");
+
+    // Admitted just as its request was dropped: the job keeps its document.
+    let admitted = submit(&pool, &blobs, user.id, "admitted.txt", b"Admitted at the last moment.").await;
+    let key = engine::queue::get(&pool, admitted).await.unwrap().payload["document"]["key"].as_str().unwrap().to_string();
+    drop(PendingBlob::new(&pool, &blobs, &key));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(blobs.get(&key).await.is_ok(), "a job's document stays");
+
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 
 /// The reader is a wall: locked down as in production, a child that tries to reach the
 /// database's trust-auth socket, a file in the data folder or the network gets nowhere, while
@@ -286,6 +334,12 @@ async fn a_reader_cannot_reach_the_database_socket_the_data_folder_or_the_networ
     if report["seccomp"].as_bool().unwrap() {
         // Only seccomp denies a socket that reaches nothing: no Unix socket, whatever its folder.
         assert!(report["socket_pair"].as_str().unwrap().starts_with("denied"), "{report}");
+        // io_uring and other ABIs' calls, refused by the filter itself (EACCES: a kernel without
+        // them would say ENOSYS, one with io_uring switched off EPERM).
+        let refused = std::io::Error::from_raw_os_error(libc::EACCES).to_string();
+        for call in ["io_uring", "other_abi"] {
+            assert_eq!(report[call].as_str().unwrap(), format!("denied: {refused}"), "{call}: {report}");
+        }
     }
     drop(listener);
 }

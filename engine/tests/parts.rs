@@ -577,3 +577,107 @@ async fn a_pdf_denser_than_its_hold_is_not_done_in_parts_and_is_refunded(pool: P
     assert_eq!(view.refunded, 1);
     assert!(view.parts_total.is_none(), "no part was stored");
 }
+
+async fn parts_kept(pool: &PgPool, job: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM job_parts WHERE job_id = $1").bind(job).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_canceled_documents_part_text_is_gone_with_it_and_counted_in_the_quota_until_then(pool: PgPool) {
+    let docs = docs("cancel-text");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "cancel-text@example.com", "password123", Role::User, 20).await.unwrap();
+    let text = report(30);
+    let job = submit(&pool, &docs, user.id, &text, "summarize", 500).await;
+    // Part 2 answers slowly: the job is running with its parts stored when the owner cancels.
+    fake.push_matching("part 2 of", [Reply::Hang { millis: 3_000 }]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    let running = {
+        let (pool, processor) = (pool.clone(), processor.clone());
+        tokio::spawn(async move {
+            let config = fast_worker("parts", 4);
+            work_once(&pool, &config, Arc::new(processor), Arc::new(AccountHooks), 4).await.unwrap();
+        })
+    };
+    assert!(wait_for(Duration::from_secs(20), || async { parts_kept(&pool, job).await > 0 }).await);
+    let mut conn = pool.acquire().await.unwrap();
+    let used = admission::storage_used(&mut conn, user.id).await.unwrap();
+    assert!(used >= 2 * text.len() as u64, "the parts' text counts in the quota: {used} bytes for {}", text.len());
+
+    assert_eq!(queue::cancel(&pool, &AccountHooks, job, "owner", false).await.unwrap(), queue::Canceled::Requested);
+    running.await.unwrap();
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Canceled, "{view:?}");
+    assert_eq!(parts_kept(&pool, job).await, 0, "no part of a canceled document's text is kept");
+    let used = admission::storage_used(&mut conn, user.id).await.unwrap();
+    assert_eq!(used, text.len() as u64, "its document until the release sweep, nothing more");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_failed_documents_part_text_goes_when_its_replay_window_ends(pool: PgPool) {
+    let docs = docs("failed-text");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "failed-text@example.com", "password123", Role::User, 20).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(30), "summarize", 500).await;
+    fake.push_matching("part 2 of", [Reply::ServerError, Reply::ServerError, Reply::ServerError]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    assert_eq!(drive(&pool, &processor, job).await.state, JobState::Failed);
+    assert!(parts_kept(&pool, job).await > 0, "kept for the admins' inspection and a replay");
+
+    let released =
+        engine::documents::sweep::release_documents(&pool, &docs.blobs, Duration::from_secs(3_600)).await.unwrap();
+    assert_eq!(released, 0, "inside its window: nothing goes");
+    assert!(parts_kept(&pool, job).await > 0);
+    let released = engine::documents::sweep::release_documents(&pool, &docs.blobs, Duration::ZERO).await.unwrap();
+    assert_eq!(released, 1);
+    assert_eq!(parts_kept(&pool, job).await, 0, "its text goes with its document");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_document_that_fails_at_its_last_part_keeps_the_share_of_parts_answered(pool: PgPool) {
+    let docs = docs("last-part");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "last-part@example.com", "password123", Role::User, 200).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(60), "summarize", 500).await;
+    // Part 1 answers last, and its answer is cut short: the document's failure, after every
+    // other part was answered (and billed by the provider).
+    let cut = Reply::Modelled {
+        text: "Well, ".repeat(50),
+        input_tokens: 10,
+        output_tokens: 64,
+        cut: true,
+        delay_ms: 2_000,
+        model: None,
+    };
+    fake.push_matching("part 1 of", [cut]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+
+    assert_eq!(view.state, JobState::Failed, "{view:?}");
+    assert_eq!(view.failure_kind, Some(queue::FailureKind::InvalidInput));
+    let total = view.parts_total.unwrap();
+    assert_eq!(view.parts_done, total - 1, "every part but the last was answered");
+    let ledger = ledger_of(&pool, job).await;
+    let cost = -ledger[0].1;
+    let kept = sluice_types::settlement::kept_on_cancel(cost, (total - 1) as u32, total as u32);
+    assert!(kept > 0, "{cost} credits over {total} parts");
+    assert_eq!(ledger.iter().map(|(_, a)| a).sum::<i64>(), -kept, "keeps the answered parts' share: {ledger:?}");
+    let notices = notices::list(&pool, user.id, 10).await.unwrap();
+    let said = &notices[0].message;
+    assert!(said.contains(&format!("answered {} of its {total} parts", total - 1)), "{said}");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_failure_that_is_ours_refunds_a_document_in_parts_in_full(pool: PgPool) {
+    let docs = docs("ours");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "ours@example.com", "password123", Role::User, 200).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(60), "summarize", 500).await;
+    fake.push_matching("part 1 of", [Reply::BadRequest]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Failed, "{view:?}");
+    assert_eq!(view.failure_kind, Some(queue::FailureKind::ProviderRejected));
+    let ledger = ledger_of(&pool, job).await;
+    assert_eq!(ledger.iter().map(|(_, a)| a).sum::<i64>(), 0, "refunded in full: {ledger:?}");
+}

@@ -286,6 +286,10 @@ pub struct Config {
     /// Connections open at once; past it a new one is answered 503 and closed.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4096, global = true)]
     pub max_connections: usize,
+    /// Connections open at once from one client address (IPv4, IPv6 /64; trusted proxies
+    /// aside); past it a new one may still ask for /healthz, anything else is answered 503.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 256, global = true)]
+    pub max_connections_per_address: usize,
     /// Intake bound: refuse uploads (503) past this many waiting jobs.
     #[arg(long, env = "SLUICE_MAX_BACKLOG", default_value_t = 10_000, global = true)]
     pub max_backlog: i64,
@@ -600,6 +604,7 @@ impl Config {
             header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_secs.clamp(0.1, 3600.0)),
             stalled_write_timeout: Duration::from_secs_f64(self.stalled_write_timeout_secs.clamp(0.1, 3600.0)),
             max_connections: self.max_connections.max(1),
+            max_connections_per_address: self.max_connections_per_address.max(1),
             metrics_token: self.metrics_token.as_ref().map(|t| t.expose().to_string()),
             webhook_policy: self.webhook_policy(),
             alert_webhook: self.alert_webhook_url.is_some(),

@@ -115,6 +115,10 @@ async fn record_queue_gauges(pool: &PgPool) -> engine::error::Result<()> {
     metrics::gauge!("sluice_processing_enabled").set(if settings.processing_enabled { 1.0 } else { 0.0 });
     metrics::gauge!("sluice_oldest_waiting_seconds").set(vitals.oldest_waiting_secs.unwrap_or(0.0));
     metrics::gauge!("sluice_dlq_depth_jobs").set(vitals.dlq_depth as f64);
+    if let Some(free) = vitals.store_free_bytes {
+        metrics::gauge!("sluice_document_store_free_bytes").set(free as f64);
+    }
+    metrics::gauge!("sluice_document_store_full").set(if vitals.store_full { 1.0 } else { 0.0 });
     metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.5")
         .set(vitals.time_to_done_p50_secs.unwrap_or(0.0));
     metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.95")

@@ -28,6 +28,8 @@ fn connection_limits(settings: &WebSettings) -> ConnectionLimits {
     ConnectionLimits {
         header_read_timeout: settings.header_read_timeout,
         max_connections: settings.max_connections,
+        max_connections_per_address: settings.max_connections_per_address,
+        trusted_proxies: settings.trusted_proxies.iter().map(|ip| ip.to_canonical()).collect(),
         stalled_write_timeout: settings.stalled_write_timeout,
         ..ConnectionLimits::default()
     }

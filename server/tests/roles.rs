@@ -742,6 +742,7 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster_and_every_job_fin
     let said = stdout(&taken);
     println!("{said}");
     assert!(said.contains("5 jobs, 5 documents"), "{said}");
+    assert_private(&backup);
     // The machine is lost: the server dies where it stands.
     first.kill_9();
     pool_a.close().await;
@@ -771,7 +772,17 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster_and_every_job_fin
             .await,
         "every job accepted before the backup finishes after the restore"
     );
-    // The same session works on the restored server; each original is there.
+    // The backup held no session: the old one is a stranger there, and its owner logs in again.
+    let stale = browser.get(format!("http://127.0.0.1:{}/api/v1/jobs/{}/original", second.port, ids[0])).send().await;
+    assert_eq!(stale.unwrap().status(), 401, "a session from before the backup opens nothing");
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let logged_in = browser
+        .post(format!("http://127.0.0.1:{}/api/log_in", second.port))
+        .form(&[("email", "drill@example.com"), ("password", "a long password")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(logged_in.status(), 200);
     for id in &ids {
         let original =
             browser.get(format!("http://127.0.0.1:{}/api/v1/jobs/{id}/original", second.port)).send().await.unwrap();
@@ -790,4 +801,20 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster_and_every_job_fin
     pool_b.close().await;
     drop(second);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Everything under `dir` is its owner's only: folders 0700, files 0600.
+fn assert_private(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            assert_private(&path);
+        } else {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{} is {mode:o}", path.display());
+        }
+    }
 }

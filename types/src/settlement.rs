@@ -1,9 +1,12 @@
 //! What a job that ends without a result gives back. Pure, and shared: the server settles with
 //! it, the browser says it before the user confirms a cancel or uploads.
 //!
-//! - A failed job is refunded in full, except an unreadable document (`invalid_input`) past the
-//!   day's allowance: each reader costs the operator a sandboxed process, so hostile files are
-//!   free only a few times a day.
+//! - A failed job is refunded in full when the failure is ours or the provider's (5xx,
+//!   timeouts, a lost lease, retries exhausted, a refusal for good). When it is the document's
+//!   (`invalid_input`): an unreadable one (or one refused after reading) is free only a few
+//!   times a day, since each reader costs the operator a sandboxed process; one that fails
+//!   after provider calls (an answer cut short, a combining step that does not shrink, a
+//!   refusal to answer it) keeps the share of its calls made, like a cancel.
 //! - A canceled job is refunded, less the share of its provider calls already made or in
 //!   flight when the cancel was asked for: the provider bills those whatever happens next.
 
@@ -28,14 +31,28 @@ pub fn settled_price(held: i64, text_price: i64) -> i64 {
 /// Unreadable documents refunded per user in any 24 hours; later ones are charged.
 pub const FREE_UNREADABLE_PER_DAY: u32 = 3;
 
+/// Whose a failure is, as its settlement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Ours or the provider's: refunded in full.
+    Ours,
+    /// The document could not be read, or was refused once read: free while its owner was
+    /// refunded for fewer than [`FREE_UNREADABLE_PER_DAY`] such documents in the last 24 hours.
+    Unreadable { refunded_today: u32 },
+    /// The document failed after provider calls were answered: it keeps their share.
+    Document { calls_made: u32, calls_total: u32 },
+}
+
 /// Credits refunded when a job fails, given what it cost, what its document's price came to
-/// (less than the cost for a PDF held at its worst case), and how many unreadable documents
-/// its owner was already refunded for in the last 24 hours. A charged one pays its price.
-pub fn refund_on_failure(cost: i64, price: i64, unreadable: bool, refunded_unreadable_today: u32) -> i64 {
-    if unreadable && refunded_unreadable_today >= FREE_UNREADABLE_PER_DAY {
-        (cost - price.clamp(0, cost.max(0))).max(0)
-    } else {
-        cost.max(0)
+/// (less than the cost for a PDF held at its worst case) and whose the failure is. A charged
+/// unreadable document pays its price; a document's failure keeps its calls' share of it.
+pub fn refund_on_failure(cost: i64, price: i64, fault: Fault) -> i64 {
+    let cost = cost.max(0);
+    let price = price.clamp(0, cost);
+    match fault {
+        Fault::Unreadable { refunded_today } if refunded_today >= FREE_UNREADABLE_PER_DAY => cost - price,
+        Fault::Document { calls_made, calls_total } => cost - kept_on_cancel(price, calls_made, calls_total),
+        _ => cost,
     }
 }
 
@@ -57,17 +74,36 @@ pub fn kept_on_cancel(cost: i64, calls_started: u32, calls_total: u32) -> i64 {
 mod tests {
     use super::*;
 
+    fn unreadable(refunded_today: u32) -> Fault {
+        Fault::Unreadable { refunded_today }
+    }
+
     #[test]
     fn unreadable_documents_are_free_only_up_to_the_allowance() {
-        assert_eq!(refund_on_failure(4, 4, true, 0), 4);
-        assert_eq!(refund_on_failure(4, 4, true, FREE_UNREADABLE_PER_DAY - 1), 4);
-        assert_eq!(refund_on_failure(4, 4, true, FREE_UNREADABLE_PER_DAY), 0);
+        assert_eq!(refund_on_failure(4, 4, unreadable(0)), 4);
+        assert_eq!(refund_on_failure(4, 4, unreadable(FREE_UNREADABLE_PER_DAY - 1)), 4);
+        assert_eq!(refund_on_failure(4, 4, unreadable(FREE_UNREADABLE_PER_DAY)), 0);
         assert_eq!(
-            refund_on_failure(8, 2, true, FREE_UNREADABLE_PER_DAY),
+            refund_on_failure(8, 2, unreadable(FREE_UNREADABLE_PER_DAY)),
             6,
             "a held PDF pays its price, not the hold"
         );
-        assert_eq!(refund_on_failure(4, 4, false, 100), 4, "other failures are always refunded");
+        assert_eq!(refund_on_failure(4, 4, Fault::Ours), 4, "our failures are always refunded");
+    }
+
+    #[test]
+    fn a_document_that_fails_after_answers_keeps_their_share() {
+        let document = |calls_made, calls_total| Fault::Document { calls_made, calls_total };
+        assert_eq!(refund_on_failure(12, 12, document(11, 12)), 1, "failed at its last part");
+        assert_eq!(refund_on_failure(12, 12, document(0, 12)), 12, "no answer yet: all back");
+        assert_eq!(refund_on_failure(12, 12, document(12, 12)), 0, "a combining step failed");
+        assert_eq!(refund_on_failure(12, 6, document(3, 6)), 9, "the share of its price, not of a hold");
+        assert_eq!(refund_on_failure(4, 4, document(1, 3)), 2, "rounded up like a cancel");
+        for made in 0..=14 {
+            let refund = refund_on_failure(12, 12, document(made, 12));
+            assert!((0..=12).contains(&refund), "{made}: {refund}");
+            assert_eq!(refund, 12 - kept_on_cancel(12, made, 12));
+        }
     }
 
     #[test]

@@ -343,6 +343,15 @@ fn GateCard(
     }
 }
 
+/// Pure: the document store's free space in words ("full" once a write found no room).
+pub fn store_text(free_bytes: Option<i64>, full: bool) -> String {
+    match (full, free_bytes) {
+        (true, _) => "full: uploads refused".to_string(),
+        (false, Some(free)) => crate::pages::upload::size_text(free.max(0) as u64),
+        (false, None) => "not measured".to_string(),
+    }
+}
+
 /// The vital signs and the last hour's chart of intake against completions.
 #[component]
 fn VitalsCard(status: QueueStatus) -> impl IntoView {
@@ -358,6 +367,7 @@ fn VitalsCard(status: QueueStatus) -> impl IntoView {
                 <div><dt>"Time to done p50 / p95"</dt><dd>{format!("{} / {}", secs(o.time_to_done_p50_secs), secs(o.time_to_done_p95_secs))}</dd></div>
                 <div><dt>"Dead letters (jobs)"</dt><dd>{o.dlq_depth}</dd></div>
                 <div><dt>"Drains in"</dt><dd class:warn=o.drain == "not draining">{o.drain.clone()}</dd></div>
+                <div><dt>"Document store free"</dt><dd data-testid="store-free" class:warn=o.store_full>{store_text(o.store_free_bytes, o.store_full)}</dd></div>
             </dl>
             <svg class="chart" viewBox="0 0 600 130" role="img" aria-label="Jobs accepted and finished per minute over the last hour">
                 <g class="axis">

@@ -24,6 +24,7 @@ pub fn rule_label(rule: &str) -> &'static str {
         "dlq_growth" => "Jobs are failing fast",
         "provider_failures" => "The provider is failing",
         "reconciliation_drift" => "The books do not add up",
+        "store_full" => "The document store is full",
         _ => "Alert",
     }
 }
@@ -34,6 +35,7 @@ pub fn alert_value_text(rule: &str, value: f64) -> String {
         "oldest_wait" => format!("{:.0} min", value / 60.0),
         "not_draining" => format!("{value:.0} min"),
         "provider_failures" => format!("{:.0} %", value * 100.0),
+        "store_full" => crate::pages::upload::size_text(value.max(0.0) as u64),
         _ => format!("{value:.0}"),
     }
 }

@@ -48,6 +48,8 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
             time_to_done_p50_secs: vitals.time_to_done_p50_secs,
             time_to_done_p95_secs: vitals.time_to_done_p95_secs,
             dlq_depth: vitals.dlq_depth,
+            store_free_bytes: vitals.store_free_bytes,
+            store_full: vitals.store_full,
             drain: describe_drain(vitals.drain),
             history: history.into_iter().map(|m| (m.intake, m.completions)).collect(),
             resume_at: settings

@@ -124,6 +124,9 @@ pub struct WebSettings {
     pub busy_uploads_wait: std::time::Duration,
     /// The longest an upload may send nothing (between parts or inside one) before it is dropped.
     pub upload_idle: std::time::Duration,
+    /// The longest one upload may take in all (50 MiB at under 100 KB/s is not a client we
+    /// serve); past it, 422 and what it stored is deleted.
+    pub upload_deadline: std::time::Duration,
     /// The presets the configured provider can do (language-model presets need one).
     pub presets: Vec<Preset>,
     /// How long a request (other than an upload or a download) may take, slow clients
@@ -145,6 +148,8 @@ pub struct WebSettings {
     /// sits idle), and at most `max_connections` are open at once.
     pub header_read_timeout: std::time::Duration,
     pub max_connections: usize,
+    /// Of those, at most this many from one client address (IPv4, IPv6 /64).
+    pub max_connections_per_address: usize,
     /// While an answer waits to be written, the client must take 16 KiB within this, or the
     /// connection is closed (a download's minimum rate).
     pub stalled_write_timeout: std::time::Duration,
@@ -171,6 +176,7 @@ impl Default for WebSettings {
             max_uploads_per_address: 16,
             busy_uploads_wait: std::time::Duration::from_secs(5),
             upload_idle: std::time::Duration::from_secs(30),
+            upload_deadline: std::time::Duration::from_secs(600),
             presets: vec![Preset::Summarize, Preset::KeyFacts],
             request_timeout: std::time::Duration::from_secs(30),
             metrics_token: None,
@@ -181,6 +187,7 @@ impl Default for WebSettings {
             provider_prices: None,
             header_read_timeout: std::time::Duration::from_secs(10),
             max_connections: 4096,
+            max_connections_per_address: 256,
             stalled_write_timeout: std::time::Duration::from_secs(30),
             secure_cookies: false,
             bulk_action_cap: engine::queue::bulk::DEFAULT_CAP,

@@ -16,6 +16,7 @@ use http::HeaderMap;
 use engine::accounts::admission::{self, Admission, Refusal};
 use engine::accounts::User;
 use engine::documents::intake::{self, Intake, StoredUpload, UploadCheck, UploadOptions};
+use engine::documents::sweep::PendingBlob;
 use engine::documents::Blobs;
 use engine::Preset;
 use sluice_types::capacity::{estimate_input_tokens, SizeKind};
@@ -53,8 +54,6 @@ impl Uploaded {
     }
 }
 
-/// The longest one upload may take in all (50 MiB at under 100 KB/s is not a client we serve).
-const UPLOAD_DEADLINE: Duration = Duration::from_secs(600);
 /// The slowest average an upload may keep (bytes per second), judged once it has run this long:
 /// 50 MiB at 10 KB/s is an hour and a half, longer than anyone waits.
 const MIN_RATE: u64 = 10_000;
@@ -127,6 +126,10 @@ where
     E: std::fmt::Display + Send + 'static,
 {
     let client_key = client_key(headers)?;
+    // A full store is known before a byte is read: waiting helps, reading would not.
+    if ctx.blobs.is_full() {
+        return Err(AppError::store_full());
+    }
     let settings = &ctx.settings;
     // One user's uploads at once are bounded too, so one account cannot take every slot: an
     // upload past it waits its turn (unread) like any other, then gets 429.
@@ -179,10 +182,11 @@ where
         max_bytes: settings.max_upload_bytes,
         max_document_tokens: settings.admission.max_document_tokens,
     };
-    let reading = read_form(form, &ctx.blobs, limits, &settings.presets, settings.upload_idle);
-    let (stored, options) = tokio::time::timeout(UPLOAD_DEADLINE, reading)
-        .await
-        .map_err(|_| AppError::invalid("the upload took too long; try again on a faster connection"))??;
+    let times = UploadTimes { idle: settings.upload_idle, deadline: settings.upload_deadline };
+    let (stored, options) = read_form(form, &ctx.blobs, limits, &settings.presets, times).await?;
+    // From here until a job names it, the stored file is deleted if this request ends any
+    // other way (its client gone, the server shutting down).
+    let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
     // The callback (sent with the upload, or registered on the token) is checked before the
     // job exists; a refused one leaves no blob behind.
     let callback = engine::webhooks::completion::for_upload(
@@ -195,7 +199,7 @@ where
     let callback = match callback {
         Ok(callback) => callback,
         Err(e) => {
-            let _ = ctx.blobs.delete(&stored.key).await;
+            pending.delete().await;
             return Err(e.into());
         }
     };
@@ -203,7 +207,11 @@ where
     let keyed = client_key.clone();
     let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
     let lifetime = settings.admission.client_key_lifetime;
-    let (job_id, duplicate, charged) = match intake::submit(&ctx.pool, &ctx.blobs, submission).await? {
+    // Whatever admission answers, the stored file is its business now (kept by the job, or
+    // deleted by the intake).
+    let admitted = intake::submit(&ctx.pool, &ctx.blobs, submission).await;
+    pending.keep();
+    let (job_id, duplicate, charged) = match admitted? {
         Admission::Accepted { job_id } => (job_id, false, price),
         Admission::Existing { job_id } => (job_id, true, 0),
         Admission::Refused(refusal) => return Err(refusal.into()),
@@ -389,15 +397,22 @@ struct FileLimits {
     max_document_tokens: Option<u64>,
 }
 
+/// How long an upload may take: `idle` at most with nothing arriving, `deadline` in all.
+#[derive(Clone, Copy)]
+struct UploadTimes {
+    idle: Duration,
+    deadline: Duration,
+}
+
 /// Read the form: the file streams through the engine's checks into blob storage, the options
 /// are short words. Unknown or surplus parts are refused. If anything is wrong after the file
-/// was stored, its blob is deleted again.
+/// was stored (its deadline passed included), its blob is deleted again before this returns.
 async fn read_form(
     (mut multipart, gate): (multer::Multipart<'static>, FieldGate),
     blobs: &Blobs,
     limits: FileLimits,
     presets: &[Preset],
-    idle: Duration,
+    UploadTimes { idle, deadline }: UploadTimes,
 ) -> Result<(StoredUpload, UploadOptions), AppError> {
     let malformed = |e: multer::Error| AppError::invalid(format!("malformed multipart body: {e}"));
     let mut stored: Option<StoredUpload> = None;
@@ -445,8 +460,11 @@ async fn read_form(
         }
         options.check(presets)?;
         Ok::<_, AppError>(())
-    }
-    .await;
+    };
+    // The deadline drops the reading, not this function: what was stored is deleted below.
+    let read = tokio::time::timeout(deadline, read).await.unwrap_or_else(|_| {
+        Err(AppError::invalid("the upload took too long; try again on a faster connection"))
+    });
     match (read, stored) {
         (Ok(()), Some(stored)) => Ok((stored, options)),
         (Ok(()), None) => Err(AppError::invalid("the form needs a `file` field")),

@@ -234,13 +234,15 @@ pub fn storage_refusal(used: u64, incoming: u64, quota: u64) -> Option<Refusal> 
     past.then_some(Refusal::StorageFull { used_bytes: used, quota_bytes: quota })
 }
 
-/// Bytes of documents `user_id` has stored: those of jobs that keep theirs, a document shared
-/// by several jobs ("run again") counted once.
+/// Bytes `user_id` has stored: documents of jobs that keep theirs, a document shared by several
+/// jobs ("run again") counted once, and the text and answers of their jobs' parts.
 pub async fn storage_used(conn: &mut sqlx::PgConnection, user_id: i64) -> Result<u64> {
     let used: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(size), 0)::int8 FROM (
-             SELECT DISTINCT payload #>> '{document,key}' AS key, (payload #>> '{document,size}')::numeric AS size
-             FROM jobs WHERE owner_id = $1 AND kind = 'document' AND document_released_at IS NULL) stored",
+        "SELECT (SELECT coalesce(sum(size), 0) FROM (
+                     SELECT DISTINCT payload #>> '{document,key}' AS key, (payload #>> '{document,size}')::numeric AS size
+                     FROM jobs WHERE owner_id = $1 AND kind = 'document' AND document_released_at IS NULL) stored)::int8
+              + (SELECT coalesce(sum(octet_length(p.body) + octet_length(p.overlap) + coalesce(octet_length(p.output), 0)), 0)
+                 FROM job_parts p JOIN jobs j ON j.id = p.job_id WHERE j.owner_id = $1)::int8",
     )
     .bind(user_id)
     .fetch_one(conn)
@@ -290,6 +292,15 @@ pub async fn forget_client_keys(pool: &PgPool, lifetime: Duration) -> Result<u64
     .execute(pool)
     .await?
     .rows_affected())
+}
+
+/// A new upload's stored document is locked until the admission commits: an abandoned
+/// upload's cleanup ([`crate::documents::sweep::PendingBlob`]) then sees the job, or none.
+async fn lock_new_document(tx: &mut sqlx::PgConnection, s: &Submission) -> Result<()> {
+    match s.payload.pointer("/document/key").and_then(|v| v.as_str()) {
+        Some(key) => crate::documents::sweep::lock_document(tx, key).await,
+        None => Ok(()),
+    }
 }
 
 /// Admit a document: 202-worthy only after the commit.
@@ -354,13 +365,14 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         // Checked again with the stored size (the upload's declared length was only a hint);
         // uploads racing past it at once overshoot by at most the user's uploads in progress.
         (None, Some(quota)) => {
+            lock_new_document(&mut tx, s).await?;
             let incoming = s.payload.pointer("/document/size").and_then(|v| v.as_u64()).unwrap_or(0);
             let used = storage_used(&mut tx, s.user_id).await?;
             if let Some(refusal) = storage_refusal(used, incoming, quota) {
                 return Ok(Admission::Refused(refusal));
             }
         }
-        (None, None) => {}
+        (None, None) => lock_new_document(&mut tx, s).await?,
     }
     // The owner's line before the owner's row, in the order cancel and replay take them.
     queue::lock_line(&mut tx, s.user_id).await?;

@@ -3,7 +3,8 @@
 //! that holds what the user sent or got erased; the stored documents go at once. A deleted
 //! account keeps its row and ledger for the books, without its e-mail address, password,
 //! tokens, sessions or notices, and its address is erased wherever it was copied (audit log,
-//! ledger notes, throttle rows, reports, alerts).
+//! ledger notes, throttle rows, reports, alerts and their acknowledgements and webhooks,
+//! reviews), each looked up by an index.
 
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -87,7 +88,11 @@ pub async fn delete_job(pool: &PgPool, blobs: &Blobs, owner_id: i64, job_id: Uui
         .await?;
     erase_deleted_jobs(&mut tx, &[job_id]).await?;
     tx.commit().await?;
-    delete_documents(pool, blobs, Some(job_id)).await?;
+    // The deletion stands; a document that cannot go right now (a backup listing its own)
+    // goes with the upkeep's next turn.
+    if let Err(e) = delete_documents(pool, blobs, Some(job_id)).await {
+        tracing::warn!(error = %e, %job_id, "deleting a deleted job's document failed; the upkeep retries");
+    }
     Ok(JobDeletion::Deleted)
 }
 
@@ -190,32 +195,81 @@ pub async fn finish_deletions(pool: &PgPool, blobs: &Blobs) -> Result<usize> {
     Ok(live.len() + unerased.len() + documents)
 }
 
+/// Columns that hold an actor's address whole: `$1` the address, `$2` its label. Each is
+/// indexed (`20261207000001_abuse_round_two.sql`), so a deletion touches only its rows.
+pub const ADDRESS_COLUMNS: &[&str] = &[
+    "UPDATE audit_log SET actor = $2 WHERE actor = $1",
+    "UPDATE ledger SET actor = $2 WHERE actor = $1",
+    "UPDATE jobs SET canceled_by = $2 WHERE canceled_by = $1",
+    "UPDATE reconciliation_reports SET actor = $2 WHERE actor = $1",
+    "UPDATE reconciliation_reports SET acked_by = $2 WHERE acked_by = $1",
+    "UPDATE queue_settings SET processing_changed_by = $2 WHERE processing_changed_by = $1",
+    "UPDATE reviews SET marked_by = $2 WHERE marked_by = $1",
+    "UPDATE reviews SET resolved_by = $2 WHERE resolved_by = $1",
+    "UPDATE alert_firings SET acked_by = $2 WHERE acked_by = $1",
+    // An alert's webhook carries who acknowledged it.
+    "UPDATE webhook_deliveries SET body = jsonb_set(body, '{alert,acked_by}', to_jsonb($2::text))
+     WHERE token_id IS NULL AND body #>> '{alert,acked_by}' = $1",
+];
+
+/// Free text that may name an address: `$1` the whole-address pattern, `$2` the label, `$3`
+/// a `LIKE` pattern holding the address, which the trigram indexes answer (only rows with an
+/// `@` are indexed) before the exact pattern is tried on the few rows found.
+pub const ADDRESS_TEXTS: &[&str] = &[
+    "UPDATE audit_log SET subject = regexp_replace(subject, $1, $2, 'g'),
+            old_value = regexp_replace(old_value, $1, $2, 'g'), new_value = regexp_replace(new_value, $1, $2, 'g')
+     WHERE ((subject LIKE '%@%' AND subject LIKE $3) OR (old_value LIKE '%@%' AND old_value LIKE $3)
+            OR (new_value LIKE '%@%' AND new_value LIKE $3))
+       AND (subject ~ $1 OR old_value ~ $1 OR new_value ~ $1)",
+    "UPDATE ledger SET note = regexp_replace(note, $1, $2, 'g') WHERE note LIKE '%@%' AND note LIKE $3 AND note ~ $1",
+    "UPDATE alert_firings SET detail = regexp_replace(detail, $1, $2, 'g'), ack_note = regexp_replace(ack_note, $1, $2, 'g')
+     WHERE ((detail LIKE '%@%' AND detail LIKE $3) OR (ack_note LIKE '%@%' AND ack_note LIKE $3))
+       AND (detail ~ $1 OR ack_note ~ $1)",
+    "UPDATE reviews SET note = regexp_replace(note, $1, $2, 'g'),
+            resolution_note = regexp_replace(resolution_note, $1, $2, 'g')
+     WHERE ((note LIKE '%@%' AND note LIKE $3) OR (resolution_note LIKE '%@%' AND resolution_note LIKE $3))
+       AND (note ~ $1 OR resolution_note ~ $1)",
+    "UPDATE reconciliation_reports SET ack_note = regexp_replace(ack_note, $1, $2, 'g')
+     WHERE ack_note LIKE '%@%' AND ack_note LIKE $3 AND ack_note ~ $1",
+    // An alert's webhook carries its detail and its acknowledgement's note (jsonb_set with a
+    // null would null the whole body: a missing field stays JSON null).
+    "UPDATE webhook_deliveries SET body = jsonb_set(jsonb_set(body,
+            '{alert,detail}', coalesce(to_jsonb(regexp_replace(body #>> '{alert,detail}', $1, $2, 'g')), 'null')),
+            '{alert,ack_note}', coalesce(to_jsonb(regexp_replace(body #>> '{alert,ack_note}', $1, $2, 'g')), 'null'))
+     WHERE token_id IS NULL AND body::text LIKE $3
+       AND (body #>> '{alert,detail}' ~ $1 OR body #>> '{alert,ack_note}' ~ $1)",
+];
+
+/// The login throttle's rows about an account (`$1` its key), by the index on that key.
+pub const ACCOUNT_THROTTLE_ROWS: &str =
+    "DELETE FROM throttle_events WHERE key LIKE 'login:account:%' AND split_part(key, ':', 3) = $1";
+
 /// Erase `email` from everything kept that copied it, putting `label` in its place: whole
 /// values where a column holds an address, whole-address matches inside free text (so
 /// `e@corp.com` never touches `alice@corp.com`).
 async fn erase_address(tx: &mut PgConnection, email: &str, label: &str) -> Result<()> {
-    for sql in [
-        "UPDATE audit_log SET actor = $2 WHERE actor = $1",
-        "UPDATE ledger SET actor = $2 WHERE actor = $1",
-        "UPDATE jobs SET canceled_by = $2 WHERE canceled_by = $1",
-        "UPDATE reconciliation_reports SET actor = $2 WHERE actor = $1",
-        "UPDATE queue_settings SET processing_changed_by = $2 WHERE processing_changed_by = $1",
-    ] {
+    for sql in ADDRESS_COLUMNS {
         sqlx::query(sql).bind(email).bind(label).execute(&mut *tx).await?;
     }
-    let pattern = whole_address_pattern(email);
-    for sql in [
-        "UPDATE audit_log SET subject = regexp_replace(subject, $1, $2, 'g'),
-                old_value = regexp_replace(old_value, $1, $2, 'g'), new_value = regexp_replace(new_value, $1, $2, 'g')
-         WHERE subject ~ $1 OR old_value ~ $1 OR new_value ~ $1",
-        "UPDATE ledger SET note = regexp_replace(note, $1, $2, 'g') WHERE note ~ $1",
-        "UPDATE alert_firings SET detail = regexp_replace(detail, $1, $2, 'g') WHERE detail ~ $1",
-    ] {
-        sqlx::query(sql).bind(&pattern).bind(label).execute(&mut *tx).await?;
+    let (pattern, containing) = (whole_address_pattern(email), containing(email));
+    for sql in ADDRESS_TEXTS {
+        sqlx::query(sql).bind(&pattern).bind(label).bind(&containing).execute(&mut *tx).await?;
     }
     let account = crate::accounts::login::account_key(email);
-    sqlx::query("DELETE FROM throttle_events WHERE strpos(key, $1) > 0").bind(&account).execute(&mut *tx).await?;
+    sqlx::query(ACCOUNT_THROTTLE_ROWS).bind(&account).execute(&mut *tx).await?;
     Ok(())
+}
+
+/// Pure: a `LIKE` pattern matching any text that holds `text` (its `%`, `_` and `\` literal).
+pub fn containing(text: &str) -> String {
+    let escaped: String = text
+        .chars()
+        .flat_map(|c| match c {
+            '%' | '_' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect();
+    format!("%{escaped}%")
 }
 
 /// Pure: a Postgres regular expression matching `email` as a whole address: every character
@@ -228,7 +282,13 @@ pub fn whole_address_pattern(email: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::whole_address_pattern;
+    use super::{containing, whole_address_pattern};
+
+    #[test]
+    fn like_patterns_take_wildcards_literally() {
+        assert_eq!(containing("a_b%c@x.io"), r"%a\_b\%c@x.io%");
+        assert_eq!(containing(r"a\b@x.io"), r"%a\\b@x.io%");
+    }
 
     #[test]
     fn address_patterns_take_every_character_literally() {

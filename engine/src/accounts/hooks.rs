@@ -4,7 +4,8 @@
 
 use sqlx::PgConnection;
 
-use sluice_types::settlement::{refund_on_failure, FREE_UNREADABLE_PER_DAY};
+use sluice_types::settlement::{refund_on_failure, Fault, FREE_UNREADABLE_PER_DAY};
+use sluice_types::FailureKind;
 
 use super::{ledger, notices};
 use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
@@ -22,17 +23,46 @@ struct Settlement {
     unreadable: bool,
     /// What its cancel keeps (fixed when the cancel was asked for).
     kept: i64,
+    /// Its parts answered, and its parts (1 for a document in one call).
+    parts_done: i32,
+    parts_total: i32,
 }
 
 async fn settlement_of(conn: &mut PgConnection, job: &TerminalJob) -> Result<Settlement, sqlx::Error> {
     sqlx::query_as(
         "SELECT least(coalesce(settled_cost, cost), cost)::int8 AS price, failed_unreadable AS unreadable,
-                cancel_kept_credits::int8 AS kept
+                cancel_kept_credits::int8 AS kept, parts_done, coalesce(parts_total, 1) AS parts_total
          FROM jobs WHERE id = $1",
     )
     .bind(job.id)
     .fetch_one(conn)
     .await
+}
+
+/// Whose a failure is: the document's when it is invalid input (unreadable, or answered in
+/// part and then not), else ours or the provider's.
+async fn fault_of(conn: &mut PgConnection, job: &TerminalJob, settlement: &Settlement) -> Result<Fault, sqlx::Error> {
+    Ok(match job.failure {
+        _ if settlement.unreadable => {
+            Fault::Unreadable { refunded_today: ledger::unreadable_refunded_today(conn, job.owner_id, job.id).await? }
+        }
+        Some((FailureKind::InvalidInput, _)) => Fault::Document {
+            calls_made: settlement.parts_done.max(0) as u32,
+            calls_total: settlement.parts_total.max(1) as u32,
+        },
+        _ => Fault::Ours,
+    })
+}
+
+/// Why a failed job is charged at all, in the user's words.
+fn charged_because(fault: Fault) -> Option<String> {
+    match fault {
+        Fault::Ours => None,
+        Fault::Unreadable { .. } => Some(format!("only {FREE_UNREADABLE_PER_DAY} unreadable documents a day are refunded")),
+        Fault::Document { calls_made, calls_total } => {
+            Some(format!("the provider had answered {calls_made} of its {calls_total} parts"))
+        }
+    }
 }
 
 /// Move a user's in-flight count (never below zero).
@@ -62,20 +92,17 @@ impl TerminalHooks for AccountHooks {
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            // Only the reader's failures count (not a policy refusal such as a dense PDF).
-            let Settlement { price, unreadable, .. } = settlement_of(tx, job).await?;
-            let earlier =
-                if unreadable { ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? } else { 0 };
-            let refund = refund_on_failure(i64::from(job.cost), price, unreadable, earlier);
+            let settlement = settlement_of(tx, job).await?;
+            let fault = fault_of(tx, job, &settlement).await?;
+            let refund = refund_on_failure(i64::from(job.cost), settlement.price, fault);
             let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str()).unwrap_or("it failed");
-            let note = if refund < i64::from(job.cost) {
-                format!("{reason}; charged: more than {FREE_UNREADABLE_PER_DAY} unreadable documents in a day")
-            } else {
-                reason.to_string()
+            let note = match charged_because(fault) {
+                Some(why) if refund < i64::from(job.cost) => format!("{reason}; charged: {why}"),
+                _ => reason.to_string(),
             };
             ledger::refund_job(tx, job, refund, &note).await?;
             // Once per job, like the refund (a replayed job failing again is told nothing new).
-            notices::add_refund_notice(tx, job, refund).await?;
+            notices::add_refund_notice(tx, job, refund, charged_because(fault)).await?;
             Ok(())
         })
     }
@@ -90,9 +117,22 @@ impl TerminalHooks for AccountHooks {
     fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             change_in_flight(tx, job.owner_id, -1).await?;
-            let kept = settlement_of(tx, job).await?.kept;
-            let note = if kept > 0 { "canceled after the provider call started" } else { "canceled" };
-            ledger::refund_job(tx, job, i64::from(job.cost) - kept, note).await?;
+            let settlement = settlement_of(tx, job).await?;
+            let cost = i64::from(job.cost);
+            let mut refund = cost - settlement.kept;
+            let mut note =
+                if settlement.kept > 0 { "canceled after the provider call started" } else { "canceled" }.to_string();
+            // Canceled while read: the reader's work counts like an unreadable document's.
+            if settlement.unreadable {
+                let fault =
+                    Fault::Unreadable { refunded_today: ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? };
+                let allowed = refund_on_failure(cost, settlement.price, fault);
+                if allowed < refund {
+                    refund = allowed;
+                    note = format!("canceled while read; charged: {}", charged_because(fault).unwrap_or_default());
+                }
+            }
+            ledger::refund_job(tx, job, refund, &note).await?;
             Ok(())
         })
     }

@@ -169,8 +169,8 @@ pub async fn refund_job(
     Ok(inserted)
 }
 
-/// How many unreadable documents `owner_id` was refunded for in full (free ones) in the last
-/// 24 hours, `job_id` aside. Run after the owner's row is locked (the in-flight update), so two failing at once
+/// How many unreadable documents (failed as such, refused once read, or canceled while read)
+/// `owner_id` was refunded for in full (free ones) in the last 24 hours, `job_id` aside. Run after the owner's row is locked (the in-flight update), so two failing at once
 /// count each other.
 pub async fn unreadable_refunded_today(
     conn: &mut PgConnection,
@@ -179,7 +179,7 @@ pub async fn unreadable_refunded_today(
 ) -> Result<u32, sqlx::Error> {
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM jobs j JOIN ledger l ON l.job_id = j.id AND l.kind = 'refund' AND l.amount = j.cost
-         WHERE j.owner_id = $1 AND j.failed_unreadable AND j.state = 'failed'
+         WHERE j.owner_id = $1 AND j.failed_unreadable AND j.state IN ('failed', 'canceled')
            AND j.finished_at > now() - interval '1 day' AND j.id <> $2",
     )
     .bind(owner_id)

@@ -7,7 +7,6 @@ use uuid::Uuid;
 
 use crate::error::Result;
 use crate::queue::hooks::TerminalJob;
-use sluice_types::settlement::FREE_UNREADABLE_PER_DAY;
 
 /// One notice as its user reads it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
@@ -21,22 +20,32 @@ pub struct Notice {
     pub read: bool,
 }
 
-/// Pure: what a user is told when a job failed, and what was refunded of what it cost.
-pub fn refund_message(reason: Option<&str>, cost: i32, refunded: i64) -> String {
+/// Pure: what a user is told when a job failed, what was refunded of what it cost, and why
+/// the rest was charged (`charged_because`, when any was).
+pub fn refund_message(reason: Option<&str>, cost: i32, refunded: i64, charged_because: Option<&str>) -> String {
     let reason = reason.unwrap_or("it failed");
     let credits = |n: i64| if n == 1 { "1 credit".to_string() } else { format!("{n} credits") };
+    let charged = i64::from(cost) - refunded.clamp(0, i64::from(cost.max(0)));
+    let why = charged_because.unwrap_or("");
     match (cost, refunded) {
         (0, _) => format!("Your document could not be processed ({reason})."),
-        (_, 0) => format!(
-            "Your document could not be processed ({reason}). Charged {}: only {FREE_UNREADABLE_PER_DAY} unreadable documents a day are refunded.",
-            credits(i64::from(cost))
+        _ if charged <= 0 => format!("Your document could not be processed ({reason}). {} refunded.", credits(refunded)),
+        (_, 0) => format!("Your document could not be processed ({reason}). Charged {}: {why}.", credits(charged)),
+        (_, n) => format!(
+            "Your document could not be processed ({reason}). {} refunded; charged {}: {why}.",
+            credits(n),
+            credits(charged)
         ),
-        (_, n) => format!("Your document could not be processed ({reason}). {} refunded.", credits(n)),
     }
 }
 
 /// Tell the owner a job failed (and what was refunded), once per job whatever races.
-pub async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob, refunded: i64) -> Result<(), sqlx::Error> {
+pub async fn add_refund_notice(
+    conn: &mut PgConnection,
+    job: &TerminalJob,
+    refunded: i64,
+    charged_because: Option<String>,
+) -> Result<(), sqlx::Error> {
     let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str());
     sqlx::query(
         "INSERT INTO notices (user_id, job_id, kind, message) VALUES ($1, $2, 'refund', $3)
@@ -44,7 +53,7 @@ pub async fn add_refund_notice(conn: &mut PgConnection, job: &TerminalJob, refun
     )
     .bind(job.owner_id)
     .bind(job.id)
-    .bind(refund_message(reason, job.cost, refunded))
+    .bind(refund_message(reason, job.cost, refunded, charged_because.as_deref()))
     .execute(conn)
     .await?;
     Ok(())
@@ -88,9 +97,12 @@ mod tests {
 
     #[test]
     fn refund_messages_count_credits_in_words() {
-        assert_eq!(refund_message(Some("timeout"), 0, 0), "Your document could not be processed (timeout).");
-        assert!(refund_message(None, 1, 1).ends_with("(it failed). 1 credit refunded."));
-        assert!(refund_message(Some("x"), 3, 3).ends_with("3 credits refunded."));
-        assert!(refund_message(Some("x"), 3, 0).contains("Charged 3 credits: only 3 unreadable documents a day"));
+        let allowance = Some("only 3 unreadable documents a day are refunded");
+        assert_eq!(refund_message(Some("timeout"), 0, 0, None), "Your document could not be processed (timeout).");
+        assert!(refund_message(None, 1, 1, None).ends_with("(it failed). 1 credit refunded."));
+        assert!(refund_message(Some("x"), 3, 3, None).ends_with("3 credits refunded."));
+        assert!(refund_message(Some("x"), 3, 0, allowance).contains("Charged 3 credits: only 3 unreadable documents a day"));
+        assert!(refund_message(Some("cut"), 12, 1, Some("the provider had answered 11 of its 12 parts"))
+            .ends_with("1 credit refunded; charged 11 credits: the provider had answered 11 of its 12 parts."));
     }
 }

@@ -27,7 +27,12 @@ fn digest(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
-/// Create a token; the secret is returned this once and never stored.
+/// Live API tokens an account may hold: each may name a callback, and the outbox is shared by
+/// account, so more would buy nothing but rows.
+pub const MAX_TOKENS_PER_ACCOUNT: i64 = 20;
+
+/// Create a token (at most [`MAX_TOKENS_PER_ACCOUNT`] live); the secret is returned this once
+/// and never stored.
 pub async fn create(pool: &PgPool, user_id: i64, name: &str) -> Result<(ApiToken, String)> {
     let name = name.trim();
     if name.is_empty() || name.len() > 100 {
@@ -37,6 +42,20 @@ pub async fn create(pool: &PgPool, user_id: i64, name: &str) -> Result<(ApiToken
     rand::rng().fill_bytes(&mut bytes);
     let secret = format!("{PREFIX}{}", hex::encode(bytes));
     let prefix: String = secret.chars().take(PREFIX.len() + 6).collect();
+    let mut tx = pool.begin().await?;
+    // The owner's row locked: two creations at once count each other.
+    let live: Option<i64> = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM api_tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL)
+         FROM users u WHERE u.id = $1 FOR UPDATE",
+    )
+    .bind(user_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if live.ok_or(EngineError::NotFound)? >= MAX_TOKENS_PER_ACCOUNT {
+        return Err(EngineError::Invalid(format!(
+            "an account has at most {MAX_TOKENS_PER_ACCOUNT} API tokens; revoke one you no longer use first"
+        )));
+    }
     let token: ApiToken = sqlx::query_as(
         "INSERT INTO api_tokens (user_id, name, token_sha256, prefix) VALUES ($1, $2, $3, $4)
          RETURNING id, name, prefix, created_at, last_used_at, revoked_at IS NOT NULL AS revoked",
@@ -45,8 +64,9 @@ pub async fn create(pool: &PgPool, user_id: i64, name: &str) -> Result<(ApiToken
     .bind(name)
     .bind(digest(&secret))
     .bind(&prefix)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok((token, secret))
 }
 

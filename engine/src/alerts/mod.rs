@@ -48,6 +48,8 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         provider_calls: i64,
         provider_failures: i64,
         drift: Option<i32>,
+        store_free_bytes: Option<i64>,
+        store_full: Option<bool>,
     }
     let row: Row = sqlx::query_as(&format!(
         "SELECT (SELECT processing_enabled FROM queue_settings WHERE id = 1) AS processing_enabled,
@@ -58,8 +60,11 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
                 (SELECT count(*) FROM jobs WHERE state = 'failed' AND finished_at > now() - interval '1 hour')
                     AS dlq_added_last_hour,
                 a.calls AS provider_calls, a.failures AS provider_failures,
-                (SELECT found FROM reconciliation_reports ORDER BY finished_at DESC, id DESC LIMIT 1) AS drift
-         FROM (SELECT count(*) FILTER (WHERE outcome = 'succeeded' OR error_class IN {PROVIDER_FAILURES}) AS calls,
+                (SELECT found FROM reconciliation_reports ORDER BY finished_at DESC, id DESC LIMIT 1) AS drift,
+                s.free_bytes AS store_free_bytes, s.full_at > now() - interval '90 seconds' AS store_full
+         FROM (SELECT NULL) one
+         LEFT JOIN blob_store_space s ON s.checked_at > now() - interval '5 minutes'
+         CROSS JOIN (SELECT count(*) FILTER (WHERE outcome = 'succeeded' OR error_class IN {PROVIDER_FAILURES}) AS calls,
                       count(*) FILTER (WHERE error_class IN {PROVIDER_FAILURES}) AS failures
                FROM job_attempts WHERE finished_at > now() - interval '15 minutes') a"
     ))
@@ -75,6 +80,8 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         provider_calls: row.provider_calls,
         provider_failures: row.provider_failures,
         drift: row.drift.map(i64::from),
+        store_free_bytes: row.store_free_bytes,
+        store_full: row.store_full.unwrap_or(false),
     })
 }
 

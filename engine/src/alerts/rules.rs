@@ -20,16 +20,19 @@ pub enum Rule {
     ProviderFailures,
     /// The latest reconciliation found discrepancies.
     ReconciliationDrift,
+    /// The document store refused a write for want of room, or has little room left.
+    StoreFull,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 6] = [
+    pub const ALL: [Rule; 7] = [
         Rule::OldestWait,
         Rule::NotDraining,
         Rule::DlqDepth,
         Rule::DlqGrowth,
         Rule::ProviderFailures,
         Rule::ReconciliationDrift,
+        Rule::StoreFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -40,6 +43,7 @@ impl Rule {
             Rule::DlqGrowth => "dlq_growth",
             Rule::ProviderFailures => "provider_failures",
             Rule::ReconciliationDrift => "reconciliation_drift",
+            Rule::StoreFull => "store_full",
         }
     }
 
@@ -65,6 +69,8 @@ pub struct Thresholds {
     pub provider_min_calls: i64,
     /// Discrepancies the latest reconciliation may find (0: any fires).
     pub drift: i64,
+    /// The least free space the document store may have, in bytes (where it can be measured).
+    pub store_min_free_bytes: i64,
     /// The shortest a firing lasts (against flapping at a threshold).
     pub min_firing_secs: f64,
 }
@@ -79,6 +85,7 @@ impl Default for Thresholds {
             provider_failure_ratio: 0.5,
             provider_min_calls: 20,
             drift: 0,
+            store_min_free_bytes: 1 << 30,
             min_firing_secs: 300.0,
         }
     }
@@ -101,6 +108,10 @@ pub struct Observation {
     pub provider_failures: i64,
     /// Discrepancies in the latest reconciliation report, if there is one.
     pub drift: Option<i64>,
+    /// The document store's free bytes (a local folder's; none for S3 or not measured lately),
+    /// and whether a write found it full since it last had room.
+    pub store_free_bytes: Option<i64>,
+    pub store_full: bool,
 }
 
 /// One rule's verdict.
@@ -170,6 +181,17 @@ pub fn evaluate(obs: &Observation, t: &Thresholds) -> Vec<Reading> {
             t.drift as f64,
             format!("the latest reconciliation found {drift} discrepancies"),
         ),
+        reading(
+            Rule::StoreFull,
+            obs.store_full || obs.store_free_bytes.is_some_and(|free| free < t.store_min_free_bytes),
+            obs.store_free_bytes.unwrap_or(0) as f64,
+            t.store_min_free_bytes as f64,
+            match (obs.store_full, obs.store_free_bytes) {
+                (true, _) => "the document store is full: uploads are refused (507)".to_string(),
+                (false, Some(free)) => format!("the document store has {} MiB free", free >> 20),
+                (false, None) => "the document store's free space is not known".to_string(),
+            },
+        ),
     ]
 }
 
@@ -219,7 +241,7 @@ mod tests {
 
     #[test]
     fn each_rule_fires_past_its_threshold_only() {
-        let cases: [(Rule, Observation, Observation); 6] = [
+        let cases: [(Rule, Observation, Observation); 8] = [
             (
                 Rule::OldestWait,
                 Observation { backlog: 1, oldest_wait_secs: Some(900.0), ..quiet() },
@@ -245,6 +267,16 @@ mod tests {
                 Rule::ReconciliationDrift,
                 Observation { drift: Some(0), ..quiet() },
                 Observation { drift: Some(1), ..quiet() },
+            ),
+            (
+                Rule::StoreFull,
+                Observation { store_free_bytes: Some(1 << 30), ..quiet() },
+                Observation { store_free_bytes: Some((1 << 30) - 1), ..quiet() },
+            ),
+            (
+                Rule::StoreFull,
+                Observation { store_free_bytes: None, ..quiet() },
+                Observation { store_free_bytes: None, store_full: true, ..quiet() },
             ),
         ];
         for (rule, below, above) in cases {
@@ -272,8 +304,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn transitions_partition_the_rules(before in proptest::sample::subsequence(Rule::ALL.to_vec(), 0..=6),
-                                           now in proptest::sample::subsequence(Rule::ALL.to_vec(), 0..=6)) {
+        fn transitions_partition_the_rules(before in proptest::sample::subsequence(Rule::ALL.to_vec(), 0..=Rule::ALL.len()),
+                                           now in proptest::sample::subsequence(Rule::ALL.to_vec(), 0..=Rule::ALL.len())) {
             let readings: Vec<Reading> = Rule::ALL.iter().map(|&rule| Reading {
                 rule, firing: now.contains(&rule), value: 1.0, threshold: 0.0, detail: String::new(),
             }).collect();

@@ -39,6 +39,36 @@ fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode 
         "tcp": outcome(std::net::TcpStream::connect(tcp).map(drop)),
         "world_readable_file": outcome(std::fs::read("/etc/passwd").map(drop)),
         "socket_pair": outcome(std::os::unix::net::UnixStream::pair().map(drop)),
+        "io_uring": outcome(io_uring_setup()),
+        "other_abi": outcome(x32_getpid()),
     });
     answer_text(report.to_string())
+}
+
+/// Ask for an io_uring (one entry); closed again if it was given.
+fn io_uring_setup() -> std::io::Result<()> {
+    let mut params = [0u8; 120]; // struct io_uring_params, zeroed
+    // SAFETY: plain syscall with a buffer of the size the kernel reads.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just given to us.
+    unsafe { libc::close(fd as i32) };
+    Ok(())
+}
+
+/// `getpid` through the x32 ABI (x86_64's other system call numbering).
+fn x32_getpid() -> std::io::Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: plain syscall, no arguments.
+        let pid = unsafe { libc::syscall(libc::SYS_getpid | 0x4000_0000) };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Err(std::io::Error::from_raw_os_error(libc::EACCES))
 }

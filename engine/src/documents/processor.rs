@@ -274,7 +274,9 @@ impl DocumentProcessor {
                     sluice_types::thousands(estimated),
                     sluice_types::thousands(ceiling as i64)
                 ),
-            ));
+            )
+            // The reader's work came to nothing: it counts against the day's free ones.
+            .unreadable());
         }
         let limit = self.part_tokens(spec.preset);
         let pace = pace_part_tokens(estimated.max(0) as u64);
@@ -307,7 +309,8 @@ impl DocumentProcessor {
                     sluice_types::thousands(estimated),
                     sluice_types::thousands(by_size)
                 ),
-            ));
+            )
+            .unreadable());
         }
         let limit = limit.unwrap_or(u64::MAX / 8).min(pace);
         self.split_and_run(job, spec, task.text, limit, held).await
@@ -673,7 +676,7 @@ impl DocumentProcessor {
             ErrorClass::InvalidInput,
             format!(
                 "the provider's answer was longer than it may write at once{limit}, even for a short piece of the \
-                 document, so it was not kept; you were not charged"
+                 document, so it was not kept"
             ),
         )
     }

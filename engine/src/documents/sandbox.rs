@@ -368,13 +368,15 @@ pub fn lock_down(run_as: Option<RunAs>) -> Result<Walls, &'static str> {
         }
     }
     let landlock_abi = deny_files_and_network();
-    Ok(Walls { landlock_abi, seccomp: deny_sockets() })
+    Ok(Walls { landlock_abi, seccomp: deny_sockets_io_uring_and_other_abis() })
 }
 
-/// A seccomp filter refusing `socket` and `socketpair` (EACCES): the reader needs neither, and
-/// without a socket no Unix socket is reachable, whatever its folder's permissions. Needs
-/// no_new_privs (set with landlock, or here). Returns whether the filter is in place.
-fn deny_sockets() -> bool {
+/// A seccomp filter refusing (EACCES) `socket` and `socketpair` (the reader needs neither, and
+/// without a socket no Unix socket is reachable, whatever its folder's permissions), io_uring
+/// (its operations would bypass this filter's view of system calls), and every call through
+/// another ABI (i386's `int 0x80`, x32's numbers), whose numbers this filter would misread.
+/// Needs no_new_privs (set with landlock, or here). Returns whether the filter is in place.
+fn deny_sockets_io_uring_and_other_abis() -> bool {
     #[cfg(target_arch = "x86_64")]
     const ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
     #[cfg(target_arch = "aarch64")]
@@ -387,16 +389,30 @@ fn deny_sockets() -> bool {
     const ALLOW: u32 = 0x7fff_0000; // SECCOMP_RET_ALLOW
     const REFUSE: u32 = 0x0005_0000 | libc::EACCES as u32; // SECCOMP_RET_ERRNO
     let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-    let filter = [
+    let refused = [
+        libc::SYS_socket,
+        libc::SYS_socketpair,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ];
+    let mut filter = vec![
         op(LOAD_WORD, 0, 0, 4), // seccomp_data.arch
         op(JUMP_IF_EQUAL, 1, 0, ARCH),
-        op(RETURN, 0, 0, ALLOW), // another ABI's calls: not ours to judge
-        op(LOAD_WORD, 0, 0, 0),  // seccomp_data.nr
-        op(JUMP_IF_EQUAL, 2, 0, libc::SYS_socket as u32),
-        op(JUMP_IF_EQUAL, 1, 0, libc::SYS_socketpair as u32),
-        op(RETURN, 0, 0, ALLOW),
-        op(RETURN, 0, 0, REFUSE),
+        op(RETURN, 0, 0, REFUSE), // another ABI: refused
+        op(LOAD_WORD, 0, 0, 0),   // seccomp_data.nr
     ];
+    #[cfg(target_arch = "x86_64")]
+    {
+        const JUMP_IF_AT_LEAST: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+        const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+        filter.extend([op(JUMP_IF_AT_LEAST, 0, 1, X32_SYSCALL_BIT), op(RETURN, 0, 0, REFUSE)]);
+    }
+    // Each refused number jumps past the ones after it and the ALLOW, to the REFUSE at the end.
+    for (i, nr) in refused.iter().enumerate() {
+        filter.push(op(JUMP_IF_EQUAL, (refused.len() - i) as u8, 0, *nr as u32));
+    }
+    filter.extend([op(RETURN, 0, 0, ALLOW), op(RETURN, 0, 0, REFUSE)]);
     let program = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
     // SAFETY: plain syscalls; the program outlives the call (the kernel copies it).
     unsafe {

@@ -1,7 +1,9 @@
-//! Blobs without a job: an upload is stored before its admission commits, so a crash between
-//! the two leaves a blob no job points at. Reconciliation reports them; removing them is an
-//! explicit, audited operator action (`server repair orphans`), which deletes those older than
-//! a grace period (an upload in progress is never that old).
+//! Blobs no job needs: an upload is stored before its admission commits, so a crash between
+//! the two (or a request that ends without its cleanup) leaves a blob no job points at, and a
+//! deletion held off by a backup that then died leaves one only released jobs name.
+//! Reconciliation reports them; the upkeep deletes those older than a grace period (an upload
+//! in progress is never that old) once an hour, on the record, and an operator can too
+//! (`server repair orphans`).
 
 use std::time::Duration;
 
@@ -13,21 +15,51 @@ use super::Blobs;
 use crate::error::Result;
 use crate::queue::retention::PrunedJob;
 
-/// Delete stored documents older than `grace` that no job points at, on the record as
-/// `actor`'s. Returns how many.
+/// Delete stored documents older than `grace` that no job needs, on the record as `actor`'s.
+/// Returns how many.
 pub async fn remove_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration, actor: &str) -> Result<u64> {
+    let removed = delete_unneeded_before(pool, blobs, grace).await?;
+    let mut conn = pool.acquire().await?;
+    crate::audit::audit(&mut conn, actor, "remove_orphans", None, "", &removed.to_string()).await?;
+    Ok(removed)
+}
+
+/// The upkeep's turn of [`remove_orphans`]: on the record only when it removed something.
+pub async fn sweep_orphans(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Result<u64> {
+    let removed = delete_unneeded_before(pool, blobs, grace).await?;
+    if removed > 0 {
+        let mut conn = pool.acquire().await?;
+        crate::audit::audit(&mut conn, "upkeep", "remove_orphans", None, "", &removed.to_string()).await?;
+    }
+    Ok(removed)
+}
+
+async fn delete_unneeded_before(pool: &PgPool, blobs: &Blobs, grace: Duration) -> Result<u64> {
     let before = chrono::Utc::now() - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::hours(1));
     let mut batches = blobs.documents_before(before, 500);
     let mut removed = 0;
     while let Some(batch) = batches.next().await {
-        for key in without_jobs(pool, &batch?).await? {
-            blobs.delete(&key).await?;
-            removed += 1;
+        for key in unneeded(pool, &batch?).await? {
+            // Checked again under the document's lock (a "run again" admission takes it).
+            if delete_if_unneeded(pool, blobs, &key).await? {
+                removed += 1;
+            }
         }
     }
-    let mut conn = pool.acquire().await?;
-    crate::audit::audit(&mut conn, actor, "remove_orphans", None, "", &removed.to_string()).await?;
     Ok(removed)
+}
+
+/// The keys among `keys` that no job needs (none names them, or only jobs that let them go).
+async fn unneeded(pool: &PgPool, keys: &[String]) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT k FROM unnest($1::text[]) k
+         WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'document' AND j.payload #>> '{document,key}' = k
+                             AND j.deleted_at IS NULL
+                             AND (j.document_released_at IS NULL OR j.state NOT IN ('failed', 'canceled')))",
+    )
+    .bind(keys)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// The keys among `keys` that no job points at.
@@ -52,16 +84,62 @@ pub async fn delete_documents_of(pool: &PgPool, blobs: &Blobs, jobs: &[PrunedJob
     }
 }
 
+/// A stored upload no job names yet. Dropped before [`PendingBlob::keep`] (its request ended
+/// on a deadline, its client went away, the server is shutting down), it deletes the blob in
+/// the background unless a job came to need it meanwhile: an upload never strands its file.
+pub struct PendingBlob {
+    pool: PgPool,
+    blobs: Blobs,
+    key: Option<String>,
+}
+
+impl PendingBlob {
+    pub fn new(pool: &PgPool, blobs: &Blobs, key: &str) -> PendingBlob {
+        PendingBlob { pool: pool.clone(), blobs: blobs.clone(), key: Some(key.to_string()) }
+    }
+
+    /// A job names the blob now (or the intake deleted it): nothing more to do here.
+    pub fn keep(mut self) {
+        self.key = None;
+    }
+
+    /// Delete the blob now (its upload was refused).
+    pub async fn delete(mut self) {
+        if let Some(key) = self.key.take() {
+            if let Err(e) = self.blobs.delete(&key).await {
+                tracing::warn!(%key, error = %e, "could not delete a refused upload's file");
+            }
+        }
+    }
+}
+
+impl Drop for PendingBlob {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (pool, blobs) = (self.pool.clone(), self.blobs.clone());
+        // Checked under the document's lock, which an admission naming it holds until it
+        // commits: a job admitted at the very moment of the drop keeps its document.
+        runtime.spawn(async move {
+            if let Err(e) = delete_if_unneeded(&pool, &blobs, &key).await {
+                tracing::warn!(%key, error = %e, "could not delete an abandoned upload's file; the orphan sweep will");
+            }
+        });
+    }
+}
+
+/// Hold the stored document `key`'s lock until `tx` ends: a deletion checking whether a job
+/// needs it waits for this transaction to say.
+pub async fn lock_document(tx: &mut PgConnection, key: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 23))").bind(key).execute(&mut *tx).await?;
+    Ok(())
+}
+
 /// Whether a job still needs the stored document `key` (one naming it has not released it),
 /// holding the document's lock until `tx` ends: a job admitted to share it ("run again")
 /// checks this in its admission, a deletion just before deleting, so neither outruns the other.
 pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
-    // Shared with every other deletion, exclusive to a backup in progress (it copies first).
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1), pg_advisory_xact_lock(hashtextextended($2, 23))")
-        .bind(crate::backup::BACKUP_LOCK)
-        .bind(key)
-        .execute(&mut *tx)
-        .await?;
+    lock_document(tx, key).await?;
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = 'document' AND payload #>> '{document,key}' = $1
                         AND deleted_at IS NULL -- its owner deleted it: it needs nothing
@@ -74,13 +152,42 @@ pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
     .await?)
 }
 
+/// Whether a backup in progress has yet to copy `key`: then its deletion is left to the
+/// backup (marked `deferred`), which deletes it once copied. Waits at most
+/// [`crate::backup::DELETION_LOCK_WAIT`] for a backup listing its documents (then the
+/// database's lock timeout: busy, try again), never for the copying.
+async fn held_by_backup(tx: &mut PgConnection, key: &str) -> Result<bool> {
+    sqlx::query(&format!("SET LOCAL lock_timeout = '{}'", crate::backup::DELETION_LOCK_WAIT))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(crate::backup::BACKUP_LOCK).execute(&mut *tx).await?;
+    // No backup running: its rows (if one died) mean nothing.
+    let idle: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared($1)")
+        .bind(crate::backup::BACKUP_RUNNING)
+        .fetch_one(&mut *tx)
+        .await?;
+    if idle {
+        return Ok(false);
+    }
+    let held: Option<i32> = sqlx::query_scalar("UPDATE backup_holds SET deferred = true WHERE key = $1 RETURNING 1")
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+    Ok(held.is_some())
+}
+
 /// Delete the stored document `key` unless a job still needs it (documents are shared by the
-/// jobs that name them: "run again" does not copy). Returns whether it was deleted. A job
-/// admitted to share it after this check finds it unneeded, and is refused (as gone).
+/// jobs that name them: "run again" does not copy), or a backup in progress has yet to copy
+/// it (the backup deletes it then). Returns whether it was deleted. A job admitted to share it
+/// after this check finds it unneeded, and is refused (as gone).
 pub async fn delete_if_unneeded(pool: &PgPool, blobs: &Blobs, key: &str) -> Result<bool> {
     let mut tx = pool.begin().await?;
+    if held_by_backup(&mut tx, key).await? {
+        tx.commit().await?;
+        return Ok(false);
+    }
     let needed = document_needed(&mut tx, key).await?;
-    // Deleted while the locks are held: a backup starting now waits for it to be done.
+    // Deleted while the locks are held: a backup starting now lists it only if still needed.
     if !needed {
         blobs.delete(key).await?;
     }

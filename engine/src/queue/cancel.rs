@@ -36,6 +36,8 @@ struct Found {
     parts_done: i32,
     parts_total: Option<i32>,
     provider_call_in_flight: bool,
+    /// Its attempt is reading the document: the reader's work is spent whatever comes next.
+    reading: bool,
 }
 
 /// Cancel `job_id` for `actor`. `audited` puts it in the audit log (an admin acting on
@@ -55,7 +57,10 @@ pub async fn cancel(
              -- This attempt's stage (one left by an earlier attempt or part is older than it).
              coalesce(state = 'running' AND stage IN ('waiting_for_provider', 'writing')
                  AND stage_since >= (SELECT a.started_at FROM job_attempts a WHERE a.id = jobs.lease_token),
-                 false) AS provider_call_in_flight
+                 false) AS provider_call_in_flight,
+             coalesce(state = 'running' AND stage = 'reading'
+                 AND stage_since >= (SELECT a.started_at FROM job_attempts a WHERE a.id = jobs.lease_token),
+                 false) AS reading
          FROM jobs WHERE id = $1 FOR UPDATE",
     )
     .bind(job_id)
@@ -80,18 +85,22 @@ pub async fn cancel(
             .bind(kept as i32)
             .fetch_one(&mut *tx)
             .await?;
+            super::parts::forget(&mut tx, &[job_id]).await?;
             hooks.on_canceled(&mut tx, &job).await?;
             Canceled::Now
         }
         JobState::Running if !found.requested => {
+            // Canceled while read: it counts against the day's free unreadable documents
+            // (`failed_unreadable`), or hostile files canceled mid-read would be free past it.
             sqlx::query(
                 "UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, cancel_kept_credits = $3,
-                     updated_at = now()
+                     failed_unreadable = $4, updated_at = now()
                  WHERE id = $1",
             )
             .bind(job_id)
             .bind(actor)
             .bind(kept as i32)
+            .bind(found.reading)
             .execute(&mut *tx)
             .await?;
             Canceled::Requested
@@ -139,8 +148,10 @@ pub(crate) async fn end_requested(
     .bind(error)
     .fetch_all(&mut *tx)
     .await?;
+    let ids: Vec<Uuid> = ended.iter().map(|j| j.id).collect();
+    super::parts::forget(&mut *tx, &ids).await?;
     for job in &ended {
         hooks.on_canceled(&mut *tx, job).await?;
     }
-    Ok(ended.into_iter().map(|j| j.id).collect())
+    Ok(ids)
 }

@@ -261,9 +261,11 @@ impl PartStore {
         let estimates: Vec<i64> = parts.iter().map(|p| p.est_tokens).collect();
         let mut tx = pool.begin().await?;
         let held: Option<i32> = sqlx::query_scalar(
+            // Not once a cancel is asked for: a canceled job's text is not kept.
             "UPDATE jobs SET parts_total = CASE WHEN $3 = 0 THEN $4 ELSE parts_total END,
                  parts_stage = CASE WHEN $3 = 0 THEN 'parts' ELSE 'combining' END, updated_at = now()
-             WHERE id = $1 AND lease_token = $2 AND state = 'running' RETURNING 1",
+             WHERE id = $1 AND lease_token = $2 AND state = 'running' AND cancel_requested_at IS NULL
+             RETURNING 1",
         )
         .bind(job.id)
         .bind(job.lease_token)
@@ -290,6 +292,15 @@ impl PartStore {
         tx.commit().await?;
         Ok(true)
     }
+}
+
+/// Forget the parts (their text and answers) of jobs that can no longer continue: canceled
+/// ones, and failed ones once their replay window ends. Inside the caller's transaction.
+pub(crate) async fn forget(conn: &mut sqlx::PgConnection, jobs: &[Uuid]) -> Result<()> {
+    if !jobs.is_empty() {
+        sqlx::query("DELETE FROM job_parts WHERE job_id = ANY($1)").bind(jobs).execute(conn).await?;
+    }
+    Ok(())
 }
 
 /// A part's answer, to store.

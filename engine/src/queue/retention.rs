@@ -80,16 +80,22 @@ pub async fn releasable_documents(pool: &PgPool, failed_documents: Duration, lim
     .await?)
 }
 
-/// Record that these jobs' documents are deleted (after deleting them: a crash in between
-/// only deletes them again).
+/// Record that these jobs' documents are released (before deleting them: a crash in between
+/// leaves a document no job needs, which the orphan sweep deletes). Their parts' text goes
+/// with them: the job can no longer continue.
 pub async fn mark_released(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<PrunedJob>> {
+    let mut tx = pool.begin().await?;
     // Still ended: a job replayed from the dead-letter queue meanwhile keeps its document.
-    Ok(sqlx::query_as(
+    let released: Vec<PrunedJob> = sqlx::query_as(
         "UPDATE jobs SET document_released_at = now()
          WHERE id = ANY($1) AND document_released_at IS NULL AND state IN ('canceled', 'failed')
          RETURNING id, payload",
     )
     .bind(ids)
-    .fetch_all(pool)
-    .await?)
+    .fetch_all(&mut *tx)
+    .await?;
+    let ids: Vec<Uuid> = released.iter().map(|j| j.id).collect();
+    super::parts::forget(&mut tx, &ids).await?;
+    tx.commit().await?;
+    Ok(released)
 }

@@ -124,14 +124,14 @@ pub async fn enqueue_ending(
                         'cost', j.cost, 'accepted_at', j.accepted_at, 'finished_at', coalesce(j.finished_at, now()),
                         'status_url', '/api/v1/jobs/' || j.id,
                         'result_url', CASE WHEN $2 = 'done' THEN '/api/v1/jobs/' || j.id || '/result' END)),
-                -- A token with the most deliveries waiting gets this one given up, on the record.
+                -- An account with the most deliveries waiting gets this one given up, on the record.
                 CASE WHEN pending.n >= $3 THEN now() END,
-                CASE WHEN pending.n >= $3 THEN format('%s deliveries were already waiting for this token', $3) END
+                CASE WHEN pending.n >= $3 THEN format('%s deliveries were already waiting for this account', $3) END
          FROM jobs j
          CROSS JOIN LATERAL (
              SELECT count(*) AS n FROM (
                  SELECT 1 FROM webhook_deliveries d
-                 WHERE d.token_id = (j.payload #>> '{callback,token_id}')::bigint
+                 WHERE d.token_id IN (SELECT t.id FROM api_tokens t WHERE t.user_id = j.owner_id)
                    AND d.delivered_at IS NULL AND d.gave_up_at IS NULL LIMIT $3) p) pending
          WHERE j.id = $1 AND j.payload #>> '{callback,url}' IS NOT NULL
            AND EXISTS (SELECT 1 FROM api_tokens t WHERE t.id = (j.payload #>> '{callback,token_id}')::bigint)
@@ -139,7 +139,7 @@ pub async fn enqueue_ending(
     )
     .bind(job_id)
     .bind(ending)
-    .bind(super::outbox::MAX_PENDING_PER_TOKEN)
+    .bind(super::outbox::MAX_PENDING_PER_ACCOUNT)
     .execute(conn)
     .await?;
     Ok(())

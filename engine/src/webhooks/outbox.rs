@@ -2,11 +2,12 @@
 //! ones from any process (claimed with `SKIP LOCKED` and a lease, so each is sent by one
 //! process at a time and a crashed sender's delivery is picked up again).
 //!
-//! Fair and bounded: a token has at most [`MAX_PENDING_PER_TOKEN`] deliveries pending (past
-//! it a new one is given up at once, on the record); due deliveries are taken a token at a
-//! time (alerts first, then each token's oldest, then each token's second...), so one token's
-//! thousand callbacks do not delay another's one; delivered and given-up rows are pruned after
-//! a retention period.
+//! Fair and bounded: an account has at most [`MAX_PENDING_PER_ACCOUNT`] deliveries pending,
+//! whichever of its tokens they are for (past it a new one is given up at once, on the
+//! record); due deliveries are taken an account at a time (alerts first, then each account's
+//! oldest, then each account's second...), so one account's thousand callbacks, over however
+//! many tokens, do not delay another's one; delivered and given-up rows are pruned after a
+//! retention period.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -56,13 +57,15 @@ pub fn retry_delay(attempt: i32) -> Duration {
     Duration::from_secs(10u64.saturating_mul(1 << doublings).min(3600))
 }
 
-/// Deliveries one token may have waiting; past it, new ones are given up at once.
-pub const MAX_PENDING_PER_TOKEN: i64 = 1000;
+/// Deliveries one account may have waiting (all its tokens together); past it, new ones are
+/// given up at once.
+pub const MAX_PENDING_PER_ACCOUNT: i64 = 1000;
 
 /// Queue a delivery inside the caller's transaction; a second one for the same `event_key`
 /// is ignored (each event is delivered once). `token_id` names whose secret signs it; `None`
-/// means an alert, signed with the operator's secret. A token with [`MAX_PENDING_PER_TOKEN`]
-/// deliveries waiting gets this one recorded as given up, with the reason.
+/// means an alert, signed with the operator's secret. An account with
+/// [`MAX_PENDING_PER_ACCOUNT`] deliveries waiting gets this one recorded as given up, with the
+/// reason.
 pub async fn enqueue(
     conn: &mut PgConnection,
     event_key: &str,
@@ -74,10 +77,12 @@ pub async fn enqueue(
         "WITH pending AS (
              SELECT count(*) AS n FROM (
                  SELECT 1 FROM webhook_deliveries
-                 WHERE token_id = $3 AND delivered_at IS NULL AND gave_up_at IS NULL LIMIT $5) p)
+                 WHERE token_id IN (SELECT mine.id FROM api_tokens mine JOIN api_tokens this ON this.user_id = mine.user_id
+                                    WHERE this.id = $3)
+                   AND delivered_at IS NULL AND gave_up_at IS NULL LIMIT $5) p)
          INSERT INTO webhook_deliveries (event_key, url, token_id, body, gave_up_at, last_error)
          SELECT $1, $2, $3, $4, CASE WHEN pending.n >= $5 THEN now() END,
-                CASE WHEN pending.n >= $5 THEN format('%s deliveries were already waiting for this token', $5) END
+                CASE WHEN pending.n >= $5 THEN format('%s deliveries were already waiting for this account', $5) END
          FROM pending
          ON CONFLICT (event_key) DO NOTHING",
     )
@@ -85,7 +90,7 @@ pub async fn enqueue(
     .bind(url)
     .bind(token_id)
     .bind(body)
-    .bind(MAX_PENDING_PER_TOKEN)
+    .bind(MAX_PENDING_PER_ACCOUNT)
     .execute(conn)
     .await?;
     Ok(())
@@ -135,7 +140,7 @@ pub async fn deliver_due(pool: &PgPool, config: &DeliveryConfig, max: i64) -> Re
     Ok(tried)
 }
 
-/// Claim up to `max` due deliveries: alerts first, then a token at a time (each token's
+/// Claim up to `max` due deliveries: alerts first, then an account at a time (each account's
 /// oldest, then each one's second, ...). Each gets a lease that outlasts sending the whole
 /// batch (a POST's timeout plus two name lookups, per round of [`LANES`]), so no other sender
 /// takes it meanwhile; a crashed sender's are due again when it ends.
@@ -149,11 +154,11 @@ async fn claim_due(pool: &PgPool, config: &DeliveryConfig, max: i64) -> Result<V
              SELECT id FROM webhook_deliveries
              WHERE id IN (
                  SELECT id FROM (
-                     SELECT id, token_id, next_attempt_at,
-                            row_number() OVER (PARTITION BY token_id ORDER BY next_attempt_at, id) AS turn
-                     FROM webhook_deliveries
-                     WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()) due
-                 ORDER BY token_id IS NOT NULL, turn, next_attempt_at, id LIMIT $2)
+                     SELECT w.id, t.user_id AS account, w.next_attempt_at,
+                            row_number() OVER (PARTITION BY t.user_id ORDER BY w.next_attempt_at, w.id) AS turn
+                     FROM webhook_deliveries w LEFT JOIN api_tokens t ON t.id = w.token_id
+                     WHERE w.delivered_at IS NULL AND w.gave_up_at IS NULL AND w.next_attempt_at <= now()) due
+                 ORDER BY account IS NOT NULL, turn, next_attempt_at, id LIMIT $2)
                AND delivered_at IS NULL AND gave_up_at IS NULL AND next_attempt_at <= now()
              FOR UPDATE SKIP LOCKED)
          RETURNING d.id, d.event_key, d.url, d.token_id, d.body, d.attempts",

@@ -137,7 +137,7 @@ pub enum NotYours {
 const JOB_ID: &str = "The job's id (a UUID); anyone else's job is 404";
 
 /// `POST /api/v1/jobs`: 202 with `Location` once the job is committed; 200 with the earlier
-/// job for a duplicate; 402, 429, 503 (nothing stored), 413, 415, 422 otherwise. The same path
+/// job for a duplicate; 402, 429, 503, 507 (nothing stored), 413, 415, 422 otherwise. The same path
 /// as the upload page's server function ([`upload::upload`]).
 #[utoipa::path(
     post,
@@ -155,6 +155,7 @@ const JOB_ID: &str = "The job's id (a UUID); anyone else's job is 404";
         (status = 415, description = "Not a document type Sluice reads", body = ErrorBody),
         (status = 422, description = "A malformed form, preset or language", body = ErrorBody),
         (status = 429, description = "Too many documents or uploads in progress (Retry-After)", body = ErrorBody),
+        (status = 507, description = "The document store is full (Retry-After): nothing stored or charged", body = ErrorBody),
         Common,
     )
 )]

@@ -105,6 +105,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
             layers::timeout_unless_transfer(request_timeout, request, next)
         }))
         .layer(middleware::from_fn(csrf::refuse_cross_site))
+        .layer(middleware::from_fn_with_state(state.ctx.clone(), layers::admin_area_only_for_admins))
         .layer(sessions)
         .layer(middleware::from_fn_with_state(
             (ctx_pool, unavailable::DatabasePing::default()),

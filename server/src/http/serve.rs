@@ -1,7 +1,10 @@
 //! Serving connections with bounds a stranger cannot stretch: a request's headers must arrive
 //! within `header_read_timeout` (also the longest a kept-alive connection may sit idle), and
-//! at most `max_connections` are open at once; past that a new one is answered 503 at once and
-//! closed. hyper's own settings, not a hand-written loop over the bytes.
+//! at most `max_connections` are open at once, `max_connections_per_address` of them from one
+//! client address (IPv4 address, IPv6 /64; a trusted proxy is not bound by it). Past either, a
+//! new connection goes to the health lane ([`HEALTH_LANE`] connections at most, one request
+//! each): `/healthz` is answered there, anything else 503 with `Retry-After`; past that lane
+//! too, 503 at once and closed. hyper's own settings, not a hand-written loop over the bytes.
 //!
 //! Answers are bounded the other way too: while an answer waits to be written, the client must
 //! take at least [`MIN_PROGRESS`] bytes every `stalled_write_timeout` (nginx's `send_timeout`,
@@ -9,13 +12,16 @@
 //! 50 MiB download at a few bytes a second, holds a connection and a blob stream for seconds,
 //! not for ever.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use app::server::session::throttle_subject;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -27,13 +33,17 @@ use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 /// How connections are bounded.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ConnectionLimits {
     /// The most time a request's head may take to arrive, and a kept-alive connection may sit
     /// idle between requests.
     pub header_read_timeout: Duration,
     /// Connections open at once.
     pub max_connections: usize,
+    /// Connections open at once from one client address (IPv4, IPv6 /64).
+    pub max_connections_per_address: usize,
+    /// Peers that are proxies: the clients behind them are many, so no per-address share.
+    pub trusted_proxies: Arc<[IpAddr]>,
     /// While an answer waits to be written, the client must take [`MIN_PROGRESS`] bytes within
     /// this, or the connection is closed.
     pub stalled_write_timeout: Duration,
@@ -46,6 +56,8 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 4096,
+            max_connections_per_address: 256,
+            trusted_proxies: Arc::from([]),
             stalled_write_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
         }
@@ -55,6 +67,48 @@ impl Default for ConnectionLimits {
 const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: application/json\r\n\
 Connection: close\r\nContent-Length: 82\r\n\r\n\
 {\"error\":\"overloaded\",\"message\":\"too many connections are open; try again in 5 s\"}";
+
+/// Connections over a cap that may still ask for `/healthz` at once: one request each, with a
+/// head due within [`HEALTH_LANE_HEAD`].
+pub const HEALTH_LANE: usize = 64;
+const HEALTH_LANE_HEAD: Duration = Duration::from_secs(2);
+
+/// Connections open per client address; a share dropped gives its place back.
+#[derive(Default)]
+struct AddressShares {
+    open: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+/// One connection's place in its address's share.
+struct AddressShare {
+    shares: Arc<AddressShares>,
+    subject: String,
+}
+
+impl AddressShares {
+    /// A place for a connection from `subject`, unless it already holds `limit`.
+    fn take(self: &Arc<Self>, subject: String, limit: usize) -> Option<AddressShare> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let held = open.entry(subject.clone()).or_default();
+        if *held >= limit {
+            return None;
+        }
+        *held += 1;
+        Some(AddressShare { shares: self.clone(), subject })
+    }
+}
+
+impl Drop for AddressShare {
+    fn drop(&mut self) {
+        let mut open = self.shares.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = open.get_mut(&self.subject) {
+            *held -= 1;
+            if *held == 0 {
+                open.remove(&self.subject);
+            }
+        }
+    }
+}
 
 /// Serve `router` on `listener` until `shutdown` resolves, then stop accepting and give open
 /// connections `shutdown_grace` to finish.
@@ -69,7 +123,12 @@ pub async fn serve(
     let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     let builder = Arc::new(builder);
+    let mut lane = Builder::new(TokioExecutor::new()).http1_only();
+    lane.http1().timer(TokioTimer::new()).header_read_timeout(HEALTH_LANE_HEAD).keep_alive(false);
+    let lane = Arc::new(lane);
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let in_lane = Arc::new(Semaphore::new(HEALTH_LANE));
+    let shares = Arc::new(AddressShares::default());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -85,8 +144,20 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        let proxy = limits.trusted_proxies.contains(&peer.ip().to_canonical());
+        let share = if proxy {
+            None
+        } else {
+            match shares.take(throttle_subject(peer.ip()), limits.max_connections_per_address.max(1)) {
+                Some(share) => Some(share),
+                None => {
+                    health_lane(stream, peer, &router, &lane, &in_lane);
+                    continue;
+                }
+            }
+        };
         let Ok(permit) = open.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
+            health_lane(stream, peer, &router, &lane, &in_lane);
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -102,7 +173,7 @@ pub async fn serve(
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
-            drop(permit);
+            drop((permit, share));
         });
     }
     drop(listener);
@@ -110,6 +181,50 @@ pub async fn serve(
         tracing::warn!("some connections were still open at the end of the shutdown grace");
     }
     Ok(())
+}
+
+/// A connection over a cap: `/healthz` is answered (a health check must not fail because
+/// one host holds every connection), anything else 503 with `Retry-After`; one request, then
+/// closed. With the lane full too, refused at once.
+fn health_lane(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    router: &Router,
+    lane: &Arc<Builder<TokioExecutor>>,
+    in_lane: &Arc<Semaphore>,
+) {
+    let Ok(permit) = in_lane.clone().try_acquire_owned() else {
+        tokio::spawn(refuse(stream));
+        return;
+    };
+    let router = router.clone();
+    let service = tower::service_fn(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+        let router = router.clone();
+        async move {
+            if request.uri().path() == "/healthz" {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                router.oneshot(request.map(axum::body::Body::new)).await
+            } else {
+                Ok(overloaded())
+            }
+        }
+    });
+    let connection = lane.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
+    tokio::spawn(async move {
+        // One request: its head within the lane's limit, its answer soon after.
+        let _ = tokio::time::timeout(HEALTH_LANE_HEAD * 3, connection).await;
+        drop(permit);
+    });
+}
+
+/// The answer to a request over a connection cap.
+fn overloaded() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = axum::Json(serde_json::json!({
+        "error": "overloaded",
+        "message": "too many connections are open from your address or in all; try again in 5 s",
+    }));
+    (axum::http::StatusCode::SERVICE_UNAVAILABLE, [(axum::http::header::RETRY_AFTER, "5")], body).into_response()
 }
 
 /// A clear refusal for a connection over the cap: 503 with `Retry-After`, then close.

@@ -14,6 +14,8 @@ pub struct TestApp {
     pub addr: SocketAddr,
     pub pool: PgPool,
     pub blob_dir: std::path::PathBuf,
+    /// The app's own document store (what it knows of it: whether it is full).
+    pub blobs: engine::documents::blobs::Blobs,
     /// Every `/api/v1` answer this app gave, checked against its OpenAPI document.
     pub contract: server::testing::contract::ContractCheck,
 }
@@ -31,29 +33,28 @@ impl Drop for TestApp {
 impl TestApp {
     /// Start the app with `settings` on the test's database.
     pub async fn spawn(pool: PgPool, settings: WebSettings) -> TestApp {
-        let pool = wider_pool(&pool, 60).await;
         let db = pool.connect_options().get_database().unwrap_or("db").to_string();
         let blob_dir = std::env::temp_dir().join(format!("sluice-test-blobs-{db}"));
         // Database names repeat from run to run: an interrupted run's files must not count here.
         let _ = std::fs::remove_dir_all(&blob_dir);
+        TestApp::spawn_storing_in(pool, settings, blob_dir).await
+    }
+
+    /// Start the app with `settings`, storing documents in `blob_dir`.
+    pub async fn spawn_storing_in(pool: PgPool, settings: WebSettings, blob_dir: std::path::PathBuf) -> TestApp {
+        let pool = wider_pool(&pool, 60).await;
         let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
         let contract = server::testing::contract::ContractCheck::default();
-        let addr = server::startup::spawn_web_wrapped(pool.clone(), settings, blobs, |router| contract.around(router))
-            .await
-            .expect("the app starts");
-        TestApp { addr, pool, blob_dir, contract }
+        let addr =
+            server::startup::spawn_web_wrapped(pool.clone(), settings, blobs.clone(), |router| contract.around(router))
+                .await
+                .expect("the app starts");
+        TestApp { addr, pool, blob_dir, blobs, contract }
     }
 
     /// Files in blob storage (refusals must leave none behind).
     pub fn stored_blobs(&self) -> usize {
-        fn count(dir: &std::path::Path) -> usize {
-            std::fs::read_dir(dir)
-                .map(|entries| {
-                    entries.filter_map(|e| e.ok()).map(|e| if e.path().is_dir() { count(&e.path()) } else { 1 }).sum()
-                })
-                .unwrap_or(0)
-        }
-        count(&self.blob_dir)
+        files_under(&self.blob_dir)
     }
 
     /// An absolute URL for `path` on this app.
@@ -161,4 +162,13 @@ pub async fn work(app: &TestApp, jobs: usize) -> Vec<engine::queue::worker::Atte
     engine::queue::worker::work_once(&app.pool, &config, std::sync::Arc::new(processor), hooks, jobs as i64)
         .await
         .unwrap()
+}
+
+/// Files under `dir`, however deep (0 for a folder that is not there).
+pub fn files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries.filter_map(|e| e.ok()).map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum()
+        })
+        .unwrap_or(0)
 }

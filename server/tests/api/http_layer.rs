@@ -148,7 +148,7 @@ async fn a_server_functions_bad_arguments_are_the_clients_fault_not_ours(pool: P
     let client = reqwest::Client::new();
     let overflow = call(&client, &app, "list_jobs", &[("page", "99999999999999999999")]).await;
     assert_eq!(overflow.status(), 400, "{:?}", overflow.text().await);
-    let missing = call(&client, &app, "admin/set_gate", &[]).await;
+    let missing = call(&client, &app, "cancel_job", &[]).await;
     assert_eq!(missing.status(), 400);
     let text = missing.text().await.unwrap();
     assert!(text.contains("server_fn") && text.contains("size"), "the error says what is wrong: {text}");
@@ -173,8 +173,12 @@ fn closed_by_server(stream: &mut std::net::TcpStream) -> bool {
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn half_open_and_idle_connections_are_dropped_while_honest_requests_are_served(pool: PgPool) {
-    let settings =
-        WebSettings { header_read_timeout: Duration::from_secs(2), max_connections: 1_200, ..WebSettings::default() };
+    let settings = WebSettings {
+        header_read_timeout: Duration::from_secs(2),
+        max_connections: 1_200,
+        max_connections_per_address: 1_200,
+        ..WebSettings::default()
+    };
     let app = TestApp::spawn(pool, settings).await;
     let addr = app.addr;
     // 1,000 connections that send half a request head and then nothing.
@@ -218,27 +222,56 @@ async fn half_open_and_idle_connections_are_dropped_while_honest_requests_are_se
     assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200);
 }
 
+/// A request on a new connection (from `from`, when given): the whole answer.
+async fn ask_on_new_connection(addr: std::net::SocketAddr, from: Option<std::net::IpAddr>, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(ip) = from {
+        socket.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
+    }
+    let mut stream = socket.connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn past_the_connection_cap_a_new_connection_is_refused_clearly(pool: PgPool) {
+async fn past_the_connection_cap_a_new_connection_is_refused_clearly_and_health_is_still_served(pool: PgPool) {
     let settings = WebSettings { max_connections: 20, ..WebSettings::default() };
     let app = TestApp::spawn(pool, settings).await;
     let held: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(app.addr).unwrap()).collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let addr = app.addr;
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut extra = std::net::TcpStream::connect(addr).unwrap();
-        extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut answer = String::new();
-        let _ = std::io::Read::read_to_string(&mut extra, &mut answer);
-        answer
-    })
-    .await
-    .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 503 ") && answer.contains("Retry-After: 5"), "{answer}");
+    let answer = ask_on_new_connection(app.addr, None, "/api/v1/jobs").await;
+    assert!(answer.starts_with("HTTP/1.1 503 ") && answer.to_lowercase().contains("retry-after: 5"), "{answer}");
     assert!(answer.contains("too many connections"), "{answer}");
+    let health = ask_on_new_connection(app.addr, None, "/healthz").await;
+    assert!(health.starts_with("HTTP/1.1 200 "), "a health check is answered past the cap: {health}");
     drop(held);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200, "served again once they close");
+}
+
+/// One host cannot hold every connection: past its address's share its new connections get
+/// 503 (health checks still answered), while another address is served as usual.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn one_address_holds_at_most_its_share_of_connections(pool: PgPool) {
+    let settings = WebSettings { max_connections: 1_000, max_connections_per_address: 10, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let held: Vec<_> = (0..10).map(|_| std::net::TcpStream::connect(app.addr).unwrap()).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = ask_on_new_connection(app.addr, None, "/api/v1/jobs").await;
+    assert!(refused.starts_with("HTTP/1.1 503 ") && refused.to_lowercase().contains("retry-after: 5"), "{refused}");
+    let health = ask_on_new_connection(app.addr, None, "/healthz").await;
+    assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
+    // Another address (loopback has them all) is not bound by this one's share.
+    let other = ask_on_new_connection(app.addr, Some("127.0.0.2".parse().unwrap()), "/api/v1/jobs").await;
+    assert!(other.starts_with("HTTP/1.1 401 "), "served (and asked to log in): {other}");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = ask_on_new_connection(app.addr, None, "/api/v1/jobs").await;
+    assert!(again.starts_with("HTTP/1.1 401 "), "its share is back once they close: {again}");
 }
 
 /// A download's minimum rate: a reader that stops, or trickles, has its connection closed

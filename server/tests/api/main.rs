@@ -12,6 +12,7 @@ mod operator;
 mod pricing;
 mod restart;
 mod sessions;
+mod store_full;
 mod support;
 mod untrusted;
 mod upload_function;

@@ -134,6 +134,21 @@ async fn admins_find_any_job_and_change_users_on_the_record(pool: PgPool) {
         let answer = call(&alice_browser, &app, name, &[("email", "bob@example.com"), ("filter[text]", "bob")]).await;
         assert_eq!(answer.status(), 404, "{name}");
     }
+    // Not even which arguments it would refuse: 404 before any is decoded (a bad one, a
+    // missing one), where an admin gets 422 or 400.
+    let ops_browser = browser(&app, "ops@example.com").await;
+    for (name, form) in [
+        ("admin/dlq_replay", vec![("kind", "nonsense"), ("reason", "x")]),
+        ("admin/dlq_discard", vec![("kind", "nonsense"), ("reason", "x")]),
+        ("admin/dlq_replay", vec![]),
+        ("admin/grant_credits", vec![("user_id", "many")]),
+    ] {
+        assert_eq!(call(&alice_browser, &app, name, &form).await.status(), 404, "{name} {form:?}");
+        let anonymous = reqwest::Client::new();
+        assert_eq!(call(&anonymous, &app, name, &form).await.status(), 404, "{name} {form:?}, no session");
+        let admin = call(&ops_browser, &app, name, &form).await.status();
+        assert!(admin == 422 || admin == 400, "{name} {form:?}: an admin is told what is wrong ({admin})");
+    }
     let answer =
         call(&alice_browser, &app, "admin/grant_credits", &[("user_id", &alice.to_string()), ("amount", "99")]).await;
     assert_eq!(answer.status(), 404);

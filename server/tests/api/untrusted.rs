@@ -193,6 +193,46 @@ async fn a_client_silent_between_parts_is_dropped_after_the_idle_time(pool: PgPo
     assert_eq!(app.stored_blobs(), 0);
 }
 
+/// The file stored, then a side field trickled a byte at a time, never idle long enough to be
+/// dropped for it: the upload's deadline ends it, and the stored file goes with it (no job, no
+/// quota, nothing for an operator to find).
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_upload_held_open_past_its_deadline_after_its_file_leaves_nothing_stored(pool: PgPool) {
+    let settings = WebSettings {
+        upload_idle: Duration::from_secs(2),
+        upload_deadline: Duration::from_secs(3),
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let (user, token) = app.user_with_token("trickle@example.com", 5, 5).await;
+    let addr = app.addr;
+    let blobs = app.blob_dir.clone();
+    let (status, stored_meanwhile) = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let file = format!(
+            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notes.txt\"\r\n\
+             Content-Type: text/plain\r\n\r\nNotes worth keeping, twice over.\r\n\
+             --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"language\"\r\n\r\n"
+        );
+        let mut stream = open_upload(addr, &token, &multipart_type(), 10_000, file.as_bytes());
+        let mut stored_meanwhile = false;
+        for _ in 0..12 {
+            std::thread::sleep(Duration::from_millis(500));
+            stored_meanwhile |= files_under(&blobs) > 0;
+            if stream.write_all(b"F").is_err() {
+                break;
+            }
+        }
+        (status_within(&mut stream, Duration::from_secs(10)), stored_meanwhile)
+    })
+    .await
+    .unwrap();
+    assert!(stored_meanwhile, "the file was stored before the side field began");
+    assert_eq!(status, 422, "ended by the deadline, in words");
+    assert_eq!(app.stored_blobs(), 0, "what it stored is gone");
+    assert_eq!(app.user_state(user).await, (5, 0, 5, 0), "no job, nothing charged");
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_reused_idempotency_key_is_refused_unread_while_intake_is_overloaded(pool: PgPool) {
     let mut settings = WebSettings::default();
@@ -221,3 +261,4 @@ async fn a_reused_idempotency_key_is_refused_unread_while_intake_is_overloaded(p
     .unwrap();
     assert_eq!(status, 503, "an overloaded intake refuses even a retry before reading it");
 }
+

@@ -112,9 +112,10 @@ async fn post(request: reqwest::RequestBuilder) -> Result<(HeaderMap, Value), Jo
 }
 
 /// The model declined to answer (a refusal or a content filter): what came is not the answer,
-/// and asking again would not change it.
+/// and asking again would not change it. The document's failure, not ours: invalid input (it
+/// keeps the share of its calls answered, `sluice_types::settlement::Fault::Document`).
 fn declined() -> JobError {
-    JobError::new(ErrorClass::Rejected, "the provider declined to answer this document")
+    JobError::new(ErrorClass::InvalidInput, "the provider declined to answer this document")
 }
 
 /// The request body both APIs share: one user message with the task's prompt.
