@@ -60,9 +60,9 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
     let pool = wider_pool(&pool, 30).await;
     let docs = TempBlobs::new("backup-live");
     let owner = users::create_user(&pool, "big@example.com", "password123", Role::User, 1_000_000).await.unwrap();
-    // 3 GiB in six documents, then a hundred small ones to delete and a few to run again.
+    // 2 GiB in four documents, then a hundred small ones to delete; three big ones run again.
     let mut big = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..4 {
         big.push(document(&pool, &docs, owner.id, 512 << 20, "done").await);
     }
     let mut small = Vec::new();
@@ -89,7 +89,11 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
         .await
         .unwrap();
 
-    let target = std::env::temp_dir().join(format!("sluice-backup-live-copy-{}", std::process::id()));
+    // The copy goes to memory where the machine has it (/dev/shm): the test is about who waits,
+    // not about this disk's speed.
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    let target = base.join(format!("sluice-backup-live-copy-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&target);
     let url = database_url(&pool).await;
     let bin = pgcluster::find_bin_dir().expect("Postgres's binaries");
@@ -125,14 +129,14 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
     .await;
     assert!(waiting, "the backup is copying");
 
-    // Meanwhile: a hundred deletions, five "run again", the release sweep and lease rescue.
+    // Meanwhile: a hundred deletions, three "run again", the release sweep and lease rescue.
     let mut took = Vec::new();
     for (id, _) in &small {
         let deleted = timed(&mut took, deletion::delete_job(&pool, &docs.blobs, owner.id, *id)).await.unwrap();
         assert_eq!(deleted, deletion::JobDeletion::Deleted);
     }
     let config = AdmissionConfig::default();
-    for (id, _) in &big[..5] {
+    for (id, _) in &big[..3] {
         let earlier: serde_json::Value =
             sqlx::query_scalar("SELECT payload FROM jobs WHERE id = $1").bind(id).fetch_one(&pool).await.unwrap();
         let options = UploadOptions { preset: Preset::Summarize, ..UploadOptions::default() };
@@ -158,7 +162,7 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
     // Consistent: every document its jobs name is in it, the deleted and released ones too
     // (they were not copied yet when they were let go).
     assert_eq!(manifest.documents, big.len() + small.len() + canceled.len(), "{manifest:?}");
-    assert_eq!(manifest.document_bytes, 6 * (512 << 20) + 105 * (4 << 10));
+    assert_eq!(manifest.document_bytes, 4 * (512 << 20) + 105 * (4 << 10));
     for (_, key) in big.iter().chain(&small).chain(&canceled) {
         assert!(target.join("documents").join(key).exists(), "{key} is in the backup");
     }
