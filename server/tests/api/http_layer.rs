@@ -151,7 +151,7 @@ async fn a_server_functions_bad_arguments_are_the_clients_fault_not_ours(pool: P
     let missing = call(&client, &app, "cancel_job", &[]).await;
     assert_eq!(missing.status(), 400);
     let text = missing.text().await.unwrap();
-    assert!(text.contains("server_fn") && text.contains("size"), "the error says what is wrong: {text}");
+    assert!(text.contains("server_fn") && text.contains("`id`"), "the error says what is wrong: {text}");
     // A password longer than any account's is wrong at once (no hashing of a huge input).
     let long = call(&client, &app, "log_in", &[("email", "a@example.com"), ("password", &"p".repeat(5_000))]).await;
     assert_eq!(long.status(), 401);
@@ -261,16 +261,17 @@ async fn one_address_holds_at_most_its_share_of_connections(pool: PgPool) {
     let app = TestApp::spawn(pool, settings).await;
     let held: Vec<_> = (0..10).map(|_| std::net::TcpStream::connect(app.addr).unwrap()).collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let refused = ask_on_new_connection(app.addr, None, "/api/v1/jobs").await;
+    let job = "/api/v1/jobs/00000000-0000-0000-0000-000000000000";
+    let refused = ask_on_new_connection(app.addr, None, job).await;
     assert!(refused.starts_with("HTTP/1.1 503 ") && refused.to_lowercase().contains("retry-after: 5"), "{refused}");
     let health = ask_on_new_connection(app.addr, None, "/healthz").await;
     assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
     // Another address (loopback has them all) is not bound by this one's share.
-    let other = ask_on_new_connection(app.addr, Some("127.0.0.2".parse().unwrap()), "/api/v1/jobs").await;
+    let other = ask_on_new_connection(app.addr, Some("127.0.0.2".parse().unwrap()), job).await;
     assert!(other.starts_with("HTTP/1.1 401 "), "served (and asked to log in): {other}");
     drop(held);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let again = ask_on_new_connection(app.addr, None, "/api/v1/jobs").await;
+    let again = ask_on_new_connection(app.addr, None, job).await;
     assert!(again.starts_with("HTTP/1.1 401 "), "its share is back once they close: {again}");
 }
 

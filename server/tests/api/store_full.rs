@@ -47,7 +47,9 @@ async fn upload_pdf(app: &TestApp, token: &str, n: usize) -> u16 {
         let headers = format!(
             "Content-Disposition: form-data; name=\"file\"; filename=\"scan-{n}.pdf\"\r\nContent-Type: application/pdf"
         );
-        raw_upload(addr, &token, &headers, b"%PDF-1.7\n", b'0', 7 * MIB).status
+        // Each its own bytes (the same bytes again would be the same document).
+        let head = format!("%PDF-1.7\n% scan {n}\n");
+        raw_upload(addr, &token, &headers, head.as_bytes(), b'0', 7 * MIB).status
     })
     .await
     .unwrap()
