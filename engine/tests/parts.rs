@@ -576,6 +576,13 @@ async fn a_pdf_denser_than_its_hold_is_not_done_in_parts_and_is_refunded(pool: P
     assert_eq!(ledger_of(&pool, job_id).await.len(), 2, "debited, then refunded");
     assert_eq!(view.refunded, 1);
     assert!(view.parts_total.is_none(), "no part was stored");
+    // The reader's work came to nothing: it counts against the day's free unreadable ones.
+    let counted: bool = sqlx::query_scalar("SELECT failed_unreadable FROM jobs WHERE id = $1")
+        .bind(job_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(counted, "refused once read counts as reader work");
 }
 
 async fn parts_kept(pool: &PgPool, job: Uuid) -> i64 {
