@@ -10,7 +10,7 @@ use crate::pages::endings::{self, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
 use crate::pages::{capitalise, credits_text};
 use crate::server::jobs::{job_detail, list_jobs, CancelJob, DeleteJob, RetryNow};
-use sluice_types::settlement::{calls_started, kept_on_cancel};
+use sluice_types::settlement::{calls_started, kept_on_cancel, FREE_UNREADABLE_PER_DAY};
 
 /// Ticks `now` every second and calls `refresh` every 2 s while the tab is visible, every
 /// 10 s while it is hidden, and at once when a hidden tab is shown again.
@@ -146,9 +146,15 @@ pub fn cancel_question(name: &str, cost: i64, stage: Option<JobStage>, parts: Op
     let in_flight = matches!(stage, Some(JobStage::WaitingForProvider | JobStage::Writing));
     let (done, total) = parts.unwrap_or((0, 1));
     let kept = kept_on_cancel(cost, calls_started(done.max(0) as u32, in_flight), total.max(1) as u32);
+    // Canceled while read, it counts as an unreadable document (the reader's work is spent).
+    let unless = if stage == Some(JobStage::Reading) {
+        format!(", unless you already had {FREE_UNREADABLE_PER_DAY} unreadable documents refunded today")
+    } else {
+        String::new()
+    };
     match kept {
-        0 if cost == 1 => format!("Cancel {name}? Your 1 credit comes back."),
-        0 if cost > 1 => format!("Cancel {name}? Your {cost} credits come back."),
+        0 if cost == 1 => format!("Cancel {name}? Your 1 credit comes back{unless}."),
+        0 if cost > 1 => format!("Cancel {name}? Your {cost} credits come back{unless}."),
         0 => format!("Cancel {name}?"),
         k if k >= cost => format!(
             "The provider is already working on {name}: canceling now still costs {}. Cancel anyway?",
@@ -674,8 +680,9 @@ mod tests {
         assert_eq!(cancel_question("a.txt", 1, None, None), "Cancel a.txt? Your 1 credit comes back.");
         assert_eq!(
             cancel_question("a.txt", 2, Some(JobStage::Reading), None),
-            "Cancel a.txt? Your 2 credits come back."
+            "Cancel a.txt? Your 2 credits come back, unless you already had 3 unreadable documents refunded today."
         );
+        assert_eq!(cancel_question("a.txt", 2, None, None), "Cancel a.txt? Your 2 credits come back.");
         assert_eq!(
             cancel_question("a.txt", 2, Some(JobStage::WaitingForProvider), None),
             "The provider is already working on a.txt: canceling now still costs 2 credits. Cancel anyway?"
