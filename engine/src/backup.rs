@@ -93,9 +93,11 @@ pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &P
 
 /// Delete every row of `backup_holds`; returns the keys whose deletion was deferred to it.
 async fn release_holds(lock: &mut PgConnection) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar("WITH gone AS (DELETE FROM backup_holds RETURNING key, deferred) SELECT key FROM gone WHERE deferred")
-        .fetch_all(&mut *lock)
-        .await?)
+    Ok(sqlx::query_scalar(
+        "WITH gone AS (DELETE FROM backup_holds RETURNING key, deferred) SELECT key FROM gone WHERE deferred",
+    )
+    .fetch_all(&mut *lock)
+    .await?)
 }
 
 /// The dump and the documents its jobs name, read from one exported snapshot; the documents
@@ -139,7 +141,14 @@ async fn dump_and_copy(
     let dumped = tokio::process::Command::new(pg_bin.join("pg_dump"))
         // Sessions stay out: a backup holds no key to anyone's account (users log in again
         // after a restore).
-        .args(["--format=custom", "--no-owner", "--exclude-table-data", SESSIONS, "--exclude-table-data", "backup_holds"])
+        .args([
+            "--format=custom",
+            "--no-owner",
+            "--exclude-table-data",
+            SESSIONS,
+            "--exclude-table-data",
+            "backup_holds",
+        ])
         .args(["--snapshot", &snapshot, "--file"])
         .arg(dir.join(DUMP))
         .arg("--dbname")
@@ -160,11 +169,10 @@ async fn dump_and_copy(
         let path = document_path(dir, key)?;
         let copied = copy_document(blobs, key, &path).await;
         // Copied (or not there to copy): a deletion held off meanwhile happens now.
-        let deferred: Option<bool> =
-            sqlx::query_scalar("DELETE FROM backup_holds WHERE key = $1 RETURNING deferred")
-                .bind(key)
-                .fetch_optional(&mut *lock)
-                .await?;
+        let deferred: Option<bool> = sqlx::query_scalar("DELETE FROM backup_holds WHERE key = $1 RETURNING deferred")
+            .bind(key)
+            .fetch_optional(&mut *lock)
+            .await?;
         if deferred == Some(true) {
             crate::documents::sweep::delete_if_unneeded(pool, blobs, key).await?;
         }

@@ -292,7 +292,8 @@ async fn the_outbox_takes_accounts_in_turn_bounds_each_and_prunes_what_ended(poo
     let lab = TargetPolicy { allow_private: true, ..TargetPolicy::default() };
     let config = DeliveryConfig { policy: lab.clone(), ..delivery_config() };
     let mut tokens_of = Vec::new();
-    for (email, names) in [("flood@example.com", vec!["f0", "f1", "f2", "f3", "f4"]), ("quiet@example.com", vec!["q"])] {
+    for (email, names) in [("flood@example.com", vec!["f0", "f1", "f2", "f3", "f4"]), ("quiet@example.com", vec!["q"])]
+    {
         let user = engine::accounts::users::create_user(&pool, email, "password123", engine::accounts::Role::User, 0)
             .await
             .unwrap();
@@ -498,7 +499,9 @@ async fn a_deleted_admins_address_is_erased_from_reviews_acknowledgements_alerts
 /// table without a usable index would still be scanned whole).
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn erasing_an_address_scans_no_table_whole(pool: PgPool) {
-    use engine::accounts::deletion::{containing, whole_address_pattern, ACCOUNT_THROTTLE_ROWS, ADDRESS_COLUMNS, ADDRESS_TEXTS};
+    use engine::accounts::deletion::{
+        containing, whole_address_pattern, ACCOUNT_THROTTLE_ROWS, ADDRESS_COLUMNS, ADDRESS_TEXTS,
+    };
     const EMAIL: &str = "gone@example.com";
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();

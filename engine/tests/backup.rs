@@ -143,12 +143,10 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
         let again = timed(&mut took, intake::run_again(&pool, &config, owner.id, &earlier, &options)).await.unwrap();
         assert!(matches!(again, engine::accounts::admission::Admission::Accepted { .. }), "{again:?}");
     }
-    let released = timed(
-        &mut took,
-        engine::documents::sweep::release_documents(&pool, &docs.blobs, Duration::from_secs(3600)),
-    )
-    .await
-    .unwrap();
+    let released =
+        timed(&mut took, engine::documents::sweep::release_documents(&pool, &docs.blobs, Duration::from_secs(3600)))
+            .await
+            .unwrap();
     assert_eq!(released, canceled.len());
     let rescued =
         timed(&mut took, engine::queue::rescue::rescue_expired(&pool, &AccountHooks, &RetryPolicy::default())).await;

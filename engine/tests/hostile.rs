@@ -240,10 +240,8 @@ async fn documents_no_job_points_at_are_removed_after_their_grace_on_the_record(
     // The upkeep's own turn: a stored document only a released job names (its deletion was
     // held off and never came back), and one no job names, go, on the record as the upkeep's.
     let released = submit(&pool, &blobs, user.id, "released.txt", b"Canceled and released.").await;
-    let released_key = engine::queue::get(&pool, released).await.unwrap().payload["document"]["key"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let released_key =
+        engine::queue::get(&pool, released).await.unwrap().payload["document"]["key"].as_str().unwrap().to_string();
     sqlx::query("UPDATE jobs SET state = 'canceled', finished_at = now(), document_released_at = now() WHERE id = $1")
         .bind(released)
         .execute(&pool)
@@ -254,10 +252,8 @@ async fn documents_no_job_points_at_are_removed_after_their_grace_on_the_record(
     assert_eq!(engine::documents::sweep::sweep_orphans(&pool, &blobs, Duration::ZERO).await.unwrap(), 2);
     assert!(matches!(blobs.get(&released_key).await, Err(engine::EngineError::NotFound)));
     assert!(blobs.get(key).await.is_ok(), "a job's document stays");
-    let upkeep: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'upkeep'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let upkeep: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'upkeep'").fetch_one(&pool).await.unwrap();
     assert_eq!(upkeep, 1, "on the record when it removed something, quiet when not");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -278,14 +274,14 @@ async fn an_upload_abandoned_before_its_admission_leaves_no_file(pool: PgPool) {
 
     // Admitted just as its request was dropped: the job keeps its document.
     let admitted = submit(&pool, &blobs, user.id, "admitted.txt", b"Admitted at the last moment.").await;
-    let key = engine::queue::get(&pool, admitted).await.unwrap().payload["document"]["key"].as_str().unwrap().to_string();
+    let key =
+        engine::queue::get(&pool, admitted).await.unwrap().payload["document"]["key"].as_str().unwrap().to_string();
     drop(PendingBlob::new(&pool, &blobs, &key));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(blobs.get(&key).await.is_ok(), "a job's document stays");
 
     let _ = std::fs::remove_dir_all(&dir);
 }
-
 
 /// The reader is a wall: locked down as in production, a child that tries to reach the
 /// database's trust-auth socket, a file in the data folder or the network gets nowhere, while

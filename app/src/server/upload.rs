@@ -462,9 +462,9 @@ async fn read_form(
         Ok::<_, AppError>(())
     };
     // The deadline drops the reading, not this function: what was stored is deleted below.
-    let read = tokio::time::timeout(deadline, read).await.unwrap_or_else(|_| {
-        Err(AppError::invalid("the upload took too long; try again on a faster connection"))
-    });
+    let read = tokio::time::timeout(deadline, read)
+        .await
+        .unwrap_or_else(|_| Err(AppError::invalid("the upload took too long; try again on a faster connection")));
     match (read, stored) {
         (Ok(()), Some(stored)) => Ok((stored, options)),
         (Ok(()), None) => Err(AppError::invalid("the form needs a `file` field")),

@@ -58,7 +58,9 @@ async fn fault_of(conn: &mut PgConnection, job: &TerminalJob, settlement: &Settl
 fn charged_because(fault: Fault) -> Option<String> {
     match fault {
         Fault::Ours => None,
-        Fault::Unreadable { .. } => Some(format!("only {FREE_UNREADABLE_PER_DAY} unreadable documents a day are refunded")),
+        Fault::Unreadable { .. } => {
+            Some(format!("only {FREE_UNREADABLE_PER_DAY} unreadable documents a day are refunded"))
+        }
         Fault::Document { calls_made, calls_total } => {
             Some(format!("the provider had answered {calls_made} of its {calls_total} parts"))
         }
@@ -124,8 +126,9 @@ impl TerminalHooks for AccountHooks {
                 if settlement.kept > 0 { "canceled after the provider call started" } else { "canceled" }.to_string();
             // Canceled while read: the reader's work counts like an unreadable document's.
             if settlement.unreadable {
-                let fault =
-                    Fault::Unreadable { refunded_today: ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await? };
+                let fault = Fault::Unreadable {
+                    refunded_today: ledger::unreadable_refunded_today(tx, job.owner_id, job.id).await?,
+                };
                 let allowed = refund_on_failure(cost, settlement.price, fault);
                 if allowed < refund {
                     refund = allowed;

@@ -29,7 +29,9 @@ pub fn refund_message(reason: Option<&str>, cost: i32, refunded: i64, charged_be
     let why = charged_because.unwrap_or("");
     match (cost, refunded) {
         (0, _) => format!("Your document could not be processed ({reason})."),
-        _ if charged <= 0 => format!("Your document could not be processed ({reason}). {} refunded.", credits(refunded)),
+        _ if charged <= 0 => {
+            format!("Your document could not be processed ({reason}). {} refunded.", credits(refunded))
+        }
         (_, 0) => format!("Your document could not be processed ({reason}). Charged {}: {why}.", credits(charged)),
         (_, n) => format!(
             "Your document could not be processed ({reason}). {} refunded; charged {}: {why}.",
@@ -101,7 +103,9 @@ mod tests {
         assert_eq!(refund_message(Some("timeout"), 0, 0, None), "Your document could not be processed (timeout).");
         assert!(refund_message(None, 1, 1, None).ends_with("(it failed). 1 credit refunded."));
         assert!(refund_message(Some("x"), 3, 3, None).ends_with("3 credits refunded."));
-        assert!(refund_message(Some("x"), 3, 0, allowance).contains("Charged 3 credits: only 3 unreadable documents a day"));
+        assert!(
+            refund_message(Some("x"), 3, 0, allowance).contains("Charged 3 credits: only 3 unreadable documents a day")
+        );
         assert!(refund_message(Some("cut"), 12, 1, Some("the provider had answered 11 of its 12 parts"))
             .ends_with("1 credit refunded; charged 11 credits: the provider had answered 11 of its 12 parts."));
     }

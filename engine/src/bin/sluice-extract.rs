@@ -48,7 +48,7 @@ fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode 
 /// Ask for an io_uring (one entry); closed again if it was given.
 fn io_uring_setup() -> std::io::Result<()> {
     let mut params = [0u8; 120]; // struct io_uring_params, zeroed
-    // SAFETY: plain syscall with a buffer of the size the kernel reads.
+                                 // SAFETY: plain syscall with a buffer of the size the kernel reads.
     let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());

@@ -54,7 +54,9 @@ fn out_of_space(e: &object_store::Error) -> bool {
         source = error.source();
     }
     let said = e.to_string();
-    said.contains("No space left on device") || said.contains("XMinioStorageFull") || said.contains("Insufficient Storage")
+    said.contains("No space left on device")
+        || said.contains("XMinioStorageFull")
+        || said.contains("Insufficient Storage")
 }
 
 fn now_ms() -> u64 {
@@ -66,7 +68,12 @@ impl Blobs {
     pub fn local(folder: &Path) -> Result<Blobs> {
         std::fs::create_dir_all(folder).map_err(|e| EngineError::Storage(e.to_string()))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(folder).map_err(storage)?;
-        Ok(Blobs { store: Arc::new(store), part_bytes: 1 << 20, folder: Some(folder.to_path_buf()), full_since_ms: Arc::default() })
+        Ok(Blobs {
+            store: Arc::new(store),
+            part_bytes: 1 << 20,
+            folder: Some(folder.to_path_buf()),
+            full_since_ms: Arc::default(),
+        })
     }
 
     /// `s3://bucket/prefix` and the like; credentials and endpoint from the usual `AWS_*`

@@ -157,9 +157,7 @@ pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
 /// [`crate::backup::DELETION_LOCK_WAIT`] for a backup listing its documents (then the
 /// database's lock timeout: busy, try again), never for the copying.
 async fn held_by_backup(tx: &mut PgConnection, key: &str) -> Result<bool> {
-    sqlx::query(&format!("SET LOCAL lock_timeout = '{}'", crate::backup::DELETION_LOCK_WAIT))
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(&format!("SET LOCAL lock_timeout = '{}'", crate::backup::DELETION_LOCK_WAIT)).execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(crate::backup::BACKUP_LOCK).execute(&mut *tx).await?;
     // No backup running: its rows (if one died) mean nothing.
     let idle: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared($1)")

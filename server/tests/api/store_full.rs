@@ -19,7 +19,11 @@ struct SmallDisk(PathBuf);
 impl SmallDisk {
     fn mount(name: &str) -> SmallDisk {
         // SAFETY: plain syscall.
-        assert_eq!(unsafe { libc::geteuid() }, 0, "mounting a small file system needs root (as CI and the test command run)");
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "mounting a small file system needs root (as CI and the test command run)"
+        );
         let dir = std::env::temp_dir().join(format!("sluice-small-disk-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mounted = std::process::Command::new("mount")

@@ -261,4 +261,3 @@ async fn a_reused_idempotency_key_is_refused_unread_while_intake_is_overloaded(p
     .unwrap();
     assert_eq!(status, 503, "an overloaded intake refuses even a retry before reading it");
 }
-
