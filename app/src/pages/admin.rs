@@ -640,8 +640,16 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions, marked: RwSignal<u32>) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::{chart_lines, chart_max, chart_point_text, describe_audit};
+    use super::{chart_lines, chart_max, chart_point_text, describe_audit, store_text};
     use crate::model::AuditInfo;
+
+    #[test]
+    fn the_stores_free_space_reads_in_words() {
+        assert_eq!(store_text(Some(70_868_000_000), false), "66 GB");
+        assert_eq!(store_text(Some(3 << 20), false), "3.0 MB");
+        assert_eq!(store_text(Some(3 << 20), true), "full: uploads refused");
+        assert_eq!(store_text(None, false), "not measured");
+    }
 
     fn entry(action: &str, subject: Option<&str>, old: &str, new: &str) -> AuditInfo {
         AuditInfo {

@@ -82,7 +82,9 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
 /// Pure: a size for people: "976 KB", "3.8 MB".
 pub fn size_text(bytes: u64) -> String {
     let mb = bytes as f64 / (1024.0 * 1024.0);
-    if mb >= 10.0 {
+    if mb >= 10.0 * 1024.0 {
+        format!("{} GB", (mb / 1024.0).floor())
+    } else if mb >= 10.0 {
         format!("{} MB", mb.floor())
     } else if mb >= 1.0 {
         format!("{:.1} MB", (mb * 10.0).floor() / 10.0)

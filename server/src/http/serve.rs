@@ -2,8 +2,8 @@
 //! within `header_read_timeout` (also the longest a kept-alive connection may sit idle), and
 //! at most `max_connections` are open at once, `max_connections_per_address` of them from one
 //! client address (IPv4 address, IPv6 /64; a trusted proxy is not bound by it). Past either, a
-//! new connection goes to the health lane ([`HEALTH_LANE`] connections at most, one request
-//! each): `/healthz` is answered there, anything else 503 with `Retry-After`; past that lane
+//! new connection goes to the health lane ([`HEALTH_LANE`] connections at most, 4 from one
+//! address, one request each): `/healthz` is answered there, anything else 503 with `Retry-After`; past that lane
 //! too, 503 at once and closed. hyper's own settings, not a hand-written loop over the bytes.
 //!
 //! Answers are bounded the other way too: while an answer waits to be written, the client must
@@ -71,6 +71,8 @@ Connection: close\r\nContent-Length: 82\r\n\r\n\
 /// Connections over a cap that may still ask for `/healthz` at once: one request each, with a
 /// head due within [`HEALTH_LANE_HEAD`].
 pub const HEALTH_LANE: usize = 64;
+/// Of those, what one address may hold: a flood from one host leaves the lane to the others.
+const HEALTH_LANE_PER_ADDRESS: usize = 4;
 const HEALTH_LANE_HEAD: Duration = Duration::from_secs(2);
 
 /// Connections open per client address; a share dropped gives its place back.
@@ -129,6 +131,7 @@ pub async fn serve(
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let in_lane = Arc::new(Semaphore::new(HEALTH_LANE));
     let shares = Arc::new(AddressShares::default());
+    let lane_shares = Arc::new(AddressShares::default());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -151,13 +154,13 @@ pub async fn serve(
             match shares.take(throttle_subject(peer.ip()), limits.max_connections_per_address.max(1)) {
                 Some(share) => Some(share),
                 None => {
-                    health_lane(stream, peer, &router, &lane, &in_lane);
+                    health_lane(stream, peer, &router, &lane, (&in_lane, &lane_shares));
                     continue;
                 }
             }
         };
         let Ok(permit) = open.clone().try_acquire_owned() else {
-            health_lane(stream, peer, &router, &lane, &in_lane);
+            health_lane(stream, peer, &router, &lane, (&in_lane, &lane_shares));
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -191,9 +194,10 @@ fn health_lane(
     peer: std::net::SocketAddr,
     router: &Router,
     lane: &Arc<Builder<TokioExecutor>>,
-    in_lane: &Arc<Semaphore>,
+    (in_lane, lane_shares): (&Arc<Semaphore>, &Arc<AddressShares>),
 ) {
-    let Ok(permit) = in_lane.clone().try_acquire_owned() else {
+    let share = lane_shares.take(throttle_subject(peer.ip()), HEALTH_LANE_PER_ADDRESS);
+    let (Some(share), Ok(permit)) = (share, in_lane.clone().try_acquire_owned()) else {
         tokio::spawn(refuse(stream));
         return;
     };
@@ -213,7 +217,7 @@ fn health_lane(
     tokio::spawn(async move {
         // One request: its head within the lane's limit, its answer soon after.
         let _ = tokio::time::timeout(HEALTH_LANE_HEAD * 3, connection).await;
-        drop(permit);
+        drop((permit, share));
     });
 }
 
