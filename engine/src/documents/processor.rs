@@ -330,7 +330,7 @@ impl DocumentProcessor {
             .await
             .map_err(|_| JobError::new(ErrorClass::ServerError, "the document could not be split"))?;
         if !self.parts.add_level(job, 0, &parts).await.map_err(database_error)? {
-            return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+            return Err(no_longer_held());
         }
         self.run_in_parts(job, spec, 0, held).await
     }
@@ -355,7 +355,7 @@ impl DocumentProcessor {
         .fetch_optional(&settlement.pool)
         .await
         .map_err(|e| database_error(e.into()))?;
-        let held = held.ok_or_else(|| JobError::new(ErrorClass::Timeout, "the attempt lost its lease"))?;
+        let held = held.ok_or_else(no_longer_held)?;
         Ok(text_price <= i64::from(held))
     }
 
@@ -462,7 +462,7 @@ impl DocumentProcessor {
                 return Err(too_long());
             }
             if !self.parts.add_level(job, level + 1, &parts).await.map_err(database_error)? {
-                return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease"));
+                return Err(no_longer_held());
             }
             level += 1;
         }
@@ -548,7 +548,7 @@ impl DocumentProcessor {
                     let written = with_db_retries("a part's answer", || self.parts.store_output(job, &stored)).await;
                     match written {
                         Some(true) => {}
-                        Some(false) => return Err(JobError::new(ErrorClass::Timeout, "the attempt lost its lease")),
+                        Some(false) => return Err(no_longer_held()),
                         None => {
                             return Err(JobError::new(
                                 ErrorClass::Connection,
@@ -864,4 +864,10 @@ impl Processor for DocumentProcessor {
 /// The blob key a job's payload points at, for retention.
 pub fn blob_key(payload: &Value) -> Option<&str> {
     payload.pointer("/document/key").and_then(Value::as_str)
+}
+
+/// Nothing more can be stored: the attempt no longer holds the job (its lease ran out), or its
+/// cancel was asked for (then the job ends canceled, whatever this says).
+fn no_longer_held() -> JobError {
+    JobError::new(ErrorClass::Timeout, "the attempt no longer holds the job (its lease ran out, or it was canceled)")
 }
