@@ -176,6 +176,33 @@ fn request_span(request: &Request) -> Span {
     )
 }
 
+/// The admin area's server functions (`/api/admin/...`) answer "not found" to anyone but an
+/// admin before their arguments are decoded: the area does not admit it exists, and a stranger
+/// learns nothing from which arguments it refuses. Each function checks the role again itself.
+pub async fn admin_area_only_for_admins(
+    axum::extract::State(ctx): axum::extract::State<app::server::session::ServerContext>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !request.uri().path().starts_with(ADMIN_AREA) {
+        return next.run(request).await;
+    }
+    let session = request.extensions().get::<tower_sessions::Session>().cloned();
+    let admin = match session {
+        Some(session) => app::server::session::session_user(&ctx, &session).await,
+        None => Ok(None),
+    };
+    match admin {
+        Ok(Some(user)) if user.is_admin() => next.run(request).await,
+        Ok(_) => super::error::ApiError(app::errors::AppError::NotFound).into_response(),
+        Err(e) => super::error::ApiError(e).into_response(),
+    }
+}
+
+/// Where the admin area's server functions are served.
+pub const ADMIN_AREA: &str = "/api/admin/";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,30 +248,3 @@ mod tests {
         assert!(!script_src.contains("unsafe-inline") && !script_src.contains(" 'unsafe-eval'"));
     }
 }
-
-/// The admin area's server functions (`/api/admin/...`) answer "not found" to anyone but an
-/// admin before their arguments are decoded: the area does not admit it exists, and a stranger
-/// learns nothing from which arguments it refuses. Each function checks the role again itself.
-pub async fn admin_area_only_for_admins(
-    axum::extract::State(ctx): axum::extract::State<app::server::session::ServerContext>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    if !request.uri().path().starts_with(ADMIN_AREA) {
-        return next.run(request).await;
-    }
-    let session = request.extensions().get::<tower_sessions::Session>().cloned();
-    let admin = match session {
-        Some(session) => app::server::session::session_user(&ctx, &session).await,
-        None => Ok(None),
-    };
-    match admin {
-        Ok(Some(user)) if user.is_admin() => next.run(request).await,
-        Ok(_) => super::error::ApiError(app::errors::AppError::NotFound).into_response(),
-        Err(e) => super::error::ApiError(e).into_response(),
-    }
-}
-
-/// Where the admin area's server functions are served.
-pub const ADMIN_AREA: &str = "/api/admin/";
