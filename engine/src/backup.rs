@@ -64,15 +64,24 @@ pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &P
     let mut lock = pool.acquire().await?;
     sqlx::query("SELECT pg_advisory_lock($1)").bind(BACKUP_RUNNING).execute(&mut *lock).await?;
     // Rows a backup that died left behind: the deletions they deferred are carried out below.
-    let mut deferred = release_holds(&mut lock).await?;
+    let mut deferred = match release_holds(&mut lock).await {
+        Ok(deferred) => deferred,
+        Err(e) => {
+            // Never back to the pool holding the lock: close the connection (and the lock).
+            drop(lock.detach());
+            return Err(e);
+        }
+    };
     let copied = dump_and_copy(pool, &mut lock, database_url, blobs, pg_bin, dir).await;
     // Whatever was not copied (the backup failed) is held no more, still under this backup's
     // lock, so no later backup's rows are touched; the deletions it deferred happen now.
     let left = release_holds(&mut lock).await;
-    let _ = sqlx::query("SELECT pg_advisory_unlock_all()").execute(&mut *lock).await;
+    if sqlx::query("SELECT pg_advisory_unlock_all()").execute(&mut *lock).await.is_err() {
+        drop(lock.detach());
+    }
     deferred.extend(left?);
     for key in &deferred {
-        crate::documents::sweep::delete_if_unneeded(pool, blobs, key).await?;
+        delete_deferred(pool, blobs, key).await;
     }
     let (jobs, postgres, documents, document_bytes, released) = copied?;
     let manifest = Manifest {
@@ -89,6 +98,14 @@ pub async fn backup(pool: &PgPool, database_url: &str, blobs: &Blobs, pg_bin: &P
         .and_then(|mut file| std::io::Write::write_all(&mut file, &json))
         .map_err(|e| io_error("writing the manifest", e))?;
     Ok(manifest)
+}
+
+/// A deletion the backup held off: done now; if it fails (busy, the store), the backup goes on
+/// and the hourly orphan sweep deletes the document.
+async fn delete_deferred(pool: &PgPool, blobs: &Blobs, key: &str) {
+    if let Err(e) = crate::documents::sweep::delete_if_unneeded(pool, blobs, key).await {
+        tracing::warn!(%key, error = %e, "a deletion the backup held off failed; the orphan sweep will do it");
+    }
 }
 
 /// Delete every row of `backup_holds`; returns the keys whose deletion was deferred to it.
@@ -174,7 +191,7 @@ async fn dump_and_copy(
             .fetch_optional(&mut *lock)
             .await?;
         if deferred == Some(true) {
-            crate::documents::sweep::delete_if_unneeded(pool, blobs, key).await?;
+            delete_deferred(pool, blobs, key).await;
         }
         match copied {
             Ok(bytes) => {

@@ -768,6 +768,22 @@ async fn documents_canceled_while_read_count_against_the_daily_allowance(pool: P
     assert_eq!(refunds[..free], vec![1; free], "the day's allowance is refunded: {refunds:?}");
     assert_eq!(refunds[free], 0, "past it, a document canceled while read is charged: {refunds:?}");
     assert_eq!(refunds[free + 1], 1, "canceled before the reader started: free");
+    // An admin's cancel while the reader reads costs the owner nothing, whatever the count.
+    admission::submit(&pool, &AdmissionConfig::default(), &one_credit_document(user.id, "read-by-admin"))
+        .await
+        .unwrap();
+    let job = queue::claim(&pool, "w", 1, std::time::Duration::from_secs(60)).await.unwrap().pop().unwrap();
+    queue::stages::set_stage(&pool, job.id, job.lease_token, JobStage::Reading, None).await.unwrap();
+    queue::cancel(&pool, &hooks, job.id, "ops@example.com", true).await.unwrap();
+    let stopped = JobError::new(ErrorClass::Rejected, "canceled before it was finished");
+    queue::fail(&pool, &hooks, &RetryPolicy::default(), &job, &stopped).await.unwrap();
+    let refunded: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE job_id = $1 AND kind = 'refund'")
+            .bind(job.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(refunded, 1, "an admin's cancel is not the owner's reader work");
     let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
     assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
 }

@@ -148,9 +148,12 @@ impl Application {
                 let listener =
                     TcpListener::bind(bind).await.with_context(|| format!("binding the metrics address {bind}"))?;
                 tracing::info!(%bind, "serving /metrics");
+                // /healthz here too: an address only the operator's probes reach, where no
+                // stranger's connections can crowd a health check out.
                 let metrics = axum::Router::new()
                     .route("/metrics", axum::routing::get(crate::metrics::scrape))
-                    .with_state(crate::metrics::MetricsState::new(pool.clone(), None));
+                    .with_state(crate::metrics::MetricsState::new(pool.clone(), None))
+                    .merge(crate::http::health_route(state.clone()));
                 background.push(tokio::spawn(async move {
                     let _ = axum::serve(listener, metrics).await;
                 }));

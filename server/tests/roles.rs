@@ -221,6 +221,9 @@ async fn web_and_worker_processes_share_one_queue_and_one_kill_switch() {
         "{metrics}"
     );
     assert!(metrics.lines().any(|l| l == "sluice_gate_size 5"), "{metrics}");
+    // The operator's address answers health checks too (no stranger's connections reach it).
+    let health = reqwest::get(format!("http://127.0.0.1:{}/healthz", web_a.metrics_port)).await.unwrap();
+    assert_eq!(health.status(), 200);
     let web_metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", web_a.metrics_port)).await.unwrap();
     assert!(
         web_metrics.text().await.unwrap().lines().any(|l| l == "sluice_gate_size 5"),

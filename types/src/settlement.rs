@@ -13,8 +13,9 @@
 /// A PDF's text is known only once read, so its admission holds the price of this many times
 /// the tokens its bytes suggest (real PDFs spread up to about 4x; compressed text goes
 /// further), and the job is settled to the price of its text once read: the difference comes
-/// back. A PDF whose text is dearer than the hold pays the hold (a single call), or fails,
-/// refunded, if it needs parts (paid work the hold does not cover).
+/// back. A PDF whose text is dearer than the hold pays the hold (a single call), or fails if it
+/// needs parts (paid work the hold does not cover): refunded within the day's allowance for
+/// unreadable documents, as the reader's work came to nothing.
 pub const PDF_HOLD_FACTOR: u64 = 8;
 
 /// The tokens a PDF's hold is priced at: [`PDF_HOLD_FACTOR`] times its size's estimate, but no

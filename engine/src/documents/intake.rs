@@ -393,8 +393,11 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
-        // Refused, failed or a duplicate: this upload's bytes are not needed.
-        let _ = blobs.delete(&key).await;
+        // Refused, failed or a duplicate: this upload's bytes are not needed, unless the
+        // admission committed after all (its answer lost): checked under the document's lock.
+        if let Err(e) = crate::documents::sweep::delete_if_unneeded(pool, blobs, &key).await {
+            tracing::warn!(%key, error = %e, "could not delete a refused upload's file; the orphan sweep will");
+        }
     }
     admitted
 }

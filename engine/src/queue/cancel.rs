@@ -90,8 +90,9 @@ pub async fn cancel(
             Canceled::Now
         }
         JobState::Running if !found.requested => {
-            // Canceled while read: it counts against the day's free unreadable documents
-            // (`failed_unreadable`), or hostile files canceled mid-read would be free past it.
+            // Canceled by its owner while read: it counts against the day's free unreadable
+            // documents (`failed_unreadable`), or hostile files canceled mid-read would be free
+            // past it. An admin's cancel (audited) costs the owner nothing.
             sqlx::query(
                 "UPDATE jobs SET cancel_requested_at = now(), canceled_by = $2, cancel_kept_credits = $3,
                      failed_unreadable = $4, updated_at = now()
@@ -100,7 +101,7 @@ pub async fn cancel(
             .bind(job_id)
             .bind(actor)
             .bind(kept as i32)
-            .bind(found.reading)
+            .bind(found.reading && !audited)
             .execute(&mut *tx)
             .await?;
             Canceled::Requested

@@ -119,7 +119,12 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
 /// A worker process's HTTP: `/healthz` for the orchestrator's probes (and `/metrics` with
 /// its token).
 pub fn health_only(state: AppState) -> Router {
-    Router::new().route("/healthz", get(healthz)).with_state(state.clone()).merge(metrics_route(&state))
+    health_route(state.clone()).merge(metrics_route(&state))
+}
+
+/// `/healthz` alone.
+pub fn health_route(state: AppState) -> Router {
+    Router::new().route("/healthz", get(healthz)).with_state(state)
 }
 
 /// `/metrics` on the main address, when a token is configured (else it does not exist here).
