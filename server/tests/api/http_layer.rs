@@ -233,7 +233,8 @@ async fn ask_on_new_connection(addr: std::net::SocketAddr, from: Option<std::net
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    read.expect("answered and closed within 5 s").expect("the answer reads");
     String::from_utf8_lossy(&answer).into_owned()
 }
 
