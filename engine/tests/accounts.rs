@@ -733,57 +733,44 @@ async fn a_cancel_does_not_turn_an_unreadable_document_into_a_free_one(pool: PgP
     assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
 }
 
+/// Admit a one-credit document, claim it, put it in the reading stage if `reading`, cancel it
+/// as `actor` (`audited`: an admin's), end its attempt; returns what was refunded.
+async fn cancel_one(pool: &PgPool, user: i64, name: &str, reading: bool, actor: &str, audited: bool) -> i64 {
+    let hooks = AccountHooks;
+    admission::submit(pool, &AdmissionConfig::default(), &one_credit_document(user, name)).await.unwrap();
+    let job = queue::claim(pool, "w", 1, std::time::Duration::from_secs(60)).await.unwrap().pop().unwrap();
+    if reading {
+        queue::stages::set_stage(pool, job.id, job.lease_token, JobStage::Reading, None).await.unwrap();
+    }
+    assert_eq!(queue::cancel(pool, &hooks, job.id, actor, audited).await.unwrap(), queue::Canceled::Requested);
+    let stopped = JobError::new(ErrorClass::Rejected, "canceled before it was finished");
+    let recorded = queue::fail(pool, &hooks, &RetryPolicy::default(), &job, &stopped).await.unwrap();
+    assert_eq!(recorded, queue::Recorded::Canceled);
+    sqlx::query_scalar("SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE job_id = $1 AND kind = 'refund'")
+        .bind(job.id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// A document canceled while the reader reads it spent the reader's work: it counts against the
 /// day's free unreadable documents like one that failed unread, and past them it is charged.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn documents_canceled_while_read_count_against_the_daily_allowance(pool: PgPool) {
     use sluice_types::settlement::FREE_UNREADABLE_PER_DAY;
-    let hooks = AccountHooks;
     let user = users::create_user(&pool, "reader@example.com", "password123", Role::User, 10).await.unwrap();
-    let jobs = FREE_UNREADABLE_PER_DAY as usize + 2;
-    let mut refunds = Vec::new();
-    for n in 0..jobs {
-        admission::submit(&pool, &AdmissionConfig::default(), &one_credit_document(user.id, &format!("read-{n}")))
-            .await
-            .unwrap();
-        let job = queue::claim(&pool, "w", 1, std::time::Duration::from_secs(60)).await.unwrap().pop().unwrap();
-        // The last one is canceled before the reader starts: that one is free whatever the count.
-        if n + 1 < jobs {
-            queue::stages::set_stage(&pool, job.id, job.lease_token, JobStage::Reading, None).await.unwrap();
-        }
-        assert_eq!(queue::cancel(&pool, &hooks, job.id, "owner", false).await.unwrap(), queue::Canceled::Requested);
-        let stopped = JobError::new(ErrorClass::Rejected, "canceled before it was finished");
-        let recorded = queue::fail(&pool, &hooks, &RetryPolicy::default(), &job, &stopped).await.unwrap();
-        assert_eq!(recorded, queue::Recorded::Canceled);
-        let refunded: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE job_id = $1 AND kind = 'refund'",
-        )
-        .bind(job.id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        refunds.push(refunded);
-    }
     let free = FREE_UNREADABLE_PER_DAY as usize;
+    let mut refunds = Vec::new();
+    for n in 0..=free {
+        refunds.push(cancel_one(&pool, user.id, &format!("read-{n}"), true, "owner", false).await);
+    }
     assert_eq!(refunds[..free], vec![1; free], "the day's allowance is refunded: {refunds:?}");
     assert_eq!(refunds[free], 0, "past it, a document canceled while read is charged: {refunds:?}");
-    assert_eq!(refunds[free + 1], 1, "canceled before the reader started: free");
+    let before_reading = cancel_one(&pool, user.id, "not-read", false, "owner", false).await;
+    assert_eq!(before_reading, 1, "canceled before the reader started: free whatever the count");
     // An admin's cancel while the reader reads costs the owner nothing, whatever the count.
-    admission::submit(&pool, &AdmissionConfig::default(), &one_credit_document(user.id, "read-by-admin"))
-        .await
-        .unwrap();
-    let job = queue::claim(&pool, "w", 1, std::time::Duration::from_secs(60)).await.unwrap().pop().unwrap();
-    queue::stages::set_stage(&pool, job.id, job.lease_token, JobStage::Reading, None).await.unwrap();
-    queue::cancel(&pool, &hooks, job.id, "ops@example.com", true).await.unwrap();
-    let stopped = JobError::new(ErrorClass::Rejected, "canceled before it was finished");
-    queue::fail(&pool, &hooks, &RetryPolicy::default(), &job, &stopped).await.unwrap();
-    let refunded: i64 =
-        sqlx::query_scalar("SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE job_id = $1 AND kind = 'refund'")
-            .bind(job.id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(refunded, 1, "an admin's cancel is not the owner's reader work");
+    let by_admin = cancel_one(&pool, user.id, "read-by-admin", true, "ops@example.com", true).await;
+    assert_eq!(by_admin, 1, "an admin's cancel is not the owner's reader work");
     let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
     assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
 }
