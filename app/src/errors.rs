@@ -35,7 +35,7 @@ pub enum AppError {
     /// A request other than an upload carried more than its route takes.
     #[error("the request is larger than the {limit_bytes} bytes this address takes")]
     BodyTooLarge { limit_bytes: u64 },
-    #[error("your stored documents take {} of your {} of storage; this one would pass it (nothing was stored)", crate::pages::upload::size_text(*used_bytes), crate::pages::upload::size_text(*quota_bytes))]
+    #[error("your stored documents take {} of your {} of storage; this one would pass it (nothing was stored)", crate::format::size_text(*used_bytes), crate::format::size_text(*quota_bytes))]
     StorageFull { used_bytes: u64, quota_bytes: u64 },
     #[error("the document is longer than Sluice takes in one document (about {max_tokens} tokens); split it and upload the pieces")]
     TooManyTokens { max_tokens: u64 },

@@ -3,6 +3,7 @@
 //! call the engine and map its errors; the logic lives in `engine`.
 
 pub mod errors;
+pub mod format;
 pub mod model;
 pub mod pages;
 pub mod server;

@@ -9,7 +9,7 @@ use crate::pages::clock::local_date_time as day_and_time;
 
 /// Pure: a ledger line's description: its note, else its kind, capitalised.
 pub fn ledger_text(kind: CreditKind, note: Option<&str>) -> String {
-    crate::pages::capitalise(note.filter(|n| !n.is_empty()).unwrap_or(kind.as_str()))
+    crate::format::capitalise(note.filter(|n| !n.is_empty()).unwrap_or(kind.as_str()))
 }
 
 #[component]
@@ -27,7 +27,7 @@ pub fn CreditsPage() -> impl IntoView {
                         <p class="hint">
                             {move || terms.get().and_then(|r| r.ok()).map(|t| format!(
                                 "Each document costs {}. Documents that cannot be processed are refunded.",
-                                crate::pages::credits_text(t.cost)
+                                crate::format::credits_text(t.cost)
                             ))}
                         </p>
                         <MonthlyTotals months=c.months/>
@@ -89,7 +89,7 @@ fn DeleteAccountCard() -> impl IntoView {
 /// What was spent each month: documents, credits charged and refunded, provider tokens.
 #[component]
 fn MonthlyTotals(months: Vec<crate::model::MonthTotals>) -> impl IntoView {
-    use crate::pages::jobs::thousands;
+    use crate::format::thousands;
     (!months.is_empty()).then(|| {
         view! {
             <h2>"By month"</h2>

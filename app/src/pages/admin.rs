@@ -347,7 +347,7 @@ fn GateCard(
 pub fn store_text(free_bytes: Option<i64>, full: bool) -> String {
     match (full, free_bytes) {
         (true, _) => "full: uploads refused".to_string(),
-        (false, Some(free)) => crate::pages::upload::size_text(free.max(0) as u64),
+        (false, Some(free)) => crate::format::size_text(free.max(0) as u64),
         (false, None) => "not measured".to_string(),
     }
 }

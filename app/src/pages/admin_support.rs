@@ -35,7 +35,7 @@ pub fn alert_value_text(rule: &str, value: f64) -> String {
         "oldest_wait" => format!("{:.0} min", value / 60.0),
         "not_draining" => format!("{value:.0} min"),
         "provider_failures" => format!("{:.0} %", value * 100.0),
-        "store_full" => crate::pages::upload::size_text(value.max(0.0) as u64),
+        "store_full" => crate::format::size_text(value.max(0.0) as u64),
         _ => format!("{value:.0}"),
     }
 }
@@ -304,7 +304,7 @@ fn BulkBar(filter: JobFilterForm, done: Callback<()>) -> impl IntoView {
             <span class="muted">"Everything this search matches:"</span>
             {["cancel", "replay", "discard"].into_iter().map(|action| view! {
                 <button class="button small" on:click=move |_| { run.clear(); chosen.set(Some(action)); }>
-                    {format!("{}…", crate::pages::capitalise(action))}
+                    {format!("{}…", crate::format::capitalise(action))}
                 </button>
             }).collect_view()}
             {move || chosen.get().and_then(|action| count.get().map(|r| match r {

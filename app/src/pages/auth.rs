@@ -13,7 +13,7 @@ fn error_text(e: &AppError) -> String {
         AppError::RateLimited { retry_after_secs } => {
             format!("Too many failed attempts. Try again in {} minutes.", retry_after_secs.div_ceil(60))
         }
-        other => crate::pages::capitalise(&other.to_string()) + ".",
+        other => crate::format::capitalise(&other.to_string()) + ".",
     }
 }
 

@@ -4,7 +4,8 @@
 
 use leptos::prelude::*;
 
-use crate::model::{JobState, JobStatus};
+use crate::format::{capitalise, credits_text};
+use crate::model::{FailureKind, JobState, JobStatus};
 use crate::pages::polling::tab_visible;
 
 /// Jobs that ended while the tab was hidden, not yet seen.
@@ -24,17 +25,44 @@ pub fn tab_title(unseen: u32) -> String {
     }
 }
 
+/// Pure: the line under a canceled badge.
+pub fn canceled_text(refunded: i64, cost: i64) -> String {
+    let kept = (cost - refunded).max(0);
+    match (refunded, kept) {
+        (0, 0) => "Canceled. Nothing was charged.".into(),
+        (r, 0) => format!("Canceled. {} refunded.", credits_text(r)),
+        (0, k) => format!("Canceled. {} kept: the provider had already started.", credits_text(k)),
+        (r, k) => format!(
+            "Canceled. {} refunded, {} kept: the provider had already started.",
+            credits_text(r),
+            credits_text(k)
+        ),
+    }
+}
+
+/// Pure: the line under a failed badge: why, in plain words, and the refund.
+pub fn failed_text(kind: Option<FailureKind>, reason: Option<&str>, attempts: i32, cost: i32) -> String {
+    let reason = reason.filter(|r| !r.is_empty()).unwrap_or("it could not be processed");
+    let why = match kind {
+        Some(FailureKind::RetriesExhausted | FailureKind::TimedOut) if attempts > 1 => {
+            format!("Gave up after {attempts} attempts: {reason}")
+        }
+        _ => capitalise(reason),
+    };
+    let refund =
+        if cost > 0 { format!("{} refunded", credits_text(cost.into())) } else { "Nothing was charged".into() };
+    format!("{why}. {refund}.")
+}
+
 /// Pure: a notification's title and body for an ended job.
 pub fn ending_message(job: &JobStatus) -> (String, String) {
     let name = job.file_name.clone().unwrap_or_else(|| "Your document".into());
     match job.state {
         JobState::Done => (format!("{name} is done"), "The result is ready in Sluice.".into()),
-        JobState::Canceled => {
-            (format!("{name} was canceled"), crate::pages::jobs::canceled_text(job.refunded, job.cost.into()))
-        }
+        JobState::Canceled => (format!("{name} was canceled"), canceled_text(job.refunded, job.cost.into())),
         _ => (
             format!("{name} failed"),
-            crate::pages::jobs::failed_text(job.failure_kind, job.failure_reason.as_deref(), job.attempts, job.cost),
+            failed_text(job.failure_kind, job.failure_reason.as_deref(), job.attempts, job.cost),
         ),
     }
 }
@@ -118,6 +146,30 @@ pub fn NotifyToggle() -> impl IntoView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn canceled_lines_say_the_refund() {
+        assert_eq!(canceled_text(1, 1), "Canceled. 1 credit refunded.");
+        assert_eq!(canceled_text(0, 0), "Canceled. Nothing was charged.");
+        assert_eq!(canceled_text(0, 3), "Canceled. 3 credits kept: the provider had already started.");
+        assert_eq!(
+            canceled_text(4, 8),
+            "Canceled. 4 credits refunded, 4 credits kept: the provider had already started."
+        );
+    }
+
+    #[test]
+    fn failed_lines_say_why_and_the_refund() {
+        assert_eq!(
+            failed_text(Some(FailureKind::RetriesExhausted), Some("the provider is rate limiting us"), 3, 1),
+            "Gave up after 3 attempts: the provider is rate limiting us. 1 credit refunded."
+        );
+        assert_eq!(
+            failed_text(Some(FailureKind::InvalidInput), Some("the PDF is encrypted"), 1, 2),
+            "The PDF is encrypted. 2 credits refunded."
+        );
+        assert_eq!(failed_text(None, None, 0, 0), "It could not be processed. Nothing was charged.");
+    }
 
     #[test]
     fn the_title_counts_unseen_endings() {

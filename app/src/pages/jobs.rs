@@ -4,11 +4,11 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
+use crate::format::{capitalise, credits_text, duration_text, thousands};
 use crate::model::{FailureKind, JobStage, JobState, JobStatus};
 use crate::pages::clock::{local_time, now_ms, parse_ms};
-use crate::pages::endings::{self, NotifyToggle};
+use crate::pages::endings::{self, canceled_text, failed_text, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};
-use crate::pages::{capitalise, credits_text};
 use crate::server::jobs::{job_detail, list_jobs, CancelJob, DeleteJob, RetryNow};
 use sluice_types::settlement::{calls_started, kept_on_cancel, FREE_UNREADABLE_PER_DAY};
 
@@ -38,15 +38,6 @@ fn poll(now: RwSignal<f64>, refresh: impl Fn() + 'static) {
         now.set(now_ms());
         refresh();
     });
-}
-
-/// Pure: a duration in words: "42 s", "3 min", "2 h 5 min".
-pub fn duration_text(secs: i64) -> String {
-    match secs.max(0) {
-        s if s < 120 => format!("{s} s"),
-        s if s < 7200 => format!("{} min", s / 60),
-        s => format!("{} h {} min", s / 3600, (s % 3600) / 60),
-    }
 }
 
 fn seconds_between(from_ms: f64, to_ms: f64) -> i64 {
@@ -122,21 +113,6 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
         <span class=format!("badge {}", state.as_str()) data-state=state.as_str()>{state_label(state)}</span>
         <span class="state-detail" data-stage=stage>{detail}</span>
         {parts}
-    }
-}
-
-/// Pure: the line under a canceled badge.
-pub fn canceled_text(refunded: i64, cost: i64) -> String {
-    let kept = (cost - refunded).max(0);
-    match (refunded, kept) {
-        (0, 0) => "Canceled. Nothing was charged.".into(),
-        (r, 0) => format!("Canceled. {} refunded.", credits_text(r)),
-        (0, k) => format!("Canceled. {} kept: the provider had already started.", credits_text(k)),
-        (r, k) => format!(
-            "Canceled. {} refunded, {} kept: the provider had already started.",
-            credits_text(r),
-            credits_text(k)
-        ),
     }
 }
 
@@ -324,8 +300,6 @@ pub fn running_text(
     }
 }
 
-pub use sluice_types::thousands;
-
 /// Pure: what a job cost: the credits charged (and refunded) and the provider's tokens.
 pub fn cost_text(cost: i32, refunded: i64, input_tokens: Option<i64>, output_tokens: Option<i64>) -> String {
     let cost = i64::from(cost);
@@ -341,20 +315,6 @@ pub fn cost_text(cost: i32, refunded: i64, input_tokens: Option<i64>, output_tok
         (Some(i), None) => format!("{money} · {} in", tokens(i)),
         _ => money,
     }
-}
-
-/// Pure: the line under a failed badge: why, in plain words, and the refund.
-pub fn failed_text(kind: Option<FailureKind>, reason: Option<&str>, attempts: i32, cost: i32) -> String {
-    let reason = reason.filter(|r| !r.is_empty()).unwrap_or("it could not be processed");
-    let why = match kind {
-        Some(FailureKind::RetriesExhausted | FailureKind::TimedOut) if attempts > 1 => {
-            format!("Gave up after {attempts} attempts: {reason}")
-        }
-        _ => capitalise(reason),
-    };
-    let refund =
-        if cost > 0 { format!("{} refunded", credits_text(cost.into())) } else { "Nothing was charged".into() };
-    format!("{why}. {refund}.")
 }
 
 /// Pure: the line under a queued badge.
@@ -660,19 +620,8 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{cost_text, duration_text, failed_text, queued_text, running_text, thousands};
-    use crate::model::{FailureKind, JobStage};
-
-    #[test]
-    fn canceled_lines_say_the_refund() {
-        assert_eq!(super::canceled_text(1, 1), "Canceled. 1 credit refunded.");
-        assert_eq!(super::canceled_text(0, 0), "Canceled. Nothing was charged.");
-        assert_eq!(super::canceled_text(0, 3), "Canceled. 3 credits kept: the provider had already started.");
-        assert_eq!(
-            super::canceled_text(4, 8),
-            "Canceled. 4 credits refunded, 4 credits kept: the provider had already started."
-        );
-    }
+    use super::{cost_text, queued_text, running_text};
+    use crate::model::JobStage;
 
     #[test]
     fn the_cancel_question_says_what_canceling_costs_before_it_is_confirmed() {
@@ -700,8 +649,6 @@ mod tests {
         assert_eq!(cost_text(2, 2, None, None), "2 credits charged and refunded");
         assert_eq!(cost_text(3, 1, Some(1), Some(1)), "3 credits charged, 1 credit refunded · 1 token in, 1 out");
         assert_eq!(cost_text(0, 0, None, None), "No charge");
-        assert_eq!(thousands(1_234_567), "1,234,567");
-        assert_eq!(thousands(999), "999");
     }
 
     #[test]
@@ -717,28 +664,6 @@ mod tests {
             "Read 1 page. Waiting for the provider since 14:02:10 (3 s)."
         );
         assert_eq!(running_text(Some(JobStage::Writing), None, None, None, 9), "Writing the result…");
-    }
-
-    #[test]
-    fn durations_read_naturally() {
-        assert_eq!(duration_text(0), "0 s");
-        assert_eq!(duration_text(119), "119 s");
-        assert_eq!(duration_text(125), "2 min");
-        assert_eq!(duration_text(7260), "2 h 1 min");
-        assert_eq!(duration_text(-5), "0 s");
-    }
-
-    #[test]
-    fn failed_lines_say_why_and_the_refund() {
-        assert_eq!(
-            failed_text(Some(FailureKind::RetriesExhausted), Some("the provider is rate limiting us"), 3, 1),
-            "Gave up after 3 attempts: the provider is rate limiting us. 1 credit refunded."
-        );
-        assert_eq!(
-            failed_text(Some(FailureKind::InvalidInput), Some("the PDF is encrypted"), 1, 2),
-            "The PDF is encrypted. 2 credits refunded."
-        );
-        assert_eq!(failed_text(None, None, 0, 0), "It could not be processed. Nothing was charged.");
     }
 
     #[test]

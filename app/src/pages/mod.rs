@@ -12,18 +12,3 @@ pub mod endings;
 pub mod jobs;
 pub mod polling;
 pub mod upload;
-
-/// Pure: the text with its first letter in upper case.
-pub fn capitalise(s: &str) -> String {
-    let mut chars = s.chars();
-    chars.next().map(|c| c.to_uppercase().collect::<String>() + chars.as_str()).unwrap_or_default()
-}
-
-/// Pure: "1 credit", "3 credits".
-pub fn credits_text(n: i64) -> String {
-    if n == 1 {
-        "1 credit".into()
-    } else {
-        format!("{n} credits")
-    }
-}

@@ -4,6 +4,7 @@
 use leptos::prelude::*;
 use serde_json::Value;
 
+use crate::format::size_text;
 use crate::server::account::terms;
 use sluice_types::capacity::{billed_tokens, estimate_input_tokens, max_bytes_for_context, PriceTable, SizeKind};
 use sluice_types::Preset;
@@ -25,7 +26,7 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
     match status {
         202 => Outcome {
             kind: "ok",
-            message: format!("Accepted and queued. {} charged.", crate::pages::credits_text(num("charged"))),
+            message: format!("Accepted and queued. {} charged.", crate::format::credits_text(num("charged"))),
             job_id,
         },
         200 => Outcome {
@@ -51,7 +52,7 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
         )),
         413 if body["error"] == "too_many_tokens" => refused(format!(
             "Too long: Sluice takes documents of up to {} tokens (about {} of text; those longer than one provider call are done in parts). Split it and upload the pieces. Nothing was charged.",
-            crate::pages::jobs::thousands(num("max_tokens")),
+            crate::format::thousands(num("max_tokens")),
             size_text(max_bytes_for_context(SizeKind::Text, num("max_tokens").max(0) as u64))
         )),
         413 if body["error"] == "storage_full" => refused(format!(
@@ -79,20 +80,6 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
     }
 }
 
-/// Pure: a size for people: "976 KB", "3.8 MB".
-pub fn size_text(bytes: u64) -> String {
-    let mb = bytes as f64 / (1024.0 * 1024.0);
-    if mb >= 10.0 * 1024.0 {
-        format!("{} GB", (mb / 1024.0).floor())
-    } else if mb >= 10.0 {
-        format!("{} MB", mb.floor())
-    } else if mb >= 1.0 {
-        format!("{:.1} MB", (mb * 10.0).floor() / 10.0)
-    } else {
-        format!("{} KB", bytes / 1024)
-    }
-}
-
 /// Pure: the line under the drop zone, with the price table in file sizes, e.g. "Up to 50 MB
 /// each. 1 credit per document." or "... Priced by size: 1 credit up to 97 KB of text (976 KB
 /// as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each
@@ -101,13 +88,13 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
     let cap = size_text(max_upload_bytes);
     let tiers = prices.tiers();
     if tiers.len() <= 1 && tiers.first().is_none_or(|t| t.up_to_tokens == u64::MAX) {
-        return format!("Up to {cap} each. {} per document.", crate::pages::credits_text(prices.cheapest()));
+        return format!("Up to {cap} each. {} per document.", crate::format::credits_text(prices.cheapest()));
     }
     let steps: Vec<String> = tiers
         .iter()
         .enumerate()
         .map(|(i, tier)| {
-            let credits = crate::pages::credits_text(tier.credits);
+            let credits = crate::format::credits_text(tier.credits);
             let text = size_text(max_bytes_for_context(SizeKind::Text, tier.up_to_tokens));
             let pdf = size_text(max_bytes_for_context(SizeKind::Pdf, tier.up_to_tokens));
             match i {
@@ -139,8 +126,8 @@ pub fn price_of_file(prices: &PriceTable, ceiling: Option<u64>, name: &str, byte
 /// Pure: a row's price: "2 credits", or for a PDF "2 credits held" (settled once read).
 pub fn price_label(name: &str, price: i64) -> String {
     match SizeKind::from_file_name(name) {
-        SizeKind::Pdf => format!("{} held", crate::pages::credits_text(price)),
-        _ => crate::pages::credits_text(price),
+        SizeKind::Pdf => format!("{} held", crate::format::credits_text(price)),
+        _ => crate::format::credits_text(price),
     }
 }
 
