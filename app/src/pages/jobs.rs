@@ -4,8 +4,8 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
-use crate::format::{capitalise, credits_text, duration_text, thousands};
-use crate::model::{FailureKind, JobStage, JobState, JobStatus};
+use crate::format::{credits_text, duration_text, thousands};
+use crate::model::{JobStage, JobState, JobStatus};
 use crate::pages::clock::{local_time, now_ms, parse_ms};
 use crate::pages::endings::{self, canceled_text, failed_text, NotifyToggle};
 use crate::pages::polling::{every, tab_visible, when_shown};

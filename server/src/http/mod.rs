@@ -1,6 +1,7 @@
 //! The whole HTTP surface: Leptos pages and server functions, the REST API (`/api/v1`),
 //! `/healthz` and static files; sessions in Postgres; cross-site writes refused.
 
+pub mod api;
 pub mod bounds;
 pub mod csrf;
 pub mod error;
@@ -74,8 +75,8 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
     let request_timeout = state.ctx.settings.request_timeout;
     let app = Router::new()
         .route("/healthz", get(healthz))
-        .merge(openapi::api_routes().split_for_parts().0)
-        .merge(openapi::docs_routes())
+        .merge(api::api_routes().split_for_parts().0)
+        .merge(api::docs_routes())
         // The upload path enforces its own cap while streaming (413).
         .layer(DefaultBodyLimit::disable())
         .leptos_routes_with_context(

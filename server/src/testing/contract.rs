@@ -14,7 +14,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use crate::http::openapi::{document, DOCS_PATH, DOCUMENT_PATH};
+use crate::http::api::{document, DOCS_PATH, DOCUMENT_PATH};
 
 /// JSON answers larger than this are not buffered to be checked (none of the API's are).
 const MAX_CHECKED_BODY: usize = 4 << 20;
