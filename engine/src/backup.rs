@@ -14,18 +14,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
+use crate::documents::backup_holds::{BACKUP_LOCK, BACKUP_RUNNING};
 use crate::documents::Blobs;
 use crate::error::{EngineError, Result};
-
-/// The advisory lock a backup holds (exclusive) while it lists what it will copy, and
-/// deletions of documents take (shared, for at most [`DELETION_LOCK_WAIT`]).
-pub const BACKUP_LOCK: i64 = 0x5_11CE_BAC0;
-/// The advisory lock a backup holds (exclusive) from start to end: `backup_holds` means
-/// something only while it is held (a backup that died leaves rows nobody heeds).
-pub const BACKUP_RUNNING: i64 = 0x5_11CE_BAC1;
-/// The longest a deletion waits for a backup to list its documents; past it the deletion
-/// fails as busy (503 and `Retry-After` for a request, a skipped turn for a sweep).
-pub const DELETION_LOCK_WAIT: &str = "5s";
 
 /// What a backup folder holds besides `database.dump` and `documents/`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

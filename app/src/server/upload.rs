@@ -237,7 +237,7 @@ pub async fn run_again(
     if earlier.owner_id != user.id {
         return Err(AppError::NotFound);
     }
-    let spec: Option<engine::documents::processor::DocumentJob> = serde_json::from_value(earlier.payload.clone()).ok();
+    let spec: Option<engine::documents::payload::DocumentJob> = serde_json::from_value(earlier.payload.clone()).ok();
     let options = UploadOptions {
         preset: match preset.filter(|p| !p.trim().is_empty()) {
             Some(p) => intake::parse_preset(p)?,

@@ -9,7 +9,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::documents::processor::blob_key;
+use crate::documents::payload::blob_key;
 use crate::documents::sweep::delete_if_unneeded;
 use crate::documents::Blobs;
 use crate::error::{EngineError, Result};

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 use super::blobs::Blobs;
 use super::encoding::Transcoder;
-use super::processor::{DocumentJob, DocumentRef};
+use super::payload::{size_kind, DocumentJob, DocumentRef, DocumentSize};
 use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
 use super::tokens::TokenTally;
 use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
@@ -161,14 +161,6 @@ impl UploadCheck {
     }
 }
 
-/// How a document type's size turns into tokens.
-pub fn size_kind(doc_type: DocType) -> SizeKind {
-    match doc_type {
-        DocType::Pdf => SizeKind::Pdf,
-        DocType::PlainText | DocType::Markdown => SizeKind::Text,
-    }
-}
-
 impl CheckedUpload {
     /// What it is, as admission prices it.
     pub fn size(&self) -> DocumentSize {
@@ -178,25 +170,6 @@ impl CheckedUpload {
     /// Its provider request's input tokens: a text's counted, a PDF's estimated from its size.
     pub fn estimated_tokens(&self) -> u64 {
         self.size().input_tokens()
-    }
-}
-
-/// A document as admission prices it: its type and bytes, and a text's tokens as counted while
-/// it streamed in (a document stored before tokens were counted has none).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DocumentSize {
-    pub doc_type: DocType,
-    pub bytes: u64,
-    pub tokens: Option<u64>,
-}
-
-impl DocumentSize {
-    /// Its provider request's input tokens: counted, or estimated from its size and type.
-    pub fn input_tokens(&self) -> u64 {
-        match self.tokens {
-            Some(tokens) => tokens.saturating_add(capacity::PROMPT_OVERHEAD_TOKENS),
-            None => capacity::estimate_input_tokens(size_kind(self.doc_type), self.bytes),
-        }
     }
 }
 

@@ -3,11 +3,13 @@
 //! storage ([`blobs`]), workers extract the text ([`extract`]) and ask a provider
 //! ([`providers`]) through the document [`processor`].
 
+pub mod backup_holds;
 pub mod blobs;
 pub mod cpu;
 pub mod encoding;
 pub mod extract;
 pub mod intake;
+pub mod payload;
 pub mod processor;
 pub mod providers;
 pub mod render;

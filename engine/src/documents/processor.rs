@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tracing::Instrument;
 
 use super::blobs::Blobs;
+use super::payload::DocumentJob;
 use super::providers::{self, PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
@@ -25,38 +24,6 @@ use crate::queue::worker::{with_db_retries, Processor};
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
 use sluice_types::capacity::SizeKind;
-
-/// What a document job's payload holds (ids and metadata, never the bytes).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DocumentRef {
-    pub key: String,
-    #[serde(rename = "type")]
-    pub doc_type: DocType,
-    pub sha256: String,
-    pub size: u64,
-    /// The user's file name, sanitised, for display only.
-    pub name: Option<String>,
-    /// A text's tokens as counted at upload (none for a PDF, or a document stored before
-    /// tokens were counted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<u64>,
-}
-
-impl DocumentRef {
-    /// What it is, as admission prices it.
-    pub fn size_for_price(&self) -> super::intake::DocumentSize {
-        super::intake::DocumentSize { doc_type: self.doc_type, bytes: self.size, tokens: self.tokens }
-    }
-}
-
-/// A document job's payload: the document and what to do with it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DocumentJob {
-    pub document: DocumentRef,
-    pub preset: Preset,
-    #[serde(default)]
-    pub language: Option<String>,
-}
 
 /// The worker's processor for document jobs.
 #[derive(Clone)]
@@ -859,11 +826,6 @@ impl Processor for DocumentProcessor {
         let this = self.clone();
         Box::pin(async move { this.run(job).await })
     }
-}
-
-/// The blob key a job's payload points at, for retention.
-pub fn blob_key(payload: &Value) -> Option<&str> {
-    payload.pointer("/document/key").and_then(Value::as_str)
 }
 
 /// Nothing more can be stored: the attempt no longer holds the job (its lease ran out), or its

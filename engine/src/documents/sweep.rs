@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use sqlx::{PgConnection, PgPool};
 
-use super::processor::blob_key;
+use super::backup_holds::held_by_backup;
+use super::payload::blob_key;
 use super::Blobs;
 use crate::error::Result;
 use crate::queue::retention::PrunedJob;
@@ -150,28 +151,6 @@ pub async fn document_needed(tx: &mut PgConnection, key: &str) -> Result<bool> {
     .bind(key)
     .fetch_one(&mut *tx)
     .await?)
-}
-
-/// Whether a backup in progress has yet to copy `key`: then its deletion is left to the
-/// backup (marked `deferred`), which deletes it once copied. Waits at most
-/// [`crate::backup::DELETION_LOCK_WAIT`] for a backup listing its documents (then the
-/// database's lock timeout: busy, try again), never for the copying.
-async fn held_by_backup(tx: &mut PgConnection, key: &str) -> Result<bool> {
-    sqlx::query(&format!("SET LOCAL lock_timeout = '{}'", crate::backup::DELETION_LOCK_WAIT)).execute(&mut *tx).await?;
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(crate::backup::BACKUP_LOCK).execute(&mut *tx).await?;
-    // No backup running: its rows (if one died) mean nothing.
-    let idle: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared($1)")
-        .bind(crate::backup::BACKUP_RUNNING)
-        .fetch_one(&mut *tx)
-        .await?;
-    if idle {
-        return Ok(false);
-    }
-    let held: Option<i32> = sqlx::query_scalar("UPDATE backup_holds SET deferred = true WHERE key = $1 RETURNING 1")
-        .bind(key)
-        .fetch_optional(&mut *tx)
-        .await?;
-    Ok(held.is_some())
 }
 
 /// Delete the stored document `key` unless a job still needs it (documents are shared by the

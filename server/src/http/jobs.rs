@@ -16,7 +16,7 @@ use app::model::JobStatus;
 use app::server::session::{cancel_visible_job, client_of, job_status, session_user, visible_job, AuthCache};
 use app::server::upload;
 use engine::accounts::User;
-use engine::documents::processor::{DocumentJob, DocumentRef};
+use engine::documents::payload::{DocumentJob, DocumentRef};
 use engine::queue::JobView;
 use engine::JobState;
 

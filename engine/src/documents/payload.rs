@@ -1,0 +1,74 @@
+//! What a document job's payload holds (ids and metadata, never the bytes), and what that
+//! says about its size: shared by the upload (`intake`), the worker (`processor`) and whatever
+//! deletes documents (`sweep`, account deletion).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::sniff::DocType;
+use crate::Preset;
+use sluice_types::capacity::{self, SizeKind};
+
+/// What a document job's payload holds (ids and metadata, never the bytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentRef {
+    pub key: String,
+    #[serde(rename = "type")]
+    pub doc_type: DocType,
+    pub sha256: String,
+    pub size: u64,
+    /// The user's file name, sanitised, for display only.
+    pub name: Option<String>,
+    /// A text's tokens as counted at upload (none for a PDF, or a document stored before
+    /// tokens were counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+}
+
+impl DocumentRef {
+    /// What it is, as admission prices it.
+    pub fn size_for_price(&self) -> DocumentSize {
+        DocumentSize { doc_type: self.doc_type, bytes: self.size, tokens: self.tokens }
+    }
+}
+
+/// A document job's payload: the document and what to do with it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentJob {
+    pub document: DocumentRef,
+    pub preset: Preset,
+    #[serde(default)]
+    pub language: Option<String>,
+}
+
+/// A document as admission prices it: its type and bytes, and a text's tokens as counted while
+/// it streamed in (a document stored before tokens were counted has none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DocumentSize {
+    pub doc_type: DocType,
+    pub bytes: u64,
+    pub tokens: Option<u64>,
+}
+
+impl DocumentSize {
+    /// Its provider request's input tokens: counted, or estimated from its size and type.
+    pub fn input_tokens(&self) -> u64 {
+        match self.tokens {
+            Some(tokens) => tokens.saturating_add(capacity::PROMPT_OVERHEAD_TOKENS),
+            None => capacity::estimate_input_tokens(size_kind(self.doc_type), self.bytes),
+        }
+    }
+}
+
+/// How a document type's size turns into tokens.
+pub fn size_kind(doc_type: DocType) -> SizeKind {
+    match doc_type {
+        DocType::Pdf => SizeKind::Pdf,
+        DocType::PlainText | DocType::Markdown => SizeKind::Text,
+    }
+}
+
+/// The blob key a job's payload points at, for retention.
+pub fn blob_key(payload: &Value) -> Option<&str> {
+    payload.pointer("/document/key").and_then(Value::as_str)
+}
