@@ -457,7 +457,7 @@ async fn a_deleted_admins_address_is_erased_from_reviews_acknowledgements_alerts
     .fetch_one(&pool)
     .await
     .unwrap();
-    let review = reviews::mark(&pool, &Subject::Job(job), &format!("ask {LEAD} first"), LEAD, LEAD).await.unwrap();
+    let review = reviews::mark(&pool, &Subject::Job(job), &format!("ask {LEAD} first"), lead.id, LEAD).await.unwrap();
     reviews::resolve_without_action(&pool, review.id, &format!("{LEAD} saw it"), LEAD).await.unwrap();
 
     let thresholds = engine::alerts::Thresholds { min_firing_secs: 0.0, ..Default::default() };

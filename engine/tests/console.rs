@@ -114,9 +114,9 @@ async fn bulk_replay_and_discard_act_on_the_dead_letters_a_search_matches_and_cl
     let owner = users::create_user(&pool, "owner@example.com", "password123", Role::User, 0).await.unwrap();
     let timeouts = failed_jobs(&pool, owner.id, 1_200, FailureKind::TimedOut, "took too long").await;
     let rejected = failed_jobs(&pool, owner.id, 800, FailureKind::ProviderRejected, "refused").await;
-    reviews::mark(&pool, &Subject::Job(timeouts[0]), "why so slow?", &admin.email, &admin.email).await.unwrap();
+    reviews::mark(&pool, &Subject::Job(timeouts[0]), "why so slow?", admin.id, &admin.email).await.unwrap();
     let refused_group = Subject::Group { kind: FailureKind::ProviderRejected, reason: "refused".into() };
-    reviews::mark(&pool, &refused_group, "all of them?", &admin.email, &admin.email).await.unwrap();
+    reviews::mark(&pool, &refused_group, "all of them?", admin.id, &admin.email).await.unwrap();
 
     let search = JobSearch { failure_kind: Some(FailureKind::TimedOut), ..Default::default() };
     let done =
@@ -161,22 +161,31 @@ async fn a_review_names_an_admin_shows_who_and_since_when_and_ends_with_who_and_
     let group = Subject::Group { kind: FailureKind::InvalidInput, reason: "not a document".into() };
 
     // Only an admin can be handed a review, only what is in the DLQ can need one, a note is required.
-    let not_admin = reviews::mark(&pool, &group, "look", &user.email, &admin.email).await;
+    let not_admin = users::admin_id(&pool, &user.email).await;
     assert!(not_admin.unwrap_err().to_string().contains("admin"));
+    assert!(users::admin_id(&pool, "nobody@example.com").await.unwrap_err().to_string().contains("admin"));
     let running = job(&pool, &JobOpts { owner_id: user.id, state: JobState::Running, ..Default::default() }).await;
     assert!(matches!(
-        reviews::mark(&pool, &Subject::Job(running), "look", &lead.email, &admin.email).await,
+        reviews::mark(&pool, &Subject::Job(running), "look", lead.id, &admin.email).await,
         Err(engine::error::EngineError::NotFound)
     ));
-    assert!(reviews::mark(&pool, &group, "   ", &lead.email, &admin.email).await.is_err());
+    assert!(reviews::mark(&pool, &group, "   ", lead.id, &admin.email).await.is_err());
 
-    let marked = reviews::mark(&pool, &group, "a parser regression?", "LEAD@example.com", &admin.email).await.unwrap();
+    let marked = reviews::mark(
+        &pool,
+        &group,
+        "a parser regression?",
+        users::admin_id(&pool, "LEAD@example.com").await.unwrap(),
+        &admin.email,
+    )
+    .await
+    .unwrap();
     assert_eq!((marked.assignee.as_deref(), marked.marked_by.as_str()), (Some("lead@example.com"), "ops@example.com"));
     assert!(marked.resolved_at.is_none());
     // Marked again: handed over, still one open review.
-    let handed = reviews::mark(&pool, &group, "yours now", &admin.email, &lead.email).await.unwrap();
+    let handed = reviews::mark(&pool, &group, "yours now", admin.id, &lead.email).await.unwrap();
     assert_eq!((handed.id, handed.assignee.as_deref()), (marked.id, Some("ops@example.com")));
-    reviews::mark(&pool, &Subject::Job(jobs[0]), "this one first", &lead.email, &admin.email).await.unwrap();
+    reviews::mark(&pool, &Subject::Job(jobs[0]), "this one first", lead.id, &admin.email).await.unwrap();
     let search = JobSearch { needs_review: true, ..Default::default() };
     let (found, _) = queue::search(&pool, &search, 0, 25).await.unwrap();
     assert_eq!(found.iter().map(|f| f.job.id).collect::<Vec<_>>(), vec![jobs[0]], "search finds what needs review");

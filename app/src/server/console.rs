@@ -141,7 +141,8 @@ pub async fn mark_review(
             (None, Some(kind)) => Subject::Group { kind: failure_kind(&kind)?, reason: reason.unwrap_or_default() },
             (None, None) => return Err(AppError::invalid("name a job or a group")),
         };
-        Ok(reviews::mark(&ctx.pool, &subject, &note, &assignee, &admin.email).await?.into())
+        let assignee_id = engine::accounts::users::admin_id(&ctx.pool, &assignee).await?;
+        Ok(reviews::mark(&ctx.pool, &subject, &note, assignee_id, &admin.email).await?.into())
     })
     .await
 }

@@ -9,8 +9,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::documents::payload::blob_key;
-use crate::documents::sweep::delete_if_unneeded;
+use crate::documents::sweep::forget_deleted_jobs_documents;
 use crate::documents::Blobs;
 use crate::error::{EngineError, Result};
 use crate::hooks::SluiceHooks;
@@ -90,31 +89,10 @@ pub async fn delete_job(pool: &PgPool, blobs: &Blobs, owner_id: i64, job_id: Uui
     tx.commit().await?;
     // The deletion stands; a document that cannot go right now (a backup listing its own)
     // goes with the upkeep's next turn.
-    if let Err(e) = delete_documents(pool, blobs, Some(job_id)).await {
+    if let Err(e) = forget_deleted_jobs_documents(pool, blobs, Some(job_id)).await {
         tracing::warn!(error = %e, %job_id, "deleting a deleted job's document failed; the upkeep retries");
     }
     Ok(JobDeletion::Deleted)
-}
-
-/// The stored documents of deleted, ended jobs (one job's, or any): each deleted unless another
-/// job still needs it, and only then recorded released, so a deletion cut short is retried.
-async fn delete_documents(pool: &PgPool, blobs: &Blobs, only: Option<Uuid>) -> Result<usize> {
-    let jobs: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(
-        "SELECT id, payload FROM jobs
-         WHERE deleted_at IS NOT NULL AND document_released_at IS NULL AND kind = 'document'
-           AND state IN ('done', 'failed', 'canceled') AND ($1::uuid IS NULL OR id = $1)
-         LIMIT 500",
-    )
-    .bind(only)
-    .fetch_all(pool)
-    .await?;
-    for (id, payload) in &jobs {
-        if let Some(key) = blob_key(payload) {
-            delete_if_unneeded(pool, blobs, key).await?;
-        }
-        sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1").bind(id).execute(pool).await?;
-    }
-    Ok(jobs.len())
 }
 
 /// The name a deleted account goes by in what is kept (audit log, ledger, its users row).
@@ -191,7 +169,7 @@ pub async fn finish_deletions(pool: &PgPool, blobs: &Blobs) -> Result<usize> {
     let mut tx = pool.begin().await?;
     erase_deleted_jobs(&mut tx, &unerased).await?;
     tx.commit().await?;
-    let documents = delete_documents(pool, blobs, None).await?;
+    let documents = forget_deleted_jobs_documents(pool, blobs, None).await?;
     Ok(live.len() + unerased.len() + documents)
 }
 

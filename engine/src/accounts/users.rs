@@ -216,6 +216,18 @@ pub async fn find_by_email(pool: &PgPool, email: &str) -> Result<User> {
         .ok_or(EngineError::NotFound)
 }
 
+/// The id of the live admin account at `email` (as a log-in finds it: the same normalisation),
+/// or `Invalid` in words: only an admin can be handed a review.
+pub async fn admin_id(pool: &PgPool, email: &str) -> Result<i64> {
+    let not_an_admin = || EngineError::Invalid("the assignee must be an admin account".into());
+    match find_by_email(pool, email).await {
+        // A deleted account is no one.
+        Ok(user) if user.is_admin() => get(pool, user.id).await.map(|u| u.id).map_err(|_| not_an_admin()),
+        Ok(_) | Err(EngineError::NotFound | EngineError::Invalid(_)) => Err(not_an_admin()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Every user, oldest first (the `list-users` command).
 pub async fn list(pool: &PgPool) -> Result<Vec<User>> {
     Ok(sqlx::query_as("SELECT * FROM users ORDER BY id").fetch_all(pool).await?)

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
 use super::backup_holds::held_by_backup;
 use super::payload::blob_key;
@@ -170,6 +171,29 @@ pub async fn delete_if_unneeded(pool: &PgPool, blobs: &Blobs, key: &str) -> Resu
     }
     tx.commit().await?;
     Ok(!needed)
+}
+
+/// Forget the stored documents of jobs their owners deleted (one job's, or any: an account's
+/// go this way too), once those jobs have ended: each deleted unless another job still needs
+/// it, and only then recorded released, so a deletion cut short is retried. Returns how many
+/// jobs it released (at most 500 a call).
+pub async fn forget_deleted_jobs_documents(pool: &PgPool, blobs: &Blobs, only: Option<Uuid>) -> Result<usize> {
+    let jobs: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, payload FROM jobs
+         WHERE deleted_at IS NOT NULL AND document_released_at IS NULL AND kind = 'document'
+           AND state IN ('done', 'failed', 'canceled') AND ($1::uuid IS NULL OR id = $1)
+         LIMIT 500",
+    )
+    .bind(only)
+    .fetch_all(pool)
+    .await?;
+    for (id, payload) in &jobs {
+        if let Some(key) = blob_key(payload) {
+            delete_if_unneeded(pool, blobs, key).await?;
+        }
+        sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1").bind(id).execute(pool).await?;
+    }
+    Ok(jobs.len())
 }
 
 /// Delete the documents no job needs any more (canceled jobs' at once, failed jobs' after the

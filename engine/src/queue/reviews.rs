@@ -82,17 +82,11 @@ pub fn clean_note(note: &str) -> Result<String> {
     Ok(note.to_string())
 }
 
-/// Mark `subject` as needing review by `assignee` (an admin's e-mail). Marking it again while
-/// open hands it over: the note, the assignee and the time are replaced.
-pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, actor: &str) -> Result<Review> {
+/// Mark `subject` as needing review by the admin `assignee_id` (the caller finds who that is:
+/// [`crate::accounts::users::admin_id`]). Marking it again while open hands it over: the note,
+/// the assignee and the time are replaced.
+pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee_id: i64, actor: &str) -> Result<Review> {
     let note = clean_note(note)?;
-    // The account as a log-in finds it (the same e-mail normalisation); a deleted one is no one.
-    let not_an_admin = || EngineError::Invalid("the assignee must be an admin account".into());
-    let assignee_id = match crate::accounts::users::find_by_email(pool, assignee).await {
-        Ok(user) if user.is_admin() => crate::accounts::users::get(pool, user.id).await.map_err(|_| not_an_admin())?.id,
-        Ok(_) | Err(EngineError::NotFound | EngineError::Invalid(_)) => return Err(not_an_admin()),
-        Err(e) => return Err(e),
-    };
     let mut tx = pool.begin().await?;
     let (job, kind, reason) = match subject {
         Subject::Job(id) => (Some(*id), None, None),
@@ -121,11 +115,13 @@ pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, 
     } else {
         "(failure_kind, failure_reason) WHERE resolved_at IS NULL AND job_id IS NULL"
     };
-    sqlx::query(&format!(
+    // The assignee's address only as the audit line shows it, as the reviews' listing does.
+    let assignee: Option<String> = sqlx::query_scalar(&format!(
         "INSERT INTO reviews (job_id, failure_kind, failure_reason, note, assignee_id, marked_by)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT {on_conflict} DO UPDATE
-             SET note = EXCLUDED.note, assignee_id = EXCLUDED.assignee_id, marked_by = EXCLUDED.marked_by, marked_at = now()"
+             SET note = EXCLUDED.note, assignee_id = EXCLUDED.assignee_id, marked_by = EXCLUDED.marked_by, marked_at = now()
+         RETURNING (SELECT email FROM users WHERE id = assignee_id)"
     ))
     .bind(job)
     .bind(kind)
@@ -133,8 +129,9 @@ pub async fn mark(pool: &PgPool, subject: &Subject, note: &str, assignee: &str, 
     .bind(&note)
     .bind(assignee_id)
     .bind(actor)
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
+    let assignee = assignee.unwrap_or_else(|| format!("user {assignee_id}"));
     audit(&mut tx, actor, "review", Some(&subject.describe()), "", &format!("{assignee}: {note}")).await?;
     tx.commit().await?;
     open_for(pool, subject).await?.ok_or(EngineError::NotFound)
