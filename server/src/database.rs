@@ -22,10 +22,10 @@ pub struct Database {
 impl Database {
     /// The configured database, or the embedded cluster in `<data-dir>/postgres`.
     pub async fn open(config: &Config, mode: Cluster) -> anyhow::Result<Database> {
-        if let Some(url) = &config.database_url {
+        if let Some(url) = &config.server.database_url {
             return Ok(Database { url: url.expose().to_string(), cluster: None });
         }
-        let folder = config.data_dir.join("postgres");
+        let folder = config.server.data_dir.join("postgres");
         if mode == Cluster::Own {
             tracing::info!(folder = %folder.display(), "starting the embedded Postgres cluster");
         }
@@ -38,7 +38,7 @@ impl Database {
             Ok(cluster)
         })
         .await??;
-        if config.data_dir.join("postgres").is_symlink() {
+        if config.server.data_dir.join("postgres").is_symlink() {
             tracing::info!(
                 folder = %cluster.data_dir().display(),
                 "the Postgres user cannot reach the data folder (a parent folder is private, like root's home), \

@@ -17,9 +17,9 @@ fn main() -> ExitCode {
         Some(_) => "operator",
     };
     let traces = match server::telemetry::init_tracing(
-        &cli.config.log,
-        cli.config.log_format,
-        cli.config.otlp_endpoint.as_deref(),
+        &cli.config.telemetry.log,
+        cli.config.telemetry.log_format,
+        cli.config.telemetry.otlp_endpoint.as_deref(),
         role,
     ) {
         Ok(traces) => traces,

@@ -66,7 +66,8 @@ impl Application {
     /// the migrations, and start what `role` runs.
     pub async fn build(config: &Config, role: Role) -> anyhow::Result<Application> {
         // Take the port first: if it is busy, fail before touching the database.
-        let listener = TcpListener::bind(config.bind).await.with_context(|| format!("binding {}", config.bind))?;
+        let listener =
+            TcpListener::bind(config.server.bind).await.with_context(|| format!("binding {}", config.server.bind))?;
         let database = Database::open(config, Cluster::Own).await?;
         match Self::start(config, role, listener, database).await {
             Ok(app) => Ok(app),
@@ -86,18 +87,18 @@ impl Application {
         let built = async {
             // A worker holds a connection only to write (never across a provider call), so 70
             // slots do not need 70 connections; Postgres allows 100 in all by default.
-            let pool = engine::db::connect(&database.url, (config.workers.min(24) as u32 + 16).max(20))
+            let pool = engine::db::connect(&database.url, (config.workers.workers.min(24) as u32 + 16).max(20))
                 .await
                 .context("connecting to Postgres and running migrations")?;
             let hooks = Arc::new(engine::hooks::SluiceHooks);
             let blobs = config.blobs()?;
-            let provider = engine::documents::providers::build(&config.provider_config());
+            let provider = engine::documents::providers::build(&config.provider.provider_config());
             tracing::info!(provider = provider.name(), "documents go to this provider");
-            let sandbox = Arc::new(config.sandbox_config()?);
-            let capacity = config.capacity_config();
+            let sandbox = Arc::new(config.documents.sandbox_config()?);
+            let capacity = config.provider.capacity_config();
             // The processes that call the provider own its limits: a web process started
             // without them must not switch the workers' budget off.
-            if config.workers > 0 && role != Role::Web {
+            if config.workers.workers > 0 && role != Role::Web {
                 engine::queue::capacity::configure(&pool, &capacity).await.context("storing the provider's limits")?;
             }
             let processor = Arc::new(DocumentProcessor {
@@ -106,32 +107,32 @@ impl Application {
                 sandbox,
                 stages: engine::queue::stages::StageLog::new(pool.clone()),
                 budget: engine::queue::capacity::Budget::new(pool.clone(), &capacity),
-                context_tokens: config.context_tokens(),
+                context_tokens: config.provider.context_tokens(),
                 parts: engine::queue::parts::PartStore::new(pool.clone()),
-                max_document_tokens: config.document_ceiling(),
+                max_document_tokens: config.admission.document_ceiling(),
                 settle_pdfs: Some(engine::documents::processor::PdfSettlement {
                     pool: pool.clone(),
-                    prices: config.prices.clone(),
+                    prices: config.admission.prices.clone(),
                 }),
             });
             let worker_config =
                 WorkerConfig { role: if role == Role::All { "all" } else { "worker" }, ..config.worker_config() };
             let process_name = worker_config.name.clone();
-            let workers = (config.workers > 0 && role != Role::Web)
+            let workers = (config.workers.workers > 0 && role != Role::Web)
                 .then(|| WorkerPool::start(pool.clone(), worker_config.clone(), processor, hooks.clone()));
             tracing::info!(?role, workers = workers.is_some(), "this process's role");
             let maintenance_config = config.maintenance_config();
             let mut background = vec![tokio::spawn(engine::maintenance::run(
                 pool.clone(),
                 hooks,
-                config.retry_policy(),
+                config.workers.retry_policy(),
                 maintenance_config,
                 Some(blobs.clone()),
             ))];
             // Every process evaluates alerts (an advisory lock lets one at a time) and sends
             // due webhooks (claims keep senders apart), whatever its role.
-            background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alert_config()?)));
-            background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.delivery_config())));
+            background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alerts.alert_config()?)));
+            background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.alerts.delivery_config())));
             // A process without workers records itself too (the pools announce themselves).
             let presence = workers.is_none().then(|| {
                 let role = if role == Role::Worker { "worker" } else { "web" };
@@ -143,8 +144,8 @@ impl Application {
             });
             let addr = listener.local_addr()?;
             let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
-            let state = AppState { leptos_options: leptos_options(&config.site_root, addr), ctx };
-            if let Some(bind) = config.metrics_bind {
+            let state = AppState { leptos_options: leptos_options(&config.server.site_root, addr), ctx };
+            if let Some(bind) = config.telemetry.metrics_bind {
                 let listener =
                     TcpListener::bind(bind).await.with_context(|| format!("binding the metrics address {bind}"))?;
                 tracing::info!(%bind, "serving /metrics");
@@ -162,7 +163,7 @@ impl Application {
                 crate::http::health_only(state)
             } else {
                 // Building the router migrates the session store, which the cleanup then finds.
-                let router = router(state, config.secure_cookies).await?;
+                let router = router(state, config.accounts.secure_cookies).await?;
                 background.push(spawn_session_cleanup(pool.clone(), maintenance_config.account_upkeep_every));
                 router
             };

@@ -1,0 +1,180 @@
+//! The AI provider and its limits: which one, its model and answer size, its prices, its
+//! timeouts and its rate limits (turned into the provider's `ProviderConfig`, the budget's
+//! `CapacityConfig` and the time limits).
+
+use std::time::Duration;
+
+use clap::Args;
+
+use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
+use engine::queue::capacity::{CapacityConfig, ProviderLimits};
+use engine::sizing::{ProviderPrices, TimeLimits};
+
+use super::Secret;
+
+/// Output tokens reserved from the budget per call until its usage is known, at most (a
+/// translation's part reserves by its own size).
+const OUTPUT_RESERVE: u32 = 4_096;
+
+/// The `--provider` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderChoice {
+    Local,
+    Anthropic,
+    Openai,
+}
+
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Provider and its limits")]
+pub struct ProviderArgs {
+    /// The AI provider: local (built in, no network), anthropic, or openai (any
+    /// OpenAI-compatible server: Ollama, vLLM, llama.cpp).
+    #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "local", global = true)]
+    pub provider: ProviderChoice,
+    /// The provider's base URL (anthropic: https://api.anthropic.com; openai: ending in /v1).
+    #[arg(long, env = "SLUICE_PROVIDER_URL", default_value = "", global = true)]
+    pub provider_url: String,
+    /// The provider's API key (never logged).
+    #[arg(long, env = "SLUICE_PROVIDER_API_KEY", hide_env_values = true, global = true)]
+    pub provider_api_key: Option<Secret>,
+    /// The model to ask.
+    #[arg(long, env = "SLUICE_PROVIDER_MODEL", default_value = "", global = true)]
+    pub provider_model: String,
+    /// The most output tokens one answer may have (`max_tokens`). Unset: the model's documented
+    /// maximum (claude-sonnet-4-5 64,000; gpt-4o 16,384; unknown models 8,192). A translation's
+    /// parts are sized so their answers fit it; an answer cut at it is redone in halves.
+    #[arg(long, env = "SLUICE_PROVIDER_MAX_TOKENS", global = true)]
+    pub provider_max_tokens: Option<u32>,
+    /// What the provider charges per million input tokens, in US dollars (unset: the console
+    /// shows outcomes in tokens and credits only).
+    #[arg(long, env = "SLUICE_PROVIDER_INPUT_USD_PER_MTOK", global = true)]
+    pub provider_input_usd_per_mtok: Option<f64>,
+    /// What the provider charges per million output tokens, in US dollars.
+    #[arg(long, env = "SLUICE_PROVIDER_OUTPUT_USD_PER_MTOK", global = true)]
+    pub provider_output_usd_per_mtok: Option<f64>,
+    /// Seconds before a provider call counts as timed out (plus the allowance per 100K tokens).
+    #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
+    pub provider_timeout_secs: f64,
+    /// Seconds added to the provider timeout and the attempt deadline per 100K input tokens of
+    /// the call (a long part takes the model longer).
+    #[arg(long, env = "SLUICE_TIMEOUT_PER_100K_TOKENS_SECS", default_value_t = 300.0, global = true)]
+    pub timeout_per_100k_tokens_secs: f64,
+    /// The provider's request limit per minute (unset: unlimited). Claims keep within it.
+    #[arg(long, env = "SLUICE_PROVIDER_REQUESTS_PER_MIN", global = true)]
+    pub provider_requests_per_min: Option<u64>,
+    /// The provider's input-token limit per minute (unset: unlimited): the token budget.
+    #[arg(long, env = "SLUICE_PROVIDER_INPUT_TOKENS_PER_MIN", global = true)]
+    pub provider_input_tokens_per_min: Option<u64>,
+    /// The provider's output-token limit per minute (unset: unlimited).
+    #[arg(long, env = "SLUICE_PROVIDER_OUTPUT_TOKENS_PER_MIN", global = true)]
+    pub provider_output_tokens_per_min: Option<u64>,
+    /// Seconds of its rate each budget holds at most (60: a full minute's worth, as Anthropic's).
+    #[arg(long, env = "SLUICE_PROVIDER_BURST_SECS", default_value_t = 60.0, global = true)]
+    pub provider_burst_secs: f64,
+    /// The share of each provider limit the budget plans to use (the rest absorbs the jitter
+    /// between a claim and its request).
+    #[arg(long, env = "SLUICE_PROVIDER_LIMIT_SHARE", default_value_t = 0.95, global = true)]
+    pub provider_limit_share: f64,
+    /// The most input tokens one request may carry: longer documents are processed in parts
+    /// that each fit. 0 = no limit.
+    #[arg(long, env = "SLUICE_PROVIDER_CONTEXT_TOKENS", default_value_t = 200_000, global = true)]
+    pub provider_context_tokens: u64,
+    /// After a 429/529 the gate is halved; it grows back one slot per this many seconds.
+    #[arg(long, env = "SLUICE_GATE_RECOVER_SECS", default_value_t = 10.0, global = true)]
+    pub gate_recover_secs: f64,
+}
+
+impl ProviderArgs {
+    /// The most input tokens one request may carry: the provider's context, and no more than
+    /// one input-token bucket holds (a larger request could never pass the provider's limit).
+    pub fn context_tokens(&self) -> Option<u64> {
+        let context = (self.provider_context_tokens > 0).then_some(self.provider_context_tokens);
+        let capacity = self.capacity_config();
+        let bucket = capacity
+            .limits
+            .input_tokens_per_min
+            .map(|per_min| (per_min as f64 * capacity.burst.as_secs_f64() / 60.0) as u64);
+        match (context, bucket) {
+            (Some(c), Some(b)) => Some(c.min(b)),
+            (c, b) => c.or(b),
+        }
+    }
+
+    /// The provider's limits, the budget's burst and the adaptive gate's pace.
+    pub fn capacity_config(&self) -> CapacityConfig {
+        CapacityConfig {
+            limits: ProviderLimits {
+                requests_per_min: self.provider_requests_per_min.filter(|v| *v > 0),
+                input_tokens_per_min: self.provider_input_tokens_per_min.filter(|v| *v > 0),
+                output_tokens_per_min: self.provider_output_tokens_per_min.filter(|v| *v > 0),
+            },
+            // `max` first: it turns NaN into the floor.
+            burst: Duration::from_secs_f64(self.provider_burst_secs.max(0.01).min(3600.0)),
+            // What a call's answer is expected to hold until its usage is known: a translation
+            // reserves by its own size; other answers are short (a summary), not `max_tokens`.
+            output_reserve: i64::from(self.max_output_tokens().min(OUTPUT_RESERVE)),
+            recover_step: Duration::from_secs_f64(self.gate_recover_secs.max(0.01).min(3600.0)),
+            share: self.provider_limit_share.max(0.01).min(1.0),
+        }
+    }
+
+    /// The provider's prices per million tokens, when either is given.
+    pub fn provider_prices(&self) -> Option<ProviderPrices> {
+        let price = |v: Option<f64>| v.filter(|p| p.is_finite() && *p >= 0.0);
+        let (input, output) = (price(self.provider_input_usd_per_mtok), price(self.provider_output_usd_per_mtok));
+        (input.is_some() || output.is_some()).then(|| ProviderPrices {
+            input_usd_per_mtok: input.unwrap_or(0.0),
+            output_usd_per_mtok: output.unwrap_or(0.0),
+        })
+    }
+
+    /// The most output tokens one answer may have: as configured, or the model's documented
+    /// maximum.
+    pub fn max_output_tokens(&self) -> u32 {
+        let kind = self.provider_kind();
+        self.provider_max_tokens
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| providers::documented_max_output_tokens(kind, &self.provider_model))
+    }
+
+    fn provider_kind(&self) -> ProviderKind {
+        match self.provider {
+            ProviderChoice::Local => ProviderKind::Local,
+            ProviderChoice::Anthropic => ProviderKind::Anthropic,
+            ProviderChoice::Openai => ProviderKind::Openai,
+        }
+    }
+
+    /// The AI provider.
+    pub fn provider_config(&self) -> ProviderConfig {
+        ProviderConfig {
+            kind: self.provider_kind(),
+            base_url: self.provider_url.clone(),
+            api_key: self.provider_api_key.as_ref().map(|k| k.expose().to_string()),
+            model: self.provider_model.clone(),
+            max_tokens: self.max_output_tokens(),
+            timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
+            timeout_per_100k_tokens: self.per_100k_tokens(),
+        }
+    }
+
+    /// The time a provider call and an attempt are allowed per 100K input tokens, on top.
+    pub fn per_100k_tokens(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_per_100k_tokens_secs.clamp(0.0, 86_400.0))
+    }
+
+    /// The provider timeout and an attempt's `deadline`, growing with a call's tokens.
+    pub fn time_limits(&self, deadline: Duration) -> TimeLimits {
+        TimeLimits {
+            provider_secs: self.provider_timeout_secs.max(0.1),
+            attempt_secs: deadline.as_secs_f64(),
+            per_100k_tokens_secs: self.per_100k_tokens().as_secs_f64(),
+        }
+    }
+
+    /// The presets this provider can do.
+    pub fn presets(&self) -> Vec<Preset> {
+        let provider = providers::build(&self.provider_config());
+        Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
+    }
+}
