@@ -94,6 +94,9 @@ pub struct JobStatus {
     /// Its owner deleted its document and result; the job stays as a line of their credits.
     #[serde(default)]
     pub deleted: bool,
+    /// Failed, and an operator marked it (or its kind of failure) "needs review".
+    #[serde(default)]
+    pub under_review: bool,
 }
 
 /// How far a document done in parts is.
@@ -256,6 +259,7 @@ mod convert {
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
                 deleted: j.deleted_at.is_some(),
+                under_review: false,
                 parts: j.parts_total.map(|total| {
                     let combining = j.parts_stage.as_deref() == Some("combining");
                     let combines = text("/preset").as_deref() != Some("translate") && !combining;

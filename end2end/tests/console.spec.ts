@@ -117,6 +117,10 @@ test('a dead-letter group is handed to a reviewer and resolved with no action; a
   await expect(group.getByTestId('review')).toHaveText(
     new RegExp(`^Needs review by ${operator.email.replace('.', '\\.')} \\(since .+, marked by .+\\): check what the prompt sends$`),
   );
+  // Their owner sees someone is on it (the group holds both), until the review ends.
+  const lookedInto = user.locator('.job .state-detail').filter({ hasText: 'An operator is looking into this.' });
+  await user.reload();
+  await expect(lookedInto).toHaveCount(2);
   const reviews = admin.getByTestId('reviews');
   const open_ = reviews.getByTestId('review-item').filter({ hasText: 'check what the prompt sends' });
   await expect(open_).toHaveAttribute('data-open', 'true');
@@ -126,6 +130,9 @@ test('a dead-letter group is handed to a reviewer and resolved with no action; a
   await expect(open_).toContainText(`resolved, no action by ${operator.email}`);
   await expect(open_).toContainText(': the provider fixed it');
   await expect(group.getByTestId('review')).toHaveCount(0);
+  await user.reload();
+  await expect(user.locator('.job .badge[data-state="failed"]')).toHaveCount(2);
+  await expect(lookedInto).toHaveCount(0);
 
   // One of the jobs, from the search: marked, found by "Needs review", then replayed.
   await open(admin, '/admin/jobs');
@@ -147,6 +154,11 @@ test('a dead-letter group is handed to a reviewer and resolved with no action; a
   await open(admin, '/admin/dead-letters');
   const replayed = admin.getByTestId('review-item').filter({ hasText: 'a refusal on a plain text?' });
   await expect(replayed).toContainText(`replayed by ${operator.email}`);
+  // Its owner is told, with the way to the job.
+  await open(user, '/notices');
+  const told = user.locator('.notices li').filter({ hasText: 'An operator looked into your failed document and is running it again' });
+  await expect(told).toHaveCount(1);
+  await expect(told.getByRole('link', { name: 'View the job' })).toHaveAttribute('href', /^\/jobs\/[0-9a-f-]{36}$/);
   await open(admin, '/admin/audit');
   await expect(admin.locator('.audit').last()).toContainText('marked job');
   await expect(admin.locator('.audit').last()).toContainText('resolved the review of group provider rejected: the provider refused the request (400): no action: the provider fixed it');

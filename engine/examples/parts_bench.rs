@@ -131,7 +131,7 @@ impl Bench {
             context_tokens: Some(CONTEXT),
             parts: PartStore::new(self.pool.clone()),
             max_document_tokens: None,
-            settle_pdfs: None,
+            settle_held: None,
         };
         let mut small = Vec::new();
         if backlog {

@@ -36,4 +36,8 @@ impl TerminalHooks for SluiceHooks {
             enqueue_ending(tx, job.id, "canceled").await
         })
     }
+
+    fn on_discarded<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        AccountHooks.on_discarded(tx, job)
+    }
 }

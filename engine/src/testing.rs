@@ -370,6 +370,101 @@ fn zlib_zeros(n: usize) -> Vec<u8> {
     bits.out
 }
 
+/// A zip of these entries, deflated, as office suites write them (the zip crate's writer).
+pub fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    use std::io::Write;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (name, bytes) in entries {
+        let options = zip::write::SimpleFileOptions::default().compression_method(if *name == "mimetype" {
+            zip::CompressionMethod::Stored
+        } else {
+            zip::CompressionMethod::Deflated
+        });
+        zip.start_file(*name, options).expect("a zip entry");
+        zip.write_all(bytes).expect("writing to memory");
+    }
+    zip.finish().expect("a zip").into_inner()
+}
+
+/// A Word file whose body is `body` (WordprocessingML inside `<w:body>`).
+pub fn docx_of(body: &str) -> Vec<u8> {
+    let document = format!(
+        r#"<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>{body}</w:body></w:document>"#
+    );
+    zip_of(&[
+        ("[Content_Types].xml", br#"<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"><Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>"#),
+        ("_rels/.rels", br#"<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument" Target="word/document.xml"/></Relationships>"#),
+        ("word/document.xml", document.as_bytes()),
+    ])
+}
+
+/// A Word file of these paragraphs, each one run.
+pub fn docx_with_paragraphs(paragraphs: &[&str]) -> Vec<u8> {
+    let body: String = paragraphs.iter().map(|p| format!("<w:p><w:r><w:t xml:space=\"preserve\">{p}</w:t></w:r></w:p>")).collect();
+    docx_of(&body)
+}
+
+/// An OpenDocument text whose body is `body` (inside `<office:text>`).
+pub fn odt_of(body: &str) -> Vec<u8> {
+    let content = format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?><office:document-content xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0"><office:body><office:text>{body}</office:text></office:body></office:document-content>"#
+    );
+    zip_of(&[
+        ("mimetype", b"application/vnd.oasis.opendocument.text"),
+        ("META-INF/manifest.xml", br#"<?xml version="1.0"?><manifest:manifest xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0"/>"#),
+        ("content.xml", content.as_bytes()),
+    ])
+}
+
+/// A Word file whose `word/document.xml` inflates to about `inflated` bytes of zeros from a
+/// few thousandth of that, while its headers declare 1 KiB (a zip bomb that lies).
+pub fn docx_zip_bomb(inflated: usize) -> Vec<u8> {
+    let zlib = zlib_zeros(inflated);
+    let deflated = &zlib[2..zlib.len() - 4];
+    let name = b"word/document.xml";
+    let declared: u32 = 1024;
+    let mut out = Vec::new();
+    let le16 = |v: u16| v.to_le_bytes();
+    let le32 = |v: u32| v.to_le_bytes();
+    // Local header, then the data.
+    out.extend_from_slice(b"PK\x03\x04");
+    out.extend_from_slice(&le16(20));
+    out.extend_from_slice(&le16(0));
+    out.extend_from_slice(&le16(8)); // deflated
+    out.extend_from_slice(&[0; 4]); // time and date
+    out.extend_from_slice(&le32(0)); // crc (never reached)
+    out.extend_from_slice(&le32(deflated.len() as u32));
+    out.extend_from_slice(&le32(declared));
+    out.extend_from_slice(&le16(name.len() as u16));
+    out.extend_from_slice(&le16(0));
+    out.extend_from_slice(name);
+    out.extend_from_slice(deflated);
+    // The central directory, then its end.
+    let central = out.len() as u32;
+    out.extend_from_slice(b"PK\x01\x02");
+    out.extend_from_slice(&le16(20));
+    out.extend_from_slice(&le16(20));
+    out.extend_from_slice(&le16(0));
+    out.extend_from_slice(&le16(8));
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&le32(0));
+    out.extend_from_slice(&le32(deflated.len() as u32));
+    out.extend_from_slice(&le32(declared));
+    out.extend_from_slice(&le16(name.len() as u16));
+    out.extend_from_slice(&[0; 12]); // extra, comment, disk, attributes
+    out.extend_from_slice(&le32(0)); // the local header's offset
+    out.extend_from_slice(name);
+    let central_len = out.len() as u32 - central;
+    out.extend_from_slice(b"PK\x05\x06");
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&le16(1));
+    out.extend_from_slice(&le16(1));
+    out.extend_from_slice(&le32(central_len));
+    out.extend_from_slice(&le32(central));
+    out.extend_from_slice(&le16(0));
+    out
+}
+
 /// A readable one-page PDF whose xref table points at the wrong places.
 pub fn pdf_with_damaged_xref() -> Vec<u8> {
     let mut pdf = pdf_with_text(&["Damaged but honest."]);

@@ -76,7 +76,7 @@ fn workers(pool: &PgPool, docs: &TempBlobs, fake: &FakeProvider, budget: Budget,
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     let mut config = fast_worker("capacity", concurrency);
     config.policy.max_delay = Duration::from_secs(3);

@@ -201,7 +201,7 @@ async fn a_review_names_an_admin_shows_who_and_since_when_and_ends_with_who_and_
         Err(engine::error::EngineError::NotFound)
     ));
     // Discarding the job resolves its review, by whoever discarded it.
-    dlq::discard(&pool, &Selection::Job(jobs[0]), &admin.email).await.unwrap();
+    dlq::discard(&pool, &SluiceHooks, &Selection::Job(jobs[0]), &admin.email).await.unwrap();
     let job_review = reviews::recent(&pool, 10).await.unwrap().into_iter().find(|r| r.job_id == Some(jobs[0])).unwrap();
     assert_eq!(
         (job_review.resolution.as_deref(), job_review.resolved_by.as_deref()),
@@ -210,6 +210,52 @@ async fn a_review_names_an_admin_shows_who_and_since_when_and_ends_with_who_and_
     let actions: Vec<String> =
         sqlx::query_scalar("SELECT action FROM audit_log ORDER BY id").fetch_all(&pool).await.unwrap();
     assert_eq!(actions, ["review", "review", "review", "review_resolved", "dlq_discard"]);
+}
+
+/// The kinds and messages of a user's notices about `job`, oldest first.
+async fn notices_of(pool: &PgPool, job: Uuid) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT kind, message FROM notices WHERE job_id = $1 ORDER BY id").bind(job).fetch_all(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_owner_sees_an_operator_looking_into_a_failure_and_is_told_of_a_replay_or_a_discard(pool: PgPool) {
+    let admin = users::create_user(&pool, "ops@example.com", "password123", Role::Admin, 0).await.unwrap();
+    let owner = users::create_user(&pool, "owner@example.com", "password123", Role::User, 0).await.unwrap();
+    let refused = failed_jobs(&pool, owner.id, 3, FailureKind::ProviderRejected, "refused").await;
+    let timed_out = failed_jobs(&pool, owner.id, 2, FailureKind::TimedOut, "").await;
+    let all: Vec<Uuid> = refused.iter().chain(&timed_out).copied().collect();
+    assert!(reviews::under_review(&pool, &all).await.unwrap().is_empty(), "nobody is looking yet");
+
+    // One job marked, and a whole group (its reason empty): those are looked into, not the rest.
+    reviews::mark(&pool, &Subject::Job(refused[0]), "why?", admin.id, &admin.email).await.unwrap();
+    let group = Subject::Group { kind: FailureKind::TimedOut, reason: String::new() };
+    let group_review = reviews::mark(&pool, &group, "all slow?", admin.id, &admin.email).await.unwrap();
+    let mut looked_into = reviews::under_review(&pool, &all).await.unwrap();
+    looked_into.sort();
+    let mut expected = vec![refused[0], timed_out[0], timed_out[1]];
+    expected.sort();
+    assert_eq!(looked_into, expected);
+    reviews::resolve_without_action(&pool, group_review.id, "the provider was down", &admin.email).await.unwrap();
+    assert_eq!(reviews::under_review(&pool, &all).await.unwrap(), vec![refused[0]], "a resolved review is over");
+
+    // A replay and a discard each tell the owner what happened; the review ends with them.
+    dlq::replay(&pool, &SluiceHooks, &Selection::Job(refused[0]), &admin.email).await.unwrap();
+    dlq::discard(&pool, &SluiceHooks, &Selection::Job(refused[1]), &admin.email).await.unwrap();
+    let replayed = notices_of(&pool, refused[0]).await;
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].0, "replayed");
+    assert!(replayed[0].1.contains("running it again, at no cost to you"), "{}", replayed[0].1);
+    let discarded = notices_of(&pool, refused[1]).await;
+    assert_eq!(discarded.len(), 1);
+    assert_eq!(discarded[0].0, "discarded");
+    assert!(discarded[0].1.contains("will not be run again"), "{}", discarded[0].1);
+    assert!(reviews::under_review(&pool, &all).await.unwrap().is_empty(), "replayed: no longer failed");
+    assert!(notices_of(&pool, refused[2]).await.is_empty(), "nothing happened to the third");
+
+    // A job its owner deleted is theirs no more: no notice about it.
+    sqlx::query("UPDATE jobs SET deleted_at = now() WHERE id = $1").bind(refused[2]).execute(&pool).await.unwrap();
+    dlq::discard(&pool, &SluiceHooks, &Selection::Job(refused[2]), &admin.email).await.unwrap();
+    assert!(notices_of(&pool, refused[2]).await.is_empty());
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

@@ -226,7 +226,7 @@ fn workers(s: &Setup) -> WorkerPool {
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -363,7 +363,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     let job = claimed_pdf(&key, "key_facts");
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
@@ -422,7 +422,7 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
         context_tokens: Some(200),
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();

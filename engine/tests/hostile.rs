@@ -163,7 +163,7 @@ async fn hostile_jobs_fail_refunded_up_to_the_daily_allowance_while_another_user
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));
@@ -368,4 +368,62 @@ async fn readers_beyond_the_limit_wait_for_a_turn() {
     assert_eq!(peaks.len(), 8, "every child ran");
     assert!(peaks.iter().all(|&inside| inside <= 2), "at most two at once: {peaks:?}");
     assert!(peaks.contains(&2), "two did run side by side: {peaks:?}");
+}
+
+/// Word files, OpenDocument texts and web pages go through the same queue: honest ones are
+/// read and summarized, a zip bomb and a billion laughs fail as invalid input, not retried.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn word_files_and_pages_are_done_and_crafted_ones_fail_in_plain_words(pool: PgPool) {
+    let pool = wider_pool(&pool, 20).await;
+    let dir = std::env::temp_dir().join(format!("sluice-office-{}", std::process::id()));
+    let blobs = Blobs::local(&dir).unwrap();
+    let user = users::create_user(&pool, "office@example.com", "password123", Role::User, 20).await.unwrap();
+    let honest = [
+        ("contract.docx", docx_with_paragraphs(&["The supplier delivers.", "The buyer pays within 30 days."])),
+        ("manual.odt", odt_of("<text:h text:outline-level=\"1\">Manual</text:h><text:p>Press the button.</text:p>")),
+        ("page.html", b"<!doctype html><html><body><h1>News</h1><p>It rained all day.</p></body></html>".to_vec()),
+    ];
+    let laughs = zip_of(&[(
+        "word/document.xml",
+        br#"<?xml version="1.0"?><!DOCTYPE d [<!ENTITY a "aaaaaaaaaa">]><w:document><w:p><w:t>&a;</w:t></w:p></w:document>"#,
+    )]);
+    let crafted = [("bomb.docx", docx_zip_bomb(1 << 30)), ("laughs.docx", laughs)];
+    let mut done = Vec::new();
+    for (name, bytes) in &honest {
+        done.push(submit(&pool, &blobs, user.id, name, bytes).await);
+    }
+    let mut failed = Vec::new();
+    for (name, bytes) in &crafted {
+        failed.push(submit(&pool, &blobs, user.id, name, bytes).await);
+    }
+    let processor = DocumentProcessor {
+        blobs: blobs.clone(),
+        provider: providers::build(&ProviderConfig::default()),
+        sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::new(pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
+        settle_held: None,
+    };
+    let workers = WorkerPool::start(pool.clone(), fast_worker("office", 4), Arc::new(processor), Arc::new(AccountHooks));
+    let all_ended = wait_for(Duration::from_secs(90), || async {
+        count_in_state(&pool, JobState::Done).await + count_in_state(&pool, JobState::Failed).await == 5
+    })
+    .await;
+    workers.shutdown().await;
+    assert!(all_ended, "every job ended");
+    for (id, words) in done.iter().zip(["30 days", "Press the button", "rained"]) {
+        let job = engine::queue::get(&pool, *id).await.unwrap();
+        assert_eq!(job.state, JobState::Done, "{:?}", job.failure_reason);
+        let summary = job.result.unwrap()["markdown"].as_str().unwrap().to_string();
+        assert!(summary.contains(words), "{summary}");
+    }
+    for (id, why) in failed.iter().zip(["zip bomb", "DTD"]) {
+        let job = engine::queue::get(&pool, *id).await.unwrap();
+        assert_eq!((job.state, job.failure_kind, job.attempts), (JobState::Failed, Some(FailureKind::InvalidInput), 1));
+        assert!(job.failure_reason.as_deref().unwrap_or("").contains(why), "{:?}", job.failure_reason);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

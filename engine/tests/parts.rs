@@ -9,7 +9,7 @@ use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use engine::accounts::{notices, users, AccountHooks, Role};
 use engine::documents::blobs::Blobs;
 use engine::documents::processor::DocumentProcessor;
-use engine::documents::processor::PdfSettlement;
+use engine::documents::processor::HoldSettlement;
 use engine::documents::providers::{self, ProviderConfig, ProviderKind};
 use engine::documents::sandbox::SandboxConfig;
 use engine::queue::capacity::{self, Budget, CapacityConfig, ProviderLimits};
@@ -85,7 +85,7 @@ fn processor(
         context_tokens: Some(context),
         parts: PartStore::new(pool.clone()),
         max_document_tokens: Some(2_000_000),
-        settle_pdfs: None,
+        settle_held: None,
     }
 }
 
@@ -528,8 +528,8 @@ async fn submit_pdf(pool: &PgPool, docs: &TempBlobs, user: i64, pdf: &[u8], hold
     }
 }
 
-fn settling(pool: &PgPool) -> Option<PdfSettlement> {
-    Some(PdfSettlement { pool: pool.clone(), prices: PriceTable::default() })
+fn settling(pool: &PgPool) -> Option<HoldSettlement> {
+    Some(HoldSettlement { pool: pool.clone(), prices: PriceTable::default() })
 }
 
 /// A PDF is admitted at the price of its worst case and settled to its text's price once read:
@@ -542,7 +542,7 @@ async fn a_pdf_held_at_its_worst_case_is_settled_to_its_texts_price(pool: PgPool
     let job = submit_pdf(&pool, &docs, user.id, &pdf, 4, 1).await;
     assert_eq!(users::get(&pool, user.id).await.unwrap().balance, 16, "the hold is taken at admission");
     let mut processor = processor(&pool, &docs, ProviderConfig::default(), 200_000, Budget::disabled());
-    processor.settle_pdfs = settling(&pool);
+    processor.settle_held = settling(&pool);
     let view = drive(&pool, &processor, job).await;
     assert_eq!(view.state, JobState::Done);
     assert_eq!((view.cost, view.refunded), (4, 3), "settled to 1 credit: its text's price");
@@ -568,7 +568,7 @@ async fn a_pdf_denser_than_its_hold_is_not_done_in_parts_and_is_refunded(pool: P
     assert_eq!(PriceTable::default().price(hold_tokens), 1, "{} bytes hold {hold_tokens} tokens", pdf.len());
     let job_id = submit_pdf(&pool, &docs, user.id, &pdf, 1, 1).await;
     let mut processor = processor(&pool, &docs, ProviderConfig::default(), 1_000, Budget::disabled());
-    processor.settle_pdfs = settling(&pool);
+    processor.settle_held = settling(&pool);
     let view = drive(&pool, &processor, job_id).await;
     assert_eq!(view.state, JobState::Failed);
     assert_eq!(view.failure_kind, Some(engine::FailureKind::InvalidInput));

@@ -416,7 +416,7 @@ async fn replaying_the_same_dlq_job_twice_at_once_requeues_it_once(pool: PgPool)
     )
     .await
     .unwrap();
-    assert_eq!(dlq::discard(&pool, &Selection::Job(extra), "admin").await.unwrap(), 1);
+    assert_eq!(dlq::discard(&pool, &NoHooks, &Selection::Job(extra), "admin").await.unwrap(), 1);
     assert_eq!(dlq::depth(&pool).await.unwrap(), 0);
     assert_eq!(queue::get(&pool, extra).await.unwrap().state, JobState::Failed);
 }

@@ -182,7 +182,7 @@ async fn main() {
         context_tokens: None,
         parts: engine::queue::parts::PartStore::new(pool.clone()),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     let workers = WorkerConfig { name: "busy-bench".into(), concurrency: 70, ..WorkerConfig::default() };
     let pool_handle = WorkerPool::start(pool.clone(), workers, Arc::new(processor), Arc::new(SluiceHooks));

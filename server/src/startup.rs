@@ -110,7 +110,7 @@ impl Application {
                 context_tokens: config.provider.context_tokens(),
                 parts: engine::queue::parts::PartStore::new(pool.clone()),
                 max_document_tokens: config.admission.document_ceiling(),
-                settle_pdfs: Some(engine::documents::processor::PdfSettlement {
+                settle_held: Some(engine::documents::processor::HoldSettlement {
                     pool: pool.clone(),
                     prices: config.admission.prices.clone(),
                 }),

@@ -19,23 +19,39 @@ pub enum SizeKind {
     /// A PDF: fonts, images and structure outweigh its text, so about forty bytes a token.
     /// Only an estimate until the text is extracted (then the real count is known).
     Pdf,
+    /// A Word or OpenDocument file: deflated XML, about two bytes a token. Only an estimate
+    /// until its text is read.
+    Packed,
+    /// A web page (HTML): four bytes a token like text, its markup counted too, so an
+    /// overestimate until its text is read.
+    Page,
 }
 
 impl SizeKind {
     /// The kind a file name suggests, as the browser knows it before uploading.
     pub fn from_file_name(name: &str) -> SizeKind {
-        if name.to_ascii_lowercase().ends_with(".pdf") {
-            SizeKind::Pdf
-        } else {
-            SizeKind::Text
+        let name = name.to_ascii_lowercase();
+        let extension = name.rsplit_once('.').map_or("", |(_, extension)| extension);
+        match extension {
+            "pdf" => SizeKind::Pdf,
+            "docx" | "odt" => SizeKind::Packed,
+            "html" | "htm" => SizeKind::Page,
+            _ => SizeKind::Text,
         }
     }
 
     fn bytes_per_token(self) -> u64 {
         match self {
-            SizeKind::Text => 4,
+            SizeKind::Text | SizeKind::Page => 4,
             SizeKind::Pdf => 40,
+            SizeKind::Packed => 2,
         }
+    }
+
+    /// Whether its text is known only once read: then admission holds a price and the job is
+    /// settled to its text's price (see [`crate::settlement::hold_tokens`]).
+    pub fn priced_once_read(self) -> bool {
+        !matches!(self, SizeKind::Text)
     }
 }
 
@@ -477,12 +493,16 @@ mod tests {
 
     #[test]
     fn estimates_and_the_context_agree() {
-        for kind in [SizeKind::Text, SizeKind::Pdf] {
+        for kind in [SizeKind::Text, SizeKind::Pdf, SizeKind::Packed, SizeKind::Page] {
             let max = max_bytes_for_context(kind, 200_000);
             assert!(estimate_input_tokens(kind, max) <= 200_000);
             assert!(estimate_input_tokens(kind, max + 1) > 200_000);
         }
         assert_eq!(SizeKind::from_file_name("Report.PDF"), SizeKind::Pdf);
         assert_eq!(SizeKind::from_file_name("notes.md"), SizeKind::Text);
+        assert_eq!(SizeKind::from_file_name("Contract.DOCX"), SizeKind::Packed);
+        assert_eq!(SizeKind::from_file_name("manual.odt"), SizeKind::Packed);
+        assert_eq!(SizeKind::from_file_name("page.htm"), SizeKind::Page);
+        assert_eq!(SizeKind::from_file_name("docx"), SizeKind::Text);
     }
 }

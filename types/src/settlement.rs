@@ -10,18 +10,30 @@
 //! - A canceled job is refunded, less the share of its provider calls already made or in
 //!   flight when the cancel was asked for: the provider bills those whatever happens next.
 
-/// A PDF's text is known only once read, so its admission holds the price of this many times
-/// the tokens its bytes suggest (real PDFs spread up to about 4x; compressed text goes
-/// further), and the job is settled to the price of its text once read: the difference comes
-/// back. A PDF whose text is dearer than the hold pays the hold (a single call), or fails if it
-/// needs parts (paid work the hold does not cover): refunded within the day's allowance for
-/// unreadable documents, as the reader's work came to nothing.
-pub const PDF_HOLD_FACTOR: u64 = 8;
+use crate::capacity::SizeKind;
 
-/// The tokens a PDF's hold is priced at: [`PDF_HOLD_FACTOR`] times its size's estimate, but no
-/// more than the document ceiling (no text past it is taken).
-pub fn pdf_hold_tokens(by_size_tokens: u64, ceiling: Option<u64>) -> u64 {
-    by_size_tokens.saturating_mul(PDF_HOLD_FACTOR).min(ceiling.unwrap_or(u64::MAX)).max(by_size_tokens)
+/// A PDF's or a Word file's text is known only once read, so its admission holds the price of
+/// this many times the tokens its bytes suggest (real PDFs spread up to about 4x; compressed
+/// text goes further), and the job is settled to the price of its text once read: the
+/// difference comes back. A document whose text is dearer than the hold pays the hold (a
+/// single call), or fails if it needs parts (paid work the hold does not cover): refunded
+/// within the day's allowance for unreadable documents, as the reader's work came to nothing.
+/// A web page is held at its size's estimate alone: its markup only makes that larger.
+pub const HOLD_FACTOR: u64 = 8;
+
+/// How many times its size's estimate a document of `kind` is held at (1 for text, which is
+/// priced by its counted tokens, and for a web page).
+pub fn hold_factor(kind: SizeKind) -> u64 {
+    match kind {
+        SizeKind::Pdf | SizeKind::Packed => HOLD_FACTOR,
+        SizeKind::Text | SizeKind::Page => 1,
+    }
+}
+
+/// The tokens a document's hold is priced at: its [`hold_factor`] times its size's estimate,
+/// but no more than the document ceiling (no text past it is taken).
+pub fn hold_tokens(kind: SizeKind, by_size_tokens: u64, ceiling: Option<u64>) -> u64 {
+    by_size_tokens.saturating_mul(hold_factor(kind)).min(ceiling.unwrap_or(u64::MAX)).max(by_size_tokens)
 }
 
 /// What a read PDF costs: its text's price, never more than what was held.
@@ -109,9 +121,11 @@ mod tests {
 
     #[test]
     fn a_pdf_holds_its_worst_case_and_settles_to_its_text() {
-        assert_eq!(pdf_hold_tokens(1_000, None), 8_000);
-        assert_eq!(pdf_hold_tokens(1_000_000, Some(2_000_000)), 2_000_000, "no more than the ceiling");
-        assert_eq!(pdf_hold_tokens(3_000_000, Some(2_000_000)), 3_000_000, "never below its own estimate");
+        assert_eq!(hold_tokens(SizeKind::Pdf, 1_000, None), 8_000);
+        assert_eq!(hold_tokens(SizeKind::Packed, 1_000, None), 8_000);
+        assert_eq!(hold_tokens(SizeKind::Page, 1_000, None), 1_000, "a page's markup is already counted");
+        assert_eq!(hold_tokens(SizeKind::Pdf, 1_000_000, Some(2_000_000)), 2_000_000, "no more than the ceiling");
+        assert_eq!(hold_tokens(SizeKind::Pdf, 3_000_000, Some(2_000_000)), 3_000_000, "never below its own estimate");
         assert_eq!(settled_price(8, 2), 2);
         assert_eq!(settled_price(8, 12), 8, "never more than held");
         assert_eq!(settled_price(8, -1), 0);

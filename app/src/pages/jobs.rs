@@ -44,6 +44,9 @@ fn seconds_between(from_ms: f64, to_ms: f64) -> i64 {
     ((to_ms - from_ms) / 1000.0).round().max(0.0) as i64
 }
 
+/// What the owner of a failed job an operator marked "needs review" reads under its badge.
+pub const UNDER_REVIEW: &str = "An operator is looking into this.";
+
 /// Pure: a state's badge text.
 pub fn state_label(state: JobState) -> &'static str {
     match state {
@@ -86,7 +89,14 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
                 if wait > 0 { format!("Next attempt in {wait} s.") } else { "Next attempt starting now.".into() }
             )
         }
-        JobState::Failed => failed_text(job.failure_kind, job.failure_reason.as_deref(), job.attempts, job.cost),
+        JobState::Failed => {
+            let why = failed_text(job.failure_kind, job.failure_reason.as_deref(), job.attempts, job.cost);
+            if job.under_review {
+                format!("{why} {UNDER_REVIEW}")
+            } else {
+                why
+            }
+        }
         JobState::Done => match job.finished_at.as_deref() {
             Some(end) => {
                 format!("Done in {}.", duration_text(seconds_between(parse_ms(&job.accepted_at), parse_ms(end))))

@@ -63,7 +63,7 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
         413 => refused(format!("Too large: the limit is {} MB.", num("limit_bytes") / (1024 * 1024))),
         415 => refused(format!(
             "Not a supported document: {}.",
-            body["message"].as_str().unwrap_or("upload a PDF, text or Markdown file")
+            body["message"].as_str().unwrap_or("upload a PDF, Word, OpenDocument, web page, text or Markdown file")
         )),
         503 if body["error"] == "unavailable" => {
             refused("Sluice is restarting, try again in a few seconds. Nothing was stored or charged.".into())
@@ -116,17 +116,17 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
 pub fn price_of_file(prices: &PriceTable, ceiling: Option<u64>, name: &str, bytes: u64, preset: Preset) -> i64 {
     let kind = SizeKind::from_file_name(name);
     let tokens = estimate_input_tokens(kind, bytes);
-    // A PDF is charged its hold (settled to its text's price once read).
-    let charged =
-        if kind == SizeKind::Pdf { sluice_types::settlement::pdf_hold_tokens(tokens, ceiling) } else { tokens };
+    // A PDF, a Word file or a page is charged its hold (settled to its text's price once read).
+    let charged = sluice_types::settlement::hold_tokens(kind, tokens, ceiling);
     // A translation's answer is billed by the provider too.
     prices.price(billed_tokens(preset, charged))
 }
 
-/// Pure: a row's price: "2 credits", or for a PDF "2 credits held" (settled once read).
+/// Pure: a row's price: "2 credits", or for a PDF, a Word file or a page "2 credits held"
+/// (settled once read).
 pub fn price_label(name: &str, price: i64) -> String {
     match SizeKind::from_file_name(name) {
-        SizeKind::Pdf => format!("{} held", crate::format::credits_text(price)),
+        kind if kind.priced_once_read() => format!("{} held", crate::format::credits_text(price)),
         _ => crate::format::credits_text(price),
     }
 }
@@ -213,14 +213,14 @@ pub fn UploadPage() -> impl IntoView {
                     let _ = ev;
                 }
             >
-                <p>"Drop PDF, text or Markdown files here, or"</p>
+                <p>"Drop PDF, Word, OpenDocument, web page, text or Markdown files here, or"</p>
                 <label class="button" for="files">"Choose files"</label>
                 <input
                     id="files"
                     class="visually-hidden"
                     type="file"
                     multiple
-                    accept=".pdf,.txt,.md,application/pdf,text/plain,text/markdown"
+                    accept=".pdf,.docx,.odt,.html,.htm,.txt,.md,application/pdf,application/vnd.openxmlformats-officedocument.wordprocessingml.document,application/vnd.oasis.opendocument.text,text/html,text/plain,text/markdown"
                     on:change=move |ev| {
                         #[cfg(feature = "hydrate")]
                         {
@@ -385,6 +385,8 @@ mod tests {
         );
         assert_eq!(price_label("book.pdf", 2), "2 credits held");
         assert_eq!(price_label("notes.txt", 1), "1 credit");
+        assert_eq!(price_label("contract.docx", 2), "2 credits held");
+        assert_eq!(price_label("saved.html", 1), "1 credit held");
     }
 
     #[test]

@@ -219,7 +219,7 @@ async fn replay(selection: Selection) -> Result<ReplayInfo, AppError> {
 async fn discard(selection: Selection) -> Result<u64, AppError> {
     let ctx = context()?;
     let admin = require_admin(&ctx).await?;
-    Ok(dlq::discard(&ctx.pool, &selection, &admin.email).await?)
+    Ok(dlq::discard(&ctx.pool, &engine::hooks::SluiceHooks, &selection, &admin.email).await?)
 }
 
 /// The newest reconciliation report, if any run was made.

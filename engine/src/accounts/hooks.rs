@@ -7,7 +7,8 @@ use sqlx::PgConnection;
 use sluice_types::settlement::{refund_on_failure, Fault, FREE_UNREADABLE_PER_DAY};
 use sluice_types::FailureKind;
 
-use super::{ledger, notices};
+use super::notices::{self, OperatorAction};
+use super::ledger;
 use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 
 /// The hooks the server runs the queue with.
@@ -109,8 +110,17 @@ impl TerminalHooks for AccountHooks {
         })
     }
 
+    /// Replayed: in flight again, and its owner told an operator runs it again.
     fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(change_in_flight(tx, job.owner_id, 1))
+        Box::pin(async move {
+            change_in_flight(tx, job.owner_id, 1).await?;
+            notices::add_operator_notice(tx, job, OperatorAction::Replayed).await
+        })
+    }
+
+    /// Discarded: its owner told it will not be run again.
+    fn on_discarded<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(notices::add_operator_notice(tx, job, OperatorAction::Discarded))
     }
 
     /// Canceled: out of flight and refunded less what the cancel keeps (fixed when it was

@@ -61,6 +61,57 @@ pub async fn add_refund_notice(
     Ok(())
 }
 
+/// What an operator did with a failed job from the dead-letter queue, as its owner is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// Run again, at no cost to the owner (the failure was refunded as its notice said).
+    Replayed,
+    /// Closed: it stays failed and is not run again.
+    Discarded,
+}
+
+impl OperatorAction {
+    /// The notice's kind.
+    pub fn kind(self) -> &'static str {
+        match self {
+            OperatorAction::Replayed => "replayed",
+            OperatorAction::Discarded => "discarded",
+        }
+    }
+
+    /// Pure: what the owner reads (nothing of the document itself; the notice links the job).
+    pub fn message(self) -> &'static str {
+        match self {
+            OperatorAction::Replayed => {
+                "An operator looked into your failed document and is running it again, at no cost to you."
+            }
+            OperatorAction::Discarded => {
+                "An operator looked into your failed document and closed it: it will not be run again. \
+                 What it cost was settled when it failed."
+            }
+        }
+    }
+}
+
+/// Tell the owner what an operator did with their failed job (not if they deleted it since).
+pub async fn add_operator_notice(
+    conn: &mut PgConnection,
+    job: &TerminalJob,
+    action: OperatorAction,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO notices (user_id, job_id, kind, message)
+         SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = $2 AND deleted_at IS NOT NULL)",
+    )
+    .bind(job.owner_id)
+    .bind(job.id)
+    .bind(action.kind())
+    .bind(action.message())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// A user's newest `limit` notices, newest first.
 pub async fn list(pool: &PgPool, user_id: i64, limit: i64) -> Result<Vec<Notice>> {
     Ok(sqlx::query_as(

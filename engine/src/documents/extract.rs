@@ -1,5 +1,6 @@
 //! Text extraction: a document's text, ready for a provider.
 
+use super::office::Flavour;
 use super::sniff::DocType;
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::JobError;
@@ -29,7 +30,18 @@ pub fn extract_text(doc_type: DocType, bytes: &[u8]) -> Result<Extracted, JobErr
             Ok(Extracted { text: text.to_string(), pages: None })
         }
         DocType::Pdf => extract_pdf(bytes),
+        DocType::Docx => office(Flavour::Word, bytes),
+        DocType::Odt => office(Flavour::OpenDocument, bytes),
+        DocType::Html => {
+            let page = String::from_utf8_lossy(bytes);
+            Ok(Extracted { text: super::html::extract(&page).map_err(|reason| invalid(&reason))?, pages: None })
+        }
     }
+}
+
+fn office(flavour: Flavour, bytes: &[u8]) -> Result<Extracted, JobError> {
+    let text = super::office::extract(flavour, bytes).map_err(|reason| invalid(&reason))?;
+    Ok(Extracted { text, pages: None })
 }
 
 fn extract_pdf(bytes: &[u8]) -> Result<Extracted, JobError> {

@@ -105,8 +105,8 @@ impl UploadCheck {
                     self.decide()?;
                 }
             }
-            Some(DocType::Pdf) => {}
-            Some(_) => self.check_text(chunk)?,
+            Some(doc_type) if doc_type.is_text() => self.check_text(chunk)?,
+            Some(_) => {}
         }
         Ok(())
     }
@@ -115,7 +115,7 @@ impl UploadCheck {
     fn decide(&mut self) -> Result<()> {
         let doc_type = sniff(&self.head).map_err(EngineError::UnsupportedType)?;
         let undecided = std::mem::take(&mut self.undecided);
-        if doc_type != DocType::Pdf {
+        if doc_type.is_text() {
             self.check_text(&undecided)?;
         }
         self.doc_type = Some(doc_type);
@@ -141,7 +141,7 @@ impl UploadCheck {
             self.decide()?;
         }
         let doc_type = self.doc_type.expect("decided above");
-        let tokens = if doc_type == DocType::Pdf {
+        let tokens = if !doc_type.is_text() {
             None
         } else {
             self.utf8.finish().map_err(EngineError::UnsupportedType)?;
@@ -302,10 +302,7 @@ pub fn price(config: &AdmissionConfig, upload: &CheckedUpload, preset: Preset) -
 /// ([`capacity::billed_tokens`]).
 pub fn document_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset) -> (u64, i64) {
     let tokens = size.input_tokens();
-    let priced = match size.doc_type {
-        DocType::Pdf => settlement::pdf_hold_tokens(tokens, config.max_document_tokens),
-        _ => tokens,
-    };
+    let priced = settlement::hold_tokens(size_kind(size.doc_type), tokens, config.max_document_tokens);
     (tokens, config.prices.price(capacity::billed_tokens(preset, priced)))
 }
 
@@ -427,6 +424,11 @@ mod tests {
             document_price(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize).1,
             document_price_by_size(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize)
         );
+        // A Word file suggests a token per 2 bytes: 30 KB is 15K tokens, held at 120K as well;
+        // a page's markup already overstates its text, so it is held at its estimate alone.
+        assert_eq!(document_price(&config, by_size(DocType::Docx, 30_000), Preset::Summarize), (15_040, 4));
+        assert_eq!(document_price(&config, by_size(DocType::Odt, 30_000), Preset::Summarize).1, 4);
+        assert_eq!(document_price(&config, by_size(DocType::Html, 60_000), Preset::Summarize), (15_040, 1));
         // The hold never passes the document ceiling.
         let capped = AdmissionConfig { max_document_tokens: Some(50_000), ..config };
         assert_eq!(document_price(&capped, by_size(DocType::Pdf, 600_000), Preset::Summarize).1, 2);

@@ -65,6 +65,8 @@ pub fn size_kind(doc_type: DocType) -> SizeKind {
     match doc_type {
         DocType::Pdf => SizeKind::Pdf,
         DocType::PlainText | DocType::Markdown => SizeKind::Text,
+        DocType::Docx | DocType::Odt => SizeKind::Packed,
+        DocType::Html => SizeKind::Page,
     }
 }
 

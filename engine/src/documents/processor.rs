@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::blobs::Blobs;
-use super::payload::DocumentJob;
+use super::payload::{size_kind, DocumentJob};
 use super::providers::{self, PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::sniff::DocType;
@@ -44,15 +44,15 @@ pub struct DocumentProcessor {
     /// The most estimated tokens a document may have at all (a text is refused at upload; a
     /// PDF's text is only known here).
     pub max_document_tokens: Option<u64>,
-    /// Settling a PDF (admitted at a hold) to its text's price once read. None: PDFs are not
-    /// settled (the engine's own tests), and one needing parts is refused past
-    /// [`PDF_HOLD_FACTOR`] times its size's estimate.
-    pub settle_pdfs: Option<PdfSettlement>,
+    /// Settling a document admitted at a hold (a PDF, a Word file, a page) to its text's price
+    /// once read. None: they are not settled (the engine's own tests), and one needing parts is
+    /// refused past its hold factor times its size's estimate.
+    pub settle_held: Option<HoldSettlement>,
 }
 
-/// The price table, and where a PDF's settled price is recorded.
+/// The price table, and where a held document's settled price is recorded.
 #[derive(Clone, Debug)]
-pub struct PdfSettlement {
+pub struct HoldSettlement {
     pub pool: sqlx::PgPool,
     pub prices: sluice_types::capacity::PriceTable,
 }
@@ -66,7 +66,7 @@ struct Held {
 
 /// Tokens a part's prompt adds around its text (the instruction and the part's place).
 const PART_PROMPT_TOKENS: u64 = 200;
-use sluice_types::settlement::PDF_HOLD_FACTOR;
+use sluice_types::settlement::hold_factor;
 /// Levels of summaries of summaries before giving up (each level must shrink the text).
 const MAX_LEVELS: i32 = 8;
 /// The most parts of one document in flight at once (the gate's maximum is 70).
@@ -229,10 +229,8 @@ impl DocumentProcessor {
             prompt_tokens: None,
         };
         let estimated = count_prompt(&mut task).await;
-        let pdf_within_hold = match spec.document.doc_type {
-            DocType::Pdf => self.settle_pdf(job, spec, estimated).await?,
-            _ => true,
-        };
+        let kind = size_kind(spec.document.doc_type);
+        let within_hold = if kind.priced_once_read() { self.settle_hold(job, spec, estimated).await? } else { true };
         if let Some(ceiling) = self.max_document_tokens.filter(|c| estimated as u64 > *c) {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
@@ -265,14 +263,15 @@ impl DocumentProcessor {
         // Parts are paid work: a PDF whose text costs more than the price held for it (a
         // dense, compressed one) is not done in parts for less; a text file (priced by its
         // text) is the way.
-        if !pdf_within_hold && limit.is_some_and(|l| estimated as u64 > l) {
-            let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size) as i64;
+        if !within_hold && limit.is_some_and(|l| estimated as u64 > l) {
+            let by_size = sluice_types::capacity::estimate_input_tokens(kind, spec.document.size) as i64;
+            let factor = hold_factor(kind);
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
-                    "the PDF holds about {} tokens of text, more than one provider call takes and more than the \
-                     price held for it covers ({PDF_HOLD_FACTOR} times the {} its size suggested); upload its text \
-                     as a .txt file (priced by its text)",
+                    "the document holds about {} tokens of text, more than one provider call takes and more than \
+                     the price held for it covers ({factor} times the {} its size suggested); upload its text as a \
+                     .txt file (priced by its text)",
                     sluice_types::thousands(estimated),
                     sluice_types::thousands(by_size)
                 ),
@@ -302,13 +301,14 @@ impl DocumentProcessor {
         self.run_in_parts(job, spec, 0, held).await
     }
 
-    /// A PDF was admitted at a hold (its worst case); now that its text is known, settle it to
-    /// its text's price (the difference comes back when the job ends). Returns whether the
-    /// text's price is within the hold.
-    async fn settle_pdf(&self, job: &ClaimedJob, spec: &DocumentJob, estimated: i64) -> Result<bool, JobError> {
-        let Some(settlement) = &self.settle_pdfs else {
-            let by_size = sluice_types::capacity::estimate_input_tokens(SizeKind::Pdf, spec.document.size);
-            return Ok(estimated.max(0) as u64 <= by_size.saturating_mul(PDF_HOLD_FACTOR));
+    /// A document was admitted at a hold (its worst case); now that its text is known, settle
+    /// it to its text's price (the difference comes back when the job ends). Returns whether
+    /// the text's price is within the hold.
+    async fn settle_hold(&self, job: &ClaimedJob, spec: &DocumentJob, estimated: i64) -> Result<bool, JobError> {
+        let Some(settlement) = &self.settle_held else {
+            let kind = size_kind(spec.document.doc_type);
+            let by_size = sluice_types::capacity::estimate_input_tokens(kind, spec.document.size);
+            return Ok(estimated.max(0) as u64 <= by_size.saturating_mul(hold_factor(kind)));
         };
         let text_price =
             settlement.prices.price(sluice_types::capacity::billed_tokens(spec.preset, estimated.max(0) as u64));

@@ -482,12 +482,9 @@ fn deny_files_and_network() -> i64 {
     }
 }
 
+/// The child's argument for a type: its file extension (`pdf`, `txt`, `docx`, ...).
 fn doc_type_arg(doc_type: DocType) -> &'static str {
-    match doc_type {
-        DocType::Pdf => "pdf",
-        DocType::PlainText => "text",
-        DocType::Markdown => "markdown",
-    }
+    doc_type.extension()
 }
 
 /// The child's side: read the document from stdin, extract its text, answer on stdout.
@@ -499,11 +496,8 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     if !limits.is_some_and(confine) {
         return ExitCode::from(2);
     }
-    let doc_type = match doc_type {
-        Some("pdf") => DocType::Pdf,
-        Some("text") => DocType::PlainText,
-        Some("markdown") => DocType::Markdown,
-        _ => return ExitCode::from(2),
+    let Some(doc_type) = DocType::ALL.into_iter().find(|t| Some(doc_type_arg(*t)) == doc_type) else {
+        return ExitCode::from(2);
     };
     let run_as = match run_as.map(RunAs::parse) {
         None => None,

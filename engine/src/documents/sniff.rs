@@ -10,15 +10,27 @@ pub enum DocType {
     Pdf,
     PlainText,
     Markdown,
+    /// Word (Office Open XML, `.docx`).
+    Docx,
+    /// OpenDocument text (`.odt`).
+    Odt,
+    /// A saved web page.
+    Html,
 }
 
 impl DocType {
+    pub const ALL: [DocType; 6] =
+        [DocType::Pdf, DocType::PlainText, DocType::Markdown, DocType::Docx, DocType::Odt, DocType::Html];
+
     /// The Content-Type a download of it carries.
     pub fn mime(self) -> &'static str {
         match self {
             DocType::Pdf => "application/pdf",
             DocType::PlainText => "text/plain; charset=utf-8",
             DocType::Markdown => "text/markdown; charset=utf-8",
+            DocType::Docx => DOCX_MIME,
+            DocType::Odt => ODT_MIME,
+            DocType::Html => "text/html; charset=utf-8",
         }
     }
 
@@ -28,9 +40,21 @@ impl DocType {
             DocType::Pdf => "pdf",
             DocType::PlainText => "txt",
             DocType::Markdown => "md",
+            DocType::Docx => "docx",
+            DocType::Odt => "odt",
+            DocType::Html => "html",
         }
     }
+
+    /// Whether its bytes are taken as they come (text, checked as UTF-8 and counted while it
+    /// streams in) rather than read in the sandbox before its text is known.
+    pub fn is_text(self) -> bool {
+        matches!(self, DocType::PlainText | DocType::Markdown)
+    }
 }
+
+const DOCX_MIME: &str = "application/vnd.openxmlformats-officedocument.wordprocessingml.document";
+const ODT_MIME: &str = "application/vnd.oasis.opendocument.text";
 
 /// How many leading bytes [`sniff`] wants to see (fewer only if the file is shorter).
 pub const SNIFF_BYTES: usize = 8192;
@@ -42,15 +66,18 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     if trimmed.starts_with(b"%PDF-") {
         return Ok(DocType::Pdf);
     }
-    if looks_like_markup(&String::from_utf8_lossy(head)) {
+    if head.starts_with(b"PK\x03\x04") {
+        return office_type(head);
+    }
+    let lossy = String::from_utf8_lossy(head);
+    if looks_like_html_page(&lossy) {
+        return Ok(DocType::Html);
+    }
+    if looks_like_markup(&lossy) {
         return Err(MARKUP_REFUSAL.into());
     }
     if let Some(kind) = infer::get(head) {
-        return Err(format!(
-            "this is a {} file ({}), not a PDF, text or Markdown document",
-            kind.extension(),
-            kind.mime_type()
-        ));
+        return Err(format!("this is a {} file ({}), not {ACCEPTED}", kind.extension(), kind.mime_type()));
     }
     let text = match std::str::from_utf8(head) {
         Ok(t) => t,
@@ -64,8 +91,63 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText })
 }
 
+/// What is accepted, in words.
+const ACCEPTED: &str = "a PDF, Word, OpenDocument text, web page, text or Markdown document";
+
 /// The 415 reason for markup posing as text.
-pub const MARKUP_REFUSAL: &str = "HTML, SVG and XML files are not accepted; upload a PDF, text or Markdown document";
+pub const MARKUP_REFUSAL: &str = "SVG and XML files, and text with HTML inside it, are not accepted; upload a web page \
+     as a whole .html file, or a PDF, Word, OpenDocument text, text or Markdown document";
+
+/// A zip: a Word or OpenDocument text file by its content (the first entries' names, or the
+/// `mimetype` entry OpenDocument puts first), anything else refused with what it is.
+fn office_type(head: &[u8]) -> Result<DocType, String> {
+    match infer::get(head).map(|kind| (kind.mime_type(), kind.extension())) {
+        Some((DOCX_MIME, _)) => return Ok(DocType::Docx),
+        Some((ODT_MIME, _)) => return Ok(DocType::Odt),
+        Some((mime, extension)) if mime != "application/zip" => {
+            return Err(format!("this is a {extension} file ({mime}), not {ACCEPTED}"))
+        }
+        _ => {}
+    }
+    let names = zip_entry_names(head);
+    if names.iter().any(|name| name.starts_with("word/")) {
+        return Ok(DocType::Docx);
+    }
+    let declares_text = head.windows(ODT_MIME.len()).any(|w| w == ODT_MIME.as_bytes());
+    if names.first().is_some_and(|name| name == "mimetype") && declares_text {
+        return Ok(DocType::Odt);
+    }
+    Err(format!("this zip archive is not a Word (.docx) or OpenDocument text (.odt) file; upload {ACCEPTED}"))
+}
+
+/// Pure: the names of the zip entries whose local headers lie wholly in `head`, in order.
+pub fn zip_entry_names(head: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut at = 0usize;
+    let field = |at: usize, len: usize| -> Option<u64> {
+        head.get(at..at + len).map(|b| b.iter().rev().fold(0u64, |n, byte| (n << 8) | u64::from(*byte)))
+    };
+    while head.get(at..at + 4) == Some(b"PK\x03\x04") && names.len() < 64 {
+        let (Some(compressed), Some(name_len), Some(extra_len)) = (field(at + 18, 4), field(at + 26, 2), field(at + 28, 2))
+        else {
+            break;
+        };
+        let Some(name) = head.get(at + 30..at + 30 + name_len as usize) else { break };
+        names.push(String::from_utf8_lossy(name).into_owned());
+        // Sizes after the data (a data descriptor) leave the next header unknown.
+        if compressed == 0 {
+            break;
+        }
+        at = at.saturating_add(30 + name_len as usize + extra_len as usize).saturating_add(compressed as usize);
+    }
+    names
+}
+
+/// A whole web page, as a browser saves one: it starts as HTML does.
+fn looks_like_html_page(text: &str) -> bool {
+    let lower = text.trim_start_matches('\u{feff}').trim_start().to_lowercase();
+    ["<!doctype html", "<html", "<head", "<body", "<meta ", "<title"].iter().any(|m| lower.starts_with(m))
+}
 
 /// HTML, SVG or XML (which browsers would render, scripts and all).
 fn looks_like_markup(text: &str) -> bool {
@@ -164,11 +246,13 @@ mod tests {
         assert_eq!(sniff(b"%PDF-1.7\n..."), Ok(DocType::Pdf));
         assert_eq!(sniff(b"Just some plain words.\nAnother line."), Ok(DocType::PlainText));
         assert_eq!(sniff(b"# Title\n\nSome **bold** text and a [link](http://x).\n- item"), Ok(DocType::Markdown));
-        assert!(sniff(b"<!DOCTYPE html><html><body>%PDF-1.7</body></html>").is_err());
-        assert!(sniff(b"  <html><script>alert(1)</script></html>").is_err());
-        assert!(sniff(b"<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>").is_err());
-        assert!(sniff(b"<!DOCTYPE html><html></html>").unwrap_err().starts_with("HTML, SVG and XML"));
-        assert!(sniff(b"PK\x03\x04\x14\x00\x00\x00\x08\x00").is_err(), "zip");
+        // A page is a page whatever it is called or holds; SVG, XML and bare scripts are not.
+        assert_eq!(sniff(b"<!DOCTYPE html><html><body>%PDF-1.7</body></html>"), Ok(DocType::Html));
+        assert_eq!(sniff(b"  <html><script>alert(1)</script></html>"), Ok(DocType::Html));
+        assert!(sniff(b"<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>").unwrap_err().starts_with("SVG and XML"));
+        assert!(sniff(b"<?xml version=\"1.0\"?><a/>").is_err());
+        assert!(sniff(b"<script>alert(1)</script>").is_err());
+        assert!(sniff(b"PK\x03\x04\x14\x00\x00\x00\x08\x00").unwrap_err().contains("not a Word"), "zip");
         assert!(sniff(b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00").is_err(), "executable");
         assert!(sniff(b"MZ\x90\x00\x03\x00\x00\x00\x04\x00").is_err(), "windows executable");
         assert!(sniff(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR").is_err(), "png");

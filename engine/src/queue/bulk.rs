@@ -142,7 +142,7 @@ async fn run_locked(
                     done.failed += batch.len() as i64;
                 }
             },
-            BulkAction::Discard => match dlq::discard(pool, &Selection::Batch(batch.to_vec()), actor).await {
+            BulkAction::Discard => match dlq::discard(pool, hooks, &Selection::Batch(batch.to_vec()), actor).await {
                 Ok(n) => done.acted += n as i64,
                 Err(e) => {
                     tracing::warn!(error = %e, jobs = batch.len(), "a bulk discard skipped a batch");

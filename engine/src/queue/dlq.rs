@@ -184,21 +184,26 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
     Ok(plan)
 }
 
-/// Discard: the jobs stay `failed` (and refunded) for their owners but leave the DLQ.
-pub async fn discard(pool: &PgPool, selection: &Selection, actor: &str) -> Result<u64> {
+/// Discard: the jobs stay `failed` (and refunded) for their owners but leave the DLQ; the
+/// discarded hook runs for each in the same transaction (its owner is told).
+pub async fn discard(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Selection, actor: &str) -> Result<u64> {
     let (id, kind, reason) = selection.parameters();
     let mut tx = pool.begin().await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar(
+    let discarded: Vec<TerminalJob> = sqlx::query_as(
         "UPDATE dead_letters SET discarded_at = now(), updated_at = now()
          WHERE ($1::uuid[] IS NOT NULL AND id = ANY($1))
             OR ($1::uuid[] IS NULL AND failure_kind = $2 AND coalesce(failure_reason, '') = $3)
-         RETURNING id",
+         RETURNING id, owner_id, cost, attempts",
     )
     .bind(id)
     .bind(kind)
     .bind(reason)
     .fetch_all(&mut *tx)
     .await?;
+    for job in &discarded {
+        hooks.on_discarded(&mut tx, job).await?;
+    }
+    let ids: Vec<Uuid> = discarded.iter().map(|job| job.id).collect();
     super::reviews::close_for(&mut tx, &ids, Resolution::Discarded, actor).await?;
     let discarded = ids.len() as u64;
     if let Some(what) = selection.describe().filter(|_| discarded > 0) {

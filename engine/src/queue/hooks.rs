@@ -34,6 +34,11 @@ pub trait TerminalHooks: Send + Sync + 'static {
     fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a>;
     /// The job reached `canceled` (waiting, or running with a cancellation request).
     fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a>;
+    /// A failed job was discarded from the dead-letter queue (it stays failed; its money was
+    /// settled when it failed, so by default nothing happens).
+    fn on_discarded<'a>(&'a self, _: &'a mut PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Hooks that do nothing (the engine on its own, tests, benchmarks).

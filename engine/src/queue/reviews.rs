@@ -163,6 +163,23 @@ pub async fn open_for_jobs(pool: &PgPool, jobs: &[Uuid]) -> Result<Vec<Review>> 
         .await?)
 }
 
+/// Which of `jobs` an operator is looking into: failed, still in the dead-letter queue, and
+/// under an open review of their own or of their group (what their owners are told).
+pub async fn under_review(pool: &PgPool, jobs: &[Uuid]) -> Result<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "SELECT j.id FROM jobs j
+         WHERE j.id = ANY($1) AND j.state = 'failed' AND j.discarded_at IS NULL
+           AND EXISTS (SELECT 1 FROM reviews r
+                       WHERE r.resolved_at IS NULL
+                         AND (r.job_id = j.id
+                              OR (r.job_id IS NULL AND r.failure_kind = j.failure_kind
+                                  AND r.failure_reason = coalesce(j.failure_reason, ''))))",
+    )
+    .bind(jobs)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// The open reviews of dead-letter groups.
 pub async fn open_for_groups(pool: &PgPool) -> Result<Vec<Review>> {
     Ok(sqlx::query_as(&format!("{SELECT_REVIEWS} WHERE r.resolved_at IS NULL AND r.job_id IS NULL"))

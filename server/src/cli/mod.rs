@@ -141,7 +141,7 @@ pub enum Command {
         /// The user to become before reading (`uid:gid`).
         #[arg(long)]
         run_as: Option<String>,
-        /// pdf, text or markdown
+        /// The type, as its file extension: pdf, txt, md, docx, odt or html
         doc_type: String,
     },
 }

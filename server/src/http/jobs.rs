@@ -344,7 +344,8 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "The uploaded document, as an attachment", content(
-            ("application/pdf"), ("text/markdown"), ("text/html"), ("text/plain"),
+            ("application/pdf"), ("application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
+            ("application/vnd.oasis.opendocument.text"), ("text/markdown"), ("text/html"), ("text/plain"),
         )),
         (status = 410, description = "The document is no longer kept, or was deleted by its owner", body = ErrorBody),
         NotYours,

@@ -119,12 +119,16 @@ pub async fn timeout_unless_transfer(timeout: Duration, request: Request, next: 
 pub fn around_every_request(router: Router, secure: bool) -> Router {
     router
         .layer(middleware::from_fn(move |request, next| security_and_cache_headers(secure, request, next)))
-        // Level 4 keeps brotli and gzip cheap per request. PDFs (already compressed, up to
-        // 50 MiB as downloads) are sent as they are; built assets come precompressed.
+        // Level 4 keeps brotli and gzip cheap per request. PDFs and Word and OpenDocument files
+        // (already compressed, up to 50 MiB as downloads) are sent as they are; built assets
+        // come precompressed.
         .layer(
-            CompressionLayer::new()
-                .quality(CompressionLevel::Precise(4))
-                .compress_when(DefaultPredicate::new().and(NotForContentType::const_new("application/pdf"))),
+            CompressionLayer::new().quality(CompressionLevel::Precise(4)).compress_when(
+                DefaultPredicate::new()
+                    .and(NotForContentType::const_new("application/pdf"))
+                    .and(NotForContentType::const_new("application/vnd.openxmlformats"))
+                    .and(NotForContentType::const_new("application/vnd.oasis.opendocument")),
+            ),
         )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(

@@ -155,7 +155,7 @@ pub async fn work(app: &TestApp, jobs: usize) -> Vec<engine::queue::worker::Atte
         context_tokens: None,
         parts: engine::queue::parts::PartStore::new(app.pool.clone()),
         max_document_tokens: None,
-        settle_pdfs: None,
+        settle_held: None,
     };
     let config = engine::testing::fast_worker("hooks", jobs);
     let hooks = std::sync::Arc::new(engine::hooks::SluiceHooks);

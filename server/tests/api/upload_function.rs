@@ -63,7 +63,7 @@ async fn the_upload_function_checks_the_bytes_and_the_session(pool: PgPool) {
     let app = TestApp::spawn(pool, settings).await;
     let (user_id, browser) = browser_for(&app, "bytes@example.com", 5, 5).await;
     assert_eq!(send(&app, &browser, "big.txt", vec![b'a'; 4096]).await.status(), 413);
-    assert_eq!(send(&app, &browser, "page.html", b"<html><script>x</script></html>".to_vec()).await.status(), 415);
+    assert_eq!(send(&app, &browser, "logo.svg", b"<svg><script>x()</script></svg>".to_vec()).await.status(), 415);
     assert_eq!(app.user_state(user_id).await, (5, 0, 5, 0), "refused uploads cost nothing");
     assert_eq!(app.stored_blobs(), 0, "and leave nothing behind");
 

@@ -190,7 +190,7 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
     let mut zip = b"PK\x03\x04\x14\x00\x00\x00\x08\x00".to_vec();
     zip.resize(200, 0);
     let refused: Vec<(&str, Vec<u8>, &str, u16)> = vec![
-        ("page.pdf", b"<!DOCTYPE html><html><body>%PDF-1.7 not really</body></html>".to_vec(), "summarize", 415),
+        ("notes.txt", b"plain words, then <script>x()</script>".to_vec(), "summarize", 415),
         (
             "logo.pdf",
             b"<svg xmlns=\"http://www.w3.org/2000/svg\"><script>x()</script></svg>".to_vec(),
@@ -222,6 +222,12 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
             "utf16.txt",
             [&[0xFF, 0xFE][..], &"thé vert".encode_utf16().flat_map(u16::to_le_bytes).collect::<Vec<u8>>()].concat(),
         ),
+        // The content decides, not the name: a Word file, an OpenDocument text, a page saved
+        // as ".pdf", a ".docx" that is a PDF.
+        ("contract.docx", engine::testing::docx_with_paragraphs(&["The parties agree."])),
+        ("manual.odt", engine::testing::odt_of("<text:p>Switch it on.</text:p>")),
+        ("page.pdf", b"<!DOCTYPE html><html><body><p>Saved page.</p></body></html>".to_vec()),
+        ("really-a-pdf.docx", engine::testing::pdf_with_text(&["Not Word at all"])),
     ];
     let mut ids = Vec::new();
     for (name, bytes) in accepted {
@@ -229,15 +235,20 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
         assert_eq!(r.status(), StatusCode::ACCEPTED, "{name}");
         ids.push(r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string());
     }
-    assert_eq!(app.stored_blobs(), 6);
+    assert_eq!(app.stored_blobs(), 10);
     let types: Vec<String> = sqlx::query_scalar("SELECT payload->'document'->>'type' FROM jobs ORDER BY accepted_at")
         .fetch_all(&app.pool)
         .await
         .unwrap();
-    assert_eq!(types, vec!["pdf", "plain_text", "markdown", "plain_text", "plain_text", "plain_text"]);
+    assert_eq!(
+        types,
+        vec!["pdf", "plain_text", "markdown", "plain_text", "plain_text", "plain_text", "docx", "odt", "html", "pdf"]
+    );
     // They are stored as UTF-8, which is what the reader and the downloads see.
-    let keys: Vec<String> =
-        sqlx::query_scalar("SELECT payload #>> '{document,key}' FROM jobs ORDER BY accepted_at DESC LIMIT 2")
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT payload #>> '{document,key}' FROM jobs WHERE payload #>> '{document,name}' LIKE '%.txt'
+         ORDER BY accepted_at DESC LIMIT 2",
+    )
             .fetch_all(&app.pool)
             .await
             .unwrap();
@@ -246,7 +257,7 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
     assert_eq!(blobs.get(&keys[1]).await.unwrap().as_ref(), "café au lait".as_bytes());
     // A duplicate keeps the first upload's bytes only.
     assert_eq!(upload_file(&app, &token, "again.pdf", pdf, "summarize").await.status(), StatusCode::OK);
-    assert_eq!(app.stored_blobs(), 6);
+    assert_eq!(app.stored_blobs(), 10);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

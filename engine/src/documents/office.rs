@@ -1,0 +1,374 @@
+//! Word (.docx) and OpenDocument (.odt) files: zips of XML, read only in the sandboxed reader.
+//! Their text comes out as Markdown-like paragraphs (headings with `#`, list items with `- `,
+//! one blank line between paragraphs, which is where parts are cut). Beside the reader's own
+//! walls (memory, CPU, time), a zip gets walls of its own: the entries it may have, the bytes
+//! one XML part and all of them may inflate to, how far one entry may inflate per byte, how
+//! deep its XML may nest, and no DTD at all (Word and OpenDocument files never declare
+//! entities, so nothing can expand). An entry whose name leaves the archive is refused, though
+//! nothing is ever written out. Every refusal is a reason a user can act on.
+
+use std::borrow::Cow;
+use std::io::{Cursor, Read};
+
+use quick_xml::events::{BytesStart, Event};
+use quick_xml::Reader;
+
+/// The most entries a document's zip may have (Word's own files have a few dozen).
+pub const MAX_ENTRIES: usize = 1_000;
+/// The most bytes one XML part may inflate to.
+pub const MAX_PART_BYTES: u64 = 64 << 20;
+/// The most bytes all the parts read may inflate to.
+pub const MAX_TOTAL_BYTES: u64 = 128 << 20;
+/// The most one entry may inflate per compressed byte once past [`RATIO_FLOOR`] (honest XML
+/// stays well under 100).
+pub const MAX_RATIO: u64 = 200;
+/// Below this many inflated bytes an entry's ratio is not looked at (a tiny file may inflate a lot).
+const RATIO_FLOOR: u64 = 1 << 20;
+/// The deepest the XML may nest (tables in tables in text boxes stay far below).
+pub const MAX_DEPTH: usize = 256;
+
+/// Which kind of office file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    Word,
+    OpenDocument,
+}
+
+/// The OpenDocument text type, as its `mimetype` entry names it.
+const ODT_MIMETYPE: &[u8] = b"application/vnd.oasis.opendocument.text";
+
+/// The document's text, or why it cannot be read.
+pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
+    let mut archive = zip::ZipArchive::new(Cursor::new(bytes))
+        .map_err(|_| "the file is damaged: it is not a readable zip archive".to_string())?;
+    if archive.len() > MAX_ENTRIES {
+        return Err(format!(
+            "the file holds {} entries; a Word or OpenDocument file holds far fewer (at most {MAX_ENTRIES} are read)",
+            archive.len()
+        ));
+    }
+    if let Some(name) = archive.file_names().find(|name| !name_stays_inside(name)) {
+        return Err(format!("the file has an entry whose name leaves the archive ({:?})", shorten(name)));
+    }
+    let mut budget = MAX_TOTAL_BYTES;
+    let mut blocks = Vec::new();
+    match flavour {
+        Flavour::Word => {
+            let body = read_entry(&mut archive, "word/document.xml", &mut budget)?
+                .ok_or("this zip is not a Word document: it has no word/document.xml")?;
+            blocks.extend(word_blocks(&body)?);
+            for notes in ["word/footnotes.xml", "word/endnotes.xml"] {
+                if let Some(xml) = read_entry(&mut archive, notes, &mut budget)? {
+                    blocks.extend(word_blocks(&xml)?);
+                }
+            }
+        }
+        Flavour::OpenDocument => {
+            let mimetype = read_entry(&mut archive, "mimetype", &mut budget)?
+                .ok_or("this zip is not an OpenDocument file: it has no mimetype entry")?;
+            if mimetype.trim_ascii() != ODT_MIMETYPE {
+                return Err(format!(
+                    "this OpenDocument file is not a text document ({}); upload an .odt",
+                    shorten(&String::from_utf8_lossy(&mimetype))
+                ));
+            }
+            let content = read_entry(&mut archive, "content.xml", &mut budget)?
+                .ok_or("this OpenDocument file has no content.xml")?;
+            blocks.extend(odt_blocks(&content)?);
+        }
+    }
+    let text = blocks.iter().map(Block::markdown).collect::<Vec<_>>().join("\n\n");
+    if text.trim().is_empty() {
+        return Err("the document has no text".into());
+    }
+    Ok(text)
+}
+
+/// Pure: whether an entry's name stays inside the archive (no `..`, no absolute path, no drive).
+pub fn name_stays_inside(name: &str) -> bool {
+    let name = name.replace('\\', "/");
+    !name.starts_with('/') && !name.split('/').any(|part| part == "..") && !name.contains(':') && !name.contains('\0')
+}
+
+fn shorten(text: &str) -> String {
+    text.chars().take(80).collect()
+}
+
+/// One entry's bytes (`None` when absent), inflated within the walls: what it declares, what
+/// it really gives (a header may lie), its ratio, and what is left of the budget.
+fn read_entry<R: Read + std::io::Seek>(
+    archive: &mut zip::ZipArchive<R>,
+    name: &str,
+    budget: &mut u64,
+) -> Result<Option<Vec<u8>>, String> {
+    let entry = match archive.by_name(name) {
+        Ok(entry) => entry,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(zip::result::ZipError::UnsupportedArchive(why)) => {
+            return Err(format!("the file cannot be read: {why} (is it encrypted?)"))
+        }
+        Err(_) => return Err("the file is damaged: an entry cannot be read".into()),
+    };
+    let limit = MAX_PART_BYTES.min(*budget);
+    if entry.size() > limit {
+        return Err(format!("the file's {name} inflates to {} MiB, more than is read", entry.size() >> 20));
+    }
+    let compressed = entry.compressed_size().max(1);
+    let ratio_bomb = |inflated: u64| inflated > RATIO_FLOOR && inflated / compressed > MAX_RATIO;
+    if ratio_bomb(entry.size()) {
+        return Err(format!("the file's {name} inflates {}-fold: it looks like a zip bomb", entry.size() / compressed));
+    }
+    let mut bytes = Vec::with_capacity(entry.size().min(limit) as usize);
+    entry
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|_| format!("the file is damaged: its {name} cannot be inflated"))?;
+    let inflated = bytes.len() as u64;
+    if inflated > limit || ratio_bomb(inflated) {
+        return Err(format!("the file's {name} inflates past what it declares: it looks like a zip bomb"));
+    }
+    *budget -= inflated;
+    Ok(Some(bytes))
+}
+
+/// A paragraph of the document, as the provider reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub kind: BlockKind,
+    pub text: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    Paragraph,
+    /// Level 1 to 6.
+    Heading(u8),
+    ListItem,
+}
+
+impl Block {
+    /// The block as Markdown: `# ` for a heading, `- ` for a list item.
+    pub fn markdown(&self) -> String {
+        let text = self.text.trim();
+        match self.kind {
+            BlockKind::Paragraph => text.to_string(),
+            BlockKind::Heading(level) => format!("{} {text}", "#".repeat(level.clamp(1, 6) as usize)),
+            BlockKind::ListItem => format!("- {text}"),
+        }
+    }
+}
+
+/// The XML events of a part, within the depth wall, with entity references resolved (only
+/// XML's five and character references: a DTD is refused, so no others can mean anything).
+fn walk_xml(xml: &[u8], mut on: impl FnMut(XmlStep<'_>)) -> Result<(), String> {
+    let mut reader = Reader::from_reader(xml);
+    let mut buf = Vec::new();
+    let mut depth = 0usize;
+    loop {
+        let event = reader.read_event_into(&mut buf).map_err(|_| "the document's XML is damaged".to_string())?;
+        match event {
+            Event::Start(e) => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(format!("the document's XML nests deeper than {MAX_DEPTH} levels"));
+                }
+                on(XmlStep::Open(&e, false));
+            }
+            Event::Empty(e) => on(XmlStep::Open(&e, true)),
+            Event::End(e) => {
+                depth = depth.saturating_sub(1);
+                on(XmlStep::Close(e.local_name().as_ref()));
+            }
+            Event::Text(e) => {
+                let text = e.decode().map_err(|_| "the document's XML is not valid UTF-8".to_string())?;
+                on(XmlStep::Text(text));
+            }
+            Event::CData(e) => on(XmlStep::Text(String::from_utf8_lossy(&e).into_owned().into())),
+            Event::GeneralRef(e) => {
+                let resolved = match e.resolve_char_ref() {
+                    Ok(Some(c)) => c.to_string(),
+                    Ok(None) => match e.as_ref() {
+                        b"amp" => "&".into(),
+                        b"lt" => "<".into(),
+                        b"gt" => ">".into(),
+                        b"quot" => "\"".into(),
+                        b"apos" => "'".into(),
+                        _ => return Err("the document's XML refers to an entity it does not define".into()),
+                    },
+                    Err(_) => return Err("the document's XML has a broken character reference".into()),
+                };
+                on(XmlStep::Text(resolved.into()));
+            }
+            Event::DocType(_) => {
+                return Err("the document's XML declares a DTD, which Word and OpenDocument files never do".into())
+            }
+            Event::Eof => return Ok(()),
+            _ => {}
+        }
+        buf.clear();
+    }
+}
+
+enum XmlStep<'a> {
+    /// An element opened (`true`: and closed at once, `<x/>`).
+    Open(&'a BytesStart<'a>, bool),
+    Close(&'a [u8]),
+    Text(Cow<'a, str>),
+}
+
+fn attribute(e: &BytesStart<'_>, local: &[u8]) -> Option<String> {
+    e.attributes()
+        .flatten()
+        .find(|a| a.key.local_name().as_ref() == local)
+        .map(|a| String::from_utf8_lossy(&a.value).into_owned())
+}
+
+/// Paragraphs being read: nested ones (a text box, a note) are their own blocks.
+#[derive(Default)]
+struct Paragraphs {
+    open: Vec<Block>,
+    done: Vec<Block>,
+}
+
+impl Paragraphs {
+    fn start(&mut self, kind: BlockKind) {
+        self.open.push(Block { kind, text: String::new() });
+    }
+
+    fn push(&mut self, text: &str) {
+        if let Some(block) = self.open.last_mut() {
+            block.text.push_str(text);
+        }
+    }
+
+    fn set_kind(&mut self, kind: BlockKind) {
+        if let Some(block) = self.open.last_mut() {
+            block.kind = kind;
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some(block) = self.open.pop().filter(|b| !b.text.trim().is_empty()) {
+            self.done.push(block);
+        }
+    }
+}
+
+/// A Word part's paragraphs: `w:p`, its text in `w:t` runs, tabs and breaks; a heading by its
+/// style (`Heading1`..`Heading6`, `Title`), a list item by its numbering.
+pub fn word_blocks(xml: &[u8]) -> Result<Vec<Block>, String> {
+    let mut paragraphs = Paragraphs::default();
+    let mut in_text = false;
+    walk_xml(xml, |step| match step {
+        XmlStep::Open(e, empty) => match e.local_name().as_ref() {
+            b"p" if !empty => paragraphs.start(BlockKind::Paragraph),
+            b"t" if !empty => in_text = true,
+            b"tab" => paragraphs.push("\t"),
+            b"br" | b"cr" => paragraphs.push("\n"),
+            b"pStyle" => {
+                let style = attribute(e, b"val").unwrap_or_default().to_ascii_lowercase();
+                let level = match style.strip_prefix("heading") {
+                    Some(n) => n.trim().parse::<u8>().ok(),
+                    None => (style == "title").then_some(1),
+                };
+                if let Some(level) = level.filter(|l| (1..=6).contains(l)) {
+                    paragraphs.set_kind(BlockKind::Heading(level));
+                }
+            }
+            b"numPr" => paragraphs.set_kind(BlockKind::ListItem),
+            _ => {}
+        },
+        XmlStep::Close(name) => match name {
+            b"p" => paragraphs.end(),
+            b"t" => in_text = false,
+            _ => {}
+        },
+        XmlStep::Text(text) if in_text => paragraphs.push(&text),
+        XmlStep::Text(_) => {}
+    })?;
+    Ok(paragraphs.done)
+}
+
+/// An OpenDocument text's paragraphs: `text:p` and `text:h` (its outline level), list items,
+/// spaces (`text:s`), tabs and line breaks.
+pub fn odt_blocks(xml: &[u8]) -> Result<Vec<Block>, String> {
+    let mut paragraphs = Paragraphs::default();
+    let mut in_list_item = 0usize;
+    walk_xml(xml, |step| match step {
+        XmlStep::Open(e, empty) => match e.local_name().as_ref() {
+            b"p" if !empty => {
+                paragraphs.start(if in_list_item > 0 { BlockKind::ListItem } else { BlockKind::Paragraph })
+            }
+            b"h" if !empty => {
+                let level = attribute(e, b"outline-level").and_then(|l| l.parse::<u8>().ok()).unwrap_or(1);
+                paragraphs.start(BlockKind::Heading(level.clamp(1, 6)));
+            }
+            b"list-item" if !empty => in_list_item += 1,
+            b"s" => {
+                let count = attribute(e, b"c").and_then(|c| c.parse::<usize>().ok()).unwrap_or(1);
+                paragraphs.push(&" ".repeat(count.min(100)));
+            }
+            b"tab" => paragraphs.push("\t"),
+            b"line-break" => paragraphs.push("\n"),
+            _ => {}
+        },
+        XmlStep::Close(name) => match name {
+            b"p" | b"h" => paragraphs.end(),
+            b"list-item" => in_list_item = in_list_item.saturating_sub(1),
+            _ => {}
+        },
+        XmlStep::Text(text) => paragraphs.push(&text),
+    })?;
+    Ok(paragraphs.done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_paragraphs_headings_lists_and_entities_come_out_as_markdown() {
+        let xml = br#"<?xml version="1.0"?><w:document xmlns:w="x"><w:body>
+            <w:p><w:pPr><w:pStyle w:val="Heading2"/></w:pPr><w:r><w:t>Terms</w:t></w:r></w:p>
+            <w:p><w:r><w:t xml:space="preserve">Fish &amp; chips </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>&#233;t&#xE9;</w:t></w:r></w:p>
+            <w:p><w:pPr><w:numPr><w:ilvl w:val="0"/></w:numPr></w:pPr><w:r><w:t>first</w:t></w:r></w:p>
+            <w:p><w:r><w:delText>gone</w:delText></w:r></w:p>
+            <w:tbl><w:tr><w:tc><w:p><w:r><w:t>cell</w:t></w:r></w:p></w:tc></w:tr></w:tbl>
+        </w:body></w:document>"#;
+        let blocks: Vec<String> = word_blocks(xml).unwrap().iter().map(Block::markdown).collect();
+        assert_eq!(blocks, ["## Terms", "Fish & chips été", "- first", "cell"]);
+    }
+
+    #[test]
+    fn odt_headings_lists_and_spaces_come_out_as_markdown() {
+        let xml = br#"<office:document-content xmlns:text="t"><office:body><office:text>
+            <text:h text:outline-level="1">Title</text:h>
+            <text:p>a<text:s text:c="3"/>b<text:span>c</text:span></text:p>
+            <text:list><text:list-item><text:p>item</text:p></text:list-item></text:list>
+            <text:p/>
+        </office:text></office:body></office:document-content>"#;
+        let blocks: Vec<String> = odt_blocks(xml).unwrap().iter().map(Block::markdown).collect();
+        assert_eq!(blocks, ["# Title", "a   bc", "- item"]);
+    }
+
+    #[test]
+    fn a_dtd_an_unknown_entity_and_deep_nesting_are_refused() {
+        let laughs = br#"<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]><w:p><w:t>&lol2;</w:t></w:p>"#;
+        assert!(word_blocks(laughs).unwrap_err().contains("DTD"));
+        assert!(word_blocks(b"<w:p><w:t>&lol;</w:t></w:p>").unwrap_err().contains("entity"));
+        let deep = format!("{}{}", "<a>".repeat(MAX_DEPTH + 1), "</a>".repeat(MAX_DEPTH + 1));
+        assert!(word_blocks(deep.as_bytes()).unwrap_err().contains("nests deeper"));
+        let fine = format!("{}{}", "<a>".repeat(MAX_DEPTH), "</a>".repeat(MAX_DEPTH));
+        assert!(word_blocks(fine.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn names_leaving_the_archive_are_seen() {
+        for bad in ["../evil.xml", "/etc/passwd", "word/../../x", "C:\\x", "a\\..\\b"] {
+            assert!(!name_stays_inside(bad), "{bad}");
+        }
+        for good in ["word/document.xml", "[Content_Types].xml", "word/..hidden", "mimetype"] {
+            assert!(name_stays_inside(good), "{good}");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Word files, OpenDocument texts and web pages: told apart by their content, read in the
+//! sandboxed child, and every crafted one (a zip bomb that lies, a billion laughs, nesting,
+//! an entry leaving the archive, ten thousand entries) refused in plain words while this
+//! process stays small.
+
+use engine::documents::extract::extract_text;
+use engine::documents::sandbox::{extract_in_child, SandboxConfig};
+use engine::documents::sniff::sniff;
+use engine::documents::DocType;
+use engine::queue::policy::retry::ErrorClass;
+use engine::testing::*;
+
+fn sandbox() -> SandboxConfig {
+    let mut config = SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new());
+    config.memory_bytes = 512 << 20;
+    config
+}
+
+/// A Word body with what contracts hold: a heading, a list, a table, formatted runs.
+const CONTRACT: &str = r#"
+    <w:p><w:pPr><w:pStyle w:val="Heading1"/></w:pPr><w:r><w:t>Service agreement</w:t></w:r></w:p>
+    <w:p><w:r><w:t xml:space="preserve">The supplier </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>shall</w:t></w:r><w:r><w:t xml:space="preserve"> deliver &amp; install.</w:t></w:r></w:p>
+    <w:p><w:pPr><w:numPr><w:ilvl w:val="0"/><w:numId w:val="1"/></w:numPr></w:pPr><w:r><w:t>Delivery within 30 days</w:t></w:r></w:p>
+    <w:tbl><w:tr><w:tc><w:p><w:r><w:t>Price</w:t></w:r></w:p></w:tc><w:tc><w:p><w:r><w:t>100 EUR</w:t></w:r></w:p></w:tc></w:tr></w:tbl>
+"#;
+
+#[test]
+fn the_content_decides_the_type_whatever_the_name() {
+    assert_eq!(sniff(&docx_of(CONTRACT)[..8192.min(docx_of(CONTRACT).len())]), Ok(DocType::Docx));
+    assert_eq!(sniff(&odt_of("<text:p>x</text:p>")), Ok(DocType::Odt));
+    assert_eq!(sniff(&pdf_with_text(&["a .docx that is a PDF"])), Ok(DocType::Pdf));
+    assert_eq!(sniff(b"<!DOCTYPE html><html><body><p>a .docx that is a page</p></body></html>"), Ok(DocType::Html));
+    let not_word = zip_of(&[("notes/hello.txt", b"hello")]);
+    assert!(sniff(&not_word).unwrap_err().contains("not a Word (.docx) or OpenDocument text (.odt)"));
+    let spreadsheet = zip_of(&[("mimetype", b"application/vnd.oasis.opendocument.spreadsheet"), ("content.xml", b"<a/>")]);
+    assert!(sniff(&spreadsheet).is_err(), "a spreadsheet is not a text");
+}
+
+#[test]
+fn paragraphs_headings_lists_and_tables_come_out_in_order() {
+    let text = extract_text(DocType::Docx, &docx_of(CONTRACT)).unwrap().text;
+    assert_eq!(
+        text,
+        "# Service agreement\n\nThe supplier shall deliver & install.\n\n- Delivery within 30 days\n\nPrice\n\n100 EUR"
+    );
+    let odt = odt_of(
+        r#"<text:h text:outline-level="2">Setup</text:h><text:p>Press<text:s/>the <text:span>red</text:span> button.</text:p>
+           <text:list><text:list-item><text:p>Wait</text:p></text:list-item></text:list>"#,
+    );
+    assert_eq!(extract_text(DocType::Odt, &odt).unwrap().text, "## Setup\n\nPress the red button.\n\n- Wait");
+    let page = b"<html><head><script>steal()</script></head><body><h2>News</h2><p>It rained.</p></body></html>";
+    assert_eq!(extract_text(DocType::Html, page).unwrap().text, "## News\n\nIt rained.");
+}
+
+/// What each crafted file is, its type, and a part of the reason its sender reads.
+fn hostile_office_files() -> Vec<(&'static str, DocType, Vec<u8>, &'static str)> {
+    let laughs = format!(
+        r#"<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">{}]><w:document><w:body><w:p><w:r><w:t>&lol9;</w:t></w:r></w:p></w:body></w:document>"#,
+        (1..10).map(|n| format!("<!ENTITY lol{n} \"{}\">", format!("&lol{};", n - 1).repeat(10))).collect::<String>()
+    );
+    let laughs = zip_of(&[("[Content_Types].xml", b"<Types/>"), ("word/document.xml", laughs.as_bytes())]);
+    let deep = docx_of(&format!("{}<w:t>deep</w:t>{}", "<w:p>".repeat(300_000), "</w:p>".repeat(300_000)));
+    let escaping =
+        zip_of(&[("word/document.xml", docx_body_xml("fine").as_bytes()), ("../../etc/cron.d/evil", b"* * * * * x")]);
+    let many: Vec<(String, Vec<u8>)> = (0..10_000).map(|i| (format!("word/media/{i}.xml"), Vec::new())).collect();
+    let many: Vec<(&str, &[u8])> = many.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+    let mut truncated = docx_of(CONTRACT);
+    truncated.truncate(truncated.len() / 2);
+    vec![
+        ("zip bomb: 1 GiB declared as 1 KiB", DocType::Docx, docx_zip_bomb(1 << 30), "zip bomb"),
+        ("billion laughs", DocType::Docx, laughs, "DTD"),
+        ("300,000 nested paragraphs", DocType::Docx, deep, "nests deeper"),
+        ("an entry leaving the archive", DocType::Docx, escaping, "leaves the archive"),
+        ("10,000 entries", DocType::Docx, zip_of(&many), "entries"),
+        ("a zip without a Word body", DocType::Docx, zip_of(&[("word/styles.xml", b"<a/>")]), "no word/document.xml"),
+        ("half a Word file", DocType::Docx, truncated, "damaged"),
+        (
+            "an OpenDocument spreadsheet",
+            DocType::Odt,
+            zip_of(&[("mimetype", b"application/vnd.oasis.opendocument.spreadsheet"), ("content.xml", b"<a/>")]),
+            "not a text document",
+        ),
+    ]
+}
+
+fn docx_body_xml(text: &str) -> String {
+    format!("<w:document><w:body><w:p><w:r><w:t>{text}</w:t></w:r></w:p></w:body></w:document>")
+}
+
+#[tokio::test]
+async fn crafted_office_files_fail_in_the_child_with_plain_reasons_and_this_process_stays_small() {
+    for (name, doc_type, bytes, reason) in hostile_office_files() {
+        let error = extract_in_child(&sandbox(), doc_type, bytes.into()).await.expect_err(name);
+        assert_eq!(error.class, ErrorClass::InvalidInput, "{name}: never retried");
+        assert!(error.message.contains(reason), "{name}: {}", error.message);
+    }
+    let honest = extract_in_child(&sandbox(), DocType::Docx, docx_of(CONTRACT).into()).await.unwrap();
+    assert!(honest.text.starts_with("# Service agreement"));
+    // A long honest document: 20,000 paragraphs.
+    let paragraphs: Vec<String> = (0..20_000).map(|i| format!("Clause {i} binds both parties.")).collect();
+    let refs: Vec<&str> = paragraphs.iter().map(String::as_str).collect();
+    let long = extract_in_child(&sandbox(), DocType::Docx, docx_with_paragraphs(&refs).into()).await.unwrap();
+    assert_eq!(long.text.split("\n\n").count(), 20_000);
+    let peak = peak_rss_mib();
+    assert!(peak < 300, "this process never inflated a byte of the bombs: peak RSS {peak} MiB");
+}
