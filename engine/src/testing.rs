@@ -400,7 +400,8 @@ pub fn docx_of(body: &str) -> Vec<u8> {
 
 /// A Word file of these paragraphs, each one run.
 pub fn docx_with_paragraphs(paragraphs: &[&str]) -> Vec<u8> {
-    let body: String = paragraphs.iter().map(|p| format!("<w:p><w:r><w:t xml:space=\"preserve\">{p}</w:t></w:r></w:p>")).collect();
+    let body: String =
+        paragraphs.iter().map(|p| format!("<w:p><w:r><w:t xml:space=\"preserve\">{p}</w:t></w:r></w:p>")).collect();
     docx_of(&body)
 }
 

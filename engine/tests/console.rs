@@ -214,7 +214,11 @@ async fn a_review_names_an_admin_shows_who_and_since_when_and_ends_with_who_and_
 
 /// The kinds and messages of a user's notices about `job`, oldest first.
 async fn notices_of(pool: &PgPool, job: Uuid) -> Vec<(String, String)> {
-    sqlx::query_as("SELECT kind, message FROM notices WHERE job_id = $1 ORDER BY id").bind(job).fetch_all(pool).await.unwrap()
+    sqlx::query_as("SELECT kind, message FROM notices WHERE job_id = $1 ORDER BY id")
+        .bind(job)
+        .fetch_all(pool)
+        .await
+        .unwrap()
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

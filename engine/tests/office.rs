@@ -32,7 +32,8 @@ fn the_content_decides_the_type_whatever_the_name() {
     assert_eq!(sniff(b"<!DOCTYPE html><html><body><p>a .docx that is a page</p></body></html>"), Ok(DocType::Html));
     let not_word = zip_of(&[("notes/hello.txt", b"hello")]);
     assert!(sniff(&not_word).unwrap_err().contains("not a Word (.docx) or OpenDocument text (.odt)"));
-    let spreadsheet = zip_of(&[("mimetype", b"application/vnd.oasis.opendocument.spreadsheet"), ("content.xml", b"<a/>")]);
+    let spreadsheet =
+        zip_of(&[("mimetype", b"application/vnd.oasis.opendocument.spreadsheet"), ("content.xml", b"<a/>")]);
     assert!(sniff(&spreadsheet).is_err(), "a spreadsheet is not a text");
 }
 
@@ -59,7 +60,11 @@ fn hostile_office_files() -> Vec<(&'static str, DocType, Vec<u8>, &'static str)>
         (1..10).map(|n| format!("<!ENTITY lol{n} \"{}\">", format!("&lol{};", n - 1).repeat(10))).collect::<String>()
     );
     let laughs = zip_of(&[("[Content_Types].xml", b"<Types/>"), ("word/document.xml", laughs.as_bytes())]);
-    let deep = docx_of(&format!("{}<w:t>deep</w:t>{}", "<w:p>".repeat(300_000), "</w:p>".repeat(300_000)));
+    // Each level told apart (as Word's revision ids do), so it is the nesting that is refused,
+    // not a ratio.
+    let opening: String =
+        (0..300_000u64).map(|i| format!("<w:p w:rsidR=\"{:08X}\">", i.wrapping_mul(2_654_435_761))).collect();
+    let deep = docx_of(&format!("{opening}<w:t>deep</w:t>{}", "</w:p>".repeat(300_000)));
     let escaping =
         zip_of(&[("word/document.xml", docx_body_xml("fine").as_bytes()), ("../../etc/cron.d/evil", b"* * * * * x")]);
     let many: Vec<(String, Vec<u8>)> = (0..10_000).map(|i| (format!("word/media/{i}.xml"), Vec::new())).collect();

@@ -561,8 +561,10 @@ async fn a_pdf_denser_than_its_hold_is_not_done_in_parts_and_is_refunded(pool: P
     let lines: Vec<String> =
         (1..=2000).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
     let pdf = engine::testing::pdf_with_compressed_text(&lines.iter().map(String::as_str).collect::<Vec<_>>());
-    let hold_tokens = sluice_types::settlement::pdf_hold_tokens(
-        sluice_types::capacity::estimate_input_tokens(sluice_types::capacity::SizeKind::Pdf, pdf.len() as u64),
+    let pdf_kind = sluice_types::capacity::SizeKind::Pdf;
+    let hold_tokens = sluice_types::settlement::hold_tokens(
+        pdf_kind,
+        sluice_types::capacity::estimate_input_tokens(pdf_kind, pdf.len() as u64),
         None,
     );
     assert_eq!(PriceTable::default().price(hold_tokens), 1, "{} bytes hold {hold_tokens} tokens", pdf.len());

@@ -7,8 +7,8 @@ use sqlx::PgConnection;
 use sluice_types::settlement::{refund_on_failure, Fault, FREE_UNREADABLE_PER_DAY};
 use sluice_types::FailureKind;
 
-use super::notices::{self, OperatorAction};
 use super::ledger;
+use super::notices::{self, OperatorAction};
 use crate::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 
 /// The hooks the server runs the queue with.

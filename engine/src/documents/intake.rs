@@ -494,7 +494,10 @@ mod tests {
     fn the_cap_empty_files_and_types_are_refused() {
         assert!(matches!(check_in_chunks(&[b'a'; 11], 4, 10), Err(EngineError::TooLarge { limit_bytes: 10 })));
         assert!(matches!(UploadCheck::new(None, 10).finish(), Err(EngineError::Invalid(_))));
-        assert!(matches!(check_in_chunks(b"<html><body>", 4, 100), Err(EngineError::UnsupportedType(_))));
+        assert!(matches!(check_in_chunks(b"<svg><script>x()</script>", 4, 100), Err(EngineError::UnsupportedType(_))));
+        // A page is taken as it comes (read in the sandbox): no text checks, no tokens counted.
+        let page = check_in_chunks(b"<html><body>\xff<script>", 4, 100).unwrap();
+        assert_eq!((page.doc_type, page.tokens), (DocType::Html, None));
         let late_svg = format!("{}\n<svg onload=alert(1)>", "plain notes ".repeat(2000));
         assert!(matches!(check_in_chunks(late_svg.as_bytes(), 4096, 1 << 20), Err(EngineError::UnsupportedType(_))));
         let pdf = check_in_chunks(b"%PDF-1.7\n\xff\xfe binary", 5, 100).unwrap();

@@ -47,8 +47,11 @@ pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
             archive.len()
         ));
     }
-    if let Some(name) = archive.file_names().find(|name| !name_stays_inside(name)) {
-        return Err(format!("the file has an entry whose name leaves the archive ({:?})", shorten(name)));
+    for name in archive.file_names() {
+        let name = name.map_err(|_| "the file is damaged: an entry's name cannot be read".to_string())?;
+        if !name_stays_inside(&name) {
+            return Err(format!("the file has an entry whose name leaves the archive ({:?})", shorten(&name)));
+        }
     }
     let mut budget = MAX_TOTAL_BYTES;
     let mut blocks = Vec::new();
@@ -122,7 +125,7 @@ fn read_entry<R: Read + std::io::Seek>(
     entry
         .take(limit + 1)
         .read_to_end(&mut bytes)
-        .map_err(|_| format!("the file is damaged: its {name} cannot be inflated"))?;
+        .map_err(|_| format!("the file's {name} does not inflate to what it declares: it is damaged, or a zip bomb"))?;
     let inflated = bytes.len() as u64;
     if inflated > limit || ratio_bomb(inflated) {
         return Err(format!("the file's {name} inflates past what it declares: it looks like a zip bomb"));
@@ -187,7 +190,7 @@ fn walk_xml(xml: &[u8], mut on: impl FnMut(XmlStep<'_>)) -> Result<(), String> {
             Event::GeneralRef(e) => {
                 let resolved = match e.resolve_char_ref() {
                     Ok(Some(c)) => c.to_string(),
-                    Ok(None) => match e.as_ref() {
+                    Ok(None) => match &*e {
                         b"amp" => "&".into(),
                         b"lt" => "<".into(),
                         b"gt" => ">".into(),

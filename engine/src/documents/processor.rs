@@ -12,7 +12,6 @@ use super::blobs::Blobs;
 use super::payload::{size_kind, DocumentJob};
 use super::providers::{self, PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
-use super::sniff::DocType;
 use super::split;
 use super::tokens;
 use crate::error::EngineError;
@@ -23,7 +22,6 @@ use crate::queue::stages::StageLog;
 use crate::queue::worker::{with_db_retries, Processor};
 use crate::queue::{ClaimedJob, JobError, JobOutput, JobStage};
 use crate::Preset;
-use sluice_types::capacity::SizeKind;
 
 /// The worker's processor for document jobs.
 #[derive(Clone)]

@@ -95,7 +95,8 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
 const ACCEPTED: &str = "a PDF, Word, OpenDocument text, web page, text or Markdown document";
 
 /// The 415 reason for markup posing as text.
-pub const MARKUP_REFUSAL: &str = "SVG and XML files, and text with HTML inside it, are not accepted; upload a web page \
+pub const MARKUP_REFUSAL: &str =
+    "SVG and XML files, and text with HTML inside it, are not accepted; upload a web page \
      as a whole .html file, or a PDF, Word, OpenDocument text, text or Markdown document";
 
 /// A zip: a Word or OpenDocument text file by its content (the first entries' names, or the
@@ -128,7 +129,8 @@ pub fn zip_entry_names(head: &[u8]) -> Vec<String> {
         head.get(at..at + len).map(|b| b.iter().rev().fold(0u64, |n, byte| (n << 8) | u64::from(*byte)))
     };
     while head.get(at..at + 4) == Some(b"PK\x03\x04") && names.len() < 64 {
-        let (Some(compressed), Some(name_len), Some(extra_len)) = (field(at + 18, 4), field(at + 26, 2), field(at + 28, 2))
+        let (Some(compressed), Some(name_len), Some(extra_len)) =
+            (field(at + 18, 4), field(at + 26, 2), field(at + 28, 2))
         else {
             break;
         };

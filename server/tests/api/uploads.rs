@@ -249,9 +249,9 @@ async fn every_upload_case_gets_the_right_status_and_refusals_store_nothing(pool
         "SELECT payload #>> '{document,key}' FROM jobs WHERE payload #>> '{document,name}' LIKE '%.txt'
          ORDER BY accepted_at DESC LIMIT 2",
     )
-            .fetch_all(&app.pool)
-            .await
-            .unwrap();
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
     let blobs = engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap();
     assert_eq!(blobs.get(&keys[0]).await.unwrap().as_ref(), "thé vert".as_bytes());
     assert_eq!(blobs.get(&keys[1]).await.unwrap().as_ref(), "café au lait".as_bytes());
@@ -297,5 +297,7 @@ async fn terminal_hooks_settle_in_flight_refunds_and_notices_exactly_once(pool: 
     assert_eq!(app.user_state(user).await, (4, 1, 4, 1));
     engine::queue::worker::work_once(&app.pool, &config, Arc::new(rejected), hooks.clone(), 1).await.unwrap();
     assert_eq!(app.user_state(user).await, (4, 0, 4, 0), "no second refund after the replay fails again");
-    assert_eq!(engine::accounts::notices::list(&app.pool, user, 10).await.unwrap().len(), 1);
+    let kinds: Vec<String> =
+        engine::accounts::notices::list(&app.pool, user, 10).await.unwrap().into_iter().map(|n| n.kind).collect();
+    assert_eq!(kinds, ["replayed", "refund"], "told of the replay; no second refund notice");
 }
