@@ -109,3 +109,82 @@ async fn crafted_office_files_fail_in_the_child_with_plain_reasons_and_this_proc
     let peak = peak_rss_mib();
     assert!(peak < 300, "this process never inflated a byte of the bombs: peak RSS {peak} MiB");
 }
+
+/// A paragraph as a model translates it: its Markdown marker kept, its words changed.
+fn translated(paragraph: &str) -> String {
+    let marker_end = paragraph.find(|c: char| c != '#' && c != '-' && c != ' ').unwrap_or(0);
+    format!("{}[de] {}", &paragraph[..marker_end], &paragraph[marker_end..])
+}
+
+#[tokio::test]
+async fn a_translated_word_file_comes_back_whole_with_every_paragraph_in_place() {
+    use engine::documents::sandbox::rebuild_in_child;
+    let body =
+        format!("{CONTRACT}<w:p><w:r><w:t>See note</w:t></w:r><w:r><w:footnoteReference w:id=\"1\"/></w:r></w:p>");
+    let document = format!(
+        r#"<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="w"><w:body>{body}<w:sectPr/></w:body></w:document>"#
+    );
+    let footnotes = r#"<w:footnotes xmlns:w="w"><w:footnote w:id="1"><w:p><w:r><w:t>Prices exclude tax.</w:t></w:r></w:p></w:footnote></w:footnotes>"#;
+    let types =
+        br#"<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"/>"#;
+    let original = zip_of(&[
+        ("[Content_Types].xml", types),
+        ("word/document.xml", document.as_bytes()),
+        ("word/footnotes.xml", footnotes.as_bytes()),
+        ("word/media/logo.png", b"\x89PNG not really"),
+    ]);
+    let text = extract_text(DocType::Docx, &original).unwrap().text;
+    let paragraphs: Vec<String> = text.split("\n\n").map(translated).collect();
+    assert_eq!(paragraphs.len(), 7, "{text}");
+
+    let rebuilt = rebuild_in_child(&sandbox(), DocType::Docx, original.clone().into(), &paragraphs).await.unwrap();
+    // It opens as a Word file whose text is the translation, paragraph by paragraph.
+    assert_eq!(sniff(&rebuilt), Ok(DocType::Docx));
+    assert_eq!(extract_text(DocType::Docx, &rebuilt).unwrap().text, paragraphs.join("\n\n"));
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(&rebuilt)).unwrap();
+    let entry = |archive: &mut zip::ZipArchive<_>, name: &str| {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut archive.by_name(name).unwrap(), &mut bytes).unwrap();
+        bytes
+    };
+    assert_eq!(entry(&mut archive, "[Content_Types].xml"), types, "every other entry as it was");
+    assert_eq!(entry(&mut archive, "word/media/logo.png"), b"\x89PNG not really");
+    let xml = String::from_utf8(entry(&mut archive, "word/document.xml")).unwrap();
+    for kept in [
+        "<w:pStyle w:val=\"Heading1\"/>",
+        "<w:numPr>",
+        "<w:tbl>",
+        "<w:b/>",
+        "<w:footnoteReference w:id=\"1\"/>",
+        "<w:sectPr/>",
+    ] {
+        assert!(xml.contains(kept), "{kept} is kept: {xml}");
+    }
+    assert!(
+        xml.contains("[de] deliver &amp; install") || xml.contains("[de] The supplier shall deliver &amp; install"),
+        "{xml}"
+    );
+    let notes = String::from_utf8(entry(&mut archive, "word/footnotes.xml")).unwrap();
+    assert!(notes.contains("[de] Prices exclude tax."), "{notes}");
+
+    // A translation that lost a paragraph is not forced into the file.
+    let error = rebuild_in_child(&sandbox(), DocType::Docx, original.into(), &paragraphs[1..]).await.unwrap_err();
+    assert!(error.message.contains("download the Markdown"), "{}", error.message);
+}
+
+#[tokio::test]
+async fn a_translated_opendocument_text_comes_back_whole() {
+    use engine::documents::sandbox::rebuild_in_child;
+    let original = odt_of(
+        r#"<text:h text:outline-level="1">Manual</text:h><text:p>Press <text:span text:style-name="B">the</text:span> button.</text:p>
+           <text:list><text:list-item><text:p>Wait</text:p></text:list-item></text:list>"#,
+    );
+    let text = extract_text(DocType::Odt, &original).unwrap().text;
+    let paragraphs: Vec<String> = text.split("\n\n").map(translated).collect();
+    let rebuilt = rebuild_in_child(&sandbox(), DocType::Odt, original.into(), &paragraphs).await.unwrap();
+    assert_eq!(sniff(&rebuilt), Ok(DocType::Odt), "the mimetype entry stays first and stored");
+    assert_eq!(
+        extract_text(DocType::Odt, &rebuilt).unwrap().text,
+        "# [de] Manual\n\n[de] Press the button.\n\n- [de] Wait"
+    );
+}

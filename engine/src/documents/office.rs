@@ -54,18 +54,11 @@ pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
         }
     }
     let mut budget = MAX_TOTAL_BYTES;
-    let mut blocks = Vec::new();
     match flavour {
-        Flavour::Word => {
-            let body = read_entry(&mut archive, "word/document.xml", &mut budget)?
-                .ok_or("this zip is not a Word document: it has no word/document.xml")?;
-            blocks.extend(word_blocks(&body)?);
-            for notes in ["word/footnotes.xml", "word/endnotes.xml"] {
-                if let Some(xml) = read_entry(&mut archive, notes, &mut budget)? {
-                    blocks.extend(word_blocks(&xml)?);
-                }
-            }
+        Flavour::Word if archive.index_for_name("word/document.xml").is_none() => {
+            return Err("this zip is not a Word document: it has no word/document.xml".into())
         }
+        Flavour::Word => {}
         Flavour::OpenDocument => {
             let mimetype = read_entry(&mut archive, "mimetype", &mut budget)?
                 .ok_or("this zip is not an OpenDocument file: it has no mimetype entry")?;
@@ -75,9 +68,15 @@ pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
                     shorten(&String::from_utf8_lossy(&mimetype))
                 ));
             }
-            let content = read_entry(&mut archive, "content.xml", &mut budget)?
-                .ok_or("this OpenDocument file has no content.xml")?;
-            blocks.extend(odt_blocks(&content)?);
+            if archive.index_for_name("content.xml").is_none() {
+                return Err("this OpenDocument file has no content.xml".into());
+            }
+        }
+    }
+    let mut blocks = Vec::new();
+    for part in text_parts(flavour) {
+        if let Some(xml) = read_entry(&mut archive, part, &mut budget)? {
+            blocks.extend(paragraphs(flavour, &xml)?.into_iter().map(|(_, block)| block));
         }
     }
     let text = blocks.iter().map(Block::markdown).collect::<Vec<_>>().join("\n\n");
@@ -163,34 +162,34 @@ impl Block {
 
 /// The XML events of a part, within the depth wall, with entity references resolved (only
 /// XML's five and character references: a DTD is refused, so no others can mean anything).
-fn walk_xml(xml: &[u8], mut on: impl FnMut(XmlStep<'_>)) -> Result<(), String> {
+fn walk_xml(xml: &[u8], mut on: impl FnMut(XmlStep<'_>, &Event<'_>)) -> Result<(), String> {
     let mut reader = Reader::from_reader(xml);
     let mut buf = Vec::new();
     let mut depth = 0usize;
     loop {
         let event = reader.read_event_into(&mut buf).map_err(|_| "the document's XML is damaged".to_string())?;
         match event {
-            Event::Start(e) => {
+            Event::Start(ref e) => {
                 depth += 1;
                 if depth > MAX_DEPTH {
                     return Err(format!("the document's XML nests deeper than {MAX_DEPTH} levels"));
                 }
-                on(XmlStep::Open(&e, false));
+                on(XmlStep::Open(e, false), &event);
             }
-            Event::Empty(e) => on(XmlStep::Open(&e, true)),
-            Event::End(e) => {
+            Event::Empty(ref e) => on(XmlStep::Open(e, true), &event),
+            Event::End(ref e) => {
                 depth = depth.saturating_sub(1);
-                on(XmlStep::Close(e.local_name().as_ref()));
+                on(XmlStep::Close(e.local_name().as_ref()), &event);
             }
-            Event::Text(e) => {
+            Event::Text(ref e) => {
                 let text = e.decode().map_err(|_| "the document's XML is not valid UTF-8".to_string())?;
-                on(XmlStep::Text(text));
+                on(XmlStep::Text(text), &event);
             }
-            Event::CData(e) => on(XmlStep::Text(String::from_utf8_lossy(&e).into_owned().into())),
-            Event::GeneralRef(e) => {
+            Event::CData(ref e) => on(XmlStep::Text(String::from_utf8_lossy(e).into_owned().into()), &event),
+            Event::GeneralRef(ref e) => {
                 let resolved = match e.resolve_char_ref() {
                     Ok(Some(c)) => c.to_string(),
-                    Ok(None) => match &*e {
+                    Ok(None) => match &**e {
                         b"amp" => "&".into(),
                         b"lt" => "<".into(),
                         b"gt" => ">".into(),
@@ -200,13 +199,13 @@ fn walk_xml(xml: &[u8], mut on: impl FnMut(XmlStep<'_>)) -> Result<(), String> {
                     },
                     Err(_) => return Err("the document's XML has a broken character reference".into()),
                 };
-                on(XmlStep::Text(resolved.into()));
+                on(XmlStep::Text(resolved.into()), &event);
             }
             Event::DocType(_) => {
                 return Err("the document's XML declares a DTD, which Word and OpenDocument files never do".into())
             }
             Event::Eof => return Ok(()),
-            _ => {}
+            _ => on(XmlStep::Other, &event),
         }
         buf.clear();
     }
@@ -217,6 +216,8 @@ enum XmlStep<'a> {
     Open(&'a BytesStart<'a>, bool),
     Close(&'a [u8]),
     Text(Cow<'a, str>),
+    /// A declaration, a comment, a processing instruction: kept as it is.
+    Other,
 }
 
 fn attribute(e: &BytesStart<'_>, local: &[u8]) -> Option<String> {
@@ -226,103 +227,265 @@ fn attribute(e: &BytesStart<'_>, local: &[u8]) -> Option<String> {
         .map(|a| String::from_utf8_lossy(&a.value).into_owned())
 }
 
-/// Paragraphs being read: nested ones (a text box, a note) are their own blocks.
-#[derive(Default)]
-struct Paragraphs {
-    open: Vec<Block>,
-    done: Vec<Block>,
+/// What one step of a part's XML means for its paragraphs.
+enum Meaning {
+    /// A paragraph starts (nested ones, in a text box or a note, are paragraphs of their own).
+    Start(BlockKind),
+    /// The paragraph being read is of this kind after all (a Word style, a numbering).
+    Kind(BlockKind),
+    /// Text of the paragraph being read (from a text node, or a tab, a space, a break).
+    Text(String),
+    /// The paragraph being read ends.
+    End,
+    Nothing,
 }
 
-impl Paragraphs {
-    fn start(&mut self, kind: BlockKind) {
-        self.open.push(Block { kind, text: String::new() });
-    }
+/// Which part is read, and what the reading keeps track of.
+enum PartReader {
+    /// A Word part: only text inside `w:t` runs counts.
+    Word { in_text: bool },
+    /// OpenDocument's `content.xml`: how deep in list items.
+    OpenDocument { in_list_item: usize },
+}
 
-    fn push(&mut self, text: &str) {
-        if let Some(block) = self.open.last_mut() {
-            block.text.push_str(text);
+impl PartReader {
+    fn for_flavour(flavour: Flavour) -> PartReader {
+        match flavour {
+            Flavour::Word => PartReader::Word { in_text: false },
+            Flavour::OpenDocument => PartReader::OpenDocument { in_list_item: 0 },
         }
     }
 
-    fn set_kind(&mut self, kind: BlockKind) {
-        if let Some(block) = self.open.last_mut() {
-            block.kind = kind;
+    fn meaning(&mut self, step: &XmlStep<'_>) -> Meaning {
+        match (self, step) {
+            (PartReader::Word { in_text }, XmlStep::Open(e, empty)) => match e.local_name().as_ref() {
+                b"p" if !empty => Meaning::Start(BlockKind::Paragraph),
+                b"t" if !empty => {
+                    *in_text = true;
+                    Meaning::Nothing
+                }
+                b"tab" => Meaning::Text("\t".into()),
+                b"br" | b"cr" => Meaning::Text("\n".into()),
+                b"pStyle" => {
+                    let style = attribute(e, b"val").unwrap_or_default().to_ascii_lowercase();
+                    let level = match style.strip_prefix("heading") {
+                        Some(n) => n.trim().parse::<u8>().ok(),
+                        None => (style == "title").then_some(1),
+                    };
+                    match level.filter(|l| (1..=6).contains(l)) {
+                        Some(level) => Meaning::Kind(BlockKind::Heading(level)),
+                        None => Meaning::Nothing,
+                    }
+                }
+                b"numPr" => Meaning::Kind(BlockKind::ListItem),
+                _ => Meaning::Nothing,
+            },
+            (PartReader::Word { in_text }, XmlStep::Close(name)) => match *name {
+                b"p" => Meaning::End,
+                b"t" => {
+                    *in_text = false;
+                    Meaning::Nothing
+                }
+                _ => Meaning::Nothing,
+            },
+            (PartReader::Word { in_text: true }, XmlStep::Text(text)) => Meaning::Text(text.to_string()),
+            (PartReader::OpenDocument { in_list_item }, XmlStep::Open(e, empty)) => match e.local_name().as_ref() {
+                b"p" if !empty => {
+                    Meaning::Start(if *in_list_item > 0 { BlockKind::ListItem } else { BlockKind::Paragraph })
+                }
+                b"h" if !empty => {
+                    let level = attribute(e, b"outline-level").and_then(|l| l.parse::<u8>().ok()).unwrap_or(1);
+                    Meaning::Start(BlockKind::Heading(level.clamp(1, 6)))
+                }
+                b"list-item" if !empty => {
+                    *in_list_item += 1;
+                    Meaning::Nothing
+                }
+                b"s" => {
+                    let count = attribute(e, b"c").and_then(|c| c.parse::<usize>().ok()).unwrap_or(1);
+                    Meaning::Text(" ".repeat(count.min(100)))
+                }
+                b"tab" => Meaning::Text("\t".into()),
+                b"line-break" => Meaning::Text("\n".into()),
+                _ => Meaning::Nothing,
+            },
+            (PartReader::OpenDocument { in_list_item }, XmlStep::Close(name)) => match *name {
+                b"p" | b"h" => Meaning::End,
+                b"list-item" => {
+                    *in_list_item = in_list_item.saturating_sub(1);
+                    Meaning::Nothing
+                }
+                _ => Meaning::Nothing,
+            },
+            (PartReader::OpenDocument { .. }, XmlStep::Text(text)) => Meaning::Text(text.to_string()),
+            _ => Meaning::Nothing,
         }
     }
+}
 
-    fn end(&mut self) {
-        if let Some(block) = self.open.pop().filter(|b| !b.text.trim().is_empty()) {
-            self.done.push(block);
+/// A part's paragraphs with text, in the order they end (a nested one before the one around
+/// it), each with the ordinal of its start among all paragraph starts.
+fn paragraphs(flavour: Flavour, xml: &[u8]) -> Result<Vec<(usize, Block)>, String> {
+    let mut reader = PartReader::for_flavour(flavour);
+    let (mut open, mut done): (Vec<(usize, Block)>, Vec<(usize, Block)>) = (Vec::new(), Vec::new());
+    let mut starts = 0;
+    walk_xml(xml, |step, _| match reader.meaning(&step) {
+        Meaning::Start(kind) => {
+            open.push((starts, Block { kind, text: String::new() }));
+            starts += 1;
         }
-    }
+        Meaning::Kind(kind) => {
+            if let Some((_, block)) = open.last_mut() {
+                block.kind = kind;
+            }
+        }
+        Meaning::Text(text) => {
+            if let Some((_, block)) = open.last_mut() {
+                block.text.push_str(&text);
+            }
+        }
+        Meaning::End => {
+            if let Some(paragraph) = open.pop().filter(|(_, b)| !b.text.trim().is_empty()) {
+                done.push(paragraph);
+            }
+        }
+        Meaning::Nothing => {}
+    })?;
+    Ok(done)
 }
 
 /// A Word part's paragraphs: `w:p`, its text in `w:t` runs, tabs and breaks; a heading by its
 /// style (`Heading1`..`Heading6`, `Title`), a list item by its numbering.
 pub fn word_blocks(xml: &[u8]) -> Result<Vec<Block>, String> {
-    let mut paragraphs = Paragraphs::default();
-    let mut in_text = false;
-    walk_xml(xml, |step| match step {
-        XmlStep::Open(e, empty) => match e.local_name().as_ref() {
-            b"p" if !empty => paragraphs.start(BlockKind::Paragraph),
-            b"t" if !empty => in_text = true,
-            b"tab" => paragraphs.push("\t"),
-            b"br" | b"cr" => paragraphs.push("\n"),
-            b"pStyle" => {
-                let style = attribute(e, b"val").unwrap_or_default().to_ascii_lowercase();
-                let level = match style.strip_prefix("heading") {
-                    Some(n) => n.trim().parse::<u8>().ok(),
-                    None => (style == "title").then_some(1),
-                };
-                if let Some(level) = level.filter(|l| (1..=6).contains(l)) {
-                    paragraphs.set_kind(BlockKind::Heading(level));
-                }
-            }
-            b"numPr" => paragraphs.set_kind(BlockKind::ListItem),
-            _ => {}
-        },
-        XmlStep::Close(name) => match name {
-            b"p" => paragraphs.end(),
-            b"t" => in_text = false,
-            _ => {}
-        },
-        XmlStep::Text(text) if in_text => paragraphs.push(&text),
-        XmlStep::Text(_) => {}
-    })?;
-    Ok(paragraphs.done)
+    Ok(paragraphs(Flavour::Word, xml)?.into_iter().map(|(_, block)| block).collect())
 }
 
 /// An OpenDocument text's paragraphs: `text:p` and `text:h` (its outline level), list items,
 /// spaces (`text:s`), tabs and line breaks.
 pub fn odt_blocks(xml: &[u8]) -> Result<Vec<Block>, String> {
-    let mut paragraphs = Paragraphs::default();
-    let mut in_list_item = 0usize;
-    walk_xml(xml, |step| match step {
-        XmlStep::Open(e, empty) => match e.local_name().as_ref() {
-            b"p" if !empty => {
-                paragraphs.start(if in_list_item > 0 { BlockKind::ListItem } else { BlockKind::Paragraph })
+    Ok(paragraphs(Flavour::OpenDocument, xml)?.into_iter().map(|(_, block)| block).collect())
+}
+
+/// The parts whose paragraphs are the document's text, in its order.
+fn text_parts(flavour: Flavour) -> &'static [&'static str] {
+    match flavour {
+        Flavour::Word => &["word/document.xml", "word/footnotes.xml", "word/endnotes.xml"],
+        Flavour::OpenDocument => &["content.xml"],
+    }
+}
+
+/// Pure: a translated paragraph without the Markdown its original's kind was shown with (the
+/// style carries a heading or a list item in the file).
+fn without_marker(kind: BlockKind, text: &str) -> &str {
+    let text = text.trim();
+    match kind {
+        BlockKind::Heading(_) => text.trim_start_matches('#').trim_start(),
+        BlockKind::ListItem => text.strip_prefix("- ").or_else(|| text.strip_prefix("* ")).unwrap_or(text),
+        BlockKind::Paragraph => text,
+    }
+}
+
+/// The document again with each paragraph's text replaced by `translated` (one per paragraph
+/// of [`extract`]'s text, in its order): everything else (styles, numbering, tables, headers,
+/// images, every other entry) as it was. A paragraph's text goes into its first run, so the
+/// paragraph keeps that run's formatting; its other runs are emptied. Read within the same
+/// walls as [`extract`].
+pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<Vec<u8>, String> {
+    let mut archive = zip::ZipArchive::new(Cursor::new(bytes))
+        .map_err(|_| "the file is damaged: it is not a readable zip archive".to_string())?;
+    if archive.len() > MAX_ENTRIES {
+        return Err(format!("the file holds {} entries, more than are read", archive.len()));
+    }
+    let mut budget = MAX_TOTAL_BYTES;
+    let mut rewritten = Vec::new();
+    let mut next = 0usize;
+    for part in text_parts(flavour) {
+        let Some(xml) = read_entry(&mut archive, part, &mut budget)? else { continue };
+        let found = paragraphs(flavour, &xml)?;
+        let mut by_start = std::collections::HashMap::new();
+        for (start, block) in found {
+            let text = translated.get(next).ok_or_else(|| too_few(translated.len()))?;
+            by_start.insert(start, without_marker(block.kind, text).to_string());
+            next += 1;
+        }
+        rewritten.push((*part, rewrite(flavour, &xml, &by_start)?));
+    }
+    if next != translated.len() {
+        return Err(format!(
+            "the translation has {} paragraphs where the document has {next}; download the Markdown instead",
+            translated.len()
+        ));
+    }
+    let mut out = zip::ZipWriter::new(Cursor::new(Vec::new()));
+    let damaged = |_| "the file is damaged: an entry cannot be copied".to_string();
+    for index in 0..archive.len() {
+        let entry = archive.by_index_raw(index).map_err(damaged)?;
+        let name = entry.name().map_err(damaged)?.into_owned();
+        match rewritten.iter().find(|(part, _)| *part == name) {
+            Some((_, xml)) => {
+                drop(entry);
+                let options =
+                    zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+                out.start_file(name, options).map_err(|_| "the new file could not be written".to_string())?;
+                std::io::Write::write_all(&mut out, xml)
+                    .map_err(|_| "the new file could not be written".to_string())?;
             }
-            b"h" if !empty => {
-                let level = attribute(e, b"outline-level").and_then(|l| l.parse::<u8>().ok()).unwrap_or(1);
-                paragraphs.start(BlockKind::Heading(level.clamp(1, 6)));
+            None => out.raw_copy_file(entry).map_err(damaged)?,
+        }
+    }
+    Ok(out.finish().map_err(|_| "the new file could not be written".to_string())?.into_inner())
+}
+
+fn too_few(paragraphs: usize) -> String {
+    format!("the translation has {paragraphs} paragraphs, fewer than the document; download the Markdown instead")
+}
+
+/// A part's XML with the text of the paragraphs in `by_start` (by the ordinal of their start)
+/// replaced: the first text node of each gets the new text, its others are dropped.
+fn rewrite(
+    flavour: Flavour,
+    xml: &[u8],
+    by_start: &std::collections::HashMap<usize, String>,
+) -> Result<Vec<u8>, String> {
+    let mut reader = PartReader::for_flavour(flavour);
+    let mut writer = quick_xml::Writer::new(Vec::with_capacity(xml.len()));
+    // The paragraphs open now: their start's ordinal, and whether their new text is written.
+    let mut open: Vec<(usize, bool)> = Vec::new();
+    let mut starts = 0;
+    let mut failed = false;
+    walk_xml(xml, |step, event| {
+        let is_text_node = matches!(event, Event::Text(_) | Event::GeneralRef(_) | Event::CData(_));
+        let write = match reader.meaning(&step) {
+            Meaning::Start(_) => {
+                open.push((starts, false));
+                starts += 1;
+                Some(event.borrow())
             }
-            b"list-item" if !empty => in_list_item += 1,
-            b"s" => {
-                let count = attribute(e, b"c").and_then(|c| c.parse::<usize>().ok()).unwrap_or(1);
-                paragraphs.push(&" ".repeat(count.min(100)));
+            Meaning::End => {
+                open.pop();
+                Some(event.borrow())
             }
-            b"tab" => paragraphs.push("\t"),
-            b"line-break" => paragraphs.push("\n"),
-            _ => {}
-        },
-        XmlStep::Close(name) => match name {
-            b"p" | b"h" => paragraphs.end(),
-            b"list-item" => in_list_item = in_list_item.saturating_sub(1),
-            _ => {}
-        },
-        XmlStep::Text(text) => paragraphs.push(&text),
+            Meaning::Text(_) if is_text_node => match open.last_mut() {
+                Some((start, written)) => match by_start.get(start) {
+                    Some(text) if !*written => {
+                        *written = true;
+                        Some(Event::Text(quick_xml::events::BytesText::new(text)))
+                    }
+                    Some(_) => None,
+                    None => Some(event.borrow()),
+                },
+                None => Some(event.borrow()),
+            },
+            _ => Some(event.borrow()),
+        };
+        if let Some(event) = write {
+            failed |= writer.write_event(event).is_err();
+        }
     })?;
-    Ok(paragraphs.done)
+    if failed {
+        return Err("the new file could not be written".into());
+    }
+    Ok(writer.into_inner())
 }
 
 #[cfg(test)]

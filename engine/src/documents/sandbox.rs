@@ -26,6 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 use super::extract::{extract_text, Extracted};
+use super::office::Flavour;
 use super::sniff::DocType;
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::JobError;
@@ -155,6 +156,51 @@ fn invalid(message: impl Into<String>) -> JobError {
 /// a limit or answers nonsense fails the job as `invalid_input` (never retried: the same file
 /// would do the same again).
 pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: Bytes) -> Result<Extracted, JobError> {
+    let output = run_reader(config, doc_type_arg(doc_type), bytes, config.max_output_bytes).await?;
+    match serde_json::from_slice::<Answer>(&output) {
+        Ok(Answer::Text { text, pages }) => Ok(Extracted { text, pages }),
+        Ok(Answer::Refused { reason }) => Err(invalid(reason)),
+        Err(_) => Err(invalid(TOO_COMPLEX)),
+    }
+}
+
+/// The child's argument for rebuilding a file of this type with new paragraphs.
+fn rebuild_arg(doc_type: DocType) -> Option<&'static str> {
+    match doc_type {
+        DocType::Docx => Some("rebuild-docx"),
+        DocType::Odt => Some("rebuild-odt"),
+        _ => None,
+    }
+}
+
+/// A Word or OpenDocument file rebuilt in a sandboxed child with its paragraphs' text
+/// replaced by `paragraphs` (see [`super::office::rebuild`]); its parsing is as hostile as
+/// reading it. The child is given the paragraphs as JSON after their length, then the file.
+pub async fn rebuild_in_child(
+    config: &SandboxConfig,
+    doc_type: DocType,
+    original: Bytes,
+    paragraphs: &[String],
+) -> Result<Vec<u8>, JobError> {
+    let arg = rebuild_arg(doc_type).ok_or_else(|| invalid("only a Word or OpenDocument file can be rebuilt"))?;
+    let json = serde_json::to_vec(paragraphs).expect("strings serialise");
+    let mut input = Vec::with_capacity(4 + json.len() + original.len());
+    input.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    input.extend_from_slice(&json);
+    input.extend_from_slice(&original);
+    // The new file is about as large as the old one and its new text.
+    let limit = config.max_output_bytes.max(2 * input.len() + (1 << 20));
+    let output = run_reader(config, arg, input.into(), limit).await?;
+    match output.split_first() {
+        Some((b'F', file)) => Ok(file.to_vec()),
+        Some((b'R', reason)) => Err(invalid(String::from_utf8_lossy(reason).into_owned())),
+        _ => Err(invalid(TOO_COMPLEX)),
+    }
+}
+
+/// Run the reader child with `arg`, give it `input`, and return what it wrote (at most
+/// `output_limit` bytes) once it exited on its own.
+async fn run_reader(config: &SandboxConfig, arg: &str, bytes: Bytes, output_limit: usize) -> Result<Vec<u8>, JobError> {
     // Waiting for a turn is not the document's time: the wall clock starts with the child.
     let _turn = config.readers.acquire().await.expect("the readers' semaphore is never closed");
     let limits = Limits { memory_bytes: config.memory_bytes, cpu_secs: config.cpu_secs };
@@ -162,7 +208,7 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
     command
         .args(&config.args)
         .args(config.run_as.map(RunAs::to_arg))
-        .arg(doc_type_arg(doc_type))
+        .arg(arg)
         .env_clear()
         .env(LIMITS_VAR, limits.to_value())
         .stdin(Stdio::piped())
@@ -188,7 +234,7 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
         let _ = stdin.write_all(&bytes).await;
         drop(stdin);
     };
-    let limit = config.max_output_bytes;
+    let limit = output_limit;
     let collect = async move {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
@@ -235,11 +281,7 @@ pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: 
         }
         Err(_) => return Err(JobError::new(ErrorClass::ServerError, "the document reader failed")),
     }
-    match serde_json::from_slice::<Answer>(&output) {
-        Ok(Answer::Text { text, pages }) => Ok(Extracted { text, pages }),
-        Ok(Answer::Refused { reason }) => Err(invalid(reason)),
-        Err(_) => Err(invalid(TOO_COMPLEX)),
-    }
+    Ok(output)
 }
 
 /// How much lower a reader's scheduling priority is than the server's.
@@ -496,7 +538,9 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     if !limits.is_some_and(confine) {
         return ExitCode::from(2);
     }
-    let Some(doc_type) = DocType::ALL.into_iter().find(|t| Some(doc_type_arg(*t)) == doc_type) else {
+    let rebuild = DocType::ALL.into_iter().find(|t| rebuild_arg(*t).is_some() && rebuild_arg(*t) == doc_type);
+    let Some(doc_type) = rebuild.or_else(|| DocType::ALL.into_iter().find(|t| Some(doc_type_arg(*t)) == doc_type))
+    else {
         return ExitCode::from(2);
     };
     let run_as = match run_as.map(RunAs::parse) {
@@ -510,6 +554,9 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     let mut bytes = Vec::new();
     if std::io::stdin().read_to_end(&mut bytes).is_err() {
         return ExitCode::from(3);
+    }
+    if rebuild.is_some() {
+        return rebuild_child(doc_type, bytes);
     }
     let worker = std::thread::Builder::new().stack_size(64 << 20).spawn(move || extract_text(doc_type, &bytes));
     let answer = match worker.map(|w| w.join()) {
@@ -525,6 +572,30 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
 /// A text answer, as [`child_main`] gives it (for probes in the tests).
 pub fn answer_text(text: String) -> ExitCode {
     write_answer(&Answer::Text { text, pages: None })
+}
+
+/// The child's side of [`rebuild_in_child`]: `F` and the new file, or `R` and the reason.
+fn rebuild_child(doc_type: DocType, input: Vec<u8>) -> ExitCode {
+    let flavour = if doc_type == DocType::Odt { Flavour::OpenDocument } else { Flavour::Word };
+    let work = move || -> Result<Vec<u8>, String> {
+        let refused = || "the request to rebuild the document is malformed".to_string();
+        let (length, rest) = input.split_at_checked(4).ok_or_else(refused)?;
+        let length = u32::from_le_bytes(length.try_into().map_err(|_| refused())?) as usize;
+        let (json, original) = rest.split_at_checked(length).ok_or_else(refused)?;
+        let paragraphs: Vec<String> = serde_json::from_slice(json).map_err(|_| refused())?;
+        super::office::rebuild(flavour, original, &paragraphs)
+    };
+    let answer = match std::thread::Builder::new().stack_size(64 << 20).spawn(work).map(|w| w.join()) {
+        Ok(Ok(Ok(file))) => [&b"F"[..], &file].concat(),
+        Ok(Ok(Err(reason))) => [&b"R"[..], reason.as_bytes()].concat(),
+        Ok(Err(_)) => b"Rthe document could not be rebuilt".to_vec(),
+        Err(_) => return ExitCode::from(4),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_all(&answer).is_err() || stdout.flush().is_err() {
+        return ExitCode::from(5);
+    }
+    ExitCode::SUCCESS
 }
 
 fn write_answer(answer: &Answer) -> ExitCode {
