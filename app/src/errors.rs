@@ -53,6 +53,9 @@ pub enum AppError {
     /// Deleting a job that has not ended.
     #[error("the job has not ended (it is {state}); cancel it first")]
     NotEnded { state: String },
+    /// A translated file cannot be rebuilt in its format (its paragraphs do not line up).
+    #[error("{message}")]
+    CannotRebuild { message: String },
     /// A job's document is no longer kept (retention), so it cannot be run again.
     #[error("the original document is no longer kept; upload it again")]
     Gone,
@@ -104,7 +107,8 @@ impl AppError {
             AppError::NotReady { .. }
             | AppError::AlreadyEnded { .. }
             | AppError::NotEnded { .. }
-            | AppError::NotRetrying { .. } => 409,
+            | AppError::NotRetrying { .. }
+            | AppError::CannotRebuild { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::Gone | AppError::Deleted => 410,
             AppError::TooLarge { .. }

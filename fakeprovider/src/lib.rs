@@ -244,7 +244,13 @@ pub fn model_answer(prompt: &str, growth: u32) -> String {
     let paragraphs = document.split("\n\n").filter(|p| !p.trim().is_empty());
     if prompt.starts_with("Translate") {
         let grown = |p: &str| vec![p; growth.max(1) as usize].join(" ");
-        return paragraphs.map(|p| format!("[translated] {}", grown(p))).collect::<Vec<_>>().join("\n\n");
+        // A heading's or a list item's Markdown marker stays in front, as a model keeps it.
+        let marked = |p: &str| {
+            let text = p.trim_start_matches('#').trim_start_matches("- ").trim_start();
+            let marker = &p[..p.len() - text.len()];
+            format!("{marker}[translated] {}", grown(text))
+        };
+        return paragraphs.map(marked).collect::<Vec<_>>().join("\n\n");
     }
     let budget = (document.len() / 10).max(200);
     let mut summary = String::from("## Summary\n");

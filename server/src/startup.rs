@@ -104,7 +104,7 @@ impl Application {
             let processor = Arc::new(DocumentProcessor {
                 blobs: blobs.clone(),
                 provider,
-                sandbox,
+                sandbox: sandbox.clone(),
                 stages: engine::queue::stages::StageLog::new(pool.clone()),
                 budget: engine::queue::capacity::Budget::new(pool.clone(), &capacity),
                 context_tokens: config.provider.context_tokens(),
@@ -143,7 +143,8 @@ impl Application {
                 process_name
             });
             let addr = listener.local_addr()?;
-            let ctx = ServerContext::new(pool.clone(), config.web_settings(), blobs);
+            let settings = WebSettings { document_reader: Some(sandbox.clone()), ..config.web_settings() };
+            let ctx = ServerContext::new(pool.clone(), settings, blobs);
             let state = AppState { leptos_options: leptos_options(&config.server.site_root, addr), ctx };
             if let Some(bind) = config.telemetry.metrics_bind {
                 let listener =

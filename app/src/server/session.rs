@@ -160,6 +160,9 @@ pub struct WebSettings {
     /// How long this process keeps who a token or a session belongs to (at most 5 s; revoking
     /// reaches every process at once through a notification; zero: ask every time).
     pub auth_cache_lifetime: std::time::Duration,
+    /// The sandboxed reader a translated Word or OpenDocument file is rebuilt with for its
+    /// download (None: that download is not offered by this process).
+    pub document_reader: Option<Arc<engine::documents::sandbox::SandboxConfig>>,
 }
 
 impl Default for WebSettings {
@@ -192,6 +195,7 @@ impl Default for WebSettings {
             secure_cookies: false,
             bulk_action_cap: engine::queue::bulk::DEFAULT_CAP,
             auth_cache_lifetime: engine::accounts::auth_cache::MAX_LIFETIME,
+            document_reader: None,
         }
     }
 }

@@ -17,6 +17,7 @@ use app::server::session::{cancel_visible_job, client_of, job_status, session_us
 use app::server::upload;
 use engine::accounts::User;
 use engine::documents::payload::{DocumentJob, DocumentRef};
+use engine::documents::DocType;
 use engine::queue::JobView;
 use engine::JobState;
 
@@ -392,6 +393,61 @@ pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Respo
     let stem = document_of(&job).ok().and_then(|d| d.name).unwrap_or_else(|| "document".into());
     let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-result.md"), markdown.into_bytes()))
+}
+
+/// `GET /api/v1/jobs/{id}/translated`: a done translation of a Word or OpenDocument file as a
+/// file of the same format, every paragraph's text translated in place (rebuilt in the
+/// sandboxed reader from the original and the translation, while the original is kept).
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}/translated",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "The translated document, in its own format, as an attachment", content(
+            ("application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
+            ("application/vnd.oasis.opendocument.text"),
+        )),
+        (status = 409, description = "Not done (yet), or its translation's paragraphs do not line up with the document's", body = ErrorBody),
+        (status = 410, description = "Deleted by its owner, or the original is no longer kept", body = ErrorBody),
+        (status = 422, description = "Not a translation of a Word or OpenDocument file", body = ErrorBody),
+        NotYours,
+        Common,
+    )
+)]
+pub async fn get_translated_file(
+    State(state): State<AppState>,
+    VisibleJob(job, _): VisibleJob,
+) -> Result<Response, ApiError> {
+    let result = done_result(&job)?;
+    let spec = serde_json::from_value::<DocumentJob>(job.payload.clone()).map_err(|_| ApiError(AppError::NotFound))?;
+    let document = spec.document;
+    if spec.preset != engine::Preset::Translate || !matches!(document.doc_type, DocType::Docx | DocType::Odt) {
+        return Err(AppError::invalid(
+            "only a translation of a Word or OpenDocument file comes back in its format; download the Markdown",
+        )
+        .into());
+    }
+    let reader = state.ctx.settings.document_reader.clone().ok_or_else(AppError::unavailable)?;
+    let original = match state.ctx.blobs.get(&document.key).await {
+        Ok(bytes) => bytes,
+        Err(engine::EngineError::NotFound) => return Err(AppError::Gone.into()),
+        Err(e) => return Err(AppError::from(e).into()),
+    };
+    let paragraphs: Vec<String> = result["markdown"]
+        .as_str()
+        .unwrap_or_default()
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let file = engine::documents::sandbox::rebuild_in_child(&reader, document.doc_type, original, &paragraphs)
+        .await
+        .map_err(|e| AppError::CannotRebuild { message: e.message })?;
+    let stem = document.name.clone().unwrap_or_else(|| "document".into());
+    let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
+    let name = format!("{stem}-translated.{}", document.doc_type.extension());
+    Ok(download(document.doc_type.mime(), &name, file))
 }
 
 /// The token a webhook request is about: it must come with one (a session has no token).

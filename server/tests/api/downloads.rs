@@ -74,3 +74,75 @@ async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: P
         .unwrap();
     assert_eq!(json["result"]["provider"], "local");
 }
+
+/// A translated Word file comes back as a Word file: the owner uploads a contract, a model
+/// translates it, and the download is the same document with every paragraph translated in
+/// place; a summary or another's job does not offer one.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph_translated(pool: PgPool) {
+    let settings = WebSettings {
+        presets: engine::Preset::ALL.to_vec(),
+        document_reader: Some(std::sync::Arc::new(sandbox())),
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, token) = app.user_with_token("translator@example.com", 10, 5).await;
+    let (_, other) = app.user_with_token("other@example.com", 10, 5).await;
+    let body = r#"<w:p><w:pPr><w:pStyle w:val="Heading1"/></w:pPr><w:r><w:t>Lease</w:t></w:r></w:p>
+        <w:p><w:r><w:t xml:space="preserve">Rent is </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>900 EUR</w:t></w:r></w:p>
+        <w:tbl><w:tr><w:tc><w:p><w:r><w:t>Deposit</w:t></w:r></w:p></w:tc></w:tr></w:tbl>"#;
+    let docx = engine::testing::docx_of(body);
+    let upload = |preset: &'static str| {
+        let form = reqwest::multipart::Form::new()
+            .part("file", reqwest::multipart::Part::bytes(docx.clone()).file_name("lease.docx"))
+            .text("preset", preset)
+            .text("language", "German");
+        reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(&token).multipart(form).send()
+    };
+    let translation: serde_json::Value = upload("translate").await.unwrap().json().await.unwrap();
+    let summary: serde_json::Value = upload("summarize").await.unwrap().json().await.unwrap();
+    let path = |job: &serde_json::Value| format!("/api/v1/jobs/{}/translated", job["id"].as_str().unwrap());
+    let client = reqwest::Client::new();
+    let early = client.get(app.url(&path(&translation))).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(early.status(), StatusCode::CONFLICT, "not done yet");
+
+    let fake = fakeprovider::FakeProvider::start().await;
+    fake.behave_like(fakeprovider::HostedModel {
+        first_token_ms: 1,
+        prefill_tokens_per_sec: 1e9,
+        output_tokens_per_sec: 1e9,
+        ..fakeprovider::HostedModel::default()
+    });
+    let provider = engine::documents::providers::ProviderConfig {
+        kind: engine::documents::providers::ProviderKind::Anthropic,
+        base_url: fake.base_url(),
+        api_key: Some("k".into()),
+        model: "m".into(),
+        ..Default::default()
+    };
+    work_with(&app, 2, &provider).await;
+
+    let file = client.get(app.url(&path(&translation))).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(file.status(), StatusCode::OK);
+    assert_eq!(
+        file.headers()["content-type"],
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+    );
+    let disposition = file.headers()["content-disposition"].to_str().unwrap().to_string();
+    assert!(disposition.contains("lease-translated.docx"), "{disposition}");
+    let bytes = file.bytes().await.unwrap();
+    assert_eq!(engine::documents::sniff::sniff(&bytes), Ok(engine::documents::DocType::Docx));
+    let text = engine::documents::extract::extract_text(engine::documents::DocType::Docx, &bytes).unwrap().text;
+    assert_eq!(text, "# [translated] Lease\n\n[translated] Rent is 900 EUR\n\n[translated] Deposit");
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes.to_vec())).unwrap();
+    let mut xml = String::new();
+    std::io::Read::read_to_string(&mut archive.by_name("word/document.xml").unwrap(), &mut xml).unwrap();
+    for kept in ["<w:pStyle w:val=\"Heading1\"/>", "<w:tbl>", "<w:b/>"] {
+        assert!(xml.contains(kept), "{kept}: {xml}");
+    }
+
+    // Not someone else's, and not a summary.
+    assert_eq!(client.get(app.url(&path(&translation))).bearer_auth(&other).send().await.unwrap().status(), 404);
+    let summarized = client.get(app.url(&path(&summary))).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(summarized.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}

@@ -146,9 +146,18 @@ pub fn sandbox() -> engine::documents::sandbox::SandboxConfig {
 
 /// Run up to `jobs` waiting jobs with the local provider and the server's hooks (one worker step).
 pub async fn work(app: &TestApp, jobs: usize) -> Vec<engine::queue::worker::AttemptReport> {
+    work_with(app, jobs, &engine::documents::providers::ProviderConfig::default()).await
+}
+
+/// [`work`] with another provider (the fake one, for the presets a language model does).
+pub async fn work_with(
+    app: &TestApp,
+    jobs: usize,
+    provider: &engine::documents::providers::ProviderConfig,
+) -> Vec<engine::queue::worker::AttemptReport> {
     let processor = engine::documents::processor::DocumentProcessor {
         blobs: engine::documents::blobs::Blobs::local(&app.blob_dir).unwrap(),
-        provider: engine::documents::providers::build(&engine::documents::providers::ProviderConfig::default()),
+        provider: engine::documents::providers::build(provider),
         sandbox: std::sync::Arc::new(sandbox()),
         stages: engine::queue::stages::StageLog::new(app.pool.clone()),
         budget: engine::queue::capacity::Budget::disabled(),
