@@ -97,6 +97,10 @@ pub struct JobStatus {
     /// Failed, and an operator marked it (or its kind of failure) "needs review".
     #[serde(default)]
     pub under_review: bool,
+    /// A translation of a Word or OpenDocument file: its result also comes back as a file of
+    /// that format (`/api/v1/jobs/{id}/translated`), with this extension.
+    #[serde(default)]
+    pub translated_file: Option<String>,
 }
 
 /// How far a document done in parts is.
@@ -260,6 +264,10 @@ mod convert {
                 output_tokens: j.output_tokens,
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
+                translated_file: match (text("/preset").as_deref(), text("/document/type").as_deref()) {
+                    (Some("translate"), Some(kind @ ("docx" | "odt"))) => Some(kind.to_string()),
+                    _ => None,
+                },
                 parts: j.parts_total.map(|total| {
                     let combining = j.parts_stage.as_deref() == Some("combining");
                     let combines = text("/preset").as_deref() != Some("translate") && !combining;

@@ -1,5 +1,5 @@
 import * as path from 'path';
-import { allowConsoleError, expect, hostedModel, hostedModelReport, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText } from './helpers';
+import { allowConsoleError, expect, hostedModel, hostedModelReport, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText, wordFile, zipEntry } from './helpers';
 
 
 test('sign up, upload a PDF, watch it finish and open the result', async ({ page }) => {
@@ -44,19 +44,19 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
   await expect(page.getByTestId('who')).toContainText('19 credits');
 });
 
-test('an HTML file renamed .pdf is refused with the 415 message and costs nothing', async ({ page }) => {
+test('an SVG file renamed .pdf is refused with the 415 message and costs nothing', async ({ page }) => {
   allowConsoleError(/status of 415 \(Unsupported Media Type\)/);
-  await signUp(page, 'html');
+  await signUp(page, 'svg');
   await open(page, '/upload');
   await page.locator('#files').setInputFiles({
     name: 'invoice.pdf',
     mimeType: 'application/pdf',
-    buffer: Buffer.from('<!DOCTYPE html><html><body><script>alert(1)</script></body></html>'),
+    buffer: Buffer.from('<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>'),
   });
   const row = page.locator('.upload').first();
   await expect(row).toHaveAttribute('data-outcome', 'refused');
   await expect(row).toContainText('Not a supported document');
-  await expect(row).toContainText('HTML');
+  await expect(row).toContainText('SVG');
   await page.goto('/jobs');
   await expect(page.getByText('No jobs yet')).toBeVisible();
   await expect(page.getByTestId('who')).toContainText('20 credits');
@@ -285,4 +285,32 @@ test('a multi-page text translated comes back whole, every paragraph in order, i
   const report = await hostedModelReport(marker);
   expect(report.cut).toBe(0);
   expect(report.most_at_once).toBeGreaterThan(1);
+});
+
+test('a Word contract is priced as held, translated, and comes back as a Word file with every paragraph in place', async ({ page }) => {
+  await signUp(page, 'word');
+  const marker = `word-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  await hostedModel({ first_token_ms: 50, prefill_tokens_per_sec: 200000, output_tokens_per_sec: 20000, only_for: marker });
+  const clauses = ['The supplier delivers the goods.', 'The buyer pays within 30 days.', `Reference ${marker}.`];
+  await open(page, '/upload');
+  await page.locator('#preset').selectOption('translate');
+  await page.locator('#language').fill('German');
+  await page.locator('#files').setInputFiles(wordFile('contract.docx', 'Service agreement', clauses));
+  const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'ok');
+  await expect(row.getByTestId('price')).toHaveText(/^\d+ credits? held$/);
+  await row.getByRole('link', { name: 'View the job' }).click();
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 60_000 });
+  await expect(page.locator('article.result-rendered')).toContainText('[translated] The buyer pays within 30 days.');
+
+  const downloading = page.waitForEvent('download');
+  await page.getByTestId('translated-file').click();
+  const download = await downloading;
+  expect(download.suggestedFilename()).toBe('contract-translated.docx');
+  const fs = require('fs');
+  const file: Buffer = fs.readFileSync(await download.path());
+  const xml = zipEntry(file, 'word/document.xml');
+  expect(xml).toContain('<w:pStyle w:val="Heading1"/>');
+  const texts = [...xml.matchAll(/<w:t[^>]*>([^<]*)<\/w:t>/g)].map((m) => m[1]).filter((t) => t.trim());
+  expect(texts).toEqual(['[translated] Service agreement', ...clauses.map((c) => `[translated] ${c}`)]);
 });

@@ -604,6 +604,12 @@ pub fn JobPage() -> impl IntoView {
                                         <p class="downloads">
                                             <a class="button" href=format!("/api/v1/jobs/{}/result.md", job.id) download>"Download the result"</a>
                                             " "
+                                            {job.translated_file.clone().map(|kind| view! {
+                                                <a class="button" data-testid="translated-file" href=format!("/api/v1/jobs/{}/translated", job.id) download>
+                                                    {format!("Download the translated .{kind}")}
+                                                </a>
+                                                " "
+                                            })}
                                             <a class="button" href=format!("/api/v1/jobs/{}/original", job.id) download>"Download the original"</a>
                                         </p>
                                     })}

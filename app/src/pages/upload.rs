@@ -338,7 +338,7 @@ fn send(
 /// Pure: when a document that does not get a result is refunded, said before the upload.
 pub fn refund_policy() -> String {
     format!(
-        "A PDF's price is held at its largest and settled to its text's once read; the rest comes back. A document that fails is refunded. Unreadable files are refunded {} times a day; after that they are charged. Canceling before the provider starts costs nothing; after, its calls so far are charged.",
+        "A PDF's, a Word file's or a web page's price is held at its largest and settled to its text's once read; the rest comes back. A document that fails is refunded. Unreadable files are refunded {} times a day; after that they are charged. Canceling before the provider starts costs nothing; after, its calls so far are charged.",
         sluice_types::settlement::FREE_UNREADABLE_PER_DAY
     )
 }
