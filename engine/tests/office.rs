@@ -131,11 +131,17 @@ async fn a_translated_word_file_comes_back_whole_with_every_paragraph_in_place()
         ("[Content_Types].xml", types),
         ("word/document.xml", document.as_bytes()),
         ("word/footnotes.xml", footnotes.as_bytes()),
+        ("word/header1.xml", br#"<w:hdr xmlns:w="w"><w:p><w:r><w:t>Confidential</w:t></w:r></w:p></w:hdr>"#),
+        ("word/footer1.xml", br#"<w:ftr xmlns:w="w"><w:p><w:r><w:t>Page footer</w:t></w:r></w:p></w:ftr>"#),
         ("word/media/logo.png", b"\x89PNG not really"),
     ]);
     let text = extract_text(DocType::Docx, &original).unwrap().text;
     let paragraphs: Vec<String> = text.split("\n\n").map(translated).collect();
-    assert_eq!(paragraphs.len(), 7, "{text}");
+    assert_eq!(paragraphs.len(), 9, "{text}");
+    assert!(
+        text.ends_with("Prices exclude tax.\n\nPage footer\n\nConfidential"),
+        "notes, then footers and headers: {text}"
+    );
 
     let rebuilt = rebuild_in_child(&sandbox(), DocType::Docx, original.clone().into(), &paragraphs).await.unwrap();
     // It opens as a Word file whose text is the translation, paragraph by paragraph.
@@ -166,6 +172,8 @@ async fn a_translated_word_file_comes_back_whole_with_every_paragraph_in_place()
     );
     let notes = String::from_utf8(entry(&mut archive, "word/footnotes.xml")).unwrap();
     assert!(notes.contains("[de] Prices exclude tax."), "{notes}");
+    let header = String::from_utf8(entry(&mut archive, "word/header1.xml")).unwrap();
+    assert!(header.contains("<w:t>[de] Confidential</w:t>"), "headers are translated too: {header}");
 
     // A translation that lost a paragraph is not forced into the file.
     let error = rebuild_in_child(&sandbox(), DocType::Docx, original.into(), &paragraphs[1..]).await.unwrap_err();

@@ -74,8 +74,8 @@ pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
         }
     }
     let mut blocks = Vec::new();
-    for part in text_parts(flavour) {
-        if let Some(xml) = read_entry(&mut archive, part, &mut budget)? {
+    for part in text_parts(flavour, &archive) {
+        if let Some(xml) = read_entry(&mut archive, &part, &mut budget)? {
             blocks.extend(paragraphs(flavour, &xml)?.into_iter().map(|(_, block)| block));
         }
     }
@@ -366,11 +366,30 @@ pub fn odt_blocks(xml: &[u8]) -> Result<Vec<Block>, String> {
     Ok(paragraphs(Flavour::OpenDocument, xml)?.into_iter().map(|(_, block)| block).collect())
 }
 
-/// The parts whose paragraphs are the document's text, in its order.
-fn text_parts(flavour: Flavour) -> &'static [&'static str] {
+/// The parts whose paragraphs are the document's text, in its order: Word's body, its notes,
+/// then its headers and footers by name; OpenDocument's content.
+fn text_parts<R: Read + std::io::Seek>(flavour: Flavour, archive: &zip::ZipArchive<R>) -> Vec<String> {
     match flavour {
-        Flavour::Word => &["word/document.xml", "word/footnotes.xml", "word/endnotes.xml"],
-        Flavour::OpenDocument => &["content.xml"],
+        Flavour::Word => {
+            let mut around: Vec<String> = archive
+                .file_names()
+                .flatten()
+                .filter(|name| {
+                    let file = name.strip_prefix("word/").unwrap_or("");
+                    (file.starts_with("header") || file.starts_with("footer"))
+                        && file.ends_with(".xml")
+                        && !file.contains('/')
+                })
+                .map(|name| name.into_owned())
+                .collect();
+            around.sort();
+            ["word/document.xml", "word/footnotes.xml", "word/endnotes.xml"]
+                .into_iter()
+                .map(String::from)
+                .chain(around)
+                .collect()
+        }
+        Flavour::OpenDocument => vec!["content.xml".into()],
     }
 }
 
@@ -399,8 +418,8 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
     let mut budget = MAX_TOTAL_BYTES;
     let mut rewritten = Vec::new();
     let mut next = 0usize;
-    for part in text_parts(flavour) {
-        let Some(xml) = read_entry(&mut archive, part, &mut budget)? else { continue };
+    for part in text_parts(flavour, &archive) {
+        let Some(xml) = read_entry(&mut archive, &part, &mut budget)? else { continue };
         let found = paragraphs(flavour, &xml)?;
         let mut by_start = std::collections::HashMap::new();
         for (start, block) in found {
@@ -408,7 +427,8 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
             by_start.insert(start, without_marker(block.kind, text).to_string());
             next += 1;
         }
-        rewritten.push((*part, rewrite(flavour, &xml, &by_start)?));
+        let xml = rewrite(flavour, &xml, &by_start)?;
+        rewritten.push((part, xml));
     }
     if next != translated.len() {
         return Err(format!(
