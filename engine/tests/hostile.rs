@@ -115,6 +115,30 @@ async fn the_sandbox_enforces_wall_clock_cpu_and_output_limits() {
     assert_eq!(error.class, ErrorClass::ServerError, "our own fault is transient, not the user's");
 }
 
+/// Run the waiting jobs with the local provider and the sandboxed reader until `jobs` have
+/// ended (done or failed); whether they did within 90 s.
+async fn run_until_ended(pool: &PgPool, blobs: &Blobs, jobs: i64) -> bool {
+    let processor = DocumentProcessor {
+        blobs: blobs.clone(),
+        provider: providers::build(&ProviderConfig::default()),
+        sandbox: Arc::new(sandbox()),
+        stages: engine::queue::stages::StageLog::new(pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
+        settle_held: None,
+    };
+    let workers =
+        WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));
+    let all_ended = wait_for(Duration::from_secs(90), || async {
+        count_in_state(pool, JobState::Done).await + count_in_state(pool, JobState::Failed).await == jobs
+    })
+    .await;
+    workers.shutdown().await;
+    all_ended
+}
+
 async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &[u8]) -> uuid::Uuid {
     let chunks = bytes.chunks(64 * 1024).map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)));
     let stored = intake::receive(blobs, intake::UploadCheck::new(Some(name), 64 << 20), futures::stream::iter(chunks))
@@ -154,25 +178,7 @@ async fn hostile_jobs_fail_refunded_up_to_the_daily_allowance_while_another_user
     {
         honest.push(submit(&pool, &blobs, alice.id, &format!("honest-{i}"), bytes).await);
     }
-    let processor = DocumentProcessor {
-        blobs: blobs.clone(),
-        provider: providers::build(&ProviderConfig::default()),
-        sandbox: Arc::new(sandbox()),
-        stages: engine::queue::stages::StageLog::new(pool.clone()),
-        budget: engine::queue::capacity::Budget::disabled(),
-        context_tokens: None,
-        parts: engine::queue::parts::PartStore::disabled(),
-        max_document_tokens: None,
-        settle_held: None,
-    };
-    let workers =
-        WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));
-    let all_ended = wait_for(Duration::from_secs(90), || async {
-        count_in_state(&pool, JobState::Done).await + count_in_state(&pool, JobState::Failed).await == 6
-    })
-    .await;
-    workers.shutdown().await;
-    assert!(all_ended, "every job ended");
+    assert!(run_until_ended(&pool, &blobs, 6).await, "every job ended");
 
     let mut charged = 0;
     let mut refunded = 0;
@@ -396,25 +402,7 @@ async fn word_files_and_pages_are_done_and_crafted_ones_fail_in_plain_words(pool
     for (name, bytes) in &crafted {
         failed.push(submit(&pool, &blobs, user.id, name, bytes).await);
     }
-    let processor = DocumentProcessor {
-        blobs: blobs.clone(),
-        provider: providers::build(&ProviderConfig::default()),
-        sandbox: Arc::new(sandbox()),
-        stages: engine::queue::stages::StageLog::new(pool.clone()),
-        budget: engine::queue::capacity::Budget::disabled(),
-        context_tokens: None,
-        parts: engine::queue::parts::PartStore::disabled(),
-        max_document_tokens: None,
-        settle_held: None,
-    };
-    let workers =
-        WorkerPool::start(pool.clone(), fast_worker("office", 4), Arc::new(processor), Arc::new(AccountHooks));
-    let all_ended = wait_for(Duration::from_secs(90), || async {
-        count_in_state(&pool, JobState::Done).await + count_in_state(&pool, JobState::Failed).await == 5
-    })
-    .await;
-    workers.shutdown().await;
-    assert!(all_ended, "every job ended");
+    assert!(run_until_ended(&pool, &blobs, 5).await, "every job ended");
     for (id, words) in done.iter().zip(["supplier", "button", "rained"]) {
         let job = engine::queue::get(&pool, *id).await.unwrap();
         assert_eq!(job.state, JobState::Done, "{:?}", job.failure_reason);

@@ -390,8 +390,7 @@ pub async fn get_original(
 )]
 pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
     let markdown = done_result(&job)?["markdown"].as_str().unwrap_or_default().to_string();
-    let stem = document_of(&job).ok().and_then(|d| d.name).unwrap_or_else(|| "document".into());
-    let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
+    let stem = name_stem(document_of(&job).ok().and_then(|d| d.name));
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-result.md"), markdown.into_bytes()))
 }
 
@@ -444,10 +443,14 @@ pub async fn get_translated_file(
     let file = engine::documents::sandbox::rebuild_in_child(&reader, document.doc_type, original, &paragraphs)
         .await
         .map_err(|e| AppError::CannotRebuild { message: e.message })?;
-    let stem = document.name.clone().unwrap_or_else(|| "document".into());
-    let stem = stem.rsplit_once('.').map(|(s, _)| s.to_string()).unwrap_or(stem);
-    let name = format!("{stem}-translated.{}", document.doc_type.extension());
+    let name = format!("{}-translated.{}", name_stem(document.name.clone()), document.doc_type.extension());
     Ok(download(document.doc_type.mime(), &name, file))
+}
+
+/// A download's name without its extension: the user's file name's, or "document".
+fn name_stem(name: Option<String>) -> String {
+    let name = name.unwrap_or_else(|| "document".into());
+    name.rsplit_once('.').map(|(stem, _)| stem.to_string()).unwrap_or(name)
 }
 
 /// The token a webhook request is about: it must come with one (a session has no token).
