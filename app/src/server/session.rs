@@ -34,7 +34,14 @@ pub struct ServerContext {
     pub line: Arc<engine::queue::SharedLine>,
     /// Who tokens and sessions belong to, for a few seconds ([`engine::accounts::auth_cache`]).
     pub auth: Arc<AuthCache>,
+    /// Translated files being rebuilt for download at once (each holds its document in memory
+    /// and a reader child); past them, 503 with Retry-After, so downloads never crowd out the
+    /// workers' readers or the memory.
+    pub rebuilds: Arc<tokio::sync::Semaphore>,
 }
+
+/// Translated files rebuilt for download at once, per process.
+pub const REBUILDS_AT_ONCE: usize = 2;
 
 /// The process's cache of tokens, sessions (the session store's records) and users.
 pub type AuthCache = engine::accounts::auth_cache::AuthCache<tower_sessions::session::Record>;
@@ -79,6 +86,7 @@ impl ServerContext {
             uploads_by_holder: Default::default(),
             line: Default::default(),
             auth: AuthCache::new(settings_auth_lifetime),
+            rebuilds: Arc::new(tokio::sync::Semaphore::new(REBUILDS_AT_ONCE)),
         }
     }
 

@@ -104,7 +104,7 @@ impl TokenSink for Sink {
                     "script" => Some(RawKind::ScriptData),
                     "style" | "xmp" | "iframe" | "noembed" | "noframes" => Some(RawKind::Rawtext),
                     "title" | "textarea" => Some(RawKind::Rcdata),
-                    "template" | "svg" | "math" => None,
+                    "template" => None,
                     _ => {
                         match name {
                             "br" => walk.current.text.push('\n'),

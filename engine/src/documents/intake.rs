@@ -16,7 +16,7 @@ use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use crate::error::{EngineError, Result};
 use crate::webhooks::completion::Callback;
 use crate::Preset;
-use sluice_types::capacity::{self, SizeKind};
+use sluice_types::capacity;
 use sluice_types::settlement;
 
 /// Checks an upload chunk by chunk, so a refusal comes as soon as the bytes decide it.
@@ -76,12 +76,13 @@ impl UploadCheck {
         self
     }
 
-    /// `TooManyTokens` once a text's tokens, as counted so far, are past the document ceiling.
+    /// `TooManyTokens` once a text's tokens, as counted so far, are past the document ceiling
+    /// (a page's markup counts too, so its text is checked once read instead).
     fn check_context(&self) -> Result<()> {
-        let (Some(ceiling), Some(kind)) = (self.max_document_tokens, self.doc_type.map(size_kind)) else {
+        let (Some(ceiling), Some(doc_type)) = (self.max_document_tokens, self.doc_type) else {
             return Ok(());
         };
-        if kind == SizeKind::Text && self.tally.so_far() + capacity::PROMPT_OVERHEAD_TOKENS > ceiling {
+        if doc_type.is_text() && self.tally.so_far() + capacity::PROMPT_OVERHEAD_TOKENS > ceiling {
             return Err(EngineError::TooManyTokens { max_tokens: ceiling });
         }
         Ok(())
@@ -106,6 +107,8 @@ impl UploadCheck {
                 }
             }
             Some(doc_type) if doc_type.is_text() => self.check_text(chunk)?,
+            // A page is read in the sandbox, but its tokens are counted as they come.
+            Some(DocType::Html) => self.tally.push(chunk),
             Some(_) => {}
         }
         Ok(())
@@ -115,11 +118,19 @@ impl UploadCheck {
     fn decide(&mut self) -> Result<()> {
         let doc_type = sniff(&self.head).map_err(EngineError::UnsupportedType)?;
         let undecided = std::mem::take(&mut self.undecided);
+        self.doc_type = Some(doc_type);
         if doc_type.is_text() {
             self.check_text(&undecided)?;
+        } else if doc_type == DocType::Html {
+            self.tally.push(&undecided);
         }
-        self.doc_type = Some(doc_type);
         self.check_context()
+    }
+
+    /// Whether this upload's tokens are counted as it streams in: a text's, and a page's
+    /// (markup and all: more than its text, so a safe price to hold until it is read).
+    fn counts_tokens(&self) -> bool {
+        self.doc_type.is_some_and(|t| t.is_text() || t == DocType::Html)
     }
 
     /// Text must be UTF-8 to its last byte and carry no markup anywhere.
@@ -141,12 +152,15 @@ impl UploadCheck {
             self.decide()?;
         }
         let doc_type = self.doc_type.expect("decided above");
-        let tokens = if !doc_type.is_text() {
+        let tokens = if !self.counts_tokens() {
             None
         } else {
-            self.utf8.finish().map_err(EngineError::UnsupportedType)?;
+            if doc_type.is_text() {
+                self.utf8.finish().map_err(EngineError::UnsupportedType)?;
+            }
             let tokens = std::mem::take(&mut self.tally).finish();
-            if let Some(ceiling) = self.max_document_tokens.filter(|c| tokens + capacity::PROMPT_OVERHEAD_TOKENS > *c) {
+            let ceiling = self.max_document_tokens.filter(|_| doc_type.is_text());
+            if let Some(ceiling) = ceiling.filter(|c| tokens + capacity::PROMPT_OVERHEAD_TOKENS > *c) {
                 return Err(EngineError::TooManyTokens { max_tokens: ceiling });
             }
             Some(tokens)
@@ -497,7 +511,8 @@ mod tests {
         assert!(matches!(check_in_chunks(b"<svg><script>x()</script>", 4, 100), Err(EngineError::UnsupportedType(_))));
         // A page is taken as it comes (read in the sandbox): no text checks, no tokens counted.
         let page = check_in_chunks(b"<html><body>\xff<script>", 4, 100).unwrap();
-        assert_eq!((page.doc_type, page.tokens), (DocType::Html, None));
+        assert_eq!(page.doc_type, DocType::Html);
+        assert!(page.tokens.is_some_and(|t| t > 0), "its tokens, markup and all, are counted for its price");
         let late_svg = format!("{}\n<svg onload=alert(1)>", "plain notes ".repeat(2000));
         assert!(matches!(check_in_chunks(late_svg.as_bytes(), 4096, 1 << 20), Err(EngineError::UnsupportedType(_))));
         let pdf = check_in_chunks(b"%PDF-1.7\n\xff\xfe binary", 5, 100).unwrap();

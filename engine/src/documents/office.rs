@@ -22,8 +22,9 @@ pub const MAX_TOTAL_BYTES: u64 = 128 << 20;
 /// The most one entry may inflate per compressed byte once past [`RATIO_FLOOR`] (honest XML
 /// stays well under 100).
 pub const MAX_RATIO: u64 = 200;
-/// Below this many inflated bytes an entry's ratio is not looked at (a tiny file may inflate a lot).
-const RATIO_FLOOR: u64 = 1 << 20;
+/// Below this many inflated bytes an entry's ratio is not looked at (a tiny part, a few
+/// styles, may inflate a lot); kept small, since the text is priced only once read.
+const RATIO_FLOOR: u64 = 64 << 10;
 /// The deepest the XML may nest (tables in tables in text boxes stay far below).
 pub const MAX_DEPTH: usize = 256;
 
@@ -244,19 +245,36 @@ enum Meaning {
 enum PartReader {
     /// A Word part: only text inside `w:t` runs counts.
     Word { in_text: bool },
-    /// OpenDocument's `content.xml`: how deep in list items.
-    OpenDocument { in_list_item: usize },
+    /// OpenDocument's `content.xml`: how deep in list items, and how deep inside what is not
+    /// the document's text (a comment with its author and date, a note's citation number).
+    OpenDocument { in_list_item: usize, skipping: usize },
 }
 
 impl PartReader {
     fn for_flavour(flavour: Flavour) -> PartReader {
         match flavour {
             Flavour::Word => PartReader::Word { in_text: false },
-            Flavour::OpenDocument => PartReader::OpenDocument { in_list_item: 0 },
+            Flavour::OpenDocument => PartReader::OpenDocument { in_list_item: 0, skipping: 0 },
         }
     }
 
     fn meaning(&mut self, step: &XmlStep<'_>) -> Meaning {
+        if let PartReader::OpenDocument { skipping, .. } = self {
+            let not_text = matches!(step, XmlStep::Open(e, false)
+                if matches!(e.local_name().as_ref(), b"annotation" | b"note-citation"));
+            match step {
+                XmlStep::Open(_, false) if *skipping > 0 || not_text => {
+                    *skipping += 1;
+                    return Meaning::Nothing;
+                }
+                XmlStep::Close(_) if *skipping > 0 => {
+                    *skipping -= 1;
+                    return Meaning::Nothing;
+                }
+                _ if *skipping > 0 => return Meaning::Nothing,
+                _ => {}
+            }
+        }
         match (self, step) {
             (PartReader::Word { in_text }, XmlStep::Open(e, empty)) => match e.local_name().as_ref() {
                 b"p" if !empty => Meaning::Start(BlockKind::Paragraph),
@@ -289,7 +307,7 @@ impl PartReader {
                 _ => Meaning::Nothing,
             },
             (PartReader::Word { in_text: true }, XmlStep::Text(text)) => Meaning::Text(text.to_string()),
-            (PartReader::OpenDocument { in_list_item }, XmlStep::Open(e, empty)) => match e.local_name().as_ref() {
+            (PartReader::OpenDocument { in_list_item, .. }, XmlStep::Open(e, empty)) => match e.local_name().as_ref() {
                 b"p" if !empty => {
                     Meaning::Start(if *in_list_item > 0 { BlockKind::ListItem } else { BlockKind::Paragraph })
                 }
@@ -309,7 +327,7 @@ impl PartReader {
                 b"line-break" => Meaning::Text("\n".into()),
                 _ => Meaning::Nothing,
             },
-            (PartReader::OpenDocument { in_list_item }, XmlStep::Close(name)) => match *name {
+            (PartReader::OpenDocument { in_list_item, .. }, XmlStep::Close(name)) => match *name {
                 b"p" | b"h" => Meaning::End,
                 b"list-item" => {
                     *in_list_item = in_list_item.saturating_sub(1);
@@ -345,8 +363,13 @@ fn paragraphs(flavour: Flavour, xml: &[u8]) -> Result<Vec<(usize, Block)>, Strin
             }
         }
         Meaning::End => {
-            if let Some(paragraph) = open.pop().filter(|(_, b)| !b.text.trim().is_empty()) {
-                done.push(paragraph);
+            if let Some((start, block)) = open.pop() {
+                // A paragraph is one paragraph to the provider: no blank line inside it (two
+                // line breaks in a row) may split it in two.
+                let text = block.text.split('\n').filter(|line| !line.trim().is_empty()).collect::<Vec<_>>().join("\n");
+                if !text.trim().is_empty() {
+                    done.push((start, Block { text, ..block }));
+                }
             }
         }
         Meaning::Nothing => {}
@@ -456,6 +479,13 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
     Ok(out.finish().map_err(|_| "the new file could not be written".to_string())?.into_inner())
 }
 
+/// Pure: `text` escaped for XML, without the characters XML cannot hold (control characters a
+/// provider's answer may carry), so the rebuilt part stays well-formed.
+fn xml_text(text: &str) -> String {
+    let allowed = text.chars().filter(|c| matches!(c, '\t' | '\n' | '\r') || !c.is_control());
+    quick_xml::escape::escape(allowed.collect::<String>().as_str()).into_owned()
+}
+
 fn too_few(paragraphs: usize) -> String {
     format!("the translation has {paragraphs} paragraphs, fewer than the document; download the Markdown instead")
 }
@@ -489,7 +519,7 @@ fn rewrite(
                 Some((start, written)) => match by_start.get(start) {
                     Some(text) if !*written => {
                         *written = true;
-                        Some(Event::Text(quick_xml::events::BytesText::new(text)))
+                        Some(Event::Text(quick_xml::events::BytesText::from_escaped(xml_text(text))))
                     }
                     Some(_) => None,
                     None => Some(event.borrow()),
@@ -535,6 +565,22 @@ mod tests {
         </office:text></office:body></office:document-content>"#;
         let blocks: Vec<String> = odt_blocks(xml).unwrap().iter().map(Block::markdown).collect();
         assert_eq!(blocks, ["# Title", "a   bc", "- item"]);
+    }
+
+    #[test]
+    fn a_blank_line_inside_a_paragraph_does_not_split_it_and_comments_are_not_text() {
+        let word = br#"<w:p><w:r><w:t>A</w:t><w:br/><w:br/><w:t>B</w:t></w:r></w:p>"#;
+        assert_eq!(word_blocks(word).unwrap()[0].text, "A\nB");
+        let odt = br#"<text:p><office:annotation><dc:creator>Ann</dc:creator><dc:date>2024-01-01</dc:date>
+            <text:p>a comment</text:p></office:annotation>Hello<text:note><text:note-citation>1</text:note-citation>
+            <text:note-body><text:p>the note</text:p></text:note-body></text:note><text:line-break/><text:line-break/>world</text:p>"#;
+        let blocks: Vec<String> = odt_blocks(odt).unwrap().into_iter().map(|b| b.text).collect();
+        assert_eq!(blocks, ["the note", "Hello\nworld"]);
+    }
+
+    #[test]
+    fn a_provider_answer_with_control_characters_stays_well_formed_xml() {
+        assert_eq!(xml_text("a\u{1}b <c> & \t"), "ab &lt;c&gt; &amp; \t");
     }
 
     #[test]

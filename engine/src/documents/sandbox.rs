@@ -190,10 +190,13 @@ pub async fn rebuild_in_child(
     input.extend_from_slice(&original);
     // The new file is about as large as the old one and its new text.
     let limit = config.max_output_bytes.max(2 * input.len() + (1 << 20));
-    let output = run_reader(config, arg, input.into(), limit).await?;
-    match output.split_first() {
-        Some((b'F', file)) => Ok(file.to_vec()),
-        Some((b'R', reason)) => Err(invalid(String::from_utf8_lossy(reason).into_owned())),
+    let mut output = run_reader(config, arg, input.into(), limit).await?;
+    match output.first() {
+        Some(b'F') => {
+            output.remove(0);
+            Ok(output)
+        }
+        Some(b'R') => Err(invalid(String::from_utf8_lossy(&output[1..]).into_owned())),
         _ => Err(invalid(TOO_COMPLEX)),
     }
 }

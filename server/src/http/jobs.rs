@@ -361,13 +361,7 @@ pub async fn get_original(
         return Err(AppError::Deleted.into());
     }
     let document = document_of(&job)?;
-    if caller.id != job.owner_id {
-        // An admin opening a user's document (to see why it failed) is on the record.
-        let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
-        let subject = format!("job {}", job.id);
-        engine::audit::audit(&mut conn, &caller.email, "download_original", Some(&subject), job.state.as_str(), "")
-            .await?;
-    }
+    audit_if_not_the_owner(&state, &caller, &job, "download_original").await?;
     // Streamed from storage: memory per download is a chunk, not the document.
     let chunks = state.ctx.blobs.stream(&document.key).await?;
     let stem = document.name.clone().unwrap_or_else(|| format!("document.{}", document.doc_type.extension()));
@@ -416,7 +410,7 @@ pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Respo
 )]
 pub async fn get_translated_file(
     State(state): State<AppState>,
-    VisibleJob(job, _): VisibleJob,
+    VisibleJob(job, caller): VisibleJob,
 ) -> Result<Response, ApiError> {
     let result = done_result(&job)?;
     let spec = serde_json::from_value::<DocumentJob>(job.payload.clone()).map_err(|_| ApiError(AppError::NotFound))?;
@@ -428,6 +422,9 @@ pub async fn get_translated_file(
         .into());
     }
     let reader = state.ctx.settings.document_reader.clone().ok_or_else(AppError::unavailable)?;
+    // Taken before the document is read into memory: a flood of downloads waits outside.
+    let _turn = state.ctx.rebuilds.clone().try_acquire_owned().map_err(|_| AppError::Busy { retry_after_secs: 5 })?;
+    audit_if_not_the_owner(&state, &caller, &job, "download_translated").await?;
     let original = match state.ctx.blobs.get(&document.key).await {
         Ok(bytes) => bytes,
         Err(engine::EngineError::NotFound) => return Err(AppError::Gone.into()),
@@ -442,9 +439,23 @@ pub async fn get_translated_file(
         .collect();
     let file = engine::documents::sandbox::rebuild_in_child(&reader, document.doc_type, original, &paragraphs)
         .await
-        .map_err(|e| AppError::CannotRebuild { message: e.message })?;
+        .map_err(|e| match e.class {
+            engine::queue::policy::retry::ErrorClass::InvalidInput => AppError::CannotRebuild { message: e.message },
+            _ => AppError::Internal,
+        })?;
     let name = format!("{}-translated.{}", name_stem(document.name.clone()), document.doc_type.extension());
     Ok(download(document.doc_type.mime(), &name, file))
+}
+
+/// An admin opening a user's document (to see why it failed, or its translated file) is on
+/// the record.
+async fn audit_if_not_the_owner(state: &AppState, caller: &User, job: &JobView, action: &str) -> Result<(), ApiError> {
+    if caller.id != job.owner_id {
+        let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
+        let subject = format!("job {}", job.id);
+        engine::audit::audit(&mut conn, &caller.email, action, Some(&subject), job.state.as_str(), "").await?;
+    }
+    Ok(())
 }
 
 /// A download's name without its extension: the user's file name's, or "document".
