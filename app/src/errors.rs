@@ -53,9 +53,10 @@ pub enum AppError {
     /// Deleting a job that has not ended.
     #[error("the job has not ended (it is {state}); cancel it first")]
     NotEnded { state: String },
-    /// A translated file cannot be rebuilt in its format (its paragraphs do not line up).
+    /// A download that cannot be made from what the job holds: a translated file whose
+    /// paragraphs do not line up, parts of a job with none answered.
     #[error("{message}")]
-    CannotRebuild { message: String },
+    CannotDownload { message: String },
     /// A job's document is no longer kept (retention), so it cannot be run again.
     #[error("the original document is no longer kept; upload it again")]
     Gone,
@@ -108,7 +109,7 @@ impl AppError {
             | AppError::AlreadyEnded { .. }
             | AppError::NotEnded { .. }
             | AppError::NotRetrying { .. }
-            | AppError::CannotRebuild { .. } => 409,
+            | AppError::CannotDownload { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::Gone | AppError::Deleted => 410,
             AppError::TooLarge { .. }

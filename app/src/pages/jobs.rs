@@ -586,6 +586,20 @@ pub fn JobPage() -> impl IntoView {
                                     .and_then(|r| r["markdown"].as_str().map(str::to_string));
                                 let html = d.result_html.clone().unwrap_or_default();
                                 let cost = cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens);
+                                // A long document's answered parts, to read before it ends (or after it failed).
+                                let parts_so_far = job
+                                    .parts
+                                    .filter(|p| p.done > 0 && !deleted && matches!(job.state, JobState::Running | JobState::Retrying | JobState::Queued | JobState::Failed))
+                                    .map(|p| {
+                                        let words = if p.done == 1 { "the 1 part done".to_string() } else { format!("the {} parts done", p.done) };
+                                        view! {
+                                            <p class="downloads">
+                                                <a class="button" data-testid="parts-so-far" href=format!("/api/v1/jobs/{}/parts.md", job.id) download>
+                                                    {format!("Download {words} so far")}
+                                                </a>
+                                            </p>
+                                        }
+                                    });
                                 view! {
                                     <h1 class="file-name">{name}</h1>
                                     <p class="job-state">
@@ -595,6 +609,7 @@ pub fn JobPage() -> impl IntoView {
                                         <RetryNowButton job=job.clone() done=Callback::new(move |_| detail.refetch())/>
                                     </p>
                                     <p class="cost" data-testid="cost">{cost}</p>
+                                    {parts_so_far}
                                     {markdown.map(|m| view! {
                                         <div class="card-head">
                                             <h2>"Result"</h2>

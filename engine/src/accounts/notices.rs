@@ -41,6 +41,21 @@ pub fn refund_message(reason: Option<&str>, cost: i32, refunded: i64, charged_be
     }
 }
 
+/// Pure: what a failed document done in parts keeps for its owner: the parts answered, and
+/// the first part that was not (none when nothing was answered).
+pub fn parts_kept_message(answered: i64, total: i64, first_missing: Option<i32>) -> Option<String> {
+    let which = match (first_missing, total - answered) {
+        (Some(idx), 1) => format!("Part {} of {total} was not done; ", idx + 1),
+        (Some(idx), more) if more > 1 => format!("Part {} of {total} and {} more were not done; ", idx + 1, more - 1),
+        _ => String::new(),
+    };
+    match answered {
+        n if n <= 0 || total <= 0 => None,
+        1 => Some(format!("{which}the 1 part done can be downloaded from its page while its document is kept.")),
+        n => Some(format!("{which}the {n} parts done can be downloaded from its page while its document is kept.")),
+    }
+}
+
 /// Tell the owner a job failed (and what was refunded), once per job whatever races.
 pub async fn add_refund_notice(
     conn: &mut PgConnection,
@@ -49,13 +64,24 @@ pub async fn add_refund_notice(
     charged_because: Option<String>,
 ) -> Result<(), sqlx::Error> {
     let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str());
+    let mut message = refund_message(reason, job.cost, refunded, charged_because.as_deref());
+    let (answered, total, first_missing): (i64, i64, Option<i32>) = sqlx::query_as(
+        "SELECT count(output), count(*), min(idx) FILTER (WHERE output IS NULL) FROM job_parts
+         WHERE job_id = $1 AND level = 0",
+    )
+    .bind(job.id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if let Some(kept) = parts_kept_message(answered, total, first_missing) {
+        message = format!("{message} {kept}");
+    }
     sqlx::query(
         "INSERT INTO notices (user_id, job_id, kind, message) VALUES ($1, $2, 'refund', $3)
          ON CONFLICT (job_id) WHERE kind = 'refund' DO NOTHING",
     )
     .bind(job.owner_id)
     .bind(job.id)
-    .bind(refund_message(reason, job.cost, refunded, charged_because.as_deref()))
+    .bind(message)
     .execute(conn)
     .await?;
     Ok(())
@@ -146,7 +172,18 @@ pub async fn mark_read(pool: &PgPool, user_id: i64, id: Option<i64>) -> Result<u
 
 #[cfg(test)]
 mod tests {
-    use super::refund_message;
+    use super::{parts_kept_message, refund_message};
+
+    #[test]
+    fn a_failed_document_in_parts_says_where_it_stopped_and_what_can_be_downloaded() {
+        assert_eq!(
+            parts_kept_message(6, 12, Some(6)).as_deref(),
+            Some("Part 7 of 12 and 5 more were not done; the 6 parts done can be downloaded from its page while its document is kept.")
+        );
+        assert!(parts_kept_message(1, 2, Some(1)).unwrap().starts_with("Part 2 of 2 was not done; the 1 part done"));
+        assert_eq!(parts_kept_message(0, 12, Some(0)), None, "nothing answered, nothing to say");
+        assert_eq!(parts_kept_message(0, 0, None), None, "not done in parts");
+    }
 
     #[test]
     fn refund_messages_count_credits_in_words() {

@@ -65,6 +65,31 @@ pub struct NewPart {
     pub est_tokens: i64,
 }
 
+/// The answered parts of a document's own text, by their index, and how many it has.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AnsweredSoFar {
+    pub total: usize,
+    pub answered: Vec<(i32, String)>,
+}
+
+impl AnsweredSoFar {
+    /// Pure: the answers in order, a line in place of each part not answered (yet).
+    pub fn markdown(&self) -> String {
+        let mut next = self.answered.iter().peekable();
+        let mut pieces = Vec::new();
+        for idx in 0..self.total as i32 {
+            match next.peek() {
+                Some((at, answer)) if *at == idx => {
+                    pieces.push(answer.trim().to_string());
+                    next.next();
+                }
+                _ => pieces.push(format!("*[part {} of {} is not done]*", idx + 1, self.total)),
+            }
+        }
+        pieces.join("\n\n")
+    }
+}
+
 /// Reads and writes a job's parts. Disabled (no database) it stores nothing, and documents
 /// over one call fail as before.
 #[derive(Clone)]
@@ -364,4 +389,30 @@ pub(crate) async fn requeue(
         super::notify_workers(tx).await?;
     }
     Ok(moved)
+}
+
+/// What is answered so far of `job`'s own text (level 0), to read while the rest runs or
+/// after it failed (until its parts go with its replay window).
+pub async fn answered_so_far(pool: &PgPool, job: Uuid) -> Result<AnsweredSoFar> {
+    let rows: Vec<(i32, Option<String>)> =
+        sqlx::query_as("SELECT idx, output FROM job_parts WHERE job_id = $1 AND level = 0 ORDER BY idx")
+            .bind(job)
+            .fetch_all(pool)
+            .await?;
+    Ok(AnsweredSoFar {
+        total: rows.len(),
+        answered: rows.into_iter().filter_map(|(idx, output)| Some((idx, output?))).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AnsweredSoFar;
+
+    #[test]
+    fn parts_not_done_are_marked_in_their_place() {
+        let so_far = AnsweredSoFar { total: 4, answered: vec![(0, "One.\n".into()), (2, "Three.".into())] };
+        assert_eq!(so_far.markdown(), "One.\n\n*[part 2 of 4 is not done]*\n\nThree.\n\n*[part 4 of 4 is not done]*");
+        assert_eq!(AnsweredSoFar::default().markdown(), "");
+    }
 }

@@ -28,6 +28,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::get_result))
         .routes(routes!(jobs::get_result_markdown))
         .routes(routes!(jobs::get_translated_file))
+        .routes(routes!(jobs::get_parts_so_far))
         .routes(routes!(jobs::get_original))
         .routes(routes!(jobs::put_webhook, jobs::delete_webhook))
 }

@@ -440,11 +440,40 @@ pub async fn get_translated_file(
     let file = engine::documents::sandbox::rebuild_in_child(&reader, document.doc_type, original, &paragraphs)
         .await
         .map_err(|e| match e.class {
-            engine::queue::policy::retry::ErrorClass::InvalidInput => AppError::CannotRebuild { message: e.message },
+            engine::queue::policy::retry::ErrorClass::InvalidInput => AppError::CannotDownload { message: e.message },
             _ => AppError::Internal,
         })?;
     let name = format!("{}-translated.{}", name_stem(document.name.clone()), document.doc_type.extension());
     Ok(download(document.doc_type.mime(), &name, file))
+}
+
+/// `GET /api/v1/jobs/{id}/parts.md`: what is answered so far of a document done in parts, as
+/// a Markdown attachment: while the rest runs (a translation's first chapters), or after it
+/// failed (until its replay window ends), each part not done marked in its place.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}/parts.md",
+    tag = "jobs",
+    params(("id" = String, Path, description = JOB_ID)),
+    responses(
+        (status = 200, description = "The parts answered so far, in order, as a Markdown attachment", content_type = "text/markdown"),
+        (status = 409, description = "Not done in parts, or no part answered yet", body = ErrorBody),
+        (status = 410, description = "Deleted by its owner", body = ErrorBody),
+        NotYours,
+        Common,
+    )
+)]
+pub async fn get_parts_so_far(State(state): State<AppState>, VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
+    if job.deleted_at.is_some() {
+        return Err(AppError::Deleted.into());
+    }
+    let so_far = engine::queue::parts::answered_so_far(&state.ctx.pool, job.id).await?;
+    if so_far.answered.is_empty() {
+        let why = if so_far.total == 0 { "it is not done in parts" } else { "no part is done yet" };
+        return Err(AppError::CannotDownload { message: format!("nothing to download: {why}") }.into());
+    }
+    let stem = name_stem(document_of(&job).ok().and_then(|d| d.name));
+    Ok(download("text/markdown; charset=utf-8", &format!("{stem}-parts-so-far.md"), so_far.markdown().into_bytes()))
 }
 
 /// An admin opening a user's document (to see why it failed, or its translated file) is on

@@ -95,7 +95,7 @@ pub fn is_transfer(path: &str) -> bool {
     path == "/api/v1/jobs"
         || path == "/api/upload_document"
         || (path.starts_with("/api/v1/jobs/")
-            && ["/result", "/result.md", "/translated", "/original"].iter().any(|end| path.ends_with(end)))
+            && ["/result", "/result.md", "/translated", "/parts.md", "/original"].iter().any(|end| path.ends_with(end)))
 }
 
 /// 408 for a request (a slow client's included) that takes longer than `timeout`, except

@@ -32,6 +32,7 @@ async fn the_openapi_document_is_served_and_every_operation_it_describes_is_rout
         ("DELETE", "/api/v1/webhook"),
         ("GET", "/api/v1/jobs/{id}"),
         ("GET", "/api/v1/jobs/{id}/original"),
+        ("GET", "/api/v1/jobs/{id}/parts.md"),
         ("GET", "/api/v1/jobs/{id}/result"),
         ("GET", "/api/v1/jobs/{id}/result.md"),
         ("GET", "/api/v1/jobs/{id}/translated"),

@@ -146,3 +146,37 @@ async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph
     let summarized = client.get(app.url(&path(&summary))).bearer_auth(&token).send().await.unwrap();
     assert_eq!(summarized.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
+
+/// A document done in parts can be read before it ends (or after it failed): the parts
+/// answered so far, in order, each part not done marked in its place.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_parts_answered_so_far_download_in_order_with_the_rest_marked(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("parts@example.com", 5, 5).await;
+    let (_, other) = app.user_with_token("someone@example.com", 5, 5).await;
+    let job: serde_json::Value = app.upload(&token, doc(1), None).await.json().await.unwrap();
+    let id: uuid::Uuid = job["id"].as_str().unwrap().parse().unwrap();
+    let path = format!("/api/v1/jobs/{id}/parts.md");
+    let client = reqwest::Client::new();
+    let none = client.get(app.url(&path)).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(none.status(), StatusCode::CONFLICT, "not done in parts");
+
+    // Split in four; the second and the fourth answered so far (parts run side by side).
+    sqlx::query(
+        "INSERT INTO job_parts (job_id, level, idx, body, est_tokens, output)
+         SELECT $1, 0, i, 'text', 10, CASE WHEN i IN (1, 3) THEN 'Chapter ' || (i + 1) || ' translated.' END
+         FROM generate_series(0, 3) i",
+    )
+    .bind(id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let so_far = client.get(app.url(&path)).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(so_far.status(), StatusCode::OK);
+    assert!(so_far.headers()["content-disposition"].to_str().unwrap().contains("-parts-so-far.md"));
+    assert_eq!(
+        so_far.text().await.unwrap(),
+        "*[part 1 of 4 is not done]*\n\nChapter 2 translated.\n\n*[part 3 of 4 is not done]*\n\nChapter 4 translated."
+    );
+    assert_eq!(client.get(app.url(&path)).bearer_auth(&other).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+}
