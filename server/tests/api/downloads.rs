@@ -145,6 +145,22 @@ async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph
     assert_eq!(client.get(app.url(&path(&translation))).bearer_auth(&other).send().await.unwrap().status(), 404);
     let summarized = client.get(app.url(&path(&summary))).bearer_auth(&token).send().await.unwrap();
     assert_eq!(summarized.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // A flood of downloads: a process rebuilds two at once (here with a reader that takes 2 s);
+    // the rest are told to come back, before their document is read.
+    let slow = engine::documents::sandbox::SandboxConfig::new(
+        "/bin/sh".into(),
+        vec!["-c".into(), "cat > /dev/null; sleep 2; printf F".into(), "reader".into()],
+    );
+    let settings = WebSettings { document_reader: Some(std::sync::Arc::new(slow)), ..WebSettings::default() };
+    let busy_app = TestApp::spawn_storing_in(app.pool.clone(), settings, app.blob_dir.clone()).await;
+    let asks = (0..6).map(|_| client.get(busy_app.url(&path(&translation))).bearer_auth(&token).send());
+    let answers = futures::future::join_all(asks).await;
+    let statuses: Vec<u16> = answers.iter().map(|a| a.as_ref().unwrap().status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 2, "two rebuilt at once: {statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 503).count(), 4, "{statuses:?}");
+    let busy = answers.into_iter().map(Result::unwrap).find(|a| a.status() == 503).unwrap();
+    assert!(busy.headers().contains_key("retry-after"));
 }
 
 /// A document done in parts can be read before it ends (or after it failed): the parts
