@@ -83,6 +83,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 11, "{}", serde_json::to_string_pretty(paths).unwrap());
+        assert_eq!(operations, 12, "{}", serde_json::to_string_pretty(paths).unwrap());
     }
 }
