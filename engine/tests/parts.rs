@@ -675,7 +675,10 @@ async fn a_document_that_fails_at_its_last_part_keeps_the_share_of_parts_answere
     let said = &notices[0].message;
     assert!(said.contains(&format!("answered {} of its {total} parts", total - 1)), "{said}");
     // What was answered stays for its owner to read, the part not done marked in its place.
-    assert!(said.contains(&format!("Part 1 of {total} was not done; the {} parts done can be downloaded", total - 1)), "{said}");
+    assert!(
+        said.contains(&format!("Part 1 of {total} was not done; the {} parts done can be downloaded", total - 1)),
+        "{said}"
+    );
     let so_far = queue::parts::answered_so_far(&pool, job).await.unwrap();
     assert_eq!((so_far.total, so_far.answered.len()), (total as usize, total as usize - 1));
     let markdown = so_far.markdown();

@@ -463,7 +463,10 @@ pub async fn get_translated_file(
         Common,
     )
 )]
-pub async fn get_parts_so_far(State(state): State<AppState>, VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_parts_so_far(
+    State(state): State<AppState>,
+    VisibleJob(job, _): VisibleJob,
+) -> Result<Response, ApiError> {
     if job.deleted_at.is_some() {
         return Err(AppError::Deleted.into());
     }
