@@ -179,8 +179,9 @@ async fn the_parts_answered_so_far_download_in_order_with_the_rest_marked(pool: 
 
     // Split in four; the second and the fourth answered so far (parts run side by side).
     sqlx::query(
-        "INSERT INTO job_parts (job_id, level, idx, body, est_tokens, output)
-         SELECT $1, 0, i, 'text', 10, CASE WHEN i IN (1, 3) THEN 'Chapter ' || (i + 1) || ' translated.' END
+        "INSERT INTO job_parts (job_id, level, idx, body, est_tokens, output, done_at)
+         SELECT $1, 0, i, 'text', 10, CASE WHEN i IN (1, 3) THEN 'Chapter ' || (i + 1) || ' translated.' END,
+                CASE WHEN i IN (1, 3) THEN now() END
          FROM generate_series(0, 3) i",
     )
     .bind(id)
