@@ -264,10 +264,10 @@ mod convert {
                 output_tokens: j.output_tokens,
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
-                translated_file: match (text("/preset").as_deref(), text("/document/type").as_deref()) {
-                    (Some("translate"), Some(kind @ ("docx" | "odt"))) => Some(kind.to_string()),
-                    _ => None,
-                },
+                translated_file: serde_json::from_value::<engine::documents::payload::DocumentJob>(j.payload.clone())
+                    .ok()
+                    .and_then(|spec| spec.translated_file_type())
+                    .map(|doc_type| doc_type.extension().to_string()),
                 parts: j.parts_total.map(|total| {
                     let combining = j.parts_stage.as_deref() == Some("combining");
                     let combines = text("/preset").as_deref() != Some("translate") && !combining;

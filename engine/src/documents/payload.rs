@@ -41,6 +41,15 @@ pub struct DocumentJob {
     pub language: Option<String>,
 }
 
+impl DocumentJob {
+    /// The type its result also comes back in as a file: a translated Word or OpenDocument
+    /// file's own (None: the result is Markdown only).
+    pub fn translated_file_type(&self) -> Option<DocType> {
+        let office = matches!(self.document.doc_type, DocType::Docx | DocType::Odt);
+        (self.preset == Preset::Translate && office).then_some(self.document.doc_type)
+    }
+}
+
 /// A document as admission prices it: its type and bytes, and a text's tokens as counted while
 /// it streamed in (a document stored before tokens were counted has none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,4 +82,29 @@ pub fn size_kind(doc_type: DocType) -> SizeKind {
 /// The blob key a job's payload points at, for retention.
 pub fn blob_key(payload: &Value) -> Option<&str> {
     payload.pointer("/document/key").and_then(Value::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_translated_word_or_opendocument_file_comes_back_as_a_file() {
+        let job = |doc_type, preset| DocumentJob {
+            document: DocumentRef {
+                key: "k".into(),
+                doc_type,
+                sha256: String::new(),
+                size: 1,
+                name: None,
+                tokens: None,
+            },
+            preset,
+            language: Some("German".into()),
+        };
+        assert_eq!(job(DocType::Docx, Preset::Translate).translated_file_type(), Some(DocType::Docx));
+        assert_eq!(job(DocType::Odt, Preset::Translate).translated_file_type(), Some(DocType::Odt));
+        assert_eq!(job(DocType::Docx, Preset::Summarize).translated_file_type(), None);
+        assert_eq!(job(DocType::Pdf, Preset::Translate).translated_file_type(), None);
+    }
 }

@@ -17,7 +17,6 @@ use app::server::session::{cancel_visible_job, client_of, job_status, session_us
 use app::server::upload;
 use engine::accounts::User;
 use engine::documents::payload::{DocumentJob, DocumentRef};
-use engine::documents::DocType;
 use engine::queue::JobView;
 use engine::JobState;
 
@@ -414,13 +413,13 @@ pub async fn get_translated_file(
 ) -> Result<Response, ApiError> {
     let result = done_result(&job)?;
     let spec = serde_json::from_value::<DocumentJob>(job.payload.clone()).map_err(|_| ApiError(AppError::NotFound))?;
-    let document = spec.document;
-    if spec.preset != engine::Preset::Translate || !matches!(document.doc_type, DocType::Docx | DocType::Odt) {
+    if spec.translated_file_type().is_none() {
         return Err(AppError::invalid(
             "only a translation of a Word or OpenDocument file comes back in its format; download the Markdown",
         )
         .into());
     }
+    let document = spec.document;
     let reader = state.ctx.settings.document_reader.clone().ok_or_else(AppError::unavailable)?;
     // Taken before the document is read into memory: a flood of downloads waits outside.
     let _turn = state.ctx.rebuilds.clone().try_acquire_owned().map_err(|_| AppError::Busy { retry_after_secs: 5 })?;
