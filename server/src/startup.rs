@@ -143,7 +143,9 @@ impl Application {
                 process_name
             });
             let addr = listener.local_addr()?;
-            let settings = WebSettings { document_reader: Some(sandbox.clone()), ..config.web_settings() };
+            // Downloads rebuild with slots of their own: they never hold up the workers' readers.
+            let rebuilds = sandbox.with_own_readers(app::server::session::REBUILDS_AT_ONCE);
+            let settings = WebSettings { document_reader: Some(Arc::new(rebuilds)), ..config.web_settings() };
             let ctx = ServerContext::new(pool.clone(), settings, blobs);
             let state = AppState { leptos_options: leptos_options(&config.server.site_root, addr), ctx };
             if let Some(bind) = config.telemetry.metrics_bind {

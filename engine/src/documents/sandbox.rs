@@ -83,6 +83,14 @@ impl SandboxConfig {
         self.readers = Arc::new(Semaphore::new(self.max_readers));
     }
 
+    /// The same reader with slots of its own: at most `readers` at once, apart from (never
+    /// waiting for, never holding) this one's (translated files rebuilt for download).
+    pub fn with_own_readers(&self, readers: usize) -> SandboxConfig {
+        let mut own = self.clone();
+        own.limit_readers(readers, self.memory_bytes.saturating_mul(readers as u64));
+        own
+    }
+
     /// How many readers may run at once.
     pub fn max_readers(&self) -> usize {
         self.max_readers
@@ -621,6 +629,15 @@ mod tests {
         assert_eq!(readers_within(16, 4 * GIB, 3 * GIB), 1);
         assert_eq!(readers_within(0, 0, GIB), 1, "one reader always runs, or nothing would");
         assert_eq!(readers_within(8, u64::MAX, 0), 8);
+    }
+
+    #[test]
+    fn rebuilds_take_reader_slots_of_their_own() {
+        let workers = SandboxConfig::new("/bin/true".into(), Vec::new());
+        let rebuilds = workers.with_own_readers(2);
+        assert_eq!(rebuilds.max_readers(), 2);
+        let _held = rebuilds.readers.clone().try_acquire_many_owned(2).unwrap();
+        assert!(workers.readers.try_acquire().is_ok(), "the workers' readers are not the downloads'");
     }
 
     #[test]
