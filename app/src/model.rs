@@ -37,6 +37,42 @@ pub struct UploadReply {
     pub idempotency_key_expires_at: Option<String>,
 }
 
+/// What an upload would cost and when it should be done (`POST /api/v1/estimate`, and the
+/// upload page before the user confirms). Nothing is stored or charged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct Estimate {
+    /// What the file is, by its content: `pdf`, `docx`, `odt`, `html`, `md` or `txt`.
+    pub doc_type: String,
+    pub bytes: u64,
+    /// A text's or a web page's tokens, counted; none for a PDF or a Word file (read later).
+    pub counted_tokens: Option<u64>,
+    /// What its provider calls will carry: counted, or estimated from its size.
+    pub input_tokens: u64,
+    /// Credits the upload takes.
+    pub credits: i64,
+    /// The credits are a hold (a PDF, a Word or OpenDocument file, a web page), settled to its
+    /// text's price once read, down to `least_credits`; the rest comes back.
+    pub held: bool,
+    pub least_credits: i64,
+    /// Provider calls its text takes (those longer than one call are done in parts).
+    pub parts: u64,
+    /// Jobs that would start before it, were it uploaded now.
+    pub jobs_ahead: u64,
+    /// Seconds until it starts; none while processing is paused or nothing finished lately.
+    pub starts_in_secs: Option<u64>,
+    /// Seconds it should run once started.
+    pub runs_for_secs: u64,
+    /// `measured`: at the pace of the last day's attempts; `deadline`: nothing measured yet,
+    /// so the most its attempt may take.
+    #[cfg_attr(feature = "ssr", schema(pattern = "^(measured|deadline)$"))]
+    pub run_time_basis: String,
+    /// Seconds until it should be done, when its start can be told.
+    pub done_in_secs: Option<u64>,
+    /// An operator has paused processing: it waits until they resume.
+    pub processing_paused: bool,
+}
+
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]

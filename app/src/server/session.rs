@@ -148,8 +148,11 @@ pub struct WebSettings {
     pub alert_webhook: bool,
     /// How often a session in use has its expiry pushed back (see [`session_user`]).
     pub session_renew_after: std::time::Duration,
-    /// The provider timeout and attempt deadline, for the capacity card's warnings.
+    /// The provider timeout and attempt deadline, for the capacity card's warnings (and an
+    /// upload's estimate with nothing measured lately).
     pub time_limits: sluice_types::capacity::TimeLimits,
+    /// What one provider call carries, for an upload's estimate of its parts.
+    pub call_limits: engine::documents::calls::CallLimits,
     /// What the provider charges per million tokens, if the operator said (outcomes in money).
     pub provider_prices: Option<sluice_types::capacity::ProviderPrices>,
     /// A request's headers must arrive within this (also the longest a kept-alive connection
@@ -195,6 +198,7 @@ impl Default for WebSettings {
             alert_webhook: false,
             session_renew_after: std::time::Duration::from_secs(24 * 3600),
             time_limits: Default::default(),
+            call_limits: Default::default(),
             provider_prices: None,
             header_read_timeout: std::time::Duration::from_secs(10),
             max_connections: 4096,

@@ -15,7 +15,7 @@ use http::HeaderMap;
 
 use engine::accounts::admission::{self, Admission, Refusal};
 use engine::accounts::User;
-use engine::documents::intake::{self, Intake, StoredUpload, UploadCheck, UploadOptions};
+use engine::documents::intake::{self, CheckedUpload, Intake, StoredUpload, UploadCheck, UploadOptions};
 use engine::documents::sweep::PendingBlob;
 use engine::documents::Blobs;
 use engine::Preset;
@@ -131,27 +131,7 @@ where
         return Err(AppError::store_full());
     }
     let settings = &ctx.settings;
-    // One user's uploads at once are bounded too, so one account cannot take every slot: an
-    // upload past it waits its turn (unread) like any other, then gets 429.
-    let waiting_since = tokio::time::Instant::now();
-    let _mine = loop {
-        if let Some(mine) = ctx.begin_upload(user.id, client) {
-            break mine;
-        }
-        if waiting_since.elapsed() >= settings.busy_uploads_wait {
-            return Err(AppError::TooManyUploads {
-                limit: settings.max_uploads_per_user,
-                retry_after_secs: settings.busy_uploads_wait.as_secs().max(1),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    // Uploads read at once are bounded: a request waits a little for its turn (reading
-    // nothing meanwhile), then gets 503.
-    let slot = tokio::time::timeout(settings.busy_uploads_wait, ctx.uploads.clone().acquire_owned()).await;
-    let Ok(Ok(_slot)) = slot else {
-        return Err(AppError::Overloaded { retry_after_secs: settings.busy_uploads_wait.as_secs().max(1) });
-    };
+    let _turn = take_turn(ctx, user, client).await?;
     // Refuse before reading the file: a refused upload costs its headers, nothing more.
     let retried = match &client_key {
         Some(key) => {
@@ -178,12 +158,11 @@ where
         }
     }
     let form = paced_multipart(headers, body)?;
-    let limits = FileLimits {
-        max_bytes: settings.max_upload_bytes,
-        max_document_tokens: settings.admission.max_document_tokens,
+    let (FormFile::Stored(stored), options) =
+        read_form(form, FileSink::Store(&ctx.blobs), form_rules(settings)).await?
+    else {
+        return Err(AppError::Internal);
     };
-    let times = UploadTimes { idle: settings.upload_idle, deadline: settings.upload_deadline };
-    let (stored, options) = read_form(form, &ctx.blobs, limits, &settings.presets, times).await?;
     // From here until a job names it, the stored file is deleted if this request ends any
     // other way (its client gone, the server shutting down).
     let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
@@ -221,6 +200,91 @@ where
         None => None,
     };
     Ok(Uploaded { job_id, duplicate, charged, key_expires_at })
+}
+
+/// A turn to send a body: one user's uploads at once are bounded, so one account cannot take
+/// every slot (past it an upload waits its turn, unread, then gets 429), and so are all
+/// uploads read at once (past it, a short wait, then 503).
+async fn take_turn(
+    ctx: &ServerContext,
+    user: &User,
+    client: &str,
+) -> Result<(super::session::UserUpload, tokio::sync::OwnedSemaphorePermit), AppError> {
+    let settings = &ctx.settings;
+    let waiting_since = tokio::time::Instant::now();
+    let mine = loop {
+        if let Some(mine) = ctx.begin_upload(user.id, client) {
+            break mine;
+        }
+        if waiting_since.elapsed() >= settings.busy_uploads_wait {
+            return Err(AppError::TooManyUploads {
+                limit: settings.max_uploads_per_user,
+                retry_after_secs: settings.busy_uploads_wait.as_secs().max(1),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let slot = tokio::time::timeout(settings.busy_uploads_wait, ctx.uploads.clone().acquire_owned()).await;
+    let Ok(Ok(slot)) = slot else {
+        return Err(AppError::Overloaded { retry_after_secs: settings.busy_uploads_wait.as_secs().max(1) });
+    };
+    Ok((mine, slot))
+}
+
+/// What `user`'s upload in `body` (the same form as an upload) would cost and when it should
+/// be done, read through the same checks and stored nowhere. Refused as the upload would be
+/// (402, 429, 503, 413, 415, 422); nothing is charged.
+pub async fn estimate<S, E>(
+    ctx: &ServerContext,
+    user: &User,
+    client: &str,
+    headers: &HeaderMap,
+    body: S,
+) -> Result<crate::model::Estimate, AppError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let _turn = take_turn(ctx, user, client).await?;
+    let settings = &ctx.settings;
+    let form = paced_multipart(headers, body)?;
+    let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
+    let upload = upload.checked().clone();
+    let estimate_settings = engine::documents::estimate::EstimateSettings {
+        admission: &settings.admission,
+        calls: settings.call_limits,
+        time_limits: settings.time_limits,
+    };
+    let estimate =
+        engine::documents::estimate::estimate(&ctx.pool, estimate_settings, user.id, &upload, options.preset).await?;
+    Ok(crate::model::Estimate::from(estimate.map_err(AppError::from)?))
+}
+
+impl From<engine::documents::estimate::UploadEstimate> for crate::model::Estimate {
+    fn from(e: engine::documents::estimate::UploadEstimate) -> Self {
+        use engine::queue::policy::position::RunTime;
+        let (runs_for, basis) = match e.run_time {
+            RunTime::Measured(d) => (d, "measured"),
+            RunTime::AtMost(d) => (d, "deadline"),
+        };
+        let secs = |d: Duration| d.as_secs_f64().ceil() as u64;
+        crate::model::Estimate {
+            doc_type: e.doc_type.extension().to_string(),
+            bytes: e.bytes,
+            counted_tokens: e.counted_tokens,
+            input_tokens: e.input_tokens,
+            credits: e.credits,
+            held: e.held,
+            least_credits: e.least_credits,
+            parts: e.parts,
+            jobs_ahead: e.jobs_ahead,
+            starts_in_secs: e.starts_in.map(secs),
+            runs_for_secs: secs(runs_for),
+            run_time_basis: basis.to_string(),
+            done_in_secs: e.done_in().map(secs),
+            processing_paused: !e.processing_enabled,
+        }
+    }
 }
 
 /// "Run again": one of `user`'s jobs as a new job (new debit) with the same document, and the
@@ -389,33 +453,81 @@ async fn read_short_field(field: multer::Field<'_>, idle: Duration, max: usize) 
     String::from_utf8(value).map_err(|_| AppError::invalid(format!("the `{name}` field is not UTF-8")))
 }
 
-/// What the file may be: at most this many bytes, and (a text) no longer than the provider's
-/// context.
+/// What a form must be: its file at most `max_bytes` and (a text) no longer than the
+/// document ceiling, the presets this server offers, and how long its reading may take.
 #[derive(Clone, Copy)]
-struct FileLimits {
+struct FormRules<'a> {
     max_bytes: u64,
     max_document_tokens: Option<u64>,
-}
-
-/// How long an upload may take: `idle` at most with nothing arriving, `deadline` in all.
-#[derive(Clone, Copy)]
-struct UploadTimes {
+    presets: &'a [Preset],
+    /// The longest nothing may arrive, and the longest the whole form may take.
     idle: Duration,
     deadline: Duration,
 }
 
-/// Read the form: the file streams through the engine's checks into blob storage, the options
-/// are short words. Unknown or surplus parts are refused. If anything is wrong after the file
-/// was stored (its deadline passed included), its blob is deleted again before this returns.
+fn form_rules(settings: &super::session::WebSettings) -> FormRules<'_> {
+    FormRules {
+        max_bytes: settings.max_upload_bytes,
+        max_document_tokens: settings.admission.max_document_tokens,
+        presets: &settings.presets,
+        idle: settings.upload_idle,
+        deadline: settings.upload_deadline,
+    }
+}
+
+/// Where a form's file goes: into storage (an upload), or nowhere once checked (an estimate).
+#[derive(Clone, Copy)]
+enum FileSink<'a> {
+    Store(&'a Blobs),
+    Count,
+}
+
+/// A form's file: stored, or only checked and counted.
+enum FormFile {
+    Stored(StoredUpload),
+    Counted(CheckedUpload),
+}
+
+impl FormFile {
+    fn checked(&self) -> &CheckedUpload {
+        match self {
+            FormFile::Stored(stored) => &stored.upload,
+            FormFile::Counted(checked) => checked,
+        }
+    }
+}
+
+impl FileSink<'_> {
+    async fn take<S, E>(self, check: UploadCheck, chunks: S) -> Result<FormFile, engine::EngineError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        match self {
+            FileSink::Store(blobs) => intake::receive(blobs, check, chunks).await.map(FormFile::Stored),
+            FileSink::Count => intake::measure(check, chunks).await.map(FormFile::Counted),
+        }
+    }
+
+    /// Undo [`FileSink::take`]: a stored file is deleted.
+    async fn discard(self, file: FormFile) {
+        if let (FileSink::Store(blobs), FormFile::Stored(stored)) = (self, file) {
+            let _ = blobs.delete(&stored.key).await;
+        }
+    }
+}
+
+/// Read the form: the file streams through the engine's checks into `sink`, the options are
+/// short words. Unknown or surplus parts are refused. If anything is wrong after the file was
+/// stored (its deadline passed included), its blob is deleted again before this returns.
 async fn read_form(
     (mut multipart, gate): (multer::Multipart<'static>, FieldGate),
-    blobs: &Blobs,
-    limits: FileLimits,
-    presets: &[Preset],
-    UploadTimes { idle, deadline }: UploadTimes,
-) -> Result<(StoredUpload, UploadOptions), AppError> {
+    sink: FileSink<'_>,
+    rules: FormRules<'_>,
+) -> Result<(FormFile, UploadOptions), AppError> {
+    let FormRules { idle, deadline, .. } = rules;
     let malformed = |e: multer::Error| AppError::invalid(format!("malformed multipart body: {e}"));
-    let mut stored: Option<StoredUpload> = None;
+    let mut file: Option<FormFile> = None;
     let mut options = UploadOptions::default();
     let read = async {
         let mut parts = 0;
@@ -430,12 +542,12 @@ async fn read_form(
                 return Err(AppError::invalid("the form has too many parts"));
             }
             match field.name() {
-                Some("file") if stored.is_none() => {
+                Some("file") if file.is_none() => {
                     let name = field.file_name().map(str::to_string);
                     let chunks = with_idle_timeout(field, idle);
                     let check =
-                        UploadCheck::new(name.as_deref(), limits.max_bytes).with_ceiling(limits.max_document_tokens);
-                    stored = Some(gate.reading(intake::receive(blobs, check, chunks)).await?);
+                        UploadCheck::new(name.as_deref(), rules.max_bytes).with_ceiling(rules.max_document_tokens);
+                    file = Some(gate.reading(sink.take(check, chunks)).await?);
                 }
                 Some("file") => return Err(AppError::invalid("send one file per upload")),
                 Some("preset") => {
@@ -458,19 +570,19 @@ async fn read_form(
                 }
             }
         }
-        options.check(presets)?;
+        options.check(rules.presets)?;
         Ok::<_, AppError>(())
     };
     // The deadline drops the reading, not this function: what was stored is deleted below.
     let read = tokio::time::timeout(deadline, read)
         .await
         .unwrap_or_else(|_| Err(AppError::invalid("the upload took too long; try again on a faster connection")));
-    match (read, stored) {
-        (Ok(()), Some(stored)) => Ok((stored, options)),
+    match (read, file) {
+        (Ok(()), Some(file)) => Ok((file, options)),
         (Ok(()), None) => Err(AppError::invalid("the form needs a `file` field")),
-        (Err(e), stored) => {
-            if let Some(stored) = stored {
-                let _ = blobs.delete(&stored.key).await;
+        (Err(e), file) => {
+            if let Some(file) = file {
+                sink.discard(file).await;
             }
             Err(e)
         }

@@ -7,7 +7,7 @@ use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
-use super::blobs::Blobs;
+use super::blobs::{BlobWriter, Blobs};
 use super::encoding::Transcoder;
 use super::payload::{size_kind, DocumentJob, DocumentRef, DocumentSize};
 use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
@@ -262,32 +262,15 @@ pub struct StoredUpload {
 
 /// Check an upload while streaming it into blob storage, so memory is bounded by a chunk and
 /// a blob part, never by the file. A refused or broken upload leaves no blob behind.
-/// `check` says what the upload may be ([`UploadCheck::new`], [`UploadCheck::with_context`]).
-pub async fn receive<S, E>(blobs: &Blobs, mut check: UploadCheck, mut body: S) -> Result<StoredUpload>
+/// `check` says what the upload may be ([`UploadCheck::new`], [`UploadCheck::with_ceiling`]).
+pub async fn receive<S, E>(blobs: &Blobs, mut check: UploadCheck, body: S) -> Result<StoredUpload>
 where
     S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
     let key = Blobs::new_key();
     let mut writer = blobs.writer(&key).await?;
-    // UTF-16 and Latin-1 text become UTF-8 before the checks see them (the bounds apply to
-    // what is stored).
-    let mut text = Transcoder::default();
-    let streamed = async {
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| EngineError::Invalid(format!("the upload broke off: {e}")))?;
-            if let Some(utf8) = text.push(chunk).map_err(EngineError::UnsupportedType)? {
-                check.push(&utf8)?;
-                writer.write(&utf8).await?;
-            }
-        }
-        if let Some(utf8) = text.finish().map_err(EngineError::UnsupportedType)? {
-            check.push(&utf8)?;
-            writer.write(&utf8).await?;
-        }
-        Ok::<_, EngineError>(())
-    }
-    .await;
+    let streamed = stream_checked(&mut check, body, Some(&mut writer)).await;
     if let Err(e) = streamed {
         writer.abort().await;
         return Err(e);
@@ -302,6 +285,43 @@ where
             Err(e)
         }
     }
+}
+
+/// The same checks as [`receive`], storing nothing: what an upload would be (its type, size
+/// and tokens), for an estimate before it is sent for good.
+pub async fn measure<S, E>(mut check: UploadCheck, body: S) -> Result<CheckedUpload>
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    stream_checked(&mut check, body, None).await?;
+    check.finish()
+}
+
+/// Feed `body` through `check`, writing each checked piece to `keep` if given. UTF-16 and Latin-1 text
+/// become UTF-8 before the checks see them (the bounds apply to what is stored).
+async fn stream_checked<S, E>(check: &mut UploadCheck, mut body: S, mut keep: Option<&mut BlobWriter>) -> Result<()>
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let mut text = Transcoder::default();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| EngineError::Invalid(format!("the upload broke off: {e}")))?;
+        if let Some(utf8) = text.push(chunk).map_err(EngineError::UnsupportedType)? {
+            check.push(&utf8)?;
+            if let Some(writer) = keep.as_deref_mut() {
+                writer.write(&utf8).await?;
+            }
+        }
+    }
+    if let Some(utf8) = text.finish().map_err(EngineError::UnsupportedType)? {
+        check.push(&utf8)?;
+        if let Some(writer) = keep {
+            writer.write(&utf8).await?;
+        }
+    }
+    Ok(())
 }
 
 /// What a checked upload costs: the price table at its estimated tokens, settled once its

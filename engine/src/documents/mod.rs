@@ -5,8 +5,10 @@
 
 pub mod backup_holds;
 pub mod blobs;
+pub mod calls;
 pub mod cpu;
 pub mod encoding;
+pub mod estimate;
 pub mod extract;
 pub mod html;
 pub mod intake;

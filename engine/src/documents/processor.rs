@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::blobs::Blobs;
+use super::calls::{calls_for, joins, CallLimits, Calls, PART_PROMPT_TOKENS};
 use super::payload::{size_kind, DocumentJob};
 use super::providers::{self, PartOf, Provider, ProviderOutput, Task};
 use super::sandbox::{extract_in_child, SandboxConfig};
@@ -62,8 +63,6 @@ struct Held {
     output: i64,
 }
 
-/// Tokens a part's prompt adds around its text (the instruction and the part's place).
-const PART_PROMPT_TOKENS: u64 = 200;
 use sluice_types::settlement::hold_factor;
 /// Levels of summaries of summaries before giving up (each level must shrink the text).
 const MAX_LEVELS: i32 = 8;
@@ -73,9 +72,6 @@ const MAX_PARTS_AT_ONCE: usize = 64;
 /// in flight finish and goes back in line. Never more than a third of the attempt's time, so
 /// the calls it started end before the attempt's deadline.
 const PARTS_TURN: Duration = Duration::from_secs(240);
-/// A translation's part at most, in tokens: its answer is written at a model's pace (60-1,000
-/// tokens a second), so a part must end well within a call's timeout.
-const MAX_TRANSLATION_PART_TOKENS: u64 = 8_000;
 /// How often a document asks again for calls the gate or the budget could not give yet.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Halvings of a part whose answer was cut before giving up.
@@ -241,20 +237,17 @@ impl DocumentProcessor {
             // The reader's work came to nothing: it counts against the day's free ones.
             .unreadable());
         }
-        let limit = self.part_tokens(spec.preset);
-        let pace = pace_part_tokens(estimated.max(0) as u64);
-        // A translation writes as much as it reads, at a model's pace per call: in parts side
-        // by side it ends in a fraction of one call's time.
-        let for_pace = joins(spec.preset) && estimated as u64 > pace;
-        if !for_pace && limit.is_none_or(|l| estimated as u64 <= l) {
+        let limits = self.call_limits();
+        let Calls::Parts { part_tokens } = calls_for(spec.preset, estimated.max(0) as u64, limits) else {
             return self.run_whole(job, spec, task, estimated, held).await;
-        }
+        };
+        let limit = limits.part_tokens(spec.preset);
         if !self.parts.is_enabled() {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
                     "the document's text is about {estimated} tokens, more than the provider reads or writes at once ({}); split it and upload the parts",
-                    limit.unwrap_or(pace)
+                    limit.unwrap_or(part_tokens)
                 ),
             ));
         }
@@ -276,8 +269,7 @@ impl DocumentProcessor {
             )
             .unreadable());
         }
-        let limit = limit.unwrap_or(u64::MAX / 8).min(pace);
-        self.split_and_run(job, spec, task.text, limit, held).await
+        self.split_and_run(job, spec, task.text, part_tokens, held).await
     }
 
     /// Store `text` as the document's parts of at most `limit` tokens and run them.
@@ -418,7 +410,7 @@ impl DocumentProcessor {
             if level + 1 >= MAX_LEVELS {
                 return Err(too_long());
             }
-            let (preset, limit) = (spec.preset, self.part_tokens(spec.preset).unwrap_or(u64::MAX / 8));
+            let (preset, limit) = (spec.preset, self.call_limits().part_tokens(spec.preset).unwrap_or(u64::MAX / 8));
             let combined = outputs.join("\n\n");
             let parts = crate::documents::cpu::run(move || split_for(preset, &combined, limit, level + 1))
                 .await
@@ -672,20 +664,9 @@ impl DocumentProcessor {
         }
     }
 
-    /// The most tokens one call's prompt may carry, if limited: the provider's context (less
-    /// the planning margin: the provider's tokenizer is not ours); for a translation also no
-    /// more than its answer can hold (an answer as long as its text, with room to grow).
-    fn part_tokens(&self, preset: Preset) -> Option<u64> {
-        let context = self.context_tokens.map(|c| (c as f64 * tokens::PLANNING_MARGIN) as u64);
-        let answer = self
-            .provider
-            .max_output_tokens()
-            .filter(|_| joins(preset))
-            .map(|output| (output.saturating_mul(3) / 4).min(MAX_TRANSLATION_PART_TOKENS) + PART_PROMPT_TOKENS);
-        match (context, answer) {
-            (Some(c), Some(a)) => Some(c.min(a)),
-            (c, a) => c.or(a),
-        }
+    /// What one call to this processor's provider can carry.
+    fn call_limits(&self) -> CallLimits {
+        CallLimits { context_tokens: self.context_tokens, max_output_tokens: self.provider.max_output_tokens() }
     }
 
     /// One provider call for `task`, with the budget settled by what the provider counted.
@@ -738,26 +719,6 @@ impl DocumentProcessor {
         self.stages.enter(job, JobStage::Writing, None).await?;
         Ok(output)
     }
-}
-
-/// Whether a preset's parts are combined by joining them in order (a translation), rather than
-/// by a summary of their answers.
-fn joins(preset: Preset) -> bool {
-    preset.answer_grows_with_input()
-}
-
-/// Parts a long document is split into at least, so its calls run side by side: a model
-/// writes at its own pace per call (60-1,000 tokens a second), and the provider's limits are
-/// reached only by several calls at once. Measured in `cargo xtask bench parts` (README): 32
-/// parts finished a 129K-token translation alone sooner (12.0 s against 18.3 s), but made
-/// other owners' small documents behind it wait 1.7 times as long; 8 kept them within 1.1.
-const PACE_PARTS: u64 = 8;
-/// Parts no smaller than this (each call repeats the instruction, and a part needs context).
-const MIN_PART_TOKENS: u64 = 4_000;
-
-/// The part size that keeps a document of `tokens` in [`PACE_PARTS`] parts or more.
-fn pace_part_tokens(tokens: u64) -> u64 {
-    tokens.div_ceil(PACE_PARTS).saturating_add(PART_PROMPT_TOKENS).max(MIN_PART_TOKENS)
 }
 
 /// Count `task`'s prompt once, off the async runtime, and keep the count on it (the client's

@@ -35,7 +35,7 @@ pub use views::{
     attempts, count_matching, get, matching_ids, page_for_owner, search, search_terms, AttemptView, FoundJob,
     JobFilter, JobSearch, JobView,
 };
-pub use waiting_line::{waiting_line, LineSnapshot, SharedLine, WaitingLine};
+pub use waiting_line::{place_for_new_job, waiting_line, LineSnapshot, NewJobPlace, SharedLine, WaitingLine};
 
 /// The NOTIFY channel workers listen on.
 pub const JOBS_CHANNEL: &str = "sluice_jobs";

@@ -116,18 +116,49 @@ pub async fn waiting_line(pool: &PgPool, owner_id: i64, jobs: &[Uuid]) -> Result
     .await?;
     let mut ahead = HashMap::with_capacity(ranks.len());
     if let Some(max_rank) = ranks.iter().map(|(_, rank)| *rank as u64).max() {
-        let cap = mine_running + max_rank;
-        let loads: Vec<(i64, i64)> =
-            sqlx::query_as(CAPPED_LOADS).bind(owner_id).bind(cap as i64).fetch_all(pool).await?;
-        let others: Vec<OwnerLoad> = loads
-            .iter()
-            .map(|&(owner, waiting)| OwnerLoad { running: load.running_of(owner), waiting: waiting as u64 })
-            .collect();
+        let others = other_owners(pool, &load, owner_id, mine_running + max_rank).await?;
         for (id, rank) in ranks {
             ahead.insert(id, jobs_ahead(mine_running, rank as u64, &others));
         }
     }
     Ok(load.line(ahead))
+}
+
+/// Every other owner with due waiting jobs, each counted up to `cap` (the highest score asked
+/// about: a count past it cannot change an answer).
+async fn other_owners(pool: &PgPool, load: &LineLoad, owner_id: i64, cap: u64) -> Result<Vec<OwnerLoad>> {
+    let loads: Vec<(i64, i64)> = sqlx::query_as(CAPPED_LOADS).bind(owner_id).bind(cap as i64).fetch_all(pool).await?;
+    Ok(loads
+        .iter()
+        .map(|&(owner, waiting)| OwnerLoad { running: load.running_of(owner), waiting: waiting as u64 })
+        .collect())
+}
+
+/// Where a new job of an owner's would stand if it were admitted now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NewJobPlace {
+    /// Jobs claimed before it.
+    pub ahead: u64,
+    /// Its estimated wait to start, when there is a rate to go by and processing is on.
+    pub starts_in: Option<Duration>,
+    pub processing_enabled: bool,
+}
+
+/// Where a new job of `owner_id`'s would stand if admitted now: after the owner's due
+/// waiting jobs, in the claim's fair order among everyone else's (for an upload's estimate).
+pub async fn place_for_new_job(pool: &PgPool, owner_id: i64) -> Result<NewJobPlace> {
+    let load = LineLoad::read(pool).await?;
+    let mine_running = load.running_of(owner_id);
+    let mine_due: i64 = sqlx::query_scalar("SELECT count(*) FROM waiting_jobs WHERE owner_id = $1 AND run_at <= now()")
+        .bind(owner_id)
+        .fetch_one(pool)
+        .await?;
+    let rank = mine_due.max(0) as u64 + 1;
+    let others = other_owners(pool, &load, owner_id, mine_running + rank).await?;
+    let ahead = jobs_ahead(mine_running, rank, &others);
+    let starts_in =
+        load.processing_enabled.then(|| estimated_start(ahead, load.free_slots, load.finishing_per_sec)).flatten();
+    Ok(NewJobPlace { ahead, starts_in, processing_enabled: load.processing_enabled })
 }
 
 /// Everyone's place in line at one moment, read in three queries and answered from memory:

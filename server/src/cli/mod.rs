@@ -264,6 +264,7 @@ impl Config {
             bulk_action_cap: web.bulk_action_cap.clamp(1, 100_000),
             auth_cache_lifetime: accounts.auth_cache_lifetime(),
             time_limits: self.provider.time_limits(self.workers.attempt_deadline()),
+            call_limits: self.provider.call_limits(),
             provider_prices: self.provider.provider_prices(),
             presets: self.provider.presets(),
             ..WebSettings::default()

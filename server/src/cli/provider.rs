@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use engine::documents::calls::CallLimits;
 use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
 use engine::queue::capacity::{CapacityConfig, ProviderLimits};
 use engine::sizing::{ProviderPrices, TimeLimits};
@@ -97,6 +98,16 @@ impl ProviderArgs {
         match (context, bucket) {
             (Some(c), Some(b)) => Some(c.min(b)),
             (c, b) => c.or(b),
+        }
+    }
+
+    /// What one call carries: the context, and (a language model's) longest answer. The
+    /// workers' processor reads the same from its provider; an upload's estimate reads this.
+    pub fn call_limits(&self) -> CallLimits {
+        let answers = self.provider_kind() != ProviderKind::Local;
+        CallLimits {
+            context_tokens: self.context_tokens(),
+            max_output_tokens: answers.then(|| u64::from(self.max_output_tokens())),
         }
     }
 

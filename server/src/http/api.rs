@@ -22,6 +22,7 @@ pub const DOCS_PATH: &str = "/api/v1/docs";
 pub fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::create_job))
+        .routes(routes!(jobs::estimate_job))
         .routes(routes!(jobs::get_job, jobs::delete_job))
         .routes(routes!(jobs::cancel_job))
         .routes(routes!(jobs::run_again))
@@ -83,6 +84,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 12, "{}", serde_json::to_string_pretty(paths).unwrap());
+        assert_eq!(operations, 13, "{}", serde_json::to_string_pretty(paths).unwrap());
     }
 }

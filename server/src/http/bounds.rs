@@ -1,5 +1,5 @@
 //! Bodies are bounded before anything reads them: sessions, credentials and server functions
-//! see at most [`MAX_BODY_BYTES`] (the two upload paths stream theirs under their own cap).
+//! see at most [`MAX_BODY_BYTES`] (the upload paths and the estimate stream theirs under their own cap).
 //! And a server function's argument error is the client's fault: 400/422 with our words,
 //! never 500.
 
@@ -19,7 +19,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Pure: whether this request streams its body under its own cap (the uploads).
 pub fn streams_its_body(method: &Method, path: &str) -> bool {
-    *method == Method::POST && matches!(path, "/api/v1/jobs" | "/api/upload_document")
+    *method == Method::POST && matches!(path, "/api/v1/jobs" | "/api/v1/estimate" | "/api/upload_document")
 }
 
 /// Middleware: read the body up to [`MAX_BODY_BYTES`], or answer 413 unread when its declared
@@ -81,6 +81,7 @@ mod tests {
     fn only_the_uploads_stream_their_bodies() {
         assert!(streams_its_body(&Method::POST, "/api/v1/jobs"));
         assert!(streams_its_body(&Method::POST, "/api/upload_document"));
+        assert!(streams_its_body(&Method::POST, "/api/v1/estimate"));
         assert!(!streams_its_body(&Method::PUT, "/api/v1/webhook"));
         assert!(!streams_its_body(&Method::POST, "/api/log_in"));
         assert!(!streams_its_body(&Method::GET, "/api/v1/jobs"));

@@ -166,13 +166,50 @@ pub async fn create_job(
     request: Request,
 ) -> Result<Response, ApiError> {
     let (user, token_id) = caller_and_token(&state, &headers, &session).await?;
-    let client = match request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
-        Some(axum::extract::ConnectInfo(peer)) => client_of(*peer, &headers, &state.ctx.settings.trusted_proxies),
-        None => "unknown".to_string(),
-    };
+    let client = client_of_request(&state, &request);
     let body = request.into_body().into_data_stream();
     let uploaded = upload::upload(&state.ctx, &user, token_id, &client, &headers, body).await?;
     Ok(accepted(uploaded))
+}
+
+/// `POST /api/v1/estimate`: what an upload of the same form would cost and when it should be
+/// done, its file read through the same checks and not stored; nothing is charged. Refused as
+/// the upload would be. The upload page asks it before the user confirms.
+#[utoipa::path(
+    post,
+    path = "/api/v1/estimate",
+    tag = "jobs",
+    request_body(content = UploadForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The price, the parts and the time; nothing stored or charged", body = app::model::Estimate),
+        (status = 402, description = "Out of credits for it", body = ErrorBody),
+        (status = 413, description = "Too large: bytes, tokens or your storage quota", body = ErrorBody),
+        (status = 415, description = "Not a document type Sluice reads", body = ErrorBody),
+        (status = 422, description = "A malformed form, preset or language", body = ErrorBody),
+        (status = 429, description = "Too many documents or uploads in progress (Retry-After)", body = ErrorBody),
+        Common,
+    )
+)]
+pub async fn estimate_job(
+    State(state): State<AppState>,
+    session: Session,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Json<app::model::Estimate>, ApiError> {
+    let user = caller(&state, &headers, &session).await?;
+    let client = client_of_request(&state, &request);
+    let body = request.into_body().into_data_stream();
+    Ok(Json(upload::estimate(&state.ctx, &user, &client, &headers, body).await?))
+}
+
+/// The address an upload is counted against (the proxy's client when trusted).
+fn client_of_request(state: &AppState, request: &Request) -> String {
+    match request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+        Some(axum::extract::ConnectInfo(peer)) => {
+            client_of(*peer, request.headers(), &state.ctx.settings.trusted_proxies)
+        }
+        None => "unknown".to_string(),
+    }
 }
 
 /// 202 with `Location` for a new job; 200 with the earlier job for a duplicate.

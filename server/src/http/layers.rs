@@ -93,6 +93,7 @@ pub async fn security_and_cache_headers(secure: bool, request: Request, next: Ne
 /// total time themselves); every other request is bounded by the request timeout.
 pub fn is_transfer(path: &str) -> bool {
     path == "/api/v1/jobs"
+        || path == "/api/v1/estimate"
         || path == "/api/upload_document"
         || (path.starts_with("/api/v1/jobs/")
             && ["/result", "/result.md", "/translated", "/parts.md", "/original"].iter().any(|end| path.ends_with(end)))

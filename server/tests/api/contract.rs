@@ -36,6 +36,7 @@ async fn the_openapi_document_is_served_and_every_operation_it_describes_is_rout
         ("GET", "/api/v1/jobs/{id}/result"),
         ("GET", "/api/v1/jobs/{id}/result.md"),
         ("GET", "/api/v1/jobs/{id}/translated"),
+        ("POST", "/api/v1/estimate"),
         ("POST", "/api/v1/jobs"),
         ("POST", "/api/v1/jobs/{id}/cancel"),
         ("POST", "/api/v1/jobs/{id}/run-again"),

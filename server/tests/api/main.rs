@@ -5,6 +5,7 @@ mod cancel;
 mod contract;
 mod deletion;
 mod downloads;
+mod estimate;
 mod helpers;
 mod http_layer;
 mod metrics;

@@ -53,10 +53,61 @@ pub fn parts_left(done: u32, total: u32, elapsed: Duration, combines: bool) -> O
     Some(elapsed.mul_f64(f64::from(steps_left) / f64::from(done)))
 }
 
+/// What recent successful attempts took: the median attempt's seconds and input tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeasuredPace {
+    pub secs: f64,
+    pub input_tokens: f64,
+}
+
+/// How long a job should run once started.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RunTime {
+    /// At the pace of recent attempts.
+    Measured(Duration),
+    /// Nothing measured lately: the most its attempt may take (its deadline), an upper bound.
+    AtMost(Duration),
+}
+
+/// How long a job whose prompt carries `tokens` should run: at the median recent attempt's
+/// seconds per token, and never less than that attempt (a short call still waits for its
+/// answer). With nothing measured, the attempt deadline for its size, `deadline_secs`.
+pub fn run_time(tokens: u64, pace: Option<MeasuredPace>, deadline_secs: f64) -> RunTime {
+    match pace.filter(|p| p.secs.is_finite() && p.secs > 0.0 && p.input_tokens.is_finite() && p.input_tokens >= 1.0) {
+        Some(pace) => {
+            let secs = (tokens as f64 * pace.secs / pace.input_tokens).max(pace.secs);
+            RunTime::Measured(Duration::from_secs_f64(secs.min(MAX_ESTIMATE_SECS)))
+        }
+        None => RunTime::AtMost(Duration::from_secs_f64(deadline_secs.clamp(0.0, MAX_ESTIMATE_SECS))),
+    }
+}
+
+/// No estimate says more than a week (a figure past it says only "a long time").
+const MAX_ESTIMATE_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_run_time_follows_the_measured_pace_and_falls_back_to_the_deadline() {
+        let pace = MeasuredPace { secs: 20.0, input_tokens: 10_000.0 };
+        assert_eq!(run_time(50_000, Some(pace), 600.0), RunTime::Measured(Duration::from_secs(100)));
+        assert_eq!(
+            run_time(100, Some(pace), 600.0),
+            RunTime::Measured(Duration::from_secs(20)),
+            "never under the median attempt"
+        );
+        assert_eq!(run_time(100, None, 600.0), RunTime::AtMost(Duration::from_secs(600)));
+        let nothing = MeasuredPace { secs: 0.0, input_tokens: 0.0 };
+        assert_eq!(
+            run_time(100, Some(nothing), 90.0),
+            RunTime::AtMost(Duration::from_secs(90)),
+            "a pace of nothing is no pace"
+        );
+        assert_eq!(run_time(u64::MAX, Some(pace), 600.0), RunTime::Measured(Duration::from_secs(7 * 24 * 3600)));
+    }
 
     #[test]
     fn the_parts_left_take_the_pace_of_the_parts_done() {

@@ -1,0 +1,105 @@
+//! What an upload would cost and when it should be done, before it is sent for good: its
+//! price (or the hold a PDF, Word file or page is charged until its text is read), its parts,
+//! its place in line and its run time at the pace of recent attempts. Admission's refusals
+//! (402, 429, 503, the storage quota) come as they would for the upload; nothing is stored.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use super::calls::{expected_parts, CallLimits};
+use super::intake::{document_price, CheckedUpload};
+use super::payload::size_kind;
+use super::sniff::DocType;
+use crate::accounts::admission::{self, AdmissionConfig, Refusal};
+use crate::error::Result;
+use crate::queue::capacity::attempt_stats;
+use crate::queue::place_for_new_job;
+use crate::queue::policy::position::{run_time, MeasuredPace, RunTime};
+use crate::Preset;
+use sluice_types::capacity::TimeLimits;
+
+/// What an estimate goes by besides the upload.
+#[derive(Clone, Copy, Debug)]
+pub struct EstimateSettings<'a> {
+    pub admission: &'a AdmissionConfig,
+    pub calls: CallLimits,
+    pub time_limits: TimeLimits,
+}
+
+/// An upload's estimate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UploadEstimate {
+    pub doc_type: DocType,
+    pub bytes: u64,
+    /// A text's or a page's tokens, counted (none for a PDF or a Word file: read later).
+    pub counted_tokens: Option<u64>,
+    /// What its calls will carry, counted or estimated from its size.
+    pub input_tokens: u64,
+    /// Credits the upload takes: its price, or for a document priced once read its hold.
+    pub credits: i64,
+    /// The price is a hold, settled to its text's price once read, down to `least_credits`.
+    pub held: bool,
+    pub least_credits: i64,
+    /// Provider calls for its text (a summary of many parts adds a combining step).
+    pub parts: u64,
+    /// Jobs claimed before it, were it admitted now.
+    pub jobs_ahead: u64,
+    /// Its wait to start; `None` while processing is paused or nothing finished lately.
+    pub starts_in: Option<Duration>,
+    pub run_time: RunTime,
+    pub processing_enabled: bool,
+}
+
+impl UploadEstimate {
+    /// When it should be done from now, when its start can be told.
+    pub fn done_in(&self) -> Option<Duration> {
+        let run = match self.run_time {
+            RunTime::Measured(d) | RunTime::AtMost(d) => d,
+        };
+        self.starts_in.map(|start| start + run)
+    }
+}
+
+/// Estimate `upload` for `user_id` as `preset` would do it: `Err(refusal)` where its upload
+/// would be refused before a job exists (as the same check answers it then).
+pub async fn estimate(
+    pool: &PgPool,
+    settings: EstimateSettings<'_>,
+    user_id: i64,
+    upload: &CheckedUpload,
+    preset: Preset,
+) -> Result<std::result::Result<UploadEstimate, Refusal>> {
+    let (input_tokens, credits) = document_price(settings.admission, upload.size(), preset);
+    if let Some(refusal) = admission::precheck(pool, settings.admission, user_id, credits, upload.size).await? {
+        return Ok(Err(refusal));
+    }
+    let held = size_kind(upload.doc_type).priced_once_read();
+    let place = place_for_new_job(pool, user_id).await?;
+    let pace = measured_pace(pool, preset).await?;
+    let deadline = settings.time_limits.attempt_secs(input_tokens as f64);
+    Ok(Ok(UploadEstimate {
+        doc_type: upload.doc_type,
+        bytes: upload.size,
+        counted_tokens: upload.tokens,
+        input_tokens,
+        credits,
+        held,
+        least_credits: if held { settings.admission.prices.cheapest().min(credits) } else { credits },
+        parts: expected_parts(preset, input_tokens, settings.calls),
+        jobs_ahead: place.ahead,
+        starts_in: place.starts_in,
+        run_time: run_time(input_tokens, pace, deadline),
+        processing_enabled: place.processing_enabled,
+    }))
+}
+
+/// The median successful attempt of the last day for `preset`, or of all presets when it has
+/// none (a first translation is timed by the summaries before it).
+async fn measured_pace(pool: &PgPool, preset: Preset) -> Result<Option<MeasuredPace>> {
+    let stats = attempt_stats(pool, 1).await?;
+    let of = |name: &str| stats.iter().find(|s| s.preset == name && s.attempts > 0);
+    Ok(of(preset.as_str())
+        .or_else(|| of("all"))
+        .map(|s| MeasuredPace { secs: s.duration_secs.p50, input_tokens: s.input_tokens.p50 }))
+}
