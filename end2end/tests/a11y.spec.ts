@@ -1,6 +1,6 @@
 import AxeBuilder from '@axe-core/playwright';
 import { Page } from '@playwright/test';
-import { expect, logInAsAdmin, open, signUp, test, uniqueText, watchConsole } from './helpers';
+import { expect, logInAsAdmin, open, signUp, test, uniqueText, uploadFiles, watchConsole } from './helpers';
 
 /** Serious and critical accessibility violations on the current page, by axe-core. */
 async function seriousViolations(page: Page) {
@@ -19,7 +19,7 @@ test('no page has a serious or critical accessibility violation', async ({ page,
   }
   await signUp(page, 'axe');
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(uniqueText('axe.txt'));
+  await uploadFiles(page, uniqueText('axe.txt'));
   await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
   expect(await seriousViolations(page), '/upload with an upload').toEqual([]);
   await page.getByRole('link', { name: 'View the job' }).click();

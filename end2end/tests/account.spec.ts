@@ -1,11 +1,11 @@
 import * as path from 'path';
-import { allowConsoleError, expect, open, scriptProvider, signUp, test } from './helpers';
+import { allowConsoleError, expect, open, scriptProvider, signUp, test, uploadFiles } from './helpers';
 
 
 test('a document that cannot be processed fails with its reason, a refund and a notice', async ({ page }) => {
   await signUp(page, 'locked');
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'locked.pdf'));
+  await uploadFiles(page, path.join(__dirname, '..', 'fixtures', 'locked.pdf'));
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
 
   await page.goto('/jobs');
@@ -52,7 +52,7 @@ test('a user deletes a finished document, then the account, which then cannot lo
   const email = await signUp(page, 'erase');
   await scriptProvider([{ kind: 'success', text: 'Private summary.', input_tokens: 20, output_tokens: 3 }]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles({
+  await uploadFiles(page, {
     name: 'private-notes.txt',
     mimeType: 'text/plain',
     buffer: Buffer.from('Private notes. They have two sentences.'),

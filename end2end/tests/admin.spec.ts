@@ -1,6 +1,6 @@
 import * as path from 'path';
 import pg from 'pg';
-import { admin as operator, allowConsoleError, expect, fromEnv, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
+import { admin as operator, allowConsoleError, expect, fromEnv, logIn, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText, uploadFiles } from './helpers';
 
 
 test('a non-admin cannot reach any console page or its server functions', async ({ page }) => {
@@ -41,7 +41,7 @@ test('an admin pauses processing, a new upload waits with the paused message, an
   const user = await newPage(browser);
   await signUp(user, 'paused');
   await open(user, '/upload');
-  await user.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  await uploadFiles(user, path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await user.goto('/jobs');
   const job = user.locator('.job').first();
@@ -74,7 +74,7 @@ test('an admin inspects a dead-letter group, replays one job, then the rest of t
   // Two documents, three rate-limited answers each: both exhaust their retries.
   await scriptProvider(Array(6).fill({ kind: 'rate_limited_seconds', seconds: 0 }));
   await open(user, '/upload');
-  await user.locator('#files').setInputFiles([uniqueText('agenda.txt'), uniqueText('memo.txt')]);
+  await uploadFiles(user, [uniqueText('agenda.txt'), uniqueText('memo.txt')]);
   await expect(user.locator('.upload[data-outcome="ok"]')).toHaveCount(2);
   await user.goto('/jobs');
   await expect(user.locator('.job .badge[data-state="failed"]')).toHaveCount(2, { timeout: 25_000 });
@@ -122,7 +122,7 @@ test('with the gate at one, waiting jobs show their place in line, then all run'
     const user = await newPage(browser);
     await signUp(user, 'line');
     await open(user, '/upload');
-    await user.locator('#files').setInputFiles([uniqueText('first.txt'), uniqueText('second.txt'), uniqueText('third.txt')]);
+    await uploadFiles(user, [uniqueText('first.txt'), uniqueText('second.txt'), uniqueText('third.txt')]);
     await expect(user.locator('.upload[data-outcome="ok"]')).toHaveCount(3);
     await user.goto('/jobs');
     const details = user.locator('.job .state-detail');
@@ -157,7 +157,7 @@ test("support finds a user's job by e-mail and opens it, sets the user's limit, 
   const user = await newPage(browser);
   const email = await signUp(user, 'support');
   await open(user, '/upload');
-  await user.locator('#files').setInputFiles(uniqueText('stuck-notes.txt'));
+  await uploadFiles(user, uniqueText('stuck-notes.txt'));
   await expect(user.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await user.goto('/jobs');
   const job = user.locator('.job').first();

@@ -1,12 +1,12 @@
 import * as path from 'path';
-import { allowConsoleError, expect, grantCredits, logInAsAdmin, newPage, open, setProcessing, signUp, test, uniqueText } from './helpers';
+import { allowConsoleError, expect, grantCredits, logInAsAdmin, newPage, open, setProcessing, signUp, test, uniqueText, uploadFiles } from './helpers';
 
 test('out of credits: the 402 message gives the cost and the balance, and nothing is queued', async ({ page }) => {
   allowConsoleError(/status of 402 \(Payment Required\)/);
   const email = await signUp(page, 'broke');
   grantCredits(email, -20);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  await uploadFiles(page, path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   const row = page.locator('.upload').first();
   await expect(row).toHaveAttribute('data-outcome', 'refused');
   await expect(row).toContainText('Out of credits: this document costs 1 and your balance is 0. Nothing was charged.');
@@ -26,7 +26,7 @@ test('at the in-flight limit: the 429 message says how many are in flight, and t
     await signUp(user, 'busy');
     await open(user, '/upload');
     const files = [1, 2, 3, 4, 5, 6].map((n) => uniqueText(`notes-${n}.txt`));
-    await user.locator('#files').setInputFiles(files);
+    await uploadFiles(user, files);
     const rows = user.locator('.upload');
     await expect(rows).toHaveCount(6);
     await expect(user.locator('.upload[data-outcome]')).toHaveCount(6);

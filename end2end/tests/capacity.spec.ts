@@ -1,5 +1,5 @@
 import pg from 'pg';
-import { expect, fromEnv, logInAsAdmin, newPage, open, signUp, test } from './helpers';
+import { expect, fromEnv, logInAsAdmin, newPage, open, signUp, test, uploadFiles } from './helpers';
 
 test('the capacity planner sizes the gate from measured attempts, and other limits show their result at once', async ({ browser }) => {
   // Ten attempts the size of seed 000's (316 s, 129K tokens in, 16K out) under a preset name of
@@ -85,7 +85,7 @@ test('the upload page shows the price by size before uploading, and the answer w
   await expect(page.getByTestId('refund-policy')).toContainText('Unreadable files are refunded 3 times a day; after that they are charged.');
   // 120 KB of text is past the first step: 2 credits, shown as soon as the file is chosen.
   const text = 'A long report. '.repeat(8192);
-  await page.locator('#files').setInputFiles({ name: 'report.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
+  await uploadFiles(page, { name: 'report.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
   const row = page.locator('.upload').filter({ hasText: 'report.txt' });
   await expect(row.getByTestId('price')).toHaveText('2 credits');
   await expect(row).toContainText('Accepted and queued. 2 credits charged.');

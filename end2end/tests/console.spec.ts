@@ -1,18 +1,5 @@
 import pg from 'pg';
-import {
-  admin as operator,
-  expect,
-  fromEnv,
-  logInAsAdmin,
-  newPage,
-  open,
-  scriptProvider,
-  serverCommand,
-  setProcessing,
-  signUp,
-  test,
-  uniqueText,
-} from './helpers';
+import { admin as operator, expect, fromEnv, logInAsAdmin, newPage, open, scriptProvider, serverCommand, setProcessing, signUp, test, uniqueText, uploadFiles } from './helpers';
 
 const sections = [
   ['Overview', '/admin'],
@@ -101,7 +88,7 @@ test('a dead-letter group is handed to a reviewer and resolved with no action; a
   // Two documents the provider refuses outright: both fail at once.
   await scriptProvider([{ kind: 'bad_request' }, { kind: 'bad_request' }]);
   await open(user, '/upload');
-  await user.locator('#files').setInputFiles([uniqueText('refused-a.txt'), uniqueText('refused-b.txt')]);
+  await uploadFiles(user, [uniqueText('refused-a.txt'), uniqueText('refused-b.txt')]);
   await expect(user.locator('.upload[data-outcome="ok"]')).toHaveCount(2);
   await user.goto('/jobs');
   await expect(user.locator('.job .badge[data-state="failed"]')).toHaveCount(2, { timeout: 20_000 });
@@ -200,7 +187,7 @@ test('a bulk cancel counts what the search matches, asks with the count, refunds
     const user = await newPage(browser);
     const email = await signUp(user, 'bulk');
     await open(user, '/upload');
-    await user.locator('#files').setInputFiles([uniqueText('one.txt'), uniqueText('two.txt'), uniqueText('three.txt')]);
+    await uploadFiles(user, [uniqueText('one.txt'), uniqueText('two.txt'), uniqueText('three.txt')]);
     await expect(user.locator('.upload[data-outcome="ok"]')).toHaveCount(3);
 
     await open(admin, '/admin/jobs');
@@ -241,7 +228,7 @@ test('the owner of a job waiting out a long backoff retries it now, and it ends 
   // The provider says "come back in ten minutes"; then it answers.
   await scriptProvider([{ kind: 'rate_limited_seconds', seconds: 600 }]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(uniqueText('patient.txt'));
+  await uploadFiles(page, uniqueText('patient.txt'));
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await page.getByRole('link', { name: 'View the job' }).click();
   const badge = page.locator('.job-state .badge');

@@ -1,5 +1,5 @@
 import * as path from 'path';
-import { allowConsoleError, expect, hostedModel, hostedModelReport, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText, wordFile, zipEntry } from './helpers';
+import { allowConsoleError, chooseFiles, expect, hostedModel, hostedModelReport, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText, uploadFiles, wordFile, zipEntry } from './helpers';
 
 
 test('sign up, upload a PDF, watch it finish and open the result', async ({ page }) => {
@@ -14,7 +14,7 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
   await expect(page).toHaveURL(/\/upload$/);
   // The page uploads through the upload server function, not the REST endpoint.
   const sent = page.waitForRequest((r) => r.method() === 'POST' && new URL(r.url()).pathname === '/api/upload_document');
-  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  await uploadFiles(page, path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   expect((await sent).headers()['content-type']).toMatch(/^multipart\/form-data; boundary=/);
   const row = page.locator('.upload').first();
   await expect(row).toHaveAttribute('data-outcome', 'ok');
@@ -48,7 +48,7 @@ test('an SVG file renamed .pdf is refused with the 415 message and costs nothing
   allowConsoleError(/status of 415 \(Unsupported Media Type\)/);
   await signUp(page, 'svg');
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles({
+  await uploadFiles(page, {
     name: 'invoice.pdf',
     mimeType: 'application/pdf',
     buffer: Buffer.from('<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>'),
@@ -79,7 +79,7 @@ test('the provider failing shows retrying with a countdown, then failed with the
     { kind: 'server_error' },
   ]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  await uploadFiles(page, path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
 
   await page.goto('/jobs');
@@ -107,7 +107,7 @@ test('the jobs list polls every 2 s while a job can change (without moving the l
   try {
     await signUp(page, 'poll');
     await open(page, '/upload');
-    await page.locator('#files').setInputFiles(uniqueText('poll.txt'));
+    await uploadFiles(page, uniqueText('poll.txt'));
     await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
     // The page's timers run on a clock the test moves, so every count below is exact.
     await page.clock.install();
@@ -180,7 +180,7 @@ test('a waiting job is canceled from the jobs list and its credit comes back at 
   try {
     await signUp(page, 'cancel');
     await open(page, '/upload');
-    await page.locator('#files').setInputFiles(uniqueText('not-needed.txt'));
+    await uploadFiles(page, uniqueText('not-needed.txt'));
     await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
     await expect(page.getByTestId('who')).toContainText('19 credits');
     await open(page, '/jobs');
@@ -205,7 +205,7 @@ test('a waiting job is canceled from the jobs list and its credit comes back at 
 test('the jobs list filters by state and searches by file name', async ({ page }) => {
   await signUp(page, 'filters');
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles([uniqueText('alpha-notes.txt'), uniqueText('beta-minutes.txt')]);
+  await uploadFiles(page, [uniqueText('alpha-notes.txt'), uniqueText('beta-minutes.txt')]);
   await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(2);
   await open(page, '/jobs');
   await expect(page.locator('.job')).toHaveCount(2);
@@ -233,7 +233,7 @@ test('a document longer than one provider call is done in parts: "n of N done" a
   const text = Array.from({ length: 1000 }, (_, i) =>
     `Clause-${String(i + 1).padStart(4, '0')} ${marker} binds both parties to the terms set out in schedule A.\n\n`).join('');
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles({ name: 'contract.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
+  await uploadFiles(page, { name: 'contract.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
   const row = page.locator('.upload').first();
   await expect(row).toHaveAttribute('data-outcome', 'ok');
   await row.getByRole('link', { name: 'View the job' }).click();
@@ -269,7 +269,7 @@ test('a multi-page text translated comes back whole, every paragraph in order, i
   await open(page, '/upload');
   await page.locator('#preset').selectOption('translate');
   await page.locator('#language').fill('German');
-  await page.locator('#files').setInputFiles({ name: 'contract.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
+  await uploadFiles(page, { name: 'contract.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
   const row = page.locator('.upload').first();
   await expect(row).toHaveAttribute('data-outcome', 'ok');
   await row.getByRole('link', { name: 'View the job' }).click();
@@ -287,7 +287,7 @@ test('a multi-page text translated comes back whole, every paragraph in order, i
   expect(report.most_at_once).toBeGreaterThan(1);
 });
 
-test('a Word contract is priced as held, translated, and comes back as a Word file with every paragraph in place', async ({ page }) => {
+test('a Word contract is priced and timed before it is confirmed, translated, and comes back as a Word file with every paragraph in place', async ({ page }) => {
   await signUp(page, 'word');
   const marker = `word-${Date.now()}-${Math.random().toString(36).slice(2)}`;
   await hostedModel({ first_token_ms: 50, prefill_tokens_per_sec: 200000, output_tokens_per_sec: 20000, only_for: marker });
@@ -295,10 +295,22 @@ test('a Word contract is priced as held, translated, and comes back as a Word fi
   await open(page, '/upload');
   await page.locator('#preset').selectOption('translate');
   await page.locator('#language').fill('German');
-  await page.locator('#files').setInputFiles(wordFile('contract.docx', 'Service agreement', clauses));
+  // Chosen, it is priced and timed before anything is stored or charged; the user confirms.
+  await chooseFiles(page, wordFile('contract.docx', 'Service agreement', clauses));
   const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'estimated');
+  await expect(row.getByTestId('price')).toHaveText(/^\d+ credits? held, settled to its text's price once read/);
+  await expect(row.getByTestId('estimate')).toContainText('Translate into German');
+  await expect(row.getByTestId('eta')).toHaveText(/^Done (in about|within) \d+ (s|min)/);
+  await expect(page.getByTestId('confirm-bar')).toContainText('1 document:');
+  await expect(page.getByTestId('who')).toContainText('20 credits');
+  // "Not now" lets it go; chosen again, it is confirmed.
+  await page.getByTestId('let-go').click();
+  await expect(page.locator('.upload')).toHaveCount(0);
+  await chooseFiles(page, wordFile('contract.docx', 'Service agreement', clauses));
+  await page.getByTestId('confirm-upload').click();
   await expect(row).toHaveAttribute('data-outcome', 'ok');
-  await expect(row.getByTestId('price')).toHaveText(/^\d+ credits? held$/);
+  await expect(page.getByTestId('confirm-bar')).toHaveCount(0);
   await row.getByRole('link', { name: 'View the job' }).click();
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 60_000 });
   await expect(page.locator('article.result-rendered')).toContainText('[translated] The buyer pays within 30 days.');

@@ -1,4 +1,4 @@
-import { test as base, expect, Browser, Page, TestInfo } from '@playwright/test';
+import { test as base, expect, Browser, Locator, Page, TestInfo } from '@playwright/test';
 import { execFileSync } from 'child_process';
 
 export { expect };
@@ -168,6 +168,26 @@ export async function setProcessing(admin: Page, on: boolean) {
     await admin.getByRole('button', { name: on ? 'Resume processing' : 'Pause processing' }).click();
   }
   await expect(state).toHaveText(want);
+}
+
+type Files = Parameters<Locator['setInputFiles']>[0];
+
+/** Choose files on the upload page, and wait until each is priced and timed by the server (or
+ * refused by its estimate): nothing is sent for good yet. */
+export async function chooseFiles(page: Page, files: Files) {
+  const rows = page.locator('.upload');
+  const before = await rows.count();
+  await page.locator('#files').setInputFiles(files);
+  await expect(rows).toHaveCount(before + (Array.isArray(files) ? files.length : 1));
+  await expect(page.locator('.upload[data-outcome="estimating"]')).toHaveCount(0, { timeout: 15_000 });
+}
+
+/** Choose files and confirm their upload, as a user does (a file its estimate refused is not
+ * sent: there is then nothing to confirm). */
+export async function uploadFiles(page: Page, files: Files) {
+  await chooseFiles(page, files);
+  const confirm = page.getByTestId('confirm-upload');
+  if (await confirm.isVisible()) await confirm.click();
 }
 
 /** A small text document whose content (and so its duplicate check) is unique. */

@@ -1,11 +1,11 @@
 import * as path from 'path';
-import { expect, open, scriptProvider, signUp, test, uniqueText } from './helpers';
+import { expect, open, scriptProvider, signUp, test, uniqueText, uploadFiles } from './helpers';
 
 test('a running job shows its stage live: the pages read, then waiting for the provider since when', async ({ page }) => {
   await signUp(page, 'stage');
   await scriptProvider([{ kind: 'hang', millis: 4_000 }]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(path.join(__dirname, '..', 'fixtures', 'report.pdf'));
+  await uploadFiles(page, path.join(__dirname, '..', 'fixtures', 'report.pdf'));
   await page.locator('.upload').first().getByRole('link', { name: 'View the job' }).click();
   const detail = page.locator('.job-state .state-detail');
   await expect(detail).toHaveAttribute('data-stage', 'waiting_for_provider', { timeout: 10_000 });
@@ -17,7 +17,7 @@ test('a running job shows its stage live: the pages read, then waiting for the p
   // The list shows the stage too, and each job's cost.
   await scriptProvider([{ kind: 'hang', millis: 4_000 }]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(uniqueText('second.txt'));
+  await uploadFiles(page, uniqueText('second.txt'));
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await open(page, '/jobs');
   const running = page.locator('.job').first();
@@ -36,7 +36,7 @@ test('a hostile result is shown rendered but harmless', async ({ page }) => {
     },
   ]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(uniqueText('hostile.txt'));
+  await uploadFiles(page, uniqueText('hostile.txt'));
   await page.locator('.upload').first().getByRole('link', { name: 'View the job' }).click();
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 15_000 });
   const result = page.locator('article.result-rendered');
@@ -78,7 +78,7 @@ test('a job that ends in a background tab is counted in the title and notified a
 
   await scriptProvider([{ kind: 'hang', millis: 3_000 }]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(uniqueText('while-away.txt'));
+  await uploadFiles(page, uniqueText('while-away.txt'));
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
   await open(page, '/jobs');
   await expect(page.locator('.job .badge').first()).not.toHaveAttribute('data-state', 'done');

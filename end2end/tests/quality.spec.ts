@@ -1,4 +1,4 @@
-import { expect, logInAsAdmin, open, signUp, test, uniqueText, watchConsole } from './helpers';
+import { expect, logInAsAdmin, open, signUp, test, uniqueText, uploadFiles, watchConsole } from './helpers';
 
 test('a logged-out visitor is sent to log in, then back to the page they asked for', async ({ page }) => {
   const email = await signUp(page, 'next');
@@ -30,7 +30,7 @@ test('every page fits a phone screen', async ({ browser }) => {
   watchConsole(page);
   await signUp(page, 'phone');
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles(uniqueText('a-rather-long-file-name-for-a-small-screen-report.txt'));
+  await uploadFiles(page, uniqueText('a-rather-long-file-name-for-a-small-screen-report.txt'));
   await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(1);
   await page.getByRole('link', { name: 'View the job' }).click();
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 15_000 });

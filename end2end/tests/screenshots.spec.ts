@@ -1,5 +1,5 @@
 import * as path from 'path';
-import { expect, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText } from './helpers';
+import { expect, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText, uploadFiles } from './helpers';
 
 // The README's pictures, taken from the real pages on every run so they stay current.
 const shots = path.join(__dirname, '..', '..', 'docs', 'screenshots');
@@ -17,7 +17,7 @@ test('README screenshots: upload, jobs, a job, the console', async ({ page, brow
     { kind: 'hang', millis: 4_000 },
   ]);
   await open(page, '/upload');
-  await page.locator('#files').setInputFiles([uniqueText('quarterly-report.txt'), uniqueText('meeting-notes.md')]);
+  await uploadFiles(page, [uniqueText('quarterly-report.txt'), uniqueText('meeting-notes.md')]);
   await expect(page.locator('.upload[data-outcome="ok"]')).toHaveCount(2);
   await page.screenshot({ path: path.join(shots, 'upload.png') });
 

@@ -5,8 +5,9 @@ use leptos::prelude::*;
 use serde_json::Value;
 
 use crate::format::size_text;
+use crate::model::Estimate;
 use crate::server::account::terms;
-use sluice_types::capacity::{billed_tokens, estimate_input_tokens, max_bytes_for_context, PriceTable, SizeKind};
+use sluice_types::capacity::{max_bytes_for_context, PriceTable, SizeKind};
 use sluice_types::Preset;
 
 /// How an upload ended, for the message under its progress bar.
@@ -112,32 +113,103 @@ pub fn terms_hint(max_upload_bytes: u64, prices: &PriceTable) -> String {
     format!("Up to {cap} each. Priced by size: {}.", steps.join(", "))
 }
 
-/// Pure: what a file will cost, from its name and size, before it is sent.
-pub fn price_of_file(prices: &PriceTable, ceiling: Option<u64>, name: &str, bytes: u64, preset: Preset) -> i64 {
-    let kind = SizeKind::from_file_name(name);
-    let tokens = estimate_input_tokens(kind, bytes);
-    // A PDF, a Word file or a page is charged its hold (settled to its text's price once read).
-    let charged = sluice_types::settlement::hold_tokens(kind, tokens, ceiling);
-    // A translation's answer is billed by the provider too.
-    prices.price(billed_tokens(preset, charged))
+/// Pure: an estimate in words: its price, its size and parts, and when it should be done.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EstimateText {
+    pub price: String,
+    pub size: String,
+    pub time: String,
 }
 
-/// Pure: a row's price: "2 credits", or for a PDF, a Word file or a page "2 credits held"
-/// (settled once read).
-pub fn price_label(name: &str, price: i64) -> String {
-    match SizeKind::from_file_name(name) {
-        kind if kind.priced_once_read() => format!("{} held", crate::format::credits_text(price)),
-        _ => crate::format::credits_text(price),
-    }
+/// Pure: what the user reads before confirming an upload.
+pub fn estimate_text(e: &Estimate) -> EstimateText {
+    use crate::format::{credits_text, duration_text, thousands};
+    let price = match (e.held, e.least_credits < e.credits) {
+        (true, true) => format!(
+            "{} held, settled to its text's price once read ({} to {})",
+            credits_text(e.credits),
+            e.least_credits,
+            e.credits
+        ),
+        (true, false) => format!("{} held, settled to its text's price once read", credits_text(e.credits)),
+        (false, _) => credits_text(e.credits),
+    };
+    let tokens = match e.counted_tokens {
+        Some(counted) => format!("{} tokens", thousands(counted as i64)),
+        None => format!("about {} tokens by its size", thousands(e.input_tokens as i64)),
+    };
+    let size = if e.parts > 1 { format!("{tokens}, in {} parts", e.parts) } else { tokens };
+    let measured = e.run_time_basis == "measured";
+    let ahead = match e.jobs_ahead {
+        0 => String::new(),
+        1 => " (1 document ahead of it)".to_string(),
+        n => format!(" ({n} documents ahead of it)"),
+    };
+    let runs = duration_text(e.runs_for_secs as i64);
+    let time = match e.done_in_secs {
+        _ if e.processing_paused => "Processing is paused by an operator: it starts when they resume.".to_string(),
+        Some(secs) if measured => format!("Done in about {}{ahead}.", duration_text(secs as i64)),
+        Some(secs) => format!(
+            "Done within {}{ahead}: nothing has finished lately to time it by, so this is the longest it may take.",
+            duration_text(secs as i64)
+        ),
+        None if measured => {
+            format!("It starts once the {} documents ahead of it are done, then takes about {runs}.", e.jobs_ahead)
+        }
+        None => format!("It starts once the {} documents ahead of it are done, then takes up to {runs}.", e.jobs_ahead),
+    };
+    EstimateText { price, size, time }
 }
 
+/// Pure: the confirm bar's words for the estimates waiting on it: "2 documents: 9 credits."
+pub fn confirm_summary(estimates: &[Estimate]) -> String {
+    let credits: i64 = estimates.iter().map(|e| e.credits).sum();
+    let held = estimates.iter().any(|e| e.held);
+    let documents =
+        if estimates.len() == 1 { "1 document".to_string() } else { format!("{} documents", estimates.len()) };
+    format!(
+        "{documents}: {}{}. Nothing is charged until you upload.",
+        crate::format::credits_text(credits),
+        if held { " at most (held prices settle once read)" } else { "" }
+    )
+}
+
+/// A chosen file: priced and timed by the server first, sent once the user confirms.
 #[derive(Clone)]
 struct UploadRow {
     name: String,
-    /// What it will cost, known from its size and type before it is sent.
-    price: Option<i64>,
+    /// What it is to be done as, chosen with it (its estimate is for this).
+    preset: String,
+    language: Option<String>,
+    /// Reading progress of the estimate, then of the upload.
     progress: RwSignal<f64>,
+    estimate: RwSignal<Option<Estimate>>,
+    /// Confirmed: being sent, or sent.
+    sent: RwSignal<bool>,
     outcome: RwSignal<Option<Outcome>>,
+    #[cfg(feature = "hydrate")]
+    file: send_wrapper::SendWrapper<web_sys::File>,
+}
+
+impl UploadRow {
+    /// Priced and waiting for the user's word.
+    fn awaits_confirmation(&self) -> bool {
+        self.estimate.get().is_some() && !self.sent.get() && self.outcome.get().is_none()
+    }
+
+    fn is_estimating(&self) -> bool {
+        self.estimate.get().is_none() && self.outcome.get().is_none()
+    }
+
+    /// The row's `data-outcome`: `estimating`, `estimated`, `uploading`, or how it ended.
+    fn stage(&self) -> &'static str {
+        match (self.outcome.get(), self.sent.get(), self.estimate.get().is_some()) {
+            (Some(outcome), _, _) => outcome.kind,
+            (None, true, _) => "uploading",
+            (None, false, true) => "estimated",
+            (None, false, false) => "estimating",
+        }
+    }
 }
 
 #[component]
@@ -151,23 +223,59 @@ pub fn UploadPage() -> impl IntoView {
     #[cfg(feature = "hydrate")]
     let account = use_context::<crate::AccountChanged>();
 
+    // Each chosen file is read by the server once for its estimate (its tokens counted, its
+    // type known by its content); nothing is stored or charged until the user confirms.
     #[cfg(feature = "hydrate")]
     let start = move |files: web_sys::FileList| {
         for i in 0..files.length() {
             if let Some(file) = files.get(i) {
-                let terms = terms.get_untracked().and_then(|r| r.ok());
-                let chosen = Preset::parse(&preset.get_untracked()).unwrap_or(Preset::Summarize);
-                let price = terms
-                    .map(|t| price_of_file(&t.prices, t.max_document_tokens, &file.name(), file.size() as u64, chosen));
-                let row =
-                    UploadRow { name: file.name(), price, progress: RwSignal::new(0.0), outcome: RwSignal::new(None) };
+                let chosen = preset.get_untracked();
+                let row = UploadRow {
+                    name: file.name(),
+                    language: (chosen == "translate").then(|| language.get_untracked()),
+                    preset: chosen,
+                    progress: RwSignal::new(0.0),
+                    estimate: RwSignal::new(None),
+                    sent: RwSignal::new(false),
+                    outcome: RwSignal::new(None),
+                    file: send_wrapper::SendWrapper::new(file),
+                };
                 rows.update(|r| r.push(row.clone()));
-                let preset = preset.get_untracked();
-                let language = (preset == "translate").then(|| language.get_untracked());
-                send(file, preset, language, row.progress, row.outcome, account);
+                let (estimate, outcome) = (row.estimate, row.outcome);
+                send(ESTIMATE_URL, &row, move |status, body| match status {
+                    200 => match serde_json::from_value::<Estimate>(body) {
+                        Ok(e) => estimate.set(Some(e)),
+                        Err(_) => outcome.set(Some(outcome_for(500, &Value::Null))),
+                    },
+                    _ => outcome.set(Some(outcome_for(status, &body))),
+                });
             }
         }
     };
+    let waiting = move || rows.get().into_iter().filter(UploadRow::awaits_confirmation).collect::<Vec<_>>();
+    let estimating = move || rows.get().iter().any(UploadRow::is_estimating);
+    let confirm = move |_| {
+        for row in waiting() {
+            row.sent.set(true);
+            row.progress.set(0.0);
+            #[cfg(feature = "hydrate")]
+            {
+                let (progress, outcome) = (row.progress, row.outcome);
+                send(UPLOAD_URL, &row, move |status, body| {
+                    progress.set(1.0);
+                    if status == 202 {
+                        // A credit was taken: the header's balance asks again.
+                        if let Some(crate::AccountChanged(changed)) = account {
+                            changed.update(|n| *n += 1);
+                        }
+                    }
+                    outcome.set(Some(outcome_for(status, &body)));
+                });
+            }
+        }
+    };
+    // "Not now": the files waiting for confirmation are let go (nothing was stored).
+    let let_go = move |_| rows.update(|r| r.retain(|row| !row.awaits_confirmation()));
 
     view! {
         <section class="card">
@@ -246,15 +354,24 @@ pub fn UploadPage() -> impl IntoView {
                     rows.get()
                         .into_iter()
                         .map(|row| {
-                            let UploadRow { name, price, progress, outcome } = row;
-                            let price = price.map(|p| price_label(&name, p));
+                            let name = row.name.clone();
+                            let task = preset_words(&row.preset, row.language.as_deref());
+                            let (estimate, outcome, progress) = (row.estimate, row.outcome, row.progress);
                             view! {
-                                <li class="upload" data-outcome=move || outcome.get().map(|o| o.kind).unwrap_or("uploading")>
+                                <li class="upload" data-outcome=move || row.stage()>
                                     <span class="file-name">{name}</span>
-                                    {price.map(|p| view! {
-                                        <span class="price" data-testid="price">{p}</span>
-                                    })}
                                     <progress max="1" value=move || progress.get()></progress>
+                                    {move || estimate.get().map(|e| {
+                                        let words = estimate_text(&e);
+                                        view! {
+                                            <p class="estimate" data-testid="estimate">
+                                                <span class="price" data-testid="price">{words.price}</span>
+                                                " · " {task.clone()} " · " {words.size}
+                                                <br/>
+                                                <span data-testid="eta">{words.time}</span>
+                                            </p>
+                                        }
+                                    })}
                                     {move || {
                                         outcome
                                             .get()
@@ -273,36 +390,65 @@ pub fn UploadPage() -> impl IntoView {
                         .collect_view()
                 }}
             </ul>
+            <Show when=move || !waiting().is_empty()>
+                <div class="confirm" data-testid="confirm-bar">
+                    <p>
+                        {move || {
+                            let estimates: Vec<Estimate> = waiting().iter().filter_map(|r| r.estimate.get()).collect();
+                            confirm_summary(&estimates)
+                        }}
+                    </p>
+                    <button
+                        class="button primary"
+                        data-testid="confirm-upload"
+                        disabled=move || estimating()
+                        on:click=confirm
+                    >
+                        {move || match waiting().len() {
+                            1 => "Upload it".to_string(),
+                            n => format!("Upload all {n}"),
+                        }}
+                    </button>
+                    <button class="button" data-testid="let-go" on:click=let_go>"Not now"</button>
+                </div>
+            </Show>
         </section>
+    }
+}
+
+/// Pure: what a row is to be done as: "Summarize", "Translate into German".
+fn preset_words(preset: &str, language: Option<&str>) -> String {
+    let label = Preset::parse(preset).map(|p| p.label().to_string()).unwrap_or_else(|| preset.to_string());
+    match language {
+        Some(language) => format!("{label} into {language}"),
+        None => label,
     }
 }
 
 /// Where the upload page sends files: the `upload_document` server function.
 pub const UPLOAD_URL: &str = "/api/upload_document";
+/// Where it asks a file's estimate before the user confirms (the REST API's dry run).
+pub const ESTIMATE_URL: &str = "/api/v1/estimate";
 
-/// Upload one file with XMLHttpRequest, which reports upload progress (fetch does not).
+/// Send a row's file and options to `url` with XMLHttpRequest, which reports upload progress
+/// (fetch does not); `done` gets the status (0 when the request did not get through) and the
+/// JSON answer.
 #[cfg(feature = "hydrate")]
-fn send(
-    file: web_sys::File,
-    preset: String,
-    language: Option<String>,
-    progress: RwSignal<f64>,
-    outcome: RwSignal<Option<Outcome>>,
-    account: Option<crate::AccountChanged>,
-) {
+fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     use wasm_bindgen::closure::Closure;
     use wasm_bindgen::JsCast;
 
     let Ok(xhr) = web_sys::XmlHttpRequest::new() else { return };
     let Ok(form) = web_sys::FormData::new() else { return };
-    let _ = form.append_with_blob_and_filename("file", &file, &file.name());
-    let _ = form.append_with_str("preset", &preset);
-    if let Some(language) = language {
-        let _ = form.append_with_str("language", &language);
+    let file: &web_sys::File = &row.file;
+    let _ = form.append_with_blob_and_filename("file", file, &file.name());
+    let _ = form.append_with_str("preset", &row.preset);
+    if let Some(language) = &row.language {
+        let _ = form.append_with_str("language", language);
     }
-    // The upload server function (the same intake as the REST API's `POST /api/v1/jobs`).
-    let _ = xhr.open("POST", UPLOAD_URL);
+    let _ = xhr.open("POST", url);
 
+    let progress = row.progress;
     let on_progress = Closure::<dyn FnMut(web_sys::ProgressEvent)>::new(move |e: web_sys::ProgressEvent| {
         if e.length_computable() && e.total() > 0.0 {
             progress.set(e.loaded() / e.total());
@@ -313,23 +459,23 @@ fn send(
     }
     on_progress.forget();
 
-    let done = xhr.clone();
+    // Load and error each may end it; whichever comes first does.
+    let done = std::rc::Rc::new(std::cell::RefCell::new(Some(done)));
+    let (loaded, answered) = (xhr.clone(), done.clone());
     let on_load = Closure::<dyn FnMut()>::new(move || {
-        let status = done.status().unwrap_or(0);
-        let body = done.response_text().ok().flatten().unwrap_or_default();
-        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        progress.set(1.0);
-        if status == 202 {
-            // A credit was taken: the header's balance asks again.
-            if let Some(crate::AccountChanged(changed)) = account {
-                changed.update(|n| *n += 1);
-            }
+        let status = loaded.status().unwrap_or(0);
+        let body = loaded.response_text().ok().flatten().unwrap_or_default();
+        if let Some(done) = answered.borrow_mut().take() {
+            done(status, serde_json::from_str(&body).unwrap_or(Value::Null));
         }
-        outcome.set(Some(outcome_for(status, &json)));
     });
     xhr.set_onload(Some(on_load.as_ref().unchecked_ref()));
     on_load.forget();
-    let on_error = Closure::<dyn FnMut()>::new(move || outcome.set(Some(outcome_for(0, &Value::Null))));
+    let on_error = Closure::<dyn FnMut()>::new(move || {
+        if let Some(done) = done.borrow_mut().take() {
+            done(0, Value::Null);
+        }
+    });
     xhr.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
     let _ = xhr.send_with_opt_form_data(Some(&form));
@@ -356,37 +502,65 @@ mod tests {
             terms_hint(50 * 1024 * 1024, &table),
             "Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each 781 KB (7.6 MB) after that."
         );
-        assert_eq!(
-            price_of_file(&table, None, "long.txt", 1_000_000, Preset::Summarize),
-            8,
-            "past the last step the price keeps growing"
+    }
+
+    fn estimate() -> Estimate {
+        Estimate {
+            doc_type: "txt".into(),
+            bytes: 50_000,
+            counted_tokens: Some(12_345),
+            input_tokens: 12_385,
+            credits: 7,
+            held: false,
+            least_credits: 7,
+            parts: 1,
+            jobs_ahead: 0,
+            starts_in_secs: Some(0),
+            runs_for_secs: 95,
+            run_time_basis: "measured".into(),
+            done_in_secs: Some(95),
+            processing_paused: false,
+        }
+    }
+
+    #[test]
+    fn an_estimate_reads_as_a_price_a_size_and_a_time() {
+        let text = estimate_text(&estimate());
+        assert_eq!(text.price, "7 credits");
+        assert_eq!(text.size, "12,345 tokens");
+        assert_eq!(text.time, "Done in about 95 s.");
+        let word = Estimate {
+            doc_type: "docx".into(),
+            counted_tokens: None,
+            held: true,
+            least_credits: 1,
+            parts: 3,
+            jobs_ahead: 4,
+            done_in_secs: Some(400),
+            run_time_basis: "deadline".into(),
+            ..estimate()
+        };
+        let text = estimate_text(&word);
+        assert_eq!(text.price, "7 credits held, settled to its text's price once read (1 to 7)");
+        assert_eq!(text.size, "about 12,385 tokens by its size, in 3 parts");
+        assert!(
+            text.time.starts_with("Done within 6 min (4 documents ahead of it): nothing has finished lately"),
+            "{}",
+            text.time
         );
-        assert_eq!(price_of_file(&table, None, "notes.txt", 1_000, Preset::Summarize), 1);
+        let unknown_start = Estimate { starts_in_secs: None, done_in_secs: None, jobs_ahead: 3, ..estimate() };
         assert_eq!(
-            price_of_file(&table, None, "book.txt", 200_000, Preset::Translate),
-            price_of_file(&table, None, "book.txt", 400_000, Preset::Summarize),
-            "a translation is priced by what it reads and writes"
+            estimate_text(&unknown_start).time,
+            "It starts once the 3 documents ahead of it are done, then takes about 95 s."
         );
-        assert_eq!(price_of_file(&table, None, "book.txt", 200_000, Preset::Summarize), 2);
+        let paused = Estimate { processing_paused: true, ..estimate() };
+        assert!(estimate_text(&paused).time.starts_with("Processing is paused"));
+        assert_eq!(confirm_summary(&[estimate()]), "1 document: 7 credits. Nothing is charged until you upload.");
         assert_eq!(
-            price_of_file(&table, None, "book.pdf", 20_000, Preset::Summarize),
-            1,
-            "a PDF's bytes are mostly not text"
+            confirm_summary(&[estimate(), word]),
+            "2 documents: 14 credits at most (held prices settle once read). Nothing is charged until you upload."
         );
-        assert_eq!(
-            price_of_file(&table, None, "book.pdf", 200_000, Preset::Summarize),
-            2,
-            "a PDF is charged its hold: 8 times its bytes' tokens"
-        );
-        assert_eq!(
-            price_of_file(&table, Some(25_000), "book.pdf", 200_000, Preset::Summarize),
-            1,
-            "never past the ceiling"
-        );
-        assert_eq!(price_label("book.pdf", 2), "2 credits held");
-        assert_eq!(price_label("notes.txt", 1), "1 credit");
-        assert_eq!(price_label("contract.docx", 2), "2 credits held");
-        assert_eq!(price_label("saved.html", 1), "1 credit held");
+        assert_eq!(preset_words("translate", Some("German")), "Translate into German");
     }
 
     #[test]
