@@ -34,10 +34,61 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::put_webhook, jobs::delete_webhook))
 }
 
-/// The whole document (built once).
+/// The whole document (built once), with its links.
 pub fn document() -> &'static utoipa::openapi::OpenApi {
     static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOCUMENT.get_or_init(|| api_routes().split_for_parts().1)
+    DOCUMENT.get_or_init(|| with_job_links(api_routes().split_for_parts().1))
+}
+
+/// Where a new job is made: its answer's `id` names it for every job route.
+const MAKES_A_JOB: [(&str, &str); 2] = [("/api/v1/jobs", "post"), ("/api/v1/jobs/{id}/run-again", "post")];
+
+/// Links from each answer that names a new job (an upload, a run again) to every operation on
+/// `/api/v1/jobs/{id}...`, its `id` taken from the answer: a client, or a fuzzer, follows a job
+/// from its upload to its end without guessing ids.
+fn with_job_links(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::link::LinkBuilder;
+    use utoipa::openapi::RefOr;
+    let targets: Vec<String> = doc
+        .paths
+        .paths
+        .iter()
+        .filter(|(path, _)| path.starts_with("/api/v1/jobs/{id}"))
+        .flat_map(|(_, item)| operations(item))
+        .filter_map(|operation| operation.operation_id.clone())
+        .collect();
+    for (path, method) in MAKES_A_JOB {
+        let Some(operation) = doc.paths.paths.get_mut(path).and_then(|item| operation_mut(item, method)) else {
+            continue;
+        };
+        for (status, response) in operation.responses.responses.iter_mut() {
+            let RefOr::T(response) = response else { continue };
+            if !matches!(status.as_str(), "200" | "202") {
+                continue;
+            }
+            for target in &targets {
+                let link = LinkBuilder::new()
+                    .operation_id(target.clone())
+                    .parameter("id", "$response.body#/id")
+                    .description(format!("`{target}` for the job this answer names"))
+                    .build();
+                response.links.insert(target.clone(), RefOr::T(link));
+            }
+        }
+    }
+    doc
+}
+
+fn operations(item: &utoipa::openapi::PathItem) -> impl Iterator<Item = &utoipa::openapi::path::Operation> {
+    [&item.get, &item.put, &item.post, &item.delete, &item.patch].into_iter().flatten()
+}
+
+fn operation_mut<'a>(item: &'a mut utoipa::openapi::PathItem, method: &str) -> Option<&'a mut utoipa::openapi::path::Operation> {
+    match method {
+        "post" => item.post.as_mut(),
+        "put" => item.put.as_mut(),
+        _ => None,
+    }
 }
 
 /// `/api/v1/openapi.json` and the docs page. Swagger UI runs its own script and styles, so the
@@ -85,5 +136,24 @@ mod tests {
             }
         }
         assert_eq!(operations, 13, "{}", serde_json::to_string_pretty(paths).unwrap());
+    }
+
+    /// An upload's answer links to every job route, the job's id taken from the answer.
+    #[test]
+    fn a_new_jobs_answer_links_to_every_job_route() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let job_routes: usize = doc["paths"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(path, _)| path.starts_with("/api/v1/jobs/{id}"))
+            .map(|(_, item)| item.as_object().unwrap().len())
+            .sum();
+        assert_eq!(job_routes, 10);
+        for (path, status) in [("/api/v1/jobs", "202"), ("/api/v1/jobs", "200"), ("/api/v1/jobs/{id}/run-again", "202")] {
+            let links = doc["paths"][path]["post"]["responses"][status]["links"].as_object().unwrap();
+            assert_eq!(links.len(), job_routes, "{path} {status}");
+            assert_eq!(links["get_job"]["parameters"]["id"], "$response.body#/id");
+        }
     }
 }

@@ -21,7 +21,7 @@ use engine::queue::JobView;
 use engine::JobState;
 
 use super::error::ApiError;
-use super::openapi::{ErrorBody, ResultBody, UploadForm};
+use super::openapi::{callback_url, ErrorBody, ResultBody, RunAgainBody, UploadForm};
 use super::AppState;
 
 /// The caller from a bearer token or the session; 401 otherwise.
@@ -218,8 +218,10 @@ fn accepted(uploaded: upload::Uploaded) -> Response {
     (status, [(header::LOCATION, uploaded.status_url())], Json(uploaded.reply())).into_response()
 }
 
-/// The body of `POST /api/v1/jobs/{id}/run-again` (all optional).
-#[derive(Default, serde::Deserialize, utoipa::ToSchema)]
+/// The body of `POST /api/v1/jobs/{id}/run-again` (all optional; its contract is
+/// [`RunAgainBody`]).
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunAgain {
     preset: Option<String>,
     language: Option<String>,
@@ -233,7 +235,7 @@ pub struct RunAgain {
     path = "/api/v1/jobs/{id}/run-again",
     tag = "jobs",
     params(("id" = String, Path, description = JOB_ID)),
-    request_body(content = Option<RunAgain>, content_type = "application/json"),
+    request_body(content = Option<RunAgainBody>, content_type = "application/json"),
     responses(
         (status = 202, description = "A new job for the same document, charged", body = app::model::UploadReply,
             headers(("Location" = String, description = "The new job's status URL"))),
@@ -545,7 +547,9 @@ async fn calling_token(state: &AppState, headers: &HeaderMap, session: &Session)
 
 /// The body of `PUT /api/v1/webhook`.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WebhookRequest {
+    #[schema(schema_with = callback_url)]
     url: String,
 }
 

@@ -3,6 +3,7 @@
 //! `api` puts handlers and contract together. Nothing here knows a route.
 
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::schema::{KnownFormat, Object, ObjectBuilder, SchemaFormat, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 /// Every error answer's body: a machine-readable code, the words to show, and the code's
@@ -18,17 +19,140 @@ pub struct ErrorBody {
     message: String,
 }
 
-/// The upload form (`multipart/form-data`): the document first or last, with what to do with it.
-#[derive(ToSchema)]
+/// The upload form (`multipart/form-data`): the document, what to do with it, and where to
+/// report its end. A translation names its language; other presets need none. Fields other
+/// than these are refused (422).
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(untagged)]
+#[allow(dead_code)] // Only its schema is used; the form is read field by field.
+pub enum UploadForm {
+    /// Summarize (the default), explain, or list its key facts.
+    #[schema(title = "Summarize, explain or list key facts")]
+    Other(OtherForm),
+    #[schema(title = "Translate")]
+    Translation(TranslationForm),
+}
+
+/// An upload to summarize (the default), explain, or list its key facts.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
-pub struct UploadForm {
-    /// The document: PDF, Markdown, HTML or plain text (UTF-8, UTF-16 with a BOM, or Latin-1).
-    #[schema(format = Binary, content_media_type = "application/octet-stream")]
+pub struct OtherForm {
+    #[schema(schema_with = document_file)]
     file: String,
-    /// What to do: summarize (default), translate, explain, key_facts.
-    preset: Option<app::model::Preset>,
-    /// The target language of a translation.
+    #[schema(schema_with = other_presets)]
+    preset: Option<String>,
+    /// Not needed; a language name like "German" is kept with the job.
+    #[schema(schema_with = language)]
     language: Option<String>,
+    #[schema(schema_with = callback_url)]
+    callback_url: Option<String>,
+}
+
+/// An upload to translate: `preset` is `translate`, and `language` names the target language.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct TranslationForm {
+    #[schema(schema_with = document_file)]
+    file: String,
+    #[schema(schema_with = translate_preset)]
+    preset: String,
+    #[schema(schema_with = language)]
+    language: String,
+    #[schema(schema_with = callback_url)]
+    callback_url: Option<String>,
+}
+
+/// The document: PDF, Word (.docx), OpenDocument text (.odt), a web page, Markdown or plain
+/// text (UTF-8, UTF-16 with a BOM, or Latin-1). Its bytes decide its type, not its name or
+/// media type: other bytes are 415.
+fn document_file() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+        .content_media_type("application/octet-stream")
+        .description(Some(
+            "The document: PDF, Word (.docx), OpenDocument text (.odt), a web page, Markdown or plain text \
+             (UTF-8, UTF-16 with a BOM, or Latin-1), up to the server's size limit. Its bytes decide its type, \
+             not its name or media type: other bytes are 415; an empty file is 422.",
+        ))
+        .build()
+}
+
+/// The presets other than a translation.
+pub fn other_presets() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["summarize", "explain", "key_facts"]))
+        .description(Some("What to do (summarize when left out)."))
+        .build()
+}
+
+pub fn translate_preset() -> Object {
+    ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["translate"])).build()
+}
+
+/// A language name: 1 to 40 characters, no control characters, not blank at either end (the
+/// server trims it, and a blank one names none).
+pub fn language() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(40))
+        .pattern(Some(LANGUAGE_PATTERN))
+        .description(Some("The target language, by name, e.g. \"German\"."))
+        .build()
+}
+
+/// What [`language`] allows, as a regular expression both the server's tests and the fuzzer read.
+pub const LANGUAGE_PATTERN: &str = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]{0,38}[^\s\x00-\x1f\x7f-\x9f])?$";
+
+/// A callback URL, as the upload form and `PUT /api/v1/webhook` take it.
+pub fn callback_url() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uri)))
+        .pattern(Some(r"^https?://[^/@?#\s]+([/?#]\S*)?$"))
+        .max_length(Some(engine::webhooks::target::MAX_URL_LEN))
+        .description(Some(
+            "Where to POST the job's end (signed). An http(s) URL this server may call: its operator may \
+             allow only some hosts, and never private addresses; one it may not call is 422.",
+        ))
+        .build()
+}
+
+/// The body of `POST /api/v1/jobs/{id}/run-again` (all optional): another preset, and a
+/// translation's language; left out, the earlier job's.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum RunAgainBody {
+    #[schema(title = "The same, or another preset")]
+    Other(OtherRunAgain),
+    #[schema(title = "Translate")]
+    Translation(TranslationRunAgain),
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct OtherRunAgain {
+    /// Left out (or null): the earlier job's preset, and its language.
+    #[schema(schema_with = other_presets, nullable)]
+    preset: Option<String>,
+    #[schema(schema_with = language, nullable)]
+    language: Option<String>,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct TranslationRunAgain {
+    #[schema(schema_with = translate_preset)]
+    preset: String,
+    #[schema(schema_with = language)]
+    language: String,
 }
 
 /// A done job's result.
