@@ -105,6 +105,11 @@ fn ensure_system_packages(browser: bool) -> Result {
     if browser && !npm.map(|s| s.success()).unwrap_or(false) {
         missing.extend(["nodejs", "npm"]);
     }
+    // ...and Python with venv, for the contract fuzzer (Schemathesis, from PyPI).
+    let venv = Command::new("python3").args(["-c", "import venv, ensurepip"]).stderr(Stdio::null()).status();
+    if browser && !venv.map(|s| s.success()).unwrap_or(false) {
+        missing.extend(["python3", "python3-venv"]);
+    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -310,12 +315,7 @@ fn test(args: &[String]) -> Result {
     }
 
     if !skip_e2e {
-        let t = Instant::now();
-        let e2e = end_to_end(&temp.cluster, &playwright_args);
-        if let Err(e) = &e2e {
-            eprintln!("xtask: end-to-end: {e}");
-        }
-        steps.push(Step { name: "end-to-end (Playwright, Chromium)", ok: e2e.is_ok(), took: t.elapsed() });
+        end_to_end(&temp.cluster, &playwright_args, &mut steps);
     }
     drop(temp);
 
@@ -353,9 +353,57 @@ fn send_sigterm(pid: u32) {
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
 }
 
+/// The browser suite, then the contract fuzzer against the same server (the fuzzer only with
+/// the whole suite, not when iterating on one flow). Each is a step of the summary.
+fn end_to_end(cluster: &pgcluster::Cluster, playwright_args: &[String], steps: &mut Vec<Step>) {
+    let t = Instant::now();
+    let mut fuzz = None;
+    let e2e = browser_suite(cluster, playwright_args, |base, server_bin| {
+        if playwright_args.is_empty() {
+            let t = Instant::now();
+            fuzz = Some((contract_fuzz(base, server_bin, &cluster.url("sluice_e2e")), t.elapsed()));
+        }
+    });
+    if let Err(e) = &e2e {
+        eprintln!("xtask: end-to-end: {e}");
+    }
+    steps.push(Step { name: "end-to-end (Playwright, Chromium)", ok: e2e.is_ok(), took: t.elapsed() });
+    if let Some((fuzzed, took)) = fuzz {
+        if let Err(e) = &fuzzed {
+            eprintln!("xtask: contract fuzz: {e}");
+        }
+        steps.push(Step { name: "API contract (Schemathesis, all checks)", ok: fuzzed.is_ok(), took });
+    }
+}
+
+/// Schemathesis, pinned, in a virtual environment of its own (from PyPI, once).
+const SCHEMATHESIS_VERSION: &str = "4.32.5";
+const FUZZ_VENV: &str = "target/schemathesis-venv";
+
+/// Run the OpenAPI fuzzer with every check against the server at `base`
+/// (tools/contract_fuzz.py, tools/schemathesis.toml).
+fn contract_fuzz(base: &str, server_bin: &Path, database_url: &str) -> Result {
+    let python = Path::new(FUZZ_VENV).join("bin/python3");
+    let have = output_of(Command::new(&python).args(["-m", "schemathesis.cli", "--version"])).unwrap_or_default();
+    if !have.contains(SCHEMATHESIS_VERSION) {
+        eprintln!("xtask: installing Schemathesis {SCHEMATHESIS_VERSION} (the OpenAPI fuzzer) into {FUZZ_VENV}");
+        status(Command::new("python3").args(["-m", "venv", FUZZ_VENV]), "python3 -m venv")?;
+        let wanted = format!("schemathesis=={SCHEMATHESIS_VERSION}");
+        status(Command::new(&python).args(["-m", "pip", "install", "-q", &wanted]), "pip install schemathesis")?;
+    }
+    status(
+        Command::new(&python)
+            .args(["tools/contract_fuzz.py", base])
+            .env("SLUICE_SERVER_BIN", server_bin)
+            .env("DATABASE_URL", database_url),
+        "schemathesis run",
+    )
+}
+
 /// The browser suite runs against the production build, so a bundle that does not hydrate
-/// (an old wasm-opt, a bad CSP) cannot land.
-fn end_to_end(cluster: &pgcluster::Cluster, playwright_args: &[String]) -> Result {
+/// (an old wasm-opt, a bad CSP) cannot land. `after` runs against the same server once the
+/// suite is done.
+fn browser_suite(cluster: &pgcluster::Cluster, playwright_args: &[String], after: impl FnOnce(&str, &Path)) -> Result {
     build_site(true)?;
     let server_bin = std::env::current_dir().map_err(|e| e.to_string())?.join("target/release/server");
     cluster.create_database("sluice_e2e").map_err(|e| e.to_string())?;
@@ -435,6 +483,7 @@ fn end_to_end(cluster: &pgcluster::Cluster, playwright_args: &[String]) -> Resul
             .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1"),
         "playwright test",
     );
+    after(&base, &server_bin);
     let _ = std::fs::remove_dir_all(&data_dir);
     result
 }

@@ -232,7 +232,7 @@ pub fn UploadPage() -> impl IntoView {
                 let chosen = preset.get_untracked();
                 let row = UploadRow {
                     name: file.name(),
-                    language: (chosen == "translate").then(|| language.get_untracked()),
+                    language: (chosen == "translate").then(|| language.get_untracked().trim().to_string()),
                     preset: chosen,
                     progress: RwSignal::new(0.0),
                     estimate: RwSignal::new(None),

@@ -302,8 +302,8 @@ pub async fn run_again(
         return Err(AppError::NotFound);
     }
     let spec: Option<engine::documents::payload::DocumentJob> = serde_json::from_value(earlier.payload.clone()).ok();
-    let options = UploadOptions {
-        preset: match preset.filter(|p| !p.trim().is_empty()) {
+    let mut options = UploadOptions {
+        preset: match preset {
             Some(p) => intake::parse_preset(p)?,
             None => spec.as_ref().map(|s| s.preset).unwrap_or(engine::Preset::Summarize),
         },
@@ -313,7 +313,7 @@ pub async fn run_again(
         },
         callback_url: None,
     };
-    options.check(&ctx.settings.presets)?;
+    options.complete(&ctx.settings.presets)?;
     // What this run costs: its own preset's price (a translation's answer is billed too).
     let charged = spec
         .as_ref()
@@ -570,7 +570,7 @@ async fn read_form(
                 }
             }
         }
-        options.check(rules.presets)?;
+        options.complete(rules.presets)?;
         Ok::<_, AppError>(())
     };
     // The deadline drops the reading, not this function: what was stored is deleted below.

@@ -215,26 +215,35 @@ impl Default for UploadOptions {
     }
 }
 
-/// Pure: a preset by its form name, or a message listing the names.
+/// The language a translation is into when the upload names none (as most translation APIs
+/// default to their most asked-for target).
+pub const DEFAULT_TARGET_LANGUAGE: &str = "English";
+
+/// Pure: a preset by its form name exactly, or a message listing the names.
 pub fn parse_preset(value: &str) -> Result<Preset> {
-    Preset::parse(value.trim()).ok_or_else(|| {
+    Preset::parse(value).ok_or_else(|| {
         let names: Vec<&str> = Preset::ALL.iter().map(|p| p.as_str()).collect();
         EngineError::Invalid(format!("unknown preset {value:?}; use one of {}", names.join(", ")))
     })
 }
 
-/// Pure: a language name as the user typed it (empty means none).
+/// Pure: a language name: none when empty, else 1 to 40 characters, no control characters,
+/// not blank at either end (what the API's contract says, so a fuzzer finds no gap).
 pub fn parse_language(value: &str) -> Result<Option<String>> {
-    let value = value.trim();
-    if value.chars().count() > 40 || value.chars().any(|c| c.is_control()) {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let count = value.chars().count();
+    if count > 40 || value.chars().any(|c| c.is_control()) || value.trim().chars().count() != count {
         return Err(EngineError::Invalid("the language should be a name like \"German\"".into()));
     }
-    Ok((!value.is_empty()).then(|| value.to_string()))
+    Ok(Some(value.to_string()))
 }
 
 impl UploadOptions {
     /// Pure: can this server do what was asked? `offered` are the presets its provider supports.
-    pub fn check(&self, offered: &[Preset]) -> Result<()> {
+    /// A translation that names no language is into [`DEFAULT_TARGET_LANGUAGE`].
+    pub fn complete(&mut self, offered: &[Preset]) -> Result<()> {
         if !offered.contains(&self.preset) {
             return Err(EngineError::Invalid(format!(
                 "\"{}\" needs a language model, and this server has none configured",
@@ -242,7 +251,7 @@ impl UploadOptions {
             )));
         }
         if self.preset == Preset::Translate && self.language.is_none() {
-            return Err(EngineError::Invalid("say which language to translate into".into()));
+            self.language = Some(DEFAULT_TARGET_LANGUAGE.to_string());
         }
         Ok(())
     }
@@ -542,13 +551,20 @@ mod tests {
     #[test]
     fn options_are_checked_against_what_the_server_offers() {
         let local = [Preset::Summarize, Preset::KeyFacts];
-        assert!(UploadOptions::default().check(&local).is_ok());
+        assert!(UploadOptions::default().complete(&local).is_ok());
         let translate = UploadOptions { preset: Preset::Translate, ..UploadOptions::default() };
-        assert!(translate.check(&local).is_err());
-        assert!(translate.check(&Preset::ALL).is_err(), "needs a language");
-        assert!(UploadOptions { language: Some("German".into()), ..translate }.check(&Preset::ALL).is_ok());
+        assert!(translate.clone().complete(&local).is_err());
+        let mut into_english = translate.clone();
+        into_english.complete(&Preset::ALL).unwrap();
+        assert_eq!(into_english.language.as_deref(), Some("English"), "a translation names no language: English");
+        let mut into_german = UploadOptions { language: Some("German".into()), ..translate };
+        into_german.complete(&Preset::ALL).unwrap();
+        assert_eq!(into_german.language.as_deref(), Some("German"));
         assert!(parse_preset("nope").is_err());
-        assert_eq!(parse_language("  ").unwrap(), None);
+        assert_eq!(parse_language("").unwrap(), None);
+        assert!(parse_language("  ").is_err(), "a blank name is no name");
+        assert!(parse_language(" German").is_err());
+        assert_eq!(parse_language("Brazilian Portuguese").unwrap().as_deref(), Some("Brazilian Portuguese"));
         assert!(parse_language(&"x".repeat(41)).is_err());
     }
 }

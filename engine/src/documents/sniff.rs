@@ -76,19 +76,23 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     if looks_like_markup(&lossy) {
         return Err(MARKUP_REFUSAL.into());
     }
-    if let Some(kind) = infer::get(head) {
-        return Err(format!("this is a {} file ({}), not {ACCEPTED}", kind.extension(), kind.mime_type()));
-    }
+    // Text first: a text that happens to begin like a binary format's signature ("BMW's
+    // report" is a BMP's "BM", "MZ" an executable's) is still text.
     let text = match std::str::from_utf8(head) {
-        Ok(t) => t,
+        Ok(t) => Some(t),
         // A multi-byte character cut at the end of the sample is fine.
-        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or(""),
-        Err(_) => return Err("this file is neither a PDF nor UTF-8 text".into()),
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).ok(),
+        Err(_) => None,
     };
-    if text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t' | '\u{c}')) {
-        return Err("this file is neither a PDF nor UTF-8 text (it has binary content)".into());
+    let printable = text.filter(|t| !t.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t' | '\u{c}')));
+    match printable {
+        Some(text) => Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText }),
+        None => match infer::get(head) {
+            Some(kind) => Err(format!("this is a {} file ({}), not {ACCEPTED}", kind.extension(), kind.mime_type())),
+            None if text.is_some() => Err("this file is neither a PDF nor UTF-8 text (it has binary content)".into()),
+            None => Err("this file is neither a PDF nor UTF-8 text".into()),
+        },
     }
-    Ok(if looks_like_markdown(text) { DocType::Markdown } else { DocType::PlainText })
 }
 
 /// What is accepted, in words.
@@ -257,7 +261,11 @@ mod tests {
         assert!(sniff(b"PK\x03\x04\x14\x00\x00\x00\x08\x00").unwrap_err().contains("not a Word"), "zip");
         assert!(sniff(b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00").is_err(), "executable");
         assert!(sniff(b"MZ\x90\x00\x03\x00\x00\x00\x04\x00").is_err(), "windows executable");
-        assert!(sniff(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR").is_err(), "png");
+        assert!(sniff(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR").unwrap_err().contains("png"), "png, named");
+        // Text that begins like a binary signature is text (found by the contract fuzzer).
+        for text in ["BMW's annual report", "MZ is a postcode", "ID3 tags, explained", "GIF87a was a format"] {
+            assert_eq!(sniff(text.as_bytes()), Ok(DocType::PlainText), "{text}");
+        }
         assert!(sniff(b"text with a \x00 nul").is_err());
         assert!(sniff(b"\xff\xfe\xfd not utf-8").is_err());
     }

@@ -144,7 +144,8 @@ const JOB_ID: &str = "The job's id (a UUID); anyone else's job is 404";
     path = "/api/v1/jobs",
     tag = "jobs",
     request_body(content = UploadForm, content_type = "multipart/form-data"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat an upload safely: the same key answers the first job (200) for 24 h")),
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, pattern = r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",
+        description = "Repeat an upload safely: the same key (1 to 200 visible ASCII characters) answers the first job (200) for 24 h")),
     responses(
         (status = 202, description = "Accepted and charged; `Location` is the job's status URL", body = app::model::UploadReply,
             headers(("Location" = String, description = "The job's status URL"))),
@@ -283,7 +284,8 @@ pub async fn cancel_job(
     Ok(Json(cancel_visible_job(&state.ctx, &user, &id).await?))
 }
 
-/// `GET /api/v1/jobs/{id}`: the job's state; another user's job is 404.
+/// `GET /api/v1/jobs/{id}`: the job's state; 410 once its owner deleted it; another user's
+/// job is 404.
 #[utoipa::path(
     get,
     path = "/api/v1/jobs/{id}",
@@ -291,6 +293,7 @@ pub async fn cancel_job(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "The job as it is now", body = JobStatus),
+        (status = 410, description = "Deleted by its owner", body = ErrorBody),
         NotYours,
         Common,
     )
@@ -299,6 +302,10 @@ pub async fn get_job(
     State(state): State<AppState>,
     VisibleJob(job, _): VisibleJob,
 ) -> Result<Json<JobStatus>, ApiError> {
+    // Deleted is gone for the API (its credit line stays on the account page).
+    if job.deleted_at.is_some() {
+        return Err(AppError::Deleted.into());
+    }
     Ok(Json(job_status(&state.ctx, &job).await?))
 }
 
@@ -439,9 +446,8 @@ pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Respo
             ("application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
             ("application/vnd.oasis.opendocument.text"),
         )),
-        (status = 409, description = "Not done (yet), or its translation's paragraphs do not line up with the document's", body = ErrorBody),
+        (status = 409, description = "Not done (yet), not a translation of a Word or OpenDocument file, or its translation's paragraphs do not line up with the document's", body = ErrorBody),
         (status = 410, description = "Deleted by its owner, or the original is no longer kept", body = ErrorBody),
-        (status = 422, description = "Not a translation of a Word or OpenDocument file", body = ErrorBody),
         NotYours,
         Common,
     )
@@ -453,10 +459,9 @@ pub async fn get_translated_file(
     let result = done_result(&job)?;
     let spec = serde_json::from_value::<DocumentJob>(job.payload.clone()).map_err(|_| ApiError(AppError::NotFound))?;
     if spec.translated_file_type().is_none() {
-        return Err(AppError::invalid(
-            "only a translation of a Word or OpenDocument file comes back in its format; download the Markdown",
-        )
-        .into());
+        let message =
+            "only a translation of a Word or OpenDocument file comes back in its format; download the Markdown";
+        return Err(AppError::CannotDownload { message: message.into() }.into());
     }
     let document = spec.document;
     let reader = state.ctx.settings.document_reader.clone().ok_or_else(AppError::unavailable)?;

@@ -2,8 +2,8 @@
 //! schemes) and the schema types that only describe bodies. The handlers (`jobs`) use these;
 //! `api` puts handlers and contract together. Nothing here knows a route.
 
+use utoipa::openapi::schema::{AnyOfBuilder, KnownFormat, Object, ObjectBuilder, Schema, SchemaFormat, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::schema::{KnownFormat, Object, ObjectBuilder, SchemaFormat, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 /// Every error answer's body: a machine-readable code, the words to show, and the code's
@@ -20,46 +20,18 @@ pub struct ErrorBody {
 }
 
 /// The upload form (`multipart/form-data`): the document, what to do with it, and where to
-/// report its end. A translation names its language; other presets need none. Fields other
-/// than these are refused (422).
-#[derive(ToSchema, serde::Deserialize)]
-#[serde(untagged)]
-#[allow(dead_code)] // Only its schema is used; the form is read field by field.
-pub enum UploadForm {
-    /// Summarize (the default), explain, or list its key facts.
-    #[schema(title = "Summarize, explain or list key facts")]
-    Other(OtherForm),
-    #[schema(title = "Translate")]
-    Translation(TranslationForm),
-}
-
-/// An upload to summarize (the default), explain, or list its key facts.
+/// report its end. Fields other than these are refused (422).
 #[derive(ToSchema, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct OtherForm {
+#[allow(dead_code)] // Only its schema is used; the form is read field by field.
+pub struct UploadForm {
     #[schema(schema_with = document_file)]
     file: String,
-    #[schema(schema_with = other_presets)]
+    #[schema(schema_with = presets)]
     preset: Option<String>,
-    /// Not needed; a language name like "German" is kept with the job.
+    /// A translation's target language (English when left out).
     #[schema(schema_with = language)]
     language: Option<String>,
-    #[schema(schema_with = callback_url)]
-    callback_url: Option<String>,
-}
-
-/// An upload to translate: `preset` is `translate`, and `language` names the target language.
-#[derive(ToSchema, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct TranslationForm {
-    #[schema(schema_with = document_file)]
-    file: String,
-    #[schema(schema_with = translate_preset)]
-    preset: String,
-    #[schema(schema_with = language)]
-    language: String,
     #[schema(schema_with = callback_url)]
     callback_url: Option<String>,
 }
@@ -67,34 +39,46 @@ pub struct TranslationForm {
 /// The document: PDF, Word (.docx), OpenDocument text (.odt), a web page, Markdown or plain
 /// text (UTF-8, UTF-16 with a BOM, or Latin-1). Its bytes decide its type, not its name or
 /// media type: other bytes are 415.
-fn document_file() -> Object {
-    ObjectBuilder::new()
+fn document_file() -> Schema {
+    let text = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("text/plain")
+        .min_length(Some(1))
+        .pattern(Some(TEXT_PATTERN))
+        .description(Some("Plain text or Markdown: printable, with something besides blanks, no markup."))
+        .build();
+    let binary = ObjectBuilder::new()
         .schema_type(Type::String)
         .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
         .content_media_type("application/octet-stream")
+        .description(Some("A PDF, Word (.docx), OpenDocument text (.odt) or web page (.html) file."))
+        .build();
+    AnyOfBuilder::new()
+        .item(text)
+        .item(binary)
         .description(Some(
             "The document: PDF, Word (.docx), OpenDocument text (.odt), a web page, Markdown or plain text \
              (UTF-8, UTF-16 with a BOM, or Latin-1), up to the server's size limit. Its bytes decide its type, \
              not its name or media type: other bytes are 415; an empty file is 422.",
         ))
-        .build()
+        .into()
 }
 
-/// The presets other than a translation.
-pub fn other_presets() -> Object {
+/// A text document as the upload takes it: printable characters (tabs and line breaks too),
+/// at least one that is not blank, and no `<` (markup inside text is refused).
+pub const TEXT_PATTERN: &str =
+    r"^[^<\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]*[^\s<\x00-\x1f\x7f-\x9f][^<\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]*$";
+
+/// What to do with a document.
+pub fn presets() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
-        .enum_values(Some(["summarize", "explain", "key_facts"]))
+        .enum_values(Some(engine::Preset::ALL.map(|p| p.as_str())))
         .description(Some("What to do (summarize when left out)."))
         .build()
 }
 
-pub fn translate_preset() -> Object {
-    ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["translate"])).build()
-}
-
-/// A language name: 1 to 40 characters, no control characters, not blank at either end (the
-/// server trims it, and a blank one names none).
+/// A language name: 1 to 40 characters, no control characters, not blank at either end.
 pub fn language() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
@@ -112,7 +96,7 @@ pub const LANGUAGE_PATTERN: &str = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x
 pub fn callback_url() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
-        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uri)))
+        .format(Some(SchemaFormat::Custom("uri".into())))
         .pattern(Some(r"^https?://[^/@?#\s]+([/?#]\S*)?$"))
         .max_length(Some(engine::webhooks::target::MAX_URL_LEN))
         .description(Some(
@@ -123,36 +107,15 @@ pub fn callback_url() -> Object {
 }
 
 /// The body of `POST /api/v1/jobs/{id}/run-again` (all optional): another preset, and a
-/// translation's language; left out, the earlier job's.
-#[derive(ToSchema, serde::Deserialize)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub enum RunAgainBody {
-    #[schema(title = "The same, or another preset")]
-    Other(OtherRunAgain),
-    #[schema(title = "Translate")]
-    Translation(TranslationRunAgain),
-}
-
+/// translation's language; left out or null, the earlier job's.
 #[derive(ToSchema, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
-pub struct OtherRunAgain {
-    /// Left out (or null): the earlier job's preset, and its language.
-    #[schema(schema_with = other_presets, nullable)]
+pub struct RunAgainBody {
+    #[schema(schema_with = presets, nullable)]
     preset: Option<String>,
     #[schema(schema_with = language, nullable)]
     language: Option<String>,
-}
-
-#[derive(ToSchema, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct TranslationRunAgain {
-    #[schema(schema_with = translate_preset)]
-    preset: String,
-    #[schema(schema_with = language)]
-    language: String,
 }
 
 /// A done job's result.

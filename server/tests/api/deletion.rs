@@ -105,8 +105,8 @@ async fn a_user_deletes_an_ended_jobs_document_and_result_and_the_job_stays_in_t
     }
     // The job and the credits stay: same balance, ledger and history line.
     assert_eq!(app.user_state(user).await, balance_before);
-    for path in ["result", "result.md", "original"] {
-        let gone = client.get(app.url(&format!("/api/v1/jobs/{id}/{path}"))).bearer_auth(&token).send().await.unwrap();
+    for path in ["", "/result", "/result.md", "/original"] {
+        let gone = client.get(app.url(&format!("/api/v1/jobs/{id}{path}"))).bearer_auth(&token).send().await.unwrap();
         assert_eq!(gone.status(), StatusCode::GONE, "{path}");
     }
     let again = client.post(app.url(&format!("/api/v1/jobs/{id}/run-again"))).bearer_auth(&token).send().await.unwrap();

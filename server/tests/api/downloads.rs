@@ -144,7 +144,7 @@ async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph
     // Not someone else's, and not a summary.
     assert_eq!(client.get(app.url(&path(&translation))).bearer_auth(&other).send().await.unwrap().status(), 404);
     let summarized = client.get(app.url(&path(&summary))).bearer_auth(&token).send().await.unwrap();
-    assert_eq!(summarized.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(summarized.status(), StatusCode::CONFLICT);
 
     // A flood of downloads: a process rebuilds two at once (here with a reader that takes 2 s);
     // the rest are told to come back, before their document is read.

@@ -139,8 +139,8 @@ async fn an_estimate_is_refused_as_the_upload_would_be_and_leaves_nothing(pool: 
     assert_eq!((status, body["error"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("too_many_tokens")));
     let (status, _) = estimate(&app, &token, "a.txt", text(6, 100), &[("preset", "poetry")]).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let (status, _) = estimate(&app, &token, "a.txt", text(6, 100), &[("preset", "translate")]).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "a translation needs its language");
+    let (status, _) = estimate(&app, &token, "a.txt", text(6, 100), &[("language", "\u{7}German")]).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "a language is a name, no control characters");
     let bomb = engine::testing::docx_zip_bomb(64 << 20);
     // An estimate never opens a Word file (the sandboxed reader does, once it is a job): a
     // bomb costs its bytes here.
