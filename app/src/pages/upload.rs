@@ -232,7 +232,10 @@ pub fn UploadPage() -> impl IntoView {
                 let chosen = preset.get_untracked();
                 let row = UploadRow {
                     name: file.name(),
-                    language: (chosen == "translate").then(|| language.get_untracked().trim().to_string()),
+                    // A blank language names none: the server translates into English.
+                    language: (chosen == "translate")
+                        .then(|| language.get_untracked().trim().to_string())
+                        .filter(|l| !l.is_empty()),
                     preset: chosen,
                     progress: RwSignal::new(0.0),
                     estimate: RwSignal::new(None),
@@ -274,8 +277,8 @@ pub fn UploadPage() -> impl IntoView {
             }
         }
     };
-    // "Not now": the files waiting for confirmation are let go (nothing was stored).
-    let let_go = move |_| rows.update(|r| r.retain(|row| !row.awaits_confirmation()));
+    // "Not now": the files not sent are let go, their estimates too (nothing was stored).
+    let let_go = move |_| rows.update(|r| r.retain(|row| row.sent.get_untracked() || row.outcome.get_untracked().is_some()));
 
     view! {
         <section class="card">
@@ -416,12 +419,13 @@ pub fn UploadPage() -> impl IntoView {
     }
 }
 
-/// Pure: what a row is to be done as: "Summarize", "Translate into German".
+/// Pure: what a row is to be done as: "Summarize", "Translate into German" (into English when
+/// it names no language, as the server does).
 fn preset_words(preset: &str, language: Option<&str>) -> String {
     let label = Preset::parse(preset).map(|p| p.label().to_string()).unwrap_or_else(|| preset.to_string());
-    match language {
-        Some(language) => format!("{label} into {language}"),
-        None => label,
+    match (Preset::parse(preset), language) {
+        (Some(Preset::Translate), language) => format!("{label} into {}", language.unwrap_or("English")),
+        _ => label,
     }
 }
 
@@ -438,8 +442,9 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     use wasm_bindgen::closure::Closure;
     use wasm_bindgen::JsCast;
 
-    let Ok(xhr) = web_sys::XmlHttpRequest::new() else { return };
-    let Ok(form) = web_sys::FormData::new() else { return };
+    let (Ok(xhr), Ok(form)) = (web_sys::XmlHttpRequest::new(), web_sys::FormData::new()) else {
+        return done(0, Value::Null);
+    };
     let file: &web_sys::File = &row.file;
     let _ = form.append_with_blob_and_filename("file", file, &file.name());
     let _ = form.append_with_str("preset", &row.preset);
@@ -476,7 +481,10 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
             done(0, Value::Null);
         }
     });
+    // A failure, an abort and a timeout all end the row as "did not reach the server".
     xhr.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+    xhr.set_onabort(Some(on_error.as_ref().unchecked_ref()));
+    xhr.set_ontimeout(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
     let _ = xhr.send_with_opt_form_data(Some(&form));
 }
@@ -561,6 +569,8 @@ mod tests {
             "2 documents: 14 credits at most (held prices settle once read). Nothing is charged until you upload."
         );
         assert_eq!(preset_words("translate", Some("German")), "Translate into German");
+        assert_eq!(preset_words("translate", None), "Translate into English");
+        assert_eq!(preset_words("summarize", None), "Summarize");
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct ServerContext {
     /// and a reader child); past them, 503 with Retry-After, so downloads never crowd out the
     /// workers' readers or the memory.
     pub rebuilds: Arc<tokio::sync::Semaphore>,
+    /// The measured pace upload estimates go by, read at most once a minute.
+    pub paces: Arc<engine::documents::estimate::PaceCache>,
 }
 
 /// Translated files rebuilt for download at once, per process.
@@ -87,6 +89,7 @@ impl ServerContext {
             line: Default::default(),
             auth: AuthCache::new(settings_auth_lifetime),
             rebuilds: Arc::new(tokio::sync::Semaphore::new(REBUILDS_AT_ONCE)),
+            paces: Arc::default(),
         }
     }
 

@@ -139,18 +139,7 @@ where
         }
         None => false,
     };
-    // The price is settled from the bytes; before them, the declared length gives the least it
-    // can be (as if a PDF, the fewest tokens a byte), so nobody is refused who could pay.
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    let file_at_least = declared.saturating_sub(MAX_FORM_OVERHEAD);
-    let least_price = settings.admission.prices.price(estimate_input_tokens(SizeKind::Pdf, file_at_least));
-    if let Some(refusal) =
-        admission::precheck(&ctx.pool, &settings.admission, user.id, least_price, file_at_least).await?
-    {
+    if let Some(refusal) = refusal_unread(ctx, user, headers).await? {
         // A retried key may get its earlier job back whatever the balance, so only an
         // overloaded intake refuses it unread; everyone else is refused here.
         if !retried || matches!(refusal, Refusal::Overloaded { .. }) {
@@ -202,6 +191,21 @@ where
     Ok(Uploaded { job_id, duplicate, charged, key_expires_at })
 }
 
+/// Would `user` be refused before the body is read? The price is settled from the bytes; before
+/// them, the declared length gives the least it can be (as if a PDF, the fewest tokens a byte),
+/// so nobody is refused who could pay.
+async fn refusal_unread(ctx: &ServerContext, user: &User, headers: &HeaderMap) -> Result<Option<Refusal>, AppError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let file_at_least = declared.saturating_sub(MAX_FORM_OVERHEAD);
+    let admission = &ctx.settings.admission;
+    let least_price = admission.prices.price(estimate_input_tokens(SizeKind::Pdf, file_at_least));
+    Ok(admission::precheck(&ctx.pool, admission, user.id, least_price, file_at_least).await?)
+}
+
 /// A turn to send a body: one user's uploads at once are bounded, so one account cannot take
 /// every slot (past it an upload waits its turn, unread, then gets 429), and so are all
 /// uploads read at once (past it, a short wait, then 503).
@@ -233,7 +237,8 @@ async fn take_turn(
 
 /// What `user`'s upload in `body` (the same form as an upload) would cost and when it should
 /// be done, read through the same checks and stored nowhere. Refused as the upload would be
-/// (402, 429, 503, 413, 415, 422); nothing is charged.
+/// (402, 429, 503, 507 before its body is read; 413, 415, 422 while reading it); nothing is
+/// charged.
 pub async fn estimate<S, E>(
     ctx: &ServerContext,
     user: &User,
@@ -245,7 +250,14 @@ where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
     E: std::fmt::Display + Send + 'static,
 {
+    // Refused as the upload would be, before a byte is read: a full store, then admission.
+    if ctx.blobs.is_full() {
+        return Err(AppError::store_full());
+    }
     let _turn = take_turn(ctx, user, client).await?;
+    if let Some(refusal) = refusal_unread(ctx, user, headers).await? {
+        return Err(refusal.into());
+    }
     let settings = &ctx.settings;
     let form = paced_multipart(headers, body)?;
     let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
@@ -254,6 +266,7 @@ where
         admission: &settings.admission,
         calls: settings.call_limits,
         time_limits: settings.time_limits,
+        paces: &ctx.paces,
     };
     let estimate =
         engine::documents::estimate::estimate(&ctx.pool, estimate_settings, user.id, &upload, options.preset).await?;

@@ -25,6 +25,7 @@ pub struct EstimateSettings<'a> {
     pub admission: &'a AdmissionConfig,
     pub calls: CallLimits,
     pub time_limits: TimeLimits,
+    pub paces: &'a PaceCache,
 }
 
 /// An upload's estimate.
@@ -76,7 +77,7 @@ pub async fn estimate(
     }
     let held = size_kind(upload.doc_type).priced_once_read();
     let place = place_for_new_job(pool, user_id).await?;
-    let pace = measured_pace(pool, preset).await?;
+    let pace = settings.paces.pace(pool, preset).await?;
     let deadline = settings.time_limits.attempt_secs(input_tokens as f64);
     Ok(Ok(UploadEstimate {
         doc_type: upload.doc_type,
@@ -94,12 +95,37 @@ pub async fn estimate(
     }))
 }
 
-/// The median successful attempt of the last day for `preset`, or of all presets when it has
-/// none (a first translation is timed by the summaries before it).
-async fn measured_pace(pool: &PgPool, preset: Preset) -> Result<Option<MeasuredPace>> {
-    let stats = attempt_stats(pool, 1).await?;
-    let of = |name: &str| stats.iter().find(|s| s.preset == name && s.attempts > 0);
-    Ok(of(preset.as_str())
-        .or_else(|| of("all"))
-        .map(|s| MeasuredPace { secs: s.duration_secs.p50, input_tokens: s.input_tokens.p50 }))
+/// The median successful attempts of the last day, per preset, read at most once a minute
+/// (until some are measured, at every estimate):
+/// the percentiles sort a day's attempts, and an estimate comes with every file chosen. One per
+/// process (its server context).
+#[derive(Debug, Default)]
+pub struct PaceCache(std::sync::Mutex<Option<(std::time::Instant, Vec<(String, MeasuredPace)>)>>);
+
+const PACE_FRESH_FOR: Duration = Duration::from_secs(60);
+
+impl PaceCache {
+    /// The median successful attempt of the last day for `preset`, or of all presets when it
+    /// has none (a first translation is timed by the summaries before it).
+    async fn pace(&self, pool: &PgPool, preset: Preset) -> Result<Option<MeasuredPace>> {
+        let cached = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let paces = match cached {
+            Some((at, paces)) if at.elapsed() < PACE_FRESH_FOR => paces,
+            _ => {
+                let paces: Vec<(String, MeasuredPace)> = attempt_stats(pool, 1)
+                    .await?
+                    .into_iter()
+                    .filter(|s| s.attempts > 0)
+                    .map(|s| (s.preset, MeasuredPace { secs: s.duration_secs.p50, input_tokens: s.input_tokens.p50 }))
+                    .collect();
+                // Nothing measured yet is not kept: the first attempts time the next estimate.
+                if !paces.is_empty() {
+                    *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), paces.clone()));
+                }
+                paces
+            }
+        };
+        let of = |name: &str| paces.iter().find(|(p, _)| p == name).map(|(_, pace)| *pace);
+        Ok(of(preset.as_str()).or_else(|| of("all")))
+    }
 }

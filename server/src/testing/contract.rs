@@ -185,7 +185,7 @@ mod tests {
         )
         .unwrap_err()
         .contains("not described"));
-        assert!(violation(&get, path, StatusCode::GONE, Some("application/json"), json(error)).is_err());
+        assert!(violation(&get, path, StatusCode::PAYMENT_REQUIRED, Some("application/json"), json(error)).is_err());
         // An error body needs its code and its words.
         let no_words = json!({ "error": "not_found" });
         assert!(violation(&get, path, StatusCode::NOT_FOUND, Some("application/json"), json(no_words)).is_err());
