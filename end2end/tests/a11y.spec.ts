@@ -58,5 +58,14 @@ test('the drop zone is reachable and usable from the keyboard, with visible focu
   const chooser = page.waitForEvent('filechooser');
   await page.keyboard.press('Space');
   await (await chooser).setFiles(uniqueText('by-keyboard.txt'));
+  // Priced and timed, it is confirmed from the keyboard too.
+  await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'estimated');
+  let confirm = false;
+  for (let i = 0; i < 15 && !confirm; i++) {
+    await page.keyboard.press('Tab');
+    confirm = await page.evaluate(() => document.activeElement?.getAttribute('data-testid') === 'confirm-upload');
+  }
+  expect(confirm, 'Tab reaches the Upload button').toBe(true);
+  await page.keyboard.press('Enter');
   await expect(page.locator('.upload').first()).toHaveAttribute('data-outcome', 'ok');
 });
