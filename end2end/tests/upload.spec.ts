@@ -15,6 +15,9 @@ test('files dropped on the page upload; the same file again finds the existing j
     await page.locator('.dropzone').dispatchEvent('dragover', { dataTransfer: transfer });
     await expect(page.locator('.dropzone')).toHaveClass(/dragging/);
     await page.locator('.dropzone').dispatchEvent('drop', { dataTransfer: transfer });
+    // Priced and timed first; then confirmed.
+    await expect(page.locator('.upload').last()).toHaveAttribute('data-outcome', 'estimated');
+    await page.getByTestId('confirm-upload').click();
   };
   await drop();
   const first = page.locator('.upload').nth(0);
