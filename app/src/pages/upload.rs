@@ -278,7 +278,8 @@ pub fn UploadPage() -> impl IntoView {
         }
     };
     // "Not now": the files not sent are let go, their estimates too (nothing was stored).
-    let let_go = move |_| rows.update(|r| r.retain(|row| row.sent.get_untracked() || row.outcome.get_untracked().is_some()));
+    let let_go =
+        move |_| rows.update(|r| r.retain(|row| row.sent.get_untracked() || row.outcome.get_untracked().is_some()));
 
     view! {
         <section class="card">

@@ -120,7 +120,8 @@ impl PaceCache {
                     .collect();
                 // Nothing measured yet is not kept: the first attempts time the next estimate.
                 if !paces.is_empty() {
-                    *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), paces.clone()));
+                    *self.0.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some((std::time::Instant::now(), paces.clone()));
                 }
                 paces
             }
