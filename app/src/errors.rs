@@ -20,7 +20,7 @@ pub enum AppError {
     EmailTaken,
     #[error("wrong e-mail address or password")]
     BadCredentials,
-    #[error("too many failed attempts; try again in {retry_after_secs} s")]
+    #[error("too many attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
     #[error("out of credits: this document costs {cost}, your balance is {balance}")]
     OutOfCredits { balance: i64, cost: i64 },
@@ -60,6 +60,9 @@ pub enum AppError {
     /// A job's document is no longer kept (retention), so it cannot be run again.
     #[error("the original document is no longer kept; upload it again")]
     Gone,
+    /// A mailed link used before, expired, or never issued.
+    #[error("this link has expired or was already used; ask for a new one")]
+    LinkExpired,
     /// Its owner deleted the job's document and result.
     #[error("this job's document and result were deleted by their owner")]
     Deleted,
@@ -111,7 +114,7 @@ impl AppError {
             | AppError::NotRetrying { .. }
             | AppError::CannotDownload { .. } => 409,
             AppError::EmailTaken => 409,
-            AppError::Gone | AppError::Deleted => 410,
+            AppError::Gone | AppError::Deleted | AppError::LinkExpired => 410,
             AppError::TooLarge { .. }
             | AppError::BodyTooLarge { .. }
             | AppError::TooManyTokens { .. }
@@ -169,6 +172,7 @@ mod ssr {
                 EngineError::NotFound => AppError::NotFound,
                 EngineError::Invalid(message) | EngineError::InvalidSetting(message) => AppError::Invalid { message },
                 EngineError::EmailTaken => AppError::EmailTaken,
+                EngineError::LinkExpired => AppError::LinkExpired,
                 EngineError::BadCredentials => AppError::BadCredentials,
                 EngineError::RateLimited { retry_after_secs } => AppError::RateLimited { retry_after_secs },
                 EngineError::IdempotencyConflict(message) => AppError::IdempotencyConflict { message },

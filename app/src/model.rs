@@ -1,6 +1,7 @@
 //! What the browser and API clients see: plain serialisable types (no server-only crates).
 
 use serde::{Deserialize, Serialize};
+pub use sluice_types::roles::{Permission, Role};
 pub use sluice_types::{AttemptOutcome, CreditKind, FailureKind, JobStage, JobState, MonthTotals, Preset};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -8,9 +9,21 @@ pub struct UserInfo {
     pub id: i64,
     pub email: String,
     pub is_admin: bool,
+    /// What the console lets this account do (`Role::may`).
+    pub role: Role,
+    /// The address was proved by a mailed link (until then, no sign-up grant).
+    pub email_verified: bool,
     pub balance: i64,
     pub in_flight: i32,
     pub max_in_flight: i32,
+}
+
+/// Which notices also come by e-mail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailChoicesInfo {
+    pub done: bool,
+    pub failed: bool,
+    pub credits_low: bool,
 }
 
 /// One page of a user's jobs.
@@ -260,11 +273,19 @@ mod convert {
             UserInfo {
                 id: u.id,
                 is_admin: u.is_admin(),
+                role: u.role,
+                email_verified: u.email_verified_at.is_some(),
                 email: u.email,
                 balance: u.balance,
                 in_flight: u.in_flight,
                 max_in_flight: u.max_in_flight,
             }
+        }
+    }
+
+    impl From<engine::accounts::recovery::MailChoices> for MailChoicesInfo {
+        fn from(c: engine::accounts::recovery::MailChoices) -> Self {
+            MailChoicesInfo { done: c.done, failed: c.failed, credits_low: c.credits_low }
         }
     }
 

@@ -18,7 +18,7 @@ pub enum EngineError {
     EmailTaken,
     #[error("wrong e-mail address or password")]
     BadCredentials,
-    #[error("too many failed attempts; try again in {retry_after_secs} s")]
+    #[error("too many attempts; try again in {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
     /// An upload past the size limit.
     #[error("the file is larger than the limit of {limit_bytes} bytes")]
@@ -34,6 +34,9 @@ pub enum EngineError {
     /// The document store has no room left (a full disk, a quota): nothing was stored.
     #[error("the document store is full")]
     StoreFull,
+    /// A mailed link used before, expired, or never issued (all alike: none says which).
+    #[error("this link has expired or was already used; ask for a new one")]
+    LinkExpired,
     /// An `Idempotency-Key` reused with a different request.
     #[error("{0}")]
     IdempotencyConflict(String),

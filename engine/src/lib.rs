@@ -27,6 +27,7 @@ pub mod db;
 pub mod documents;
 pub mod error;
 pub mod hooks;
+pub mod mail;
 pub mod maintenance;
 pub mod periodic;
 pub mod queue;

@@ -156,6 +156,13 @@ pub async fn run(
                 if let Err(e) = crate::webhooks::outbox::prune(&pool, config.webhook_retention).await {
                     tracing::warn!(error = %e, "pruning webhook deliveries failed");
                 }
+                // Mail keeps as long as webhook deliveries: a week, to answer "did it go out?".
+                if let Err(e) = crate::mail::outbox::prune(&pool, config.webhook_retention).await {
+                    tracing::warn!(error = %e, "pruning sent mail failed");
+                }
+                if let Err(e) = crate::accounts::links::prune(&pool).await {
+                    tracing::warn!(error = %e, "pruning used and expired links failed");
+                }
                 if let Err(e) = crate::accounts::admission::forget_client_keys(&pool, config.client_key_lifetime).await {
                     tracing::warn!(error = %e, "forgetting old idempotency keys failed");
                 }

@@ -19,6 +19,8 @@
 //! request's `max_tokens` with the provider's own stop reason (`finish_reason: "length"`,
 //! `stop_reason: "max_tokens"`), as real providers do.
 
+#[cfg(feature = "mail")]
+pub mod mailbox;
 pub mod receiver;
 #[cfg(feature = "s3")]
 pub mod s3;

@@ -51,7 +51,7 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
                 Err(engine::EngineError::EmailTaken) => {
                     // An existing account is promoted; its password stays.
                     let user = users::find_by_email(&pool, &email).await?;
-                    users::set_role(&pool, user.id, Role::Admin).await?;
+                    users::set_role(&pool, user.id, Role::Admin, "cli").await?;
                     println!("{} already had an account; it is an admin now", user.email);
                     return Ok(());
                 }
@@ -66,11 +66,16 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
                     .await?;
             println!("{}: balance {balance}", user.email);
         }
+        Command::SetRole { email, role } => {
+            let user = users::find_by_email(&pool, &email).await.with_context(|| format!("no user {email}"))?;
+            let user = users::set_role(&pool, user.id, role, "cli").await?;
+            println!("{} is now {}", user.email, user.role.as_str());
+        }
         Command::ListUsers => {
-            println!("{:>6}  {:<40} {:<6} {:>8} {:>9}", "id", "email", "role", "balance", "in flight");
+            println!("{:>6}  {:<40} {:<8} {:>8} {:>9}", "id", "email", "role", "balance", "in flight");
             for u in users::list(&pool).await? {
                 println!(
-                    "{:>6}  {:<40} {:<6} {:>8} {:>5} / {}",
+                    "{:>6}  {:<40} {:<8} {:>8} {:>5} / {}",
                     u.id,
                     u.email,
                     u.role.as_str(),

@@ -133,6 +133,10 @@ impl Application {
             // due webhooks (claims keep senders apart), whatever its role.
             background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alerts.alert_config()?)));
             background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.alerts.delivery_config())));
+            // ...and sends due mail the same way.
+            let mail = config.mail_config();
+            mail.check().map_err(anyhow::Error::msg).context("the mail settings")?;
+            background.push(tokio::spawn(engine::mail::outbox::run(pool.clone(), mail)));
             // A process without workers records itself too (the pools announce themselves).
             let presence = workers.is_none().then(|| {
                 let role = if role == Role::Worker { "worker" } else { "web" };

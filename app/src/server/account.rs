@@ -3,7 +3,7 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{CreditSummary, NewToken, NoticeInfo, SiteTerms, TokenInfo};
+use crate::model::{CreditSummary, MailChoicesInfo, NewToken, NoticeInfo, SiteTerms, TokenInfo};
 #[cfg(feature = "ssr")]
 use crate::server::session::{answer, context, require_user};
 
@@ -125,6 +125,29 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
             max_upload_bytes: settings.max_upload_bytes,
             signup_grant: settings.signup_grant,
         })
+    })
+    .await
+}
+
+/// Which notices also come by e-mail.
+#[server(endpoint = "mail_choices")]
+pub async fn mail_choices() -> Result<MailChoicesInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::accounts::recovery::mail_choices(&ctx.pool, user.id).await?.into())
+    })
+    .await
+}
+
+/// Choose which notices also come by e-mail.
+#[server(endpoint = "set_mail_choices")]
+pub async fn set_mail_choices(done: bool, failed: bool, credits_low: bool) -> Result<MailChoicesInfo, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        let choices = engine::accounts::recovery::MailChoices { done, failed, credits_low };
+        Ok(engine::accounts::recovery::set_mail_choices(&ctx.pool, user.id, choices).await?.into())
     })
     .await
 }

@@ -1,5 +1,5 @@
-//! The admin page's server functions. Each checks the role on the server; to anyone but an
-//! admin they answer 404, as if the admin area did not exist.
+//! The console's server functions. Each checks the caller's role for what it does
+//! (`Role::may`); to anyone whose role may not, they answer 404, as if it did not exist.
 
 use leptos::prelude::*;
 
@@ -10,7 +10,8 @@ use crate::model::{
 };
 #[cfg(feature = "ssr")]
 use {
-    crate::server::session::{answer, context, require_admin},
+    crate::server::session::{answer, context, require_permission},
+    engine::accounts::users::Permission,
     engine::queue::dlq::{self, Selection},
     engine::queue::reviews,
 };
@@ -20,7 +21,7 @@ use {
 pub async fn queue_overview() -> Result<QueueStatus, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let settings = engine::queue::switches::read(&ctx.pool).await?;
         let capacity = engine::queue::capacity::status(&ctx.pool).await?;
         let vitals = engine::queue::vitals::read(&ctx.pool).await?;
@@ -77,7 +78,7 @@ fn describe_drain(drain: engine::queue::policy::drain::DrainEstimate) -> String 
 pub async fn capacity(days: u32) -> Result<CapacityInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let days = days.clamp(1, 90);
         let status = engine::queue::capacity::status(&ctx.pool).await?;
         Ok(CapacityInfo {
@@ -100,7 +101,7 @@ pub async fn capacity(days: u32) -> Result<CapacityInfo, AppError> {
 pub async fn set_processing(enabled: bool) -> Result<(), AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::PauseProcessing).await?;
         engine::queue::switches::set_processing(&ctx.pool, enabled, &admin.email).await?;
         Ok(())
     })
@@ -112,7 +113,7 @@ pub async fn set_processing(enabled: bool) -> Result<(), AppError> {
 pub async fn set_gate(size: i32) -> Result<(), AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::SetGate).await?;
         engine::queue::switches::set_gate_size(&ctx.pool, size, &admin.email).await?;
         Ok(())
     })
@@ -124,7 +125,7 @@ pub async fn set_gate(size: i32) -> Result<(), AppError> {
 pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let groups = dlq::groups(&ctx.pool).await?;
         let mut open = reviews::open_for_groups(&ctx.pool).await?;
         Ok(groups
@@ -147,7 +148,7 @@ pub async fn dlq_groups() -> Result<Vec<DlqGroupInfo>, AppError> {
 pub async fn dlq_jobs(kind: String, reason: String) -> Result<Vec<DlqJobInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let mut out = Vec::new();
         for job in dlq::group_jobs(&ctx.pool, failure_kind(&kind)?, &reason, 20).await? {
             let owner = engine::accounts::users::get(&ctx.pool, job.owner_id).await;
@@ -207,7 +208,7 @@ fn job_selection(id: &str) -> Result<Selection, AppError> {
 #[cfg(feature = "ssr")]
 async fn replay(selection: Selection) -> Result<ReplayInfo, AppError> {
     let ctx = context()?;
-    let admin = require_admin(&ctx).await?;
+    let admin = require_permission(&ctx, Permission::ActOnJobs).await?;
     let done = dlq::replay(&ctx.pool, &engine::hooks::SluiceHooks, &selection, &admin.email).await?;
     Ok(ReplayInfo {
         replayed: done.ids.len(),
@@ -218,7 +219,7 @@ async fn replay(selection: Selection) -> Result<ReplayInfo, AppError> {
 #[cfg(feature = "ssr")]
 async fn discard(selection: Selection) -> Result<u64, AppError> {
     let ctx = context()?;
-    let admin = require_admin(&ctx).await?;
+    let admin = require_permission(&ctx, Permission::ActOnJobs).await?;
     Ok(dlq::discard(&ctx.pool, &engine::hooks::SluiceHooks, &selection, &admin.email).await?)
 }
 
@@ -227,7 +228,7 @@ async fn discard(selection: Selection) -> Result<u64, AppError> {
 pub async fn latest_reconciliation() -> Result<Option<ReconciliationInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         Ok(engine::reconcile::latest(&ctx.pool).await?.map(Into::into))
     })
     .await
@@ -238,7 +239,7 @@ pub async fn latest_reconciliation() -> Result<Option<ReconciliationInfo>, AppEr
 pub async fn reconcile_now() -> Result<ReconciliationInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::ActOnJobs).await?;
         Ok(engine::reconcile::run(&ctx.pool, Some(&ctx.blobs), &admin.email).await?.into())
     })
     .await
@@ -253,7 +254,7 @@ const AUDIT_PAGE: i64 = 50;
 pub async fn audit_log(page: Option<u32>) -> Result<Vec<AuditInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let entries =
             engine::audit::page(&ctx.pool, i64::from(page.unwrap_or(0).min(10_000)) * AUDIT_PAGE, AUDIT_PAGE).await?;
         Ok(entries
@@ -276,7 +277,7 @@ pub async fn audit_log(page: Option<u32>) -> Result<Vec<AuditInfo>, AppError> {
 pub async fn alerts() -> Result<AlertsInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let firing = engine::alerts::firing(&ctx.pool).await?;
         let recent = engine::alerts::recent(&ctx.pool, 10).await?;
         Ok(AlertsInfo {
@@ -298,7 +299,7 @@ const SEARCH_PAGE: i64 = 25;
 pub async fn search_jobs(filter: JobFilterForm, page: Option<u32>) -> Result<JobSearchPage, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         let search = job_search(&filter)?;
         let offset = i64::from(page.unwrap_or(0).min(10_000)) * SEARCH_PAGE;
         let (found, has_more) = engine::queue::search(&ctx.pool, &search, offset, SEARCH_PAGE).await?;
@@ -355,7 +356,7 @@ fn day_start(day: Option<&str>, days_after: i64) -> Result<Option<chrono::DateTi
 pub async fn find_user(email: String) -> Result<UserInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         Ok(engine::accounts::users::find_by_email(&ctx.pool, &email).await?.into())
     })
     .await
@@ -366,7 +367,7 @@ pub async fn find_user(email: String) -> Result<UserInfo, AppError> {
 pub async fn set_in_flight_limit(user_id: i64, limit: i32) -> Result<UserInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::ManageUsers).await?;
         Ok(engine::accounts::users::set_max_in_flight(&ctx.pool, user_id, limit, &admin.email).await?.into())
     })
     .await
@@ -377,7 +378,7 @@ pub async fn set_in_flight_limit(user_id: i64, limit: i32) -> Result<UserInfo, A
 pub async fn grant_credits(user_id: i64, amount: i64) -> Result<UserInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::GrantCredits).await?;
         if amount == 0 || amount.unsigned_abs() > 1_000_000 {
             return Err(AppError::invalid("grant between 1 and 1,000,000 credits (negative takes them back)"));
         }

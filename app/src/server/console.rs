@@ -9,7 +9,8 @@ use crate::model::{BulkCount, BulkInfo, JobFilterForm, OutcomeRow, ProcessesInfo
 #[cfg(feature = "ssr")]
 use {
     crate::server::admin::{failure_kind, job_search},
-    crate::server::session::{answer, context, require_admin},
+    crate::server::session::{answer, context, require_permission},
+    engine::accounts::users::Permission,
     engine::queue::reviews::{self, Subject},
 };
 
@@ -18,7 +19,7 @@ use {
 pub async fn pause_for(minutes: u32) -> Result<(), AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::PauseProcessing).await?;
         engine::queue::switches::pause_for(&ctx.pool, minutes, &admin.email).await?;
         Ok(())
     })
@@ -30,7 +31,7 @@ pub async fn pause_for(minutes: u32) -> Result<(), AppError> {
 pub async fn outcomes(period: String) -> Result<Vec<OutcomeRow>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         use engine::queue::outcomes::{failure_share, read, Period};
         let (period, count, format) = match period.as_str() {
             "hour" => (Period::Hour, 24, "%Y-%m-%d %H:00"),
@@ -68,7 +69,7 @@ pub async fn outcomes(period: String) -> Result<Vec<OutcomeRow>, AppError> {
 pub async fn processes() -> Result<ProcessesInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         use engine::queue::processes::{effective_concurrency, list, live};
         let capacity = engine::queue::capacity::status(&ctx.pool).await?;
         let live = live(&ctx.pool).await?;
@@ -96,14 +97,14 @@ pub async fn processes() -> Result<ProcessesInfo, AppError> {
     .await
 }
 
-/// The e-mails of the admin accounts (who a review can be handed to).
+/// The e-mails of the accounts a review can be handed to (operators and admins).
 #[server(endpoint = "admin/admins")]
 pub async fn admins() -> Result<Vec<String>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         Ok(sqlx::query_scalar(
-            "SELECT email FROM users WHERE role = 'admin' AND deleted_at IS NULL ORDER BY email LIMIT 200",
+            "SELECT email FROM users WHERE role IN ('admin', 'operator') AND deleted_at IS NULL ORDER BY email LIMIT 200",
         )
         .fetch_all(&ctx.pool)
         .await
@@ -117,7 +118,7 @@ pub async fn admins() -> Result<Vec<String>, AppError> {
 pub async fn recent_reviews() -> Result<Vec<ReviewInfo>, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::SeeConsole).await?;
         Ok(reviews::recent(&ctx.pool, 50).await?.into_iter().map(Into::into).collect())
     })
     .await
@@ -135,7 +136,7 @@ pub async fn mark_review(
 ) -> Result<ReviewInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::MarkForReview).await?;
         let subject = match (job, kind) {
             (Some(job), _) => Subject::Job(uuid::Uuid::parse_str(&job).map_err(|_| AppError::NotFound)?),
             (None, Some(kind)) => Subject::Group { kind: failure_kind(&kind)?, reason: reason.unwrap_or_default() },
@@ -152,7 +153,7 @@ pub async fn mark_review(
 pub async fn resolve_review(id: i64, note: String) -> Result<ReviewInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::ActOnJobs).await?;
         Ok(reviews::resolve_without_action(&ctx.pool, id, &note, &admin.email).await?.into())
     })
     .await
@@ -163,7 +164,7 @@ pub async fn resolve_review(id: i64, note: String) -> Result<ReviewInfo, AppErro
 pub async fn acknowledge(what: String, id: i64, note: String) -> Result<(), AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::ActOnJobs).await?;
         use engine::acks::Acked;
         let what = match what.as_str() {
             "alert" => Acked::Alert(id),
@@ -181,7 +182,7 @@ pub async fn acknowledge(what: String, id: i64, note: String) -> Result<(), AppE
 pub async fn bulk_preview(filter: JobFilterForm) -> Result<BulkCount, AppError> {
     answer(async move {
         let ctx = context()?;
-        require_admin(&ctx).await?;
+        require_permission(&ctx, Permission::ActOnJobs).await?;
         let cap = ctx.settings.bulk_action_cap;
         let matched = engine::queue::bulk::preview(&ctx.pool, &job_search(&filter)?, cap).await?;
         Ok(BulkCount { matched, cap })
@@ -196,7 +197,7 @@ pub async fn bulk_preview(filter: JobFilterForm) -> Result<BulkCount, AppError> 
 pub async fn bulk_action(action: String, filter: JobFilterForm, confirmed: i64) -> Result<BulkInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let admin = require_admin(&ctx).await?;
+        let admin = require_permission(&ctx, Permission::ActOnJobs).await?;
         use engine::queue::bulk::{self, BulkAction};
         let action = BulkAction::parse(&action).ok_or_else(|| AppError::invalid("cancel, replay or discard"))?;
         let search = job_search(&filter)?;

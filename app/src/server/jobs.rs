@@ -8,7 +8,7 @@ use crate::errors::AppError;
 use crate::model::{JobDetails, JobStatus, JobsPage, UploadReply};
 #[cfg(feature = "ssr")]
 use crate::server::session::{
-    answer, cancel_visible_job, context, job_status, job_statuses, require_user, visible_job,
+    answer, cancel_visible_job, context, job_status, job_statuses, job_to_act_on, require_user, visible_job,
 };
 
 /// Jobs on one page of the list.
@@ -83,7 +83,7 @@ pub async fn retry_now(id: String) -> Result<JobStatus, AppError> {
     answer(async move {
         let ctx = context()?;
         let user = require_user(&ctx).await?;
-        let job = visible_job(&ctx.pool, &user, &id).await?;
+        let job = job_to_act_on(&ctx.pool, &user, &id).await?;
         let owner = (job.owner_id == user.id).then_some(user.id);
         match engine::queue::retry_now(&ctx.pool, job.id, owner, &user.email).await? {
             engine::queue::RetriedNow::Due => {}

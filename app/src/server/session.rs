@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use engine::accounts::admission::AdmissionConfig;
 use engine::accounts::login::LoginLimits;
+use engine::accounts::users::Permission;
 use engine::accounts::users::SignupLimits;
 use engine::accounts::{users, User};
 use engine::documents::Blobs;
@@ -116,8 +117,12 @@ impl ServerContext {
 #[derive(Clone, Debug)]
 pub struct WebSettings {
     pub admission: AdmissionConfig,
-    /// Credits a new account starts with.
+    /// Credits a new account starts with (once its address is verified, when that is asked).
     pub signup_grant: i64,
+    /// New accounts prove their address by a mailed link before the sign-up grant.
+    pub require_email_verification: bool,
+    /// How often reset and verification mails may be asked for.
+    pub link_limits: engine::accounts::recovery::LinkLimits,
     pub login_limits: LoginLimits,
     pub signup_limits: SignupLimits,
     /// Reverse proxies whose `X-Forwarded-For` is believed; anyone else's is ignored.
@@ -184,6 +189,8 @@ impl Default for WebSettings {
         WebSettings {
             admission: AdmissionConfig::default(),
             signup_grant: 20,
+            require_email_verification: true,
+            link_limits: Default::default(),
             login_limits: LoginLimits::default(),
             signup_limits: SignupLimits::default(),
             trusted_proxies: Vec::new(),
@@ -217,6 +224,9 @@ impl Default for WebSettings {
 
 /// Where a session keeps its user's id.
 pub const USER_KEY: &str = "user_id";
+/// The account's session epoch when the session began: a reset or a password change moves the
+/// account's on, and every session begun before ends (see [`session_user`]).
+const EPOCH_KEY: &str = "epoch";
 /// When the session's expiry was last pushed back (seconds since the epoch).
 const RENEWED_KEY: &str = "renewed_at_ms";
 
@@ -255,6 +265,12 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
         None => users::get(&ctx.pool, id).await.inspect(|user| ctx.auth.put_user(user.clone())),
     };
     match found {
+        // Begun before the password was reset or changed: over, on every process (the change
+        // made each forget the account it kept, so the epoch read here is the new one).
+        Ok(user) if session.get::<i32>(EPOCH_KEY).await.map_err(session_error)?.unwrap_or(0) != user.session_epoch => {
+            end_session(session).await?;
+            Ok(None)
+        }
         Ok(user) => {
             // Milliseconds: whole seconds made a period renew up to a second early.
             let now = chrono::Utc::now().timestamp_millis();
@@ -282,11 +298,11 @@ pub async fn require_user(ctx: &ServerContext) -> Result<User, AppError> {
     session_user(ctx, &session().await?).await?.ok_or(AppError::Unauthenticated)
 }
 
-/// The caller if they are an admin. Anyone else gets "not found": the admin area does not
-/// admit it exists.
-pub async fn require_admin(ctx: &ServerContext) -> Result<User, AppError> {
+/// The caller if their role may do `what`. Anyone else gets "not found": the console does not
+/// admit it exists, nor which of its functions a role lacks.
+pub async fn require_permission(ctx: &ServerContext, what: Permission) -> Result<User, AppError> {
     let user = require_user(ctx).await.map_err(|_| AppError::NotFound)?;
-    if user.is_admin() {
+    if user.may(what) {
         Ok(user)
     } else {
         Err(AppError::NotFound)
@@ -297,6 +313,7 @@ pub async fn require_admin(ctx: &ServerContext) -> Result<User, AppError> {
 pub async fn start_session(session: &Session, user: &User) -> Result<(), AppError> {
     session.cycle_id().await.map_err(session_error)?;
     session.insert(RENEWED_KEY, chrono::Utc::now().timestamp_millis()).await.map_err(session_error)?;
+    session.insert(EPOCH_KEY, user.session_epoch).await.map_err(session_error)?;
     session.insert(USER_KEY, user.id).await.map_err(session_error)
 }
 
@@ -380,11 +397,11 @@ pub fn client_ip(peer: IpAddr, forwarded_for: Option<&str>, trusted_proxies: &[I
         .unwrap_or(peer)
 }
 
-/// A job the caller may see: their own (admins: any). Anything else is "not found".
+/// A job the caller may see: their own (staff: any). Anything else is "not found".
 pub async fn visible_job<'e>(db: impl sqlx::PgExecutor<'e>, caller: &User, id: &str) -> Result<JobView, AppError> {
     let id = Uuid::parse_str(id).map_err(|_| AppError::NotFound)?;
     let job = engine::queue::get(db, id).await?;
-    if job.owner_id == caller.id || caller.is_admin() {
+    if job.owner_id == caller.id || caller.may(Permission::SeeConsole) {
         Ok(job)
     } else {
         Err(AppError::NotFound)
@@ -405,11 +422,22 @@ pub async fn delete_own_job(ctx: &ServerContext, caller: &User, id: &str) -> Res
     job_status(ctx, &engine::queue::get(&ctx.pool, id).await?).await
 }
 
-/// Cancel a job the caller may see (their own; admins any, which the audit log records).
-/// 409 when it has already ended. Returns the job as it is now.
+/// A job the caller may act on (cancel, retry now): their own, or, for a role that acts on
+/// jobs, anyone's. Support sees others' jobs but may not act on them: "not found".
+pub async fn job_to_act_on<'e>(db: impl sqlx::PgExecutor<'e>, caller: &User, id: &str) -> Result<JobView, AppError> {
+    let job = visible_job(db, caller, id).await?;
+    if job.owner_id == caller.id || caller.may(Permission::ActOnJobs) {
+        Ok(job)
+    } else {
+        Err(AppError::NotFound)
+    }
+}
+
+/// Cancel a job the caller may act on (their own; operators and admins any, which the audit
+/// log records). 409 when it has already ended. Returns the job as it is now.
 pub async fn cancel_visible_job(ctx: &ServerContext, caller: &User, id: &str) -> Result<JobStatus, AppError> {
     let pool = &ctx.pool;
-    let job = visible_job(pool, caller, id).await?;
+    let job = job_to_act_on(pool, caller, id).await?;
     let someone_elses = job.owner_id != caller.id;
     let outcome =
         engine::queue::cancel(pool, &engine::hooks::SluiceHooks, job.id, &caller.email, someone_elses).await?;

@@ -379,13 +379,13 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
     // The compound check: one conditional write.
     let taken = sqlx::query(
         "UPDATE users SET balance = balance - $2, in_flight = in_flight + 1
-         WHERE id = $1 AND in_flight < max_in_flight AND balance >= $2 AND deleted_at IS NULL RETURNING id",
+         WHERE id = $1 AND in_flight < max_in_flight AND balance >= $2 AND deleted_at IS NULL RETURNING balance",
     )
     .bind(s.user_id)
     .bind(s.cost)
     .fetch_optional(&mut *tx)
     .await?;
-    if taken.is_none() {
+    let Some(balance_after): Option<i64> = taken.map(|row| sqlx::Row::get(&row, 0)) else {
         let (balance, in_flight, limit): (i64, i32, i32) =
             sqlx::query_as("SELECT balance, in_flight, max_in_flight FROM users WHERE id = $1 AND deleted_at IS NULL")
                 .bind(s.user_id)
@@ -393,7 +393,7 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
                 .await?
                 .ok_or(EngineError::NotFound)?;
         return Ok(Admission::Refused(refusal_reason(balance, in_flight, limit, s.cost, config.retry_after_busy)));
-    }
+    };
     let job = NewJob {
         owner_id: s.user_id,
         kind: "document".into(),
@@ -415,6 +415,11 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
             .await?;
     }
     ledger::debit_for_job(&mut tx, s.user_id, job_id, s.cost).await?;
+    if crate::mail::compose::fell_low(balance_after + s.cost, balance_after) {
+        let detail = crate::mail::compose::Detail { balance: Some(balance_after), ..Default::default() };
+        let key = format!("credits_low:{job_id}");
+        super::notices::mail_if_chosen(&mut tx, s.user_id, crate::mail::MailKind::CreditsLow, &key, &detail).await?;
+    }
     tx.commit().await?;
     Ok(Admission::Accepted { job_id })
 }

@@ -135,6 +135,9 @@ pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Resul
     super::auth_cache::announce(&mut tx, &super::auth_cache::Revoked::User(user_id)).await?;
     sqlx::query("DELETE FROM device_tokens WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
     sqlx::query("DELETE FROM notices WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    // Its mailed links stop working and its unsent mail is not sent.
+    sqlx::query("DELETE FROM account_links WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM mail_outbox WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
     erase_address(&mut tx, &email, &label).await?;
     crate::audit::audit(&mut tx, &label, "delete_account", Some(&format!("user {user_id}")), "", "deleted").await?;
     tx.commit().await?;

@@ -88,7 +88,7 @@ impl TerminalHooks for AccountHooks {
             if price < i64::from(job.cost) {
                 ledger::refund_job(tx, job, i64::from(job.cost) - price, "settled to the price of its text").await?;
             }
-            Ok(())
+            notices::mail_done(tx, job).await
         })
     }
 
@@ -106,7 +106,7 @@ impl TerminalHooks for AccountHooks {
             ledger::refund_job(tx, job, refund, &note).await?;
             // Once per job, like the refund (a replayed job failing again is told nothing new).
             notices::add_refund_notice(tx, job, refund, charged_because(fault)).await?;
-            Ok(())
+            notices::mail_failed(tx, job, refund).await
         })
     }
 

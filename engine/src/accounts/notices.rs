@@ -6,6 +6,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::error::Result;
+use crate::mail::compose::{Detail, MailKind};
 use crate::queue::hooks::TerminalJob;
 
 /// One notice as its user reads it.
@@ -136,6 +137,54 @@ pub async fn add_operator_notice(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Queue a notice mail for `user_id` in the caller's transaction, if they chose that notice
+/// and their address is verified (both are checked again when it is sent).
+pub async fn mail_if_chosen(
+    conn: &mut PgConnection,
+    user_id: i64,
+    kind: MailKind,
+    event_key: &str,
+    detail: &Detail,
+) -> Result<(), sqlx::Error> {
+    let chosen: bool = sqlx::query_scalar(
+        "SELECT coalesce((SELECT email_verified_at IS NOT NULL AND deleted_at IS NULL
+                                 AND CASE $2 WHEN 'done' THEN mail_done WHEN 'failed' THEN mail_failed
+                                             WHEN 'credits_low' THEN mail_credits_low ELSE false END
+                          FROM users WHERE id = $1), false)",
+    )
+    .bind(user_id)
+    .bind(kind.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    if chosen {
+        crate::mail::outbox::enqueue(conn, user_id, kind, event_key, detail).await?;
+    }
+    Ok(())
+}
+
+/// A document that took longer than this from upload to done is worth a mail.
+pub const DONE_MAIL_AFTER_SECS: i64 = 60;
+
+/// Mail the owner that a job is done, if it took longer than [`DONE_MAIL_AFTER_SECS`] and they
+/// chose that notice.
+pub async fn mail_done(conn: &mut PgConnection, job: &TerminalJob) -> Result<(), sqlx::Error> {
+    let took: i64 = sqlx::query_scalar("SELECT extract(epoch FROM now() - accepted_at)::int8 FROM jobs WHERE id = $1")
+        .bind(job.id)
+        .fetch_one(&mut *conn)
+        .await?;
+    if took <= DONE_MAIL_AFTER_SECS {
+        return Ok(());
+    }
+    let detail = Detail { job_id: Some(job.id.to_string()), took_secs: Some(took), ..Detail::default() };
+    mail_if_chosen(conn, job.owner_id, MailKind::Done, &format!("done:{}", job.id), &detail).await
+}
+
+/// Mail the owner that a job failed and what was refunded, if they chose that notice.
+pub async fn mail_failed(conn: &mut PgConnection, job: &TerminalJob, refunded: i64) -> Result<(), sqlx::Error> {
+    let detail = Detail { job_id: Some(job.id.to_string()), refunded: Some(refunded), ..Detail::default() };
+    mail_if_chosen(conn, job.owner_id, MailKind::Failed, &format!("failed:{}", job.id), &detail).await
 }
 
 /// A user's newest `limit` notices, newest first.

@@ -140,7 +140,8 @@ pub async fn authenticate_token(conn: &mut PgConnection, secret: &str) -> Result
     let found: Option<Found> = sqlx::query_as(
         "SELECT t.id AS token_id,
                 (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute') AS stale,
-                u.id, u.email, u.role, u.balance, u.in_flight, u.max_in_flight, u.created_at
+                u.id, u.email, u.role, u.balance, u.in_flight, u.max_in_flight, u.created_at,
+                u.email_verified_at, u.session_epoch
          FROM api_tokens t JOIN users u ON u.id = t.user_id
          WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL AND u.deleted_at IS NULL",
     )

@@ -11,24 +11,7 @@ use sqlx::PgPool;
 use super::throttle;
 use crate::error::{EngineError, Result};
 
-/// What a user may do: admins also run the admin page and its actions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-pub enum Role {
-    User,
-    Admin,
-}
-
-impl Role {
-    /// The name stored in the database and shown by `list-users`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::User => "user",
-            Role::Admin => "admin",
-        }
-    }
-}
+pub use sluice_types::roles::{Permission, Role};
 
 /// An account (never with its password hash).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
@@ -40,12 +23,23 @@ pub struct User {
     pub in_flight: i32,
     pub max_in_flight: i32,
     pub created_at: DateTime<Utc>,
+    /// When the owner proved the address is theirs (a link mailed to it); accounts an
+    /// operator makes count as proved.
+    pub email_verified_at: Option<DateTime<Utc>>,
+    /// Sessions carry the epoch they began in; a reset or a password change moves it on, so
+    /// every older session ends on every process at once.
+    pub session_epoch: i32,
 }
 
 impl User {
     /// Whether the admin page and actions are open to this user.
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
+    }
+
+    /// Whether this user's role allows `what`.
+    pub fn may(&self, what: Permission) -> bool {
+        self.role.may(what)
     }
 }
 
@@ -116,29 +110,50 @@ pub fn verify_password(password: &str, hash: &str) -> bool {
     PasswordHash::new(hash).is_ok_and(|parsed| Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
 }
 
-/// Create a user with `grant` credits (a ledger grant in the same transaction).
+/// argon2id on the bounded hashing pool.
+pub async fn hash_password_bounded(password: &str) -> Result<String> {
+    let password = password.to_string();
+    bounded_hashing(move || hash_password(&password)).await
+}
+
+/// Create a user with `grant` credits (a ledger grant in the same transaction). An account an
+/// operator (or a test) makes counts as verified.
 pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role, grant: i64) -> Result<User> {
+    let mut tx = pool.begin().await?;
+    let id = insert_user(&mut tx, email, password, role, grant, true).await?;
+    tx.commit().await?;
+    get(pool, id).await
+}
+
+/// Insert an account in the caller's transaction: the address and password checked, the
+/// password hashed, `grant` credits given. Returns its id.
+async fn insert_user(
+    tx: &mut sqlx::PgConnection,
+    email: &str,
+    password: &str,
+    role: Role,
+    grant: i64,
+    verified: bool,
+) -> Result<i64> {
     let email = normalize_email(email)?;
     check_password_rules(password)?;
-    let password = password.to_string();
-    let hash = bounded_hashing(move || hash_password(&password)).await?;
-    let mut tx = pool.begin().await?;
-    let user: User = sqlx::query_as(
-        "INSERT INTO users (email, password_hash, role) VALUES ($1, $2, $3)
-         ON CONFLICT (email) DO NOTHING RETURNING *",
+    let hash = hash_password_bounded(password).await?;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO users (email, password_hash, role, email_verified_at) VALUES ($1, $2, $3, CASE WHEN $4 THEN now() END)
+         ON CONFLICT (email) DO NOTHING RETURNING id",
     )
     .bind(&email)
     .bind(&hash)
     .bind(role)
+    .bind(verified)
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(EngineError::EmailTaken)?;
     if grant > 0 {
         let grant_kind = super::ledger::CreditKind::Grant;
-        super::ledger::add_credits(&mut tx, user.id, grant_kind, grant, "system", Some("sign-up grant")).await?;
+        super::ledger::add_credits(tx, id, grant_kind, grant, "system", Some("sign-up grant")).await?;
     }
-    tx.commit().await?;
-    get(pool, user.id).await
+    Ok(id)
 }
 
 /// How many accounts may be made, per client address, per network and in all, within a window.
@@ -160,7 +175,9 @@ impl Default for SignupLimits {
 }
 
 /// Sign a stranger up: the input is checked first (free), then the throttles per client
-/// address and overall are taken (atomically), then the account is made with `grant` credits.
+/// address and overall are taken (atomically), then the account is made. With `verify`, the
+/// address must be proved first: a verification mail is queued with the account and the
+/// `grant` waits for its link ([`super::recovery::verify`]); without, it is given at once.
 pub async fn sign_up(
     pool: &PgPool,
     email: &str,
@@ -168,6 +185,7 @@ pub async fn sign_up(
     grant: i64,
     client: &str,
     limits: SignupLimits,
+    verify: bool,
 ) -> Result<User> {
     normalize_email(email)?;
     check_password_rules(password)?;
@@ -177,7 +195,13 @@ pub async fn sign_up(
         ("signup:all".to_string(), limits.overall),
     ];
     throttle::take_all(pool, &windows, limits.window).await?;
-    create_user(pool, email, password, Role::User, grant).await
+    let mut tx = pool.begin().await?;
+    let id = insert_user(&mut tx, email, password, Role::User, if verify { 0 } else { grant }, !verify).await?;
+    if verify {
+        super::recovery::start_verification(&mut tx, id).await?;
+    }
+    tx.commit().await?;
+    get(pool, id).await
 }
 
 /// One user, or `NotFound`.
@@ -216,14 +240,14 @@ pub async fn find_by_email(pool: &PgPool, email: &str) -> Result<User> {
         .ok_or(EngineError::NotFound)
 }
 
-/// The id of the live admin account at `email` (as a log-in finds it: the same normalisation),
-/// or `Invalid` in words: only an admin can be handed a review.
+/// The id of the live account at `email` that may resolve a review (an operator or an admin;
+/// found as a log-in finds it: the same normalisation), or `Invalid` in words.
 pub async fn admin_id(pool: &PgPool, email: &str) -> Result<i64> {
-    let not_an_admin = || EngineError::Invalid("the assignee must be an admin account".into());
+    let not_staff = || EngineError::Invalid("the assignee must be an operator or admin account".into());
     match find_by_email(pool, email).await {
         // A deleted account is no one.
-        Ok(user) if user.is_admin() => get(pool, user.id).await.map(|u| u.id).map_err(|_| not_an_admin()),
-        Ok(_) | Err(EngineError::NotFound | EngineError::Invalid(_)) => Err(not_an_admin()),
+        Ok(user) if user.may(Permission::ActOnJobs) => get(pool, user.id).await.map(|u| u.id).map_err(|_| not_staff()),
+        Ok(_) | Err(EngineError::NotFound | EngineError::Invalid(_)) => Err(not_staff()),
         Err(e) => Err(e),
     }
 }
@@ -233,10 +257,20 @@ pub async fn list(pool: &PgPool) -> Result<Vec<User>> {
     Ok(sqlx::query_as("SELECT * FROM users ORDER BY id").fetch_all(pool).await?)
 }
 
-/// Make a user an admin or a plain user again.
-pub async fn set_role(pool: &PgPool, id: i64, role: Role) -> Result<()> {
-    sqlx::query("UPDATE users SET role = $2 WHERE id = $1").bind(id).bind(role).execute(pool).await?;
-    Ok(())
+/// Give a user a role, audited (`actor` names who). Every process forgets what it kept of the
+/// account, so the new role holds on the next request.
+pub async fn set_role(pool: &PgPool, id: i64, role: Role, actor: &str) -> Result<User> {
+    let mut tx = pool.begin().await?;
+    let old: Role = sqlx::query_scalar("SELECT role FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(EngineError::NotFound)?;
+    sqlx::query("UPDATE users SET role = $2 WHERE id = $1").bind(id).bind(role).execute(&mut *tx).await?;
+    crate::audit::audit(&mut tx, actor, "role", Some(&format!("user {id}")), old.as_str(), role.as_str()).await?;
+    super::auth_cache::announce(&mut tx, &super::auth_cache::Revoked::User(id)).await?;
+    tx.commit().await?;
+    get(pool, id).await
 }
 
 /// Set how many jobs a user may have in flight (1 to 1000), audited. Jobs already in flight

@@ -16,6 +16,7 @@ mod accounts;
 mod admission;
 mod alerts;
 mod documents;
+mod mail;
 mod provider;
 mod retention;
 mod server;
@@ -27,6 +28,7 @@ pub use accounts::AccountArgs;
 pub use admission::AdmissionArgs;
 pub use alerts::AlertArgs;
 pub use documents::DocumentArgs;
+pub use mail::MailArgs;
 pub use provider::{ProviderArgs, ProviderChoice};
 pub use retention::RetentionArgs;
 pub use server::ServerArgs;
@@ -133,6 +135,15 @@ pub enum Command {
         #[arg(long, allow_hyphen_values = true)]
         amount: i64,
     },
+    /// Give an account a role: `user`, `support` (reads the console, marks jobs for review),
+    /// `operator` (also acts on jobs and pauses processing) or `admin` (also the gate, credits
+    /// and users). Audited; every process honours it on the next request.
+    SetRole {
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_parser = parse_role)]
+        role: engine::accounts::Role,
+    },
     /// List users with their balance and jobs in flight.
     ListUsers,
     /// The sandboxed document reader the workers start (document on stdin, text on stdout).
@@ -144,6 +155,10 @@ pub enum Command {
         /// The type, as its file extension: pdf, txt, md, docx, odt or html
         doc_type: String,
     },
+}
+
+fn parse_role(text: &str) -> Result<engine::accounts::Role, String> {
+    engine::accounts::Role::parse(text).ok_or_else(|| "a role is one of: user, support, operator, admin".into())
 }
 
 fn parse_pause_length(text: &str) -> Result<u32, String> {
@@ -217,6 +232,8 @@ pub struct Config {
     #[command(flatten)]
     pub accounts: AccountArgs,
     #[command(flatten)]
+    pub mail: MailArgs,
+    #[command(flatten)]
     pub retention: RetentionArgs,
     #[command(flatten)]
     pub alerts: AlertArgs,
@@ -235,6 +252,11 @@ impl Config {
         self.retention.maintenance_config(self.accounts.login_limits().window, self.admission.client_key_lifetime())
     }
 
+    /// Mail: SMTP or the outbox folder under the data folder, links under the public address.
+    pub fn mail_config(&self) -> engine::mail::MailConfig {
+        self.mail.mail_config(&self.server.data_dir, self.server.bind)
+    }
+
     /// Blob storage: a folder under the data folder, or the configured URL.
     pub fn blobs(&self) -> anyhow::Result<engine::documents::Blobs> {
         self.documents.blobs(&self.server.data_dir)
@@ -246,6 +268,7 @@ impl Config {
         WebSettings {
             admission: self.admission.admission_config(self.provider.context_tokens(), self.workers.max_attempts),
             signup_grant: accounts.signup_grant.max(0),
+            require_email_verification: self.mail.require_email_verification,
             secure_cookies: accounts.secure_cookies,
             login_limits: accounts.login_limits(),
             signup_limits: accounts.signup_limits(),
@@ -326,7 +349,7 @@ mod tests {
             by_heading.entry(heading).or_default().push((format!("--{long}"), env.to_string_lossy().into_owned()));
         }
         assert!(!by_heading.contains_key("(none)"), "settings outside any section: {:?}", by_heading.get("(none)"));
-        assert_eq!(by_heading.len(), 10, "{:?}", by_heading.keys());
+        assert_eq!(by_heading.len(), 11, "{:?}", by_heading.keys());
         let help = command.clone().render_long_help().to_string();
         for heading in by_heading.keys() {
             assert!(help.contains(&format!("{heading}:")), "`server --help` has no section {heading:?}");

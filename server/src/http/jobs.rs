@@ -522,10 +522,13 @@ pub async fn get_parts_so_far(
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-parts-so-far.md"), so_far.markdown().into_bytes()))
 }
 
-/// An admin opening a user's document (to see why it failed, or its translated file) is on
-/// the record.
+/// Staff opening a user's document (to see why it failed, or its translated file) is on the
+/// record, and only a role that may open documents can: support sees the job, not its text.
 async fn audit_if_not_the_owner(state: &AppState, caller: &User, job: &JobView, action: &str) -> Result<(), ApiError> {
     if caller.id != job.owner_id {
+        if !caller.may(engine::accounts::users::Permission::OpenDocuments) {
+            return Err(AppError::NotFound.into());
+        }
         let mut conn = state.ctx.pool.acquire().await.map_err(engine::EngineError::from)?;
         let subject = format!("job {}", job.id);
         engine::audit::audit(&mut conn, &caller.email, action, Some(&subject), job.state.as_str(), "").await?;

@@ -181,9 +181,10 @@ fn request_span(request: &Request) -> Span {
     )
 }
 
-/// The admin area's server functions (`/api/admin/...`) answer "not found" to anyone but an
-/// admin before their arguments are decoded: the area does not admit it exists, and a stranger
-/// learns nothing from which arguments it refuses. Each function checks the role again itself.
+/// The admin area's server functions (`/api/admin/...`) answer "not found" to anyone but staff
+/// (support, operators, admins) before their arguments are decoded: the area does not admit it
+/// exists, and a stranger learns nothing from which arguments it refuses. Each function checks
+/// the role for what it does itself.
 pub async fn admin_area_only_for_admins(
     axum::extract::State(ctx): axum::extract::State<app::server::session::ServerContext>,
     request: axum::extract::Request,
@@ -199,7 +200,7 @@ pub async fn admin_area_only_for_admins(
         None => Ok(None),
     };
     match admin {
-        Ok(Some(user)) if user.is_admin() => next.run(request).await,
+        Ok(Some(user)) if user.role.is_staff() => next.run(request).await,
         Ok(_) => super::error::ApiError(app::errors::AppError::NotFound).into_response(),
         Err(e) => super::error::ApiError(e).into_response(),
     }

@@ -11,6 +11,7 @@ pub mod openapi;
 pub mod serve;
 mod sessions;
 pub mod unavailable;
+pub mod unsubscribe;
 
 use std::net::SocketAddr;
 
@@ -113,7 +114,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
             unavailable::restarting_is_not_an_internal_error,
         ))
         .with_state(state.clone());
-    let app = app.merge(metrics_route(&state));
+    let app = app.merge(metrics_route(&state)).merge(unsubscribe::routes(state.clone()));
     Ok(layers::around_every_request(app, secure_cookies))
 }
 

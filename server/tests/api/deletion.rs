@@ -117,8 +117,10 @@ async fn a_user_deletes_an_ended_jobs_document_and_result_and_the_job_stays_in_t
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_deleted_account_is_found_nowhere_and_its_access_ends_on_every_process(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone(), WebSettings::default()).await;
-    let other_process = TestApp::spawn(pool, WebSettings::default()).await;
+    // Signed up with the grant at once (verification is the mail tests' business).
+    let settings = WebSettings { require_email_verification: false, ..WebSettings::default() };
+    let app = TestApp::spawn(pool.clone(), settings.clone()).await;
+    let other_process = TestApp::spawn(pool, settings).await;
     let email = "erase.me@example.com";
     let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
     let signed_up = call(&browser, &app, "sign_up", &[("email", email), ("password", "a long password")]).await;

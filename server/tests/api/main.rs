@@ -8,6 +8,7 @@ mod downloads;
 mod estimate;
 mod helpers;
 mod http_layer;
+mod mail;
 mod metrics;
 mod operator;
 mod pricing;

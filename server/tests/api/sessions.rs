@@ -11,7 +11,8 @@ use crate::helpers::*;
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(pool: PgPool) {
-    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    // The grant at sign-up (with verification on it waits for the mailed link: tests/api/mail.rs).
+    let app = TestApp::spawn(pool, WebSettings { require_email_verification: false, ..WebSettings::default() }).await;
     let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
     let signed_up =
         call(&browser, &app, "sign_up", &[("email", "Carol@Example.com"), ("password", "long password")]).await;

@@ -133,7 +133,8 @@ async fn refused_callbacks_store_and_charge_nothing(pool: PgPool) {
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_callback_needs_a_token(pool: PgPool) {
-    let app = TestApp::spawn(pool, WebSettings { webhook_policy: lab(), ..WebSettings::default() }).await;
+    let settings = WebSettings { webhook_policy: lab(), require_email_verification: false, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
     let client = reqwest::Client::builder().cookie_store(true).build().unwrap();
     let signed_up =
         call(&client, &app, "sign_up", &[("email", "browser@example.com"), ("password", "long password")]).await;
