@@ -14,6 +14,7 @@ mod operator;
 mod pricing;
 mod restart;
 mod sessions;
+mod staff;
 mod store_full;
 mod support;
 mod untrusted;
