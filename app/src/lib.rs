@@ -103,12 +103,16 @@ pub fn App() -> impl IntoView {
                         <Route path=path!("") view=HomePage/>
                         <Route path=path!("/login") view=pages::auth::LoginPage/>
                         <Route path=path!("/signup") view=pages::auth::SignupPage/>
+                        <Route path=path!("/forgot") view=pages::auth::ForgotPage/>
+                        <Route path=path!("/reset") view=pages::auth::ResetPage/>
+                        <Route path=path!("/verify") view=pages::auth::VerifyPage/>
+                        <Route path=path!("/account") view=|| view! { <SignedIn><pages::settings::AccountPage/></SignedIn> }/>
                         <Route path=path!("/upload") view=|| view! { <SignedIn><pages::upload::UploadPage/></SignedIn> }/>
                         <Route path=path!("/jobs") view=|| view! { <SignedIn><pages::jobs::JobsPage/></SignedIn> }/>
                         <Route path=path!("/jobs/:id") view=|| view! { <SignedIn><pages::jobs::JobPage/></SignedIn> }/>
                         <Route path=path!("/credits") view=|| view! { <SignedIn><pages::account::CreditsPage/></SignedIn> }/>
                         <Route path=path!("/notices") view=|| view! { <SignedIn><pages::account::NoticesPage/></SignedIn> }/>
-                        // Not behind SignedIn: to anyone but an admin these are pages that do not exist.
+                        // Not behind SignedIn: to anyone but staff these are pages that do not exist.
                         // Loaded only when opened (lazy routes: WASM chunks of their own).
                         <Route path=path!("/admin") view={Lazy::<OverviewRoute>::new()}/>
                         <Route path=path!("/admin/jobs") view={Lazy::<JobsRoute>::new()}/>
@@ -225,7 +229,7 @@ fn Header() -> impl IntoView {
                         <a href="/upload">"Upload"</a>
                         <a href="/jobs">"Jobs"</a>
                         <a href="/credits">"Credits"</a>
-                        {user.is_admin.then(|| view! { <a href="/admin">"Admin"</a> })}
+                        {user.role.is_staff().then(|| view! { <a href="/admin">"Admin"</a> })}
                         <a href="/notices" aria-label="Notices">
                             "Notices"
                             {move || {
@@ -233,7 +237,7 @@ fn Header() -> impl IntoView {
                                 (n > 0).then(|| view! { <span class="count" data-testid="unread">{n}</span> })
                             }}
                         </a>
-                        <span class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</span>
+                        <a href="/account" class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</a>
                         <button class="button link" on:click=move |_| { log_out.dispatch(server::auth::LogOut {}); }>"Log out"</button>
                     }
                         .into_any(),

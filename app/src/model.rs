@@ -413,6 +413,8 @@ pub struct SiteTerms {
     pub max_upload_bytes: u64,
     /// Credits a new account starts with.
     pub signup_grant: i64,
+    /// The grant waits for the address to be proved by a mailed link.
+    pub verify_email: bool,
 }
 
 /// The admin page's capacity card: the provider's limits and what the budget holds now, and

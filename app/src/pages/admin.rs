@@ -6,12 +6,13 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
+use crate::model::Permission;
 use crate::model::{AuditInfo, DlqGroupInfo, QueueStatus, ReplayInfo};
 use crate::pages::admin_capacity::CapacityCard;
 use crate::pages::admin_reviews::{MarkReviewForm, ReviewBadge, ReviewsCard};
 use crate::pages::admin_support::{Acknowledgement, AlertsCard, JobSearchCard, UserCard};
 use crate::pages::clock::local_date_time;
-use crate::pages::console::{OutcomesCard, Tick};
+use crate::pages::console::{may, OutcomesCard, Tick};
 use crate::pages::jobs::AttemptTimeline;
 use crate::server::admin::{
     audit_log, dlq_groups, dlq_jobs, latest_reconciliation, queue_overview, DlqDiscard, DlqDiscardJob, DlqReplay,
@@ -249,6 +250,7 @@ fn ProcessingCard(
             {status.resume_at.clone().map(|(at, left)| view! {
                 <p data-testid="resumes">{format!("Resumes by itself at {} ({} left).", local_date_time(&at), time_left_text(left))}</p>
             })}
+            <Show when=|| may(Permission::PauseProcessing)>
             <div class="actions">
                 <button
                     class=if enabled { "button danger" } else { "button primary" }
@@ -282,6 +284,7 @@ fn ProcessingCard(
                     }
                 }>"Pause for a while"</button>
             </div>
+            </Show>
             <p class="form-error">{move || pause_for.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
         </section>
     }
@@ -327,6 +330,7 @@ fn GateCard(
                     {format!("In force now: {effective_gate}, since {}: {reason}.", local_date_time(&since))}
                 </p>
             })}
+            <Show when=|| may(Permission::SetGate)>
             <form on:submit=move |ev| {
                 ev.prevent_default();
                 if let Ok(size) = gate_input.get_untracked().trim().parse::<i32>() {
@@ -338,6 +342,7 @@ fn GateCard(
                     on:input=move |ev| gate_input.set(event_target_value(&ev))/>
                 <button class="button" type="submit">"Set the gate"</button>
             </form>
+            </Show>
             <p class="form-error">{move || set_gate.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</p>
         </section>
     }
@@ -476,9 +481,11 @@ fn ReconciliationCard() -> impl IntoView {
         <section class="card" data-testid="reconciliation">
             <div class="card-head">
                 <h2>"Reconciliation"</h2>
-                <button class="button" disabled=move || run.pending().get() on:click=move |_| { run.dispatch(ReconcileNow {}); }>
-                    "Run a reconciliation now"
-                </button>
+                {may(Permission::ActOnJobs).then(|| view! {
+                    <button class="button" disabled=move || run.pending().get() on:click=move |_| { run.dispatch(ReconcileNow {}); }>
+                        "Run a reconciliation now"
+                    </button>
+                })}
             </div>
             {move || match latest.get().and_then(|r| r.ok()).flatten() {
                 None => view! { <p class="hint">"No reconciliation has run yet (one runs every hour)."</p> }.into_any(),
@@ -599,13 +606,15 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions, marked: RwSignal<u32>) -> 
                 <button class="button link" aria-expanded=move || open.get().to_string() on:click=move |_| open.update(|o| *o = !*o)>
                     {move || if open.get() { "Hide jobs" } else { "Show jobs" }}
                 </button>
-                <button class="button" on:click=move |_| { actions.replay_group.dispatch(DlqReplay { kind: replay_kind.clone(), reason: replay_reason.clone() }); }>"Replay all"</button>
-                <button class="button link" on:click=move |_| {
-                    if confirm("Discard every job in this group from the dead-letter queue?") {
-                        actions.discard_group.dispatch(DlqDiscard { kind: kind.clone(), reason: reason.clone() });
-                    }
-                }>"Discard all"</button>
-                <MarkReviewForm group=review_group marked=bump/>
+                {may(Permission::ActOnJobs).then(|| view! {
+                    <button class="button" on:click=move |_| { actions.replay_group.dispatch(DlqReplay { kind: replay_kind.clone(), reason: replay_reason.clone() }); }>"Replay all"</button>
+                    <button class="button link" on:click=move |_| {
+                        if confirm("Discard every job in this group from the dead-letter queue?") {
+                            actions.discard_group.dispatch(DlqDiscard { kind: kind.clone(), reason: reason.clone() });
+                        }
+                    }>"Discard all"</button>
+                })}
+                {may(Permission::MarkForReview).then(|| view! { <MarkReviewForm group=review_group marked=bump/> })}
             </div>
             <ReviewBadge review=group.review.clone()/>
             <Show when=move || open.get()>
@@ -619,13 +628,15 @@ fn DlqGroup(group: DlqGroupInfo, actions: DlqActions, marked: RwSignal<u32>) -> 
                                     <div class="dlq-head">
                                         <a class="file-name" href=format!("/jobs/{id}")>{d.job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
                                         <span class="muted">{format!("{} · {}", d.owner_email, d.job.finished_at.as_deref().map(local_date_time).unwrap_or_default())}</span>
-                                        <button class="button" on:click=move |_| { actions.replay_job.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
-                                        <button class="button link" on:click=move |_| {
-                                            if confirm("Discard this job from the dead-letter queue?") {
-                                                actions.discard_job.dispatch(DlqDiscardJob { id: discard_id.clone() });
-                                            }
-                                        }>"Discard"</button>
-                                        <MarkReviewForm job=review_id marked=bump/>
+                                        {may(Permission::ActOnJobs).then(|| view! {
+                                            <button class="button" on:click=move |_| { actions.replay_job.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
+                                            <button class="button link" on:click=move |_| {
+                                                if confirm("Discard this job from the dead-letter queue?") {
+                                                    actions.discard_job.dispatch(DlqDiscardJob { id: discard_id.clone() });
+                                                }
+                                            }>"Discard"</button>
+                                        })}
+                                        {may(Permission::MarkForReview).then(|| view! { <MarkReviewForm job=review_id marked=bump/> })}
                                     </div>
                                     <AttemptTimeline attempts=d.attempts/>
                                 </li>

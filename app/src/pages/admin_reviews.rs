@@ -4,9 +4,10 @@
 
 use leptos::prelude::*;
 
+use crate::model::Permission;
 use crate::model::ReviewInfo;
 use crate::pages::clock::local_date_time;
-use crate::pages::console::Tick;
+use crate::pages::console::{may, Tick};
 use crate::server::console::{admins, recent_reviews, MarkReview, ResolveReview};
 
 /// Pure: an open review in words.
@@ -151,14 +152,16 @@ fn ReviewItem(review: ReviewInfo, resolve: ServerAction<ResolveReview>) -> impl 
     let state = match &review.resolved {
         None => view! {
             <p class="review">{review_text(&review)}</p>
-            <form class="filters" on:submit=move |ev| {
-                ev.prevent_default();
-                resolve.dispatch(ResolveReview { id, note: why.get_untracked() });
-            }>
-                <label for=field.clone()>"Why no action"</label>
-                <input id=field.clone() type="text" maxlength="2000" required on:input=move |ev| why.set(event_target_value(&ev))/>
-                <button class="button" type="submit">"Resolved, no action"</button>
-            </form>
+            {may(Permission::ActOnJobs).then(|| view! {
+                <form class="filters" on:submit=move |ev| {
+                    ev.prevent_default();
+                    resolve.dispatch(ResolveReview { id, note: why.get_untracked() });
+                }>
+                    <label for=field.clone()>"Why no action"</label>
+                    <input id=field.clone() type="text" maxlength="2000" required on:input=move |ev| why.set(event_target_value(&ev))/>
+                    <button class="button" type="submit">"Resolved, no action"</button>
+                </form>
+            })}
         }
         .into_any(),
         Some((by, at, how, note)) => view! {

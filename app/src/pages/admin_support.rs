@@ -6,11 +6,12 @@ use leptos::prelude::*;
 
 use crate::errors::AppError;
 use crate::model::{
-    AckInfo, AlertInfo, AlertsInfo, FailureKind, JobFilterForm, JobState, JobStatus, ReviewInfo, UserInfo,
+    AckInfo, AlertInfo, AlertsInfo, FailureKind, JobFilterForm, JobState, JobStatus, Permission, ReviewInfo, UserInfo,
 };
 use crate::pages::admin_reviews::{MarkReviewForm, ReviewBadge};
 use crate::pages::clock::local_date_time;
 use crate::pages::clock::now_ms;
+use crate::pages::console::may;
 use crate::pages::jobs::{state_label, CancelButton, RetryNowButton, StateBadge};
 use crate::server::admin::{find_user, search_jobs, DlqReplayJob, GrantCredits, SetInFlightLimit};
 use crate::server::console::{bulk_preview, Acknowledge, BulkAction};
@@ -129,6 +130,7 @@ pub fn Acknowledgement(
             </p>
         }
         .into_any(),
+        None if !may(Permission::ActOnJobs) => view! { <p class="muted">"Not acknowledged yet."</p> }.into_any(),
         None => view! {
             <form class="ack-form" on:submit=move |ev| {
                 ev.prevent_default();
@@ -252,13 +254,15 @@ fn FoundJob(
             <a class="file-name" href=format!("/jobs/{id}")>{job.file_name.clone().unwrap_or_else(|| "document".into())}</a>
             <span class="muted">{format!("{owner} · {} attempts · {}", job.attempts, local_date_time(&job.accepted_at))}</span>
             <StateBadge job=job.clone() now=now/>
-            {failed.then(|| view! {
+            {(failed && may(Permission::ActOnJobs)).then(|| view! {
                 <a class="button small" href=format!("/api/v1/jobs/{id}/original") rel="external">"Download the original"</a>
                 <button class="button small" on:click=move |_| { replay.dispatch(DlqReplayJob { id: replay_id.clone() }); }>"Replay"</button>
-                <MarkReviewForm job=review_id marked=refresh/>
             })}
-            <RetryNowButton job=job.clone() done=refresh/>
-            <CancelButton job=job done=refresh/>
+            {(failed && may(Permission::MarkForReview)).then(|| view! { <MarkReviewForm job=review_id marked=refresh/> })}
+            {may(Permission::ActOnJobs).then(|| view! {
+                <RetryNowButton job=job.clone() done=refresh/>
+                <CancelButton job=job done=refresh/>
+            })}
             <ReviewBadge review/>
         </li>
     }
@@ -299,7 +303,7 @@ fn BulkBar(filter: JobFilterForm, done: Callback<()>) -> impl IntoView {
         }
     });
     let filter = StoredValue::new(filter);
-    view! {
+    may(Permission::ActOnJobs).then(|| view! {
         <div class="bulk" data-testid="bulk">
             <span class="muted">"Everything this search matches:"</span>
             {["cancel", "replay", "discard"].into_iter().map(|action| view! {
@@ -342,7 +346,7 @@ fn BulkBar(filter: JobFilterForm, done: Callback<()>) -> impl IntoView {
             })}
             <Show when=move || run.pending().get()><p class="muted">"Working…"</p></Show>
         </div>
-    }
+    })
 }
 
 /// A user's balance and limits, with the two audited changes an admin makes for them.
@@ -385,6 +389,7 @@ pub fn UserCard() -> impl IntoView {
                         <p data-testid="user-summary">
                             {format!("{}: {} credits, {} of {} jobs in flight.", user.email, user.balance, user.in_flight, user.max_in_flight)}
                         </p>
+                        {may(Permission::ManageUsers).then(|| view! {
                         <form class="filters" on:submit=move |ev| {
                             ev.prevent_default();
                             if let Ok(n) = limit.get_untracked().trim().parse::<i32>() {
@@ -395,6 +400,8 @@ pub fn UserCard() -> impl IntoView {
                             <input id="user-limit" type="number" min="1" max="1000" on:input=move |ev| limit.set(event_target_value(&ev))/>
                             <button class="button" type="submit">"Set the limit"</button>
                         </form>
+                        })}
+                        {may(Permission::GrantCredits).then(|| view! {
                         <form class="filters" on:submit=move |ev| {
                             ev.prevent_default();
                             if let Ok(n) = credits.get_untracked().trim().parse::<i64>() {
@@ -405,6 +412,7 @@ pub fn UserCard() -> impl IntoView {
                             <input id="user-credits" type="number" on:input=move |ev| credits.set(event_target_value(&ev))/>
                             <button class="button" type="submit">"Grant"</button>
                         </form>
+                        })}
                     }.into_any()
                 }
             })}

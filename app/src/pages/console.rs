@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
-use crate::model::{OutcomeRow, ProcessesInfo};
+use crate::model::{OutcomeRow, Permission, ProcessesInfo, Role};
 use crate::pages::clock::local_date_time;
 use crate::pages::polling::{every, tab_visible};
 use crate::server::console::{outcomes, processes};
@@ -107,7 +107,16 @@ fn store_refresh(secs: u32) {
     let _ = (secs, REFRESH_KEY);
 }
 
-/// A console page: shown to admins only, under the console's navigation and refresh control.
+/// The role the console is shown to (provided by [`Console`]).
+#[derive(Clone, Copy)]
+pub struct StaffRole(pub Memo<Role>);
+
+/// Whether the console's viewer may do `what` (reactive; false outside the console).
+pub fn may(what: Permission) -> bool {
+    use_context::<StaffRole>().is_some_and(|StaffRole(role)| role.get().may(what))
+}
+
+/// A console page: shown to staff only, under the console's navigation and refresh control.
 #[component]
 pub fn Console(section: Section, children: ChildrenFn) -> impl IntoView {
     let me = expect_context::<crate::CurrentUser>();
@@ -122,10 +131,17 @@ pub fn Console(section: Section, children: ChildrenFn) -> impl IntoView {
             return None;
         }
         match me.get() {
-            Some(user) => Some(user.is_some_and(|u| u.is_admin)),
+            Some(user) => Some(user.is_some_and(|u| u.role.is_staff())),
             None => before.copied().flatten(),
         }
     });
+    // What the console shows follows the role: support reads, operators act on jobs, admins
+    // also see the gate, credits and users' forms (the server refuses the rest anyway).
+    let role = Memo::new(move |before: Option<&Role>| match me.get() {
+        Some(Some(user)) => user.role,
+        _ => before.copied().unwrap_or(Role::User),
+    });
+    provide_context(StaffRole(role));
     let tick = RwSignal::new(0u32);
     provide_context(Tick(tick));
     let interval = RwSignal::new(REFRESH_CHOICES[0]);

@@ -11,4 +11,5 @@ pub mod console;
 pub mod endings;
 pub mod jobs;
 pub mod polling;
+pub mod settings;
 pub mod upload;

@@ -124,6 +124,7 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
             max_document_tokens: settings.admission.max_document_tokens,
             max_upload_bytes: settings.max_upload_bytes,
             signup_grant: settings.signup_grant,
+            verify_email: settings.require_email_verification,
         })
     })
     .await
