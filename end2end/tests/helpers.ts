@@ -93,7 +93,41 @@ export async function signUp(page: Page, tag: string): Promise<string> {
   await page.getByLabel('Password').fill('a long password');
   await page.getByRole('button', { name: 'Sign up' }).click();
   await expect(page).toHaveURL(/\/jobs$/);
+  // The free credits come when the address is confirmed by the link mailed to it.
+  await open(page, await mailedLink(email, '/verify?token='));
+  await page.getByRole('button', { name: 'Confirm my address' }).click();
+  await expect(page.getByTestId('verified')).toBeVisible();
+  await open(page, '/jobs');
   return email;
+}
+
+/** A mail the mailbox (a real SMTP server `cargo xtask test` starts) received. */
+export interface Mail {
+  to: string[];
+  subject: string;
+  text: string;
+  list_unsubscribe: string | null;
+}
+
+/** The mails to `email` so far, oldest first. */
+export async function mailsTo(email: string): Promise<Mail[]> {
+  const response = await fetch(`${fromEnv('MAILBOX_URL')}/messages?to=${encodeURIComponent(email)}`);
+  expect(response.ok).toBeTruthy();
+  return (await response.json()) as Mail[];
+}
+
+/** The newest link to this site starting with `path` mailed to `email` (waits up to 15 s). */
+export async function mailedLink(email: string, path: string, newerThan = 0): Promise<string> {
+  const prefix = `${fromEnv('BASE_URL')}${path}`;
+  let links: string[] = [];
+  await expect
+    .poll(async () => {
+      const mails = (await mailsTo(email)).slice(newerThan);
+      links = mails.flatMap((m) => m.text.split(/\s+/).filter((word) => word.startsWith(prefix)));
+      return links.length;
+    }, { timeout: 15_000 })
+    .toBeGreaterThan(0);
+  return links[links.length - 1];
 }
 
 /** Log in and land on the jobs page. */

@@ -425,8 +425,17 @@ fn browser_suite(cluster: &pgcluster::Cluster, playwright_args: &[String], after
             .env("SLUICE_LOG", "warn"),
         "server create-admin",
     )?;
-    // The scripted fake AI provider, so the flows can make the provider fail on demand.
-    status(cargo().args(["build", "--package", "fakeprovider"]), "cargo build fakeprovider")?;
+    // The scripted fake AI provider, so the flows can make the provider fail on demand, and a
+    // real SMTP server whose mail the flows read over HTTP (verification and reset links).
+    status(cargo().args(["build", "--package", "fakeprovider", "--features", "mail"]), "cargo build fakeprovider")?;
+    let (smtp_port, mailbox_port) = (free_port(), free_port());
+    let mailbox = Command::new("target/debug/mailbox")
+        .args([format!("127.0.0.1:{smtp_port}"), format!("127.0.0.1:{mailbox_port}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting the mailbox: {e}"))?;
+    let _mailbox = ServerGuard(mailbox);
+    let mailbox_url = format!("http://127.0.0.1:{mailbox_port}");
     let fake_port = free_port();
     let fake_url = format!("http://127.0.0.1:{fake_port}");
     let fake = Command::new("target/debug/fakeprovider")
@@ -459,6 +468,9 @@ fn browser_suite(cluster: &pgcluster::Cluster, playwright_args: &[String], after
         .env("SLUICE_PROVIDER_TIMEOUT_SECS", "5")
         // A small context (about 39 KB of text a call), so a flow can watch a document done in parts.
         .env("SLUICE_PROVIDER_CONTEXT_TOKENS", "10000")
+        // Mail to the mailbox, its links back to this server; sign-ups confirm their address.
+        .env("SLUICE_SMTP_URL", format!("smtp://127.0.0.1:{smtp_port}"))
+        .env("SLUICE_PUBLIC_URL", &base)
         .env("SLUICE_LOG", "warn,server=info")
         .spawn()
         .map_err(|e| format!("starting the server: {e}"))?;
@@ -472,6 +484,7 @@ fn browser_suite(cluster: &pgcluster::Cluster, playwright_args: &[String], after
             .env("BASE_URL", &base)
             .env("ADMIN_EMAIL", ADMIN_EMAIL)
             .env("FAKE_PROVIDER_URL", &fake_url)
+            .env("MAILBOX_URL", &mailbox_url)
             .env("ADMIN_PASSWORD", ADMIN_PASSWORD)
             // For operator commands (`server grant-credits`) in the flows.
             .env("SLUICE_SERVER_BIN", &server_bin)
