@@ -136,6 +136,9 @@ impl Application {
             // ...and sends due mail the same way.
             let mail = config.mail_config();
             mail.check().map_err(anyhow::Error::msg).context("the mail settings")?;
+            for warning in mail.warnings(config.mail.public_url.is_some()) {
+                tracing::warn!("{warning}");
+            }
             background.push(tokio::spawn(engine::mail::outbox::run(pool.clone(), mail)));
             // A process without workers records itself too (the pools announce themselves).
             let presence = workers.is_none().then(|| {

@@ -48,7 +48,11 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
         let user = require_user(&ctx).await?;
         let job = visible_job(&ctx.pool, &user, &id).await?;
         let attempts = engine::queue::attempts(&ctx.pool, job.id).await?;
-        let markdown = job.result.as_ref().and_then(|r| r["markdown"].as_str()).map(str::to_string);
+        // Support sees another's job, not its text: the result is for its owner and the roles
+        // that may open documents.
+        let readable = job.owner_id == user.id || user.may(engine::accounts::users::Permission::OpenDocuments);
+        let result = job.result.clone().filter(|_| readable);
+        let markdown = result.as_ref().and_then(|r| r["markdown"].as_str()).map(str::to_string);
         let result_html = match markdown {
             Some(markdown) => Some(render_result(markdown).await?),
             None => None,
@@ -56,7 +60,7 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
         Ok(JobDetails {
             job: job_status(&ctx, &job).await?,
             result_html,
-            result: job.result.clone(),
+            result,
             attempts: attempts.into_iter().map(Into::into).collect(),
         })
     })

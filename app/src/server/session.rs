@@ -260,14 +260,17 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
     let Some(id) = session.get::<i64>(USER_KEY).await.map_err(session_error)? else {
         return Ok(None);
     };
+    let epoch = session.get::<i32>(EPOCH_KEY).await.map_err(session_error)?.unwrap_or(0);
     let found = match ctx.auth.user(id) {
-        Some(user) => Ok(user),
-        None => users::get(&ctx.pool, id).await.inspect(|user| ctx.auth.put_user(user.clone())),
+        // A kept account whose epoch differs may be the older one (this very session just
+        // reset or changed the password): the database decides.
+        Some(user) if user.session_epoch == epoch => Ok(user),
+        _ => read_user(ctx, id).await,
     };
     match found {
         // Begun before the password was reset or changed: over, on every process (the change
         // made each forget the account it kept, so the epoch read here is the new one).
-        Ok(user) if session.get::<i32>(EPOCH_KEY).await.map_err(session_error)?.unwrap_or(0) != user.session_epoch => {
+        Ok(user) if epoch != user.session_epoch => {
             end_session(session).await?;
             Ok(None)
         }
@@ -285,12 +288,16 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
     }
 }
 
+/// The account from the database, kept for the next requests unless access changed meanwhile.
+async fn read_user(ctx: &ServerContext, id: i64) -> engine::error::Result<User> {
+    let read_at = ctx.auth.generation();
+    users::get(&ctx.pool, id).await.inspect(|user| ctx.auth.put_user(user.clone(), read_at))
+}
+
 /// The caller as the database has them now (their balance to the credit): the cached one is
 /// who they are, a few seconds old.
 pub async fn fresh(ctx: &ServerContext, user: &User) -> Result<User, AppError> {
-    let user = users::get(&ctx.pool, user.id).await?;
-    ctx.auth.put_user(user.clone());
-    Ok(user)
+    Ok(read_user(ctx, user.id).await?)
 }
 
 /// The caller, or 401.

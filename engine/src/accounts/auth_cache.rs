@@ -136,7 +136,13 @@ pub struct AuthCache<R> {
     inner: Mutex<Inner<R>>,
 }
 
+/// How many times the cache forgot something: a reader notes it before asking Postgres and
+/// keeps the answer only if nothing was forgotten meanwhile (else an answer read just before
+/// a revocation committed could be kept after its notification).
+pub type Generation = u64;
+
 struct Inner<R> {
+    generation: Generation,
     tokens: ExpiringMap<String, TokenOwner>,
     sessions: ExpiringMap<String, CachedSession<R>>,
     users: ExpiringMap<i64, User>,
@@ -148,6 +154,7 @@ impl<R: Clone> AuthCache<R> {
         let lifetime = lifetime.min(MAX_LIFETIME);
         Arc::new(AuthCache {
             inner: Mutex::new(Inner {
+                generation: 0,
                 tokens: ExpiringMap::new(lifetime, MAX_ENTRIES),
                 sessions: ExpiringMap::new(lifetime, MAX_ENTRIES),
                 users: ExpiringMap::new(lifetime, MAX_ENTRIES),
@@ -163,8 +170,19 @@ impl<R: Clone> AuthCache<R> {
         self.with(|c| c.tokens.get(&digest.to_string(), Instant::now()))
     }
 
-    pub fn put_token(&self, digest: String, owner: TokenOwner) {
-        self.with(|c| c.tokens.put(digest, owner, Instant::now()))
+    /// Where the cache stands now (see [`Generation`]).
+    pub fn generation(&self) -> Generation {
+        self.with(|c| c.generation)
+    }
+
+    /// Keep a token's owner read when the cache stood at `read_at`, unless something was
+    /// forgotten since.
+    pub fn put_token(&self, digest: String, owner: TokenOwner, read_at: Generation) {
+        self.with(|c| {
+            if c.generation == read_at {
+                c.tokens.put(digest, owner, Instant::now())
+            }
+        })
     }
 
     pub fn session(&self, id: &str) -> Option<CachedSession<R>> {
@@ -183,12 +201,18 @@ impl<R: Clone> AuthCache<R> {
         self.with(|c| c.users.get(&id, Instant::now()))
     }
 
-    pub fn put_user(&self, user: User) {
-        self.with(|c| c.users.put(user.id, user, Instant::now()))
+    /// Keep a user read when the cache stood at `read_at`, unless something was forgotten since.
+    pub fn put_user(&self, user: User, read_at: Generation) {
+        self.with(|c| {
+            if c.generation == read_at {
+                c.users.put(user.id, user, Instant::now())
+            }
+        })
     }
 
     /// Forget what `what` names, at once.
     pub fn forget(&self, what: &Revoked) {
+        self.with(|c| c.generation += 1);
         self.with(|c| match what {
             Revoked::Token(id) => c.tokens.retain(|_, owner| owner.token_id != *id),
             Revoked::User(id) => {
@@ -202,6 +226,7 @@ impl<R: Clone> AuthCache<R> {
 
     pub fn forget_everything(&self) {
         self.with(|c| {
+            c.generation += 1;
             c.tokens.clear();
             c.sessions.clear();
             c.users.clear();
@@ -265,6 +290,28 @@ mod tests {
             assert!(map.len() <= 3);
         }
         assert_eq!(map.get(&9, start), Some(9), "the newest is kept");
+    }
+
+    #[test]
+    fn an_answer_read_before_a_revocation_is_not_kept_after_it() {
+        let cache: Arc<AuthCache<()>> = AuthCache::new(Duration::from_secs(5));
+        let user = User {
+            id: 1,
+            email: "a@example.com".into(),
+            role: super::super::Role::User,
+            balance: 0,
+            in_flight: 0,
+            max_in_flight: 5,
+            created_at: chrono::Utc::now(),
+            email_verified_at: None,
+            session_epoch: 0,
+        };
+        let read_at = cache.generation();
+        cache.forget(&Revoked::User(1)); // the notification arrives while the read is on its way
+        cache.put_user(user.clone(), read_at);
+        assert!(cache.user(1).is_none(), "a stale read is not kept");
+        cache.put_user(user, cache.generation());
+        assert!(cache.user(1).is_some());
     }
 
     #[test]

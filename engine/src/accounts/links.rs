@@ -56,22 +56,20 @@ pub async fn consume(conn: &mut PgConnection, token: &str, purpose: Purpose) -> 
     if token.len() != 64 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(EngineError::LinkExpired);
     }
-    let user_id: Option<i64> = sqlx::query_scalar(
+    // One statement spends this link and the account's other unused ones of its purpose, so
+    // two links used at once lock in the same order; the later finds them used (410).
+    let spent: Vec<(i64, bool)> = sqlx::query_as(
         "UPDATE account_links SET used_at = now()
-         WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL AND expires_at > now()
-         RETURNING user_id",
+         WHERE user_id = (SELECT user_id FROM account_links
+                          WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL AND expires_at > now())
+           AND purpose = $2 AND used_at IS NULL
+         RETURNING user_id, token_hash = $1 AND expires_at > now()",
     )
     .bind(digest(token))
     .bind(purpose.as_str())
-    .fetch_optional(&mut *conn)
+    .fetch_all(&mut *conn)
     .await?;
-    let user_id = user_id.ok_or(EngineError::LinkExpired)?;
-    sqlx::query("UPDATE account_links SET used_at = now() WHERE user_id = $1 AND purpose = $2 AND used_at IS NULL")
-        .bind(user_id)
-        .bind(purpose.as_str())
-        .execute(&mut *conn)
-        .await?;
-    Ok(user_id)
+    spent.into_iter().find(|(_, this)| *this).map(|(user_id, _)| user_id).ok_or(EngineError::LinkExpired)
 }
 
 /// Delete links that expired a day ago (maintenance).

@@ -89,11 +89,23 @@ pub async fn verify(pool: &PgPool, token: &str, grant: i64) -> Result<User> {
 /// nothing.
 pub async fn request_reset(pool: &PgPool, email: &str, client: &str, limits: LinkLimits) -> Result<()> {
     let email = users::normalize_email(email)?;
+    let account = login::account_key(&email);
+    // What the asker is told (429) is about the asker: this account from this address, and
+    // this address at all. A stranger asking about someone else's address cannot lock its
+    // owner out of resetting.
     let windows = [
-        (format!("reset:account:{}", login::account_key(&email)), limits.per_account),
+        (format!("reset:account:{account}:from:{client}"), limits.per_account),
         (format!("links:address:{client}"), limits.per_address),
     ];
     throttle::take_all(pool, &windows, limits.window).await?;
+    // Past the account's own bound (askers on many addresses), the answer stays the same and
+    // nothing is mailed: its inbox is not a target.
+    let account_wide = limits.per_account * login::ACCOUNT_WIDE_FACTOR / 3;
+    match throttle::take(pool, &format!("reset:account:{account}"), account_wide, limits.window).await {
+        Ok(_) => {}
+        Err(EngineError::RateLimited { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    }
     let mut tx = pool.begin().await?;
     let user_id: Option<i64> = sqlx::query_scalar("SELECT id FROM users WHERE email = $1 AND deleted_at IS NULL")
         .bind(&email)
@@ -174,9 +186,14 @@ pub async fn change_password(
     keep_api_tokens: bool,
 ) -> Result<User> {
     check_password_rules(new_password)?;
+    // Guesses at the current password from a session are bounded like log-ins (and each
+    // costs an argon2 hash); a right one gives its place back.
+    let key = format!("password-change:{user_id}");
+    let taken = throttle::take(pool, &key, login::LoginLimits::default().per_account, login::LoginLimits::default().window).await?;
     if !users::password_matches(pool, user_id, current).await? {
         return Err(EngineError::Invalid("the current password is not right".into()));
     }
+    throttle::give_back(pool, taken).await?;
     let mut tx = pool.begin().await?;
     set_password_hash(&mut tx, user_id, new_password).await?;
     end_access(&mut tx, user_id, !keep_api_tokens).await?;

@@ -110,9 +110,10 @@ pub async fn authenticate_cached<R: Clone>(
     if let Some(owner) = cache.token(&key) {
         return Ok(Some((owner.user, owner.token_id)));
     }
+    let read_at = cache.generation();
     let found = authenticate_token(conn, secret).await?;
     if let Some((user, token_id)) = &found {
-        cache.put_token(key, super::auth_cache::TokenOwner { user: user.clone(), token_id: *token_id });
+        cache.put_token(key, super::auth_cache::TokenOwner { user: user.clone(), token_id: *token_id }, read_at);
     }
     Ok(found)
 }

@@ -50,7 +50,11 @@ pub fn normalize_email(email: &str) -> Result<String> {
         && email.split_once('@').is_some_and(|(local, domain)| {
             !local.is_empty() && domain.contains('.') && !domain.starts_with('.') && !domain.ends_with('.')
         })
-        && !email.chars().any(char::is_whitespace);
+        && !email.chars().any(char::is_whitespace)
+        // A plain address, as mail is sent to it: no display name, quotes or angle brackets
+        // (`"ceo@bank.com"<me@evil.com>` would be mailed to the second).
+        && !email.contains(['<', '>', '"', '(', ')', ',', ';', '\\'])
+        && email.parse::<lettre::Address>().is_ok();
     if valid {
         Ok(email)
     } else {
@@ -310,7 +314,18 @@ mod tests {
     #[test]
     fn emails_are_normalized_and_checked() {
         assert_eq!(normalize_email("  Ada@Example.COM ").unwrap(), "ada@example.com");
-        for bad in ["", "ada", "@example.com", "ada@", "ada@example", "a da@example.com", "ada@.com"] {
+        for bad in [
+            "",
+            "ada",
+            "@example.com",
+            "ada@",
+            "ada@example",
+            "a da@example.com",
+            "ada@.com",
+            "\"ceo@bank.com\"<me@evil.com>",
+            "ceo@bank.com<me@evil.com>",
+            "a,b@example.com",
+        ] {
             assert!(normalize_email(bad).is_err(), "{bad:?}");
         }
     }

@@ -46,6 +46,27 @@ impl Default for MailConfig {
 }
 
 impl MailConfig {
+    /// What an operator should know about these settings (logged at start).
+    pub fn warnings(&self, public_url_set: bool) -> Vec<String> {
+        let mut said = Vec::new();
+        if !public_url_set {
+            said.push(format!("links in mails point at {}: set --public-url to the address users reach", self.site));
+        }
+        if let Transport::Smtp(url) = &self.transport {
+            let plain = url.starts_with("smtp://") && !url.contains("tls=");
+            if plain && url::Url::parse(url).is_ok_and(|u| !u.password().unwrap_or("").is_empty()) {
+                said.push("--smtp-url sends a password without TLS: add ?tls=required (or use smtps://)".into());
+            }
+        }
+        if let Transport::Folder(dir) = &self.transport {
+            said.push(format!(
+                "no --smtp-url: mail is written to {} (its reset links work for 30 minutes; delete old files)",
+                dir.display()
+            ));
+        }
+        said
+    }
+
     /// A sender that is not an address, or a transport that cannot be opened, in words (the
     /// server refuses to start with them).
     pub fn check(&self) -> std::result::Result<(), String> {
@@ -60,7 +81,9 @@ impl MailConfig {
 pub const MAX_PENDING_PER_ACCOUNT: i64 = 20;
 
 /// Queue a mail inside the caller's transaction; a second one with the same `event_key` is
-/// ignored (each event mails once).
+/// ignored (each event mails once). Notices count against [`MAX_PENDING_PER_ACCOUNT`]; an
+/// account's own mail (a reset or verification link) is bounded by its request throttles
+/// instead, so a backlog of notices never drops it.
 pub async fn enqueue(
     conn: &mut PgConnection,
     user_id: i64,
@@ -74,9 +97,9 @@ pub async fn enqueue(
              SELECT count(*) AS n FROM (
                  SELECT 1 FROM mail_outbox WHERE user_id = $1 AND sent_at IS NULL AND gave_up_at IS NULL LIMIT $5) p)
          INSERT INTO mail_outbox (user_id, kind, event_key, detail, gave_up_at, last_error)
-         SELECT $1, $2, $3, $4, CASE WHEN pending.n >= $5 THEN now() END,
-                CASE WHEN pending.n >= $5 THEN format('%s mails were already waiting for this account', $5) END
-         FROM pending
+         SELECT $1, $2, $3, $4, CASE WHEN over_bound THEN now() END,
+                CASE WHEN over_bound THEN format('%s mails were already waiting for this account', $5) END
+         FROM (SELECT $6 AND pending.n >= $5 AS over_bound FROM pending) f
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(user_id)
@@ -84,6 +107,7 @@ pub async fn enqueue(
     .bind(event_key)
     .bind(detail)
     .bind(MAX_PENDING_PER_ACCOUNT)
+    .bind(kind.is_notice())
     .execute(&mut *conn)
     .await?;
     // The senders wake when this commits: a reset link arrives at once, not at the next poll.

@@ -90,7 +90,8 @@ impl Header for OneClick {
 
 /// Pure (but for the date and id lettre adds): the message for `letter` from `from` to `to`.
 pub fn message(from: &Mailbox, to: &str, letter: &Letter) -> Result<Message, String> {
-    let to: Mailbox = to.parse().map_err(|e| format!("the address cannot be mailed: {e}"))?;
+    // The address alone: never a display name a crafted address could smuggle in.
+    let to = Mailbox::new(None, to.parse::<lettre::Address>().map_err(|e| format!("the address cannot be mailed: {e}"))?);
     let mut builder = Message::builder().from(from.clone()).to(to).subject(&letter.subject);
     if let Some(url) = &letter.unsubscribe {
         builder = builder.header(ListUnsubscribe(url.clone())).header(OneClick);
@@ -130,6 +131,7 @@ mod tests {
         let raw = String::from_utf8(message(&from, "ada@example.com", &plain).unwrap().formatted()).unwrap();
         assert!(!raw.contains("List-Unsubscribe"), "{raw}");
         assert!(message(&from, "not an address", &plain).is_err());
+        assert!(message(&from, "\"ceo@bank.com\" <me@evil.com>", &plain).is_err(), "only a bare address");
     }
 
     #[test]

@@ -348,8 +348,9 @@ pub async fn delete_job(
         Common,
     )
 )]
-pub async fn get_result(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_result(State(state): State<AppState>, VisibleJob(job, caller): VisibleJob) -> Result<Response, ApiError> {
     let result = done_result(&job)?;
+    audit_if_not_the_owner(&state, &caller, &job, "read_result").await?;
     let body = Json(serde_json::json!({ "id": job.id.to_string(), "result": result }));
     Ok(([(header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body).into_response())
 }
@@ -427,8 +428,12 @@ pub async fn get_original(
         Common,
     )
 )]
-pub async fn get_result_markdown(VisibleJob(job, _): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_result_markdown(
+    State(state): State<AppState>,
+    VisibleJob(job, caller): VisibleJob,
+) -> Result<Response, ApiError> {
     let markdown = done_result(&job)?["markdown"].as_str().unwrap_or_default().to_string();
+    audit_if_not_the_owner(&state, &caller, &job, "read_result").await?;
     let stem = name_stem(document_of(&job).ok().and_then(|d| d.name));
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-result.md"), markdown.into_bytes()))
 }
@@ -508,11 +513,12 @@ pub async fn get_translated_file(
 )]
 pub async fn get_parts_so_far(
     State(state): State<AppState>,
-    VisibleJob(job, _): VisibleJob,
+    VisibleJob(job, caller): VisibleJob,
 ) -> Result<Response, ApiError> {
     if job.deleted_at.is_some() {
         return Err(AppError::Deleted.into());
     }
+    audit_if_not_the_owner(&state, &caller, &job, "read_parts").await?;
     let so_far = engine::queue::parts::answered_so_far(&state.ctx.pool, job.id).await?;
     if so_far.answered.is_empty() {
         let why = if so_far.total == 0 { "it is not done in parts" } else { "no part is done yet" };
