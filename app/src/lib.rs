@@ -237,7 +237,8 @@ fn Header() -> impl IntoView {
                                 (n > 0).then(|| view! { <span class="count" data-testid="unread">{n}</span> })
                             }}
                         </a>
-                        <a href="/account" class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</a>
+                        <a href="/account">"Account"</a>
+                        <span class="who" data-testid="who">{format!("{} · {} credits", user.email, user.balance)}</span>
                         <button class="button link" on:click=move |_| { log_out.dispatch(server::auth::LogOut {}); }>"Log out"</button>
                     }
                         .into_any(),

@@ -1,9 +1,12 @@
 // Accounts people can keep: a forgotten password reset by a link read from the SMTP server,
 // the old session ended, the link good once; mail choices; each staff role sees only what it
 // may do in the console.
-import { expect, logIn, mailedLink, mailsTo, newPage, open, serverCommand, signUp, test } from './helpers';
+import { allowConsoleError, expect, logIn, mailedLink, mailsTo, newPage, open, serverCommand, signUp, test } from './helpers';
 
 test('a forgotten password is reset by the mailed link, once, and the old session ends', async ({ page, browser }) => {
+  // The browser logs the refused log-in (401) and the spent link (410).
+  allowConsoleError(/status of 401/);
+  allowConsoleError(/status of 410/);
   const email = await signUp(page, 'forgetful');
   // Another device, logged in before the reset.
   const other = await newPage(browser);
@@ -58,6 +61,7 @@ test('an unknown address is answered like a known one, and nothing is mailed', a
 });
 
 test('the account page changes the password and saves which notices come by mail', async ({ page }) => {
+  allowConsoleError(/status of 422/); // the wrong current password
   const email = await signUp(page, 'chooser');
   await open(page, '/account');
   await expect(page.getByTestId('account-email')).toHaveText(email);

@@ -189,7 +189,9 @@ pub async fn change_password(
     // Guesses at the current password from a session are bounded like log-ins (and each
     // costs an argon2 hash); a right one gives its place back.
     let key = format!("password-change:{user_id}");
-    let taken = throttle::take(pool, &key, login::LoginLimits::default().per_account, login::LoginLimits::default().window).await?;
+    let taken =
+        throttle::take(pool, &key, login::LoginLimits::default().per_account, login::LoginLimits::default().window)
+            .await?;
     if !users::password_matches(pool, user_id, current).await? {
         return Err(EngineError::Invalid("the current password is not right".into()));
     }

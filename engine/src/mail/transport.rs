@@ -91,7 +91,8 @@ impl Header for OneClick {
 /// Pure (but for the date and id lettre adds): the message for `letter` from `from` to `to`.
 pub fn message(from: &Mailbox, to: &str, letter: &Letter) -> Result<Message, String> {
     // The address alone: never a display name a crafted address could smuggle in.
-    let to = Mailbox::new(None, to.parse::<lettre::Address>().map_err(|e| format!("the address cannot be mailed: {e}"))?);
+    let to =
+        Mailbox::new(None, to.parse::<lettre::Address>().map_err(|e| format!("the address cannot be mailed: {e}"))?);
     let mut builder = Message::builder().from(from.clone()).to(to).subject(&letter.subject);
     if let Some(url) = &letter.unsubscribe {
         builder = builder.header(ListUnsubscribe(url.clone())).header(OneClick);

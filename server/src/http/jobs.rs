@@ -348,7 +348,10 @@ pub async fn delete_job(
         Common,
     )
 )]
-pub async fn get_result(State(state): State<AppState>, VisibleJob(job, caller): VisibleJob) -> Result<Response, ApiError> {
+pub async fn get_result(
+    State(state): State<AppState>,
+    VisibleJob(job, caller): VisibleJob,
+) -> Result<Response, ApiError> {
     let result = done_result(&job)?;
     audit_if_not_the_owner(&state, &caller, &job, "read_result").await?;
     let body = Json(serde_json::json!({ "id": job.id.to_string(), "result": result }));

@@ -396,28 +396,44 @@ async fn the_outbox_retries_a_server_that_is_down_is_bounded_per_account_and_wri
     assert_eq!(engine::mail::outbox::send_due(&app.pool, &up, &sender, 10).await.unwrap(), 1);
     assert_eq!(server.mails_to("gus@example.com").len(), 1);
 
-    // At most 20 waiting per account: the rest are given up at once, on the record.
-    for _ in 0..25 {
-        recovery::request_reset(&app.pool, "gus@example.com", "203.0.113.1", limits).await.unwrap();
+    // At most 20 notices waiting per account: the rest are given up at once, on the record.
+    // The account's own mail (a reset link) is never dropped for them.
+    let mut tx = app.pool.begin().await.unwrap();
+    for n in 0..25 {
+        let detail = engine::mail::compose::Detail { balance: Some(1), ..Default::default() };
+        let kind = engine::mail::MailKind::CreditsLow;
+        engine::mail::outbox::enqueue(&mut tx, user.id, kind, &format!("low:{n}"), &detail).await.unwrap();
     }
-    let (pending, given_up): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE sent_at IS NULL AND gave_up_at IS NULL), count(*) FILTER (WHERE gave_up_at IS NOT NULL)
+    tx.commit().await.unwrap();
+    recovery::request_reset(&app.pool, "gus@example.com", "203.0.113.1", limits).await.unwrap();
+    let (pending, given_up, resets): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE sent_at IS NULL AND gave_up_at IS NULL), count(*) FILTER (WHERE gave_up_at IS NOT NULL),
+                count(*) FILTER (WHERE kind = 'reset' AND sent_at IS NULL AND gave_up_at IS NULL)
          FROM mail_outbox WHERE user_id = $1",
     )
     .bind(user.id)
     .fetch_one(&app.pool)
     .await
     .unwrap();
-    assert_eq!((pending, given_up), (20, 5));
+    assert_eq!((pending, given_up, resets), (21, 5, 1));
 
     // No SMTP server configured: each mail is a file in the outbox folder.
     let folder = std::env::temp_dir().join(format!("sluice-outbox-{}", user.id + rand::random::<u32>() as i64));
     let files = MailConfig { transport: Transport::Folder(folder.clone()), ..up };
     let sender = files.transport.open().unwrap();
-    assert_eq!(engine::mail::outbox::send_due(&app.pool, &files, &sender, 5).await.unwrap(), 5);
-    let written: Vec<_> = std::fs::read_dir(&folder).unwrap().filter_map(|e| e.ok()).collect();
-    assert_eq!(written.len(), 5);
-    let one = std::fs::read_to_string(written[0].path()).unwrap();
-    assert!(one.contains("Subject: Reset your Sluice password") && one.contains("gus@example.com"), "{one}");
+    sqlx::query("UPDATE users SET email_verified_at = now() WHERE id = $1")
+        .bind(user.id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(engine::mail::outbox::send_due(&app.pool, &files, &sender, 30).await.unwrap(), 21);
+    let written: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert_eq!(written.len(), 21);
+    let reset = written.iter().find(|m| m.contains("Subject: Reset your Sluice password")).expect("the reset mail");
+    assert!(reset.contains("gus@example.com"), "{reset}");
     let _ = std::fs::remove_dir_all(&folder);
 }

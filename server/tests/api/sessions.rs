@@ -71,6 +71,7 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
             "max_document_tokens": null,
             "max_upload_bytes": 52428800,
             "signup_grant": 20,
+            "verify_email": false,
         })
     );
 
