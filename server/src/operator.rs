@@ -51,7 +51,7 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
                 Err(engine::EngineError::EmailTaken) => {
                     // An existing account is promoted; its password stays.
                     let user = users::find_by_email(&pool, &email).await?;
-                    users::set_role(&pool, user.id, Role::Admin, "cli").await?;
+                    engine::accounts::staff::set_role(&pool, user.id, Role::Admin, "cli").await?;
                     println!("{} already had an account; it is an admin now", user.email);
                     return Ok(());
                 }
@@ -68,7 +68,7 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
         }
         Command::SetRole { email, role } => {
             let user = users::find_by_email(&pool, &email).await.with_context(|| format!("no user {email}"))?;
-            let user = users::set_role(&pool, user.id, role, "cli").await?;
+            let user = engine::accounts::staff::set_role(&pool, user.id, role, "cli").await?;
             println!("{} is now {}", user.email, user.role.as_str());
         }
         Command::ListUsers => {

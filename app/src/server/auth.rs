@@ -23,7 +23,7 @@ pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppErr
         let (grant, limits, verify) =
             (settings.signup_grant, settings.signup_limits, settings.require_email_verification);
         let user =
-            engine::accounts::users::sign_up(&ctx.pool, &email, &password, grant, &client, limits, verify).await?;
+            engine::accounts::signup::sign_up(&ctx.pool, &email, &password, grant, &client, limits, verify).await?;
         start_session(&session().await?, &user).await?;
         let device = engine::accounts::login::issue_device_token(&ctx.pool, user.id).await?;
         keep_device_token(&device, settings.secure_cookies);

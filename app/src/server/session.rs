@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use engine::accounts::admission::AdmissionConfig;
 use engine::accounts::login::LoginLimits;
+use engine::accounts::signup::SignupLimits;
 use engine::accounts::users::Permission;
-use engine::accounts::users::SignupLimits;
 use engine::accounts::{users, User};
 use engine::documents::Blobs;
 use engine::queue::JobView;

@@ -11,6 +11,8 @@ pub mod links;
 pub mod login;
 pub mod notices;
 pub mod recovery;
+pub mod signup;
+pub mod staff;
 pub mod throttle;
 pub mod tokens;
 pub mod users;

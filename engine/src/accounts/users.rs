@@ -1,6 +1,4 @@
-//! Users: sign-up, e-mail and password rules, password hashing (argon2id), roles.
-
-use std::time::Duration;
+//! Users: accounts, e-mail and password rules, password hashing (argon2id), roles.
 
 use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
@@ -8,7 +6,6 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use super::throttle;
 use crate::error::{EngineError, Result};
 
 pub use sluice_types::roles::{Permission, Role};
@@ -131,7 +128,7 @@ pub async fn create_user(pool: &PgPool, email: &str, password: &str, role: Role,
 
 /// Insert an account in the caller's transaction: the address and password checked, the
 /// password hashed, `grant` credits given. Returns its id.
-async fn insert_user(
+pub(super) async fn insert_user(
     tx: &mut sqlx::PgConnection,
     email: &str,
     password: &str,
@@ -158,54 +155,6 @@ async fn insert_user(
         super::ledger::add_credits(tx, id, grant_kind, grant, "system", Some("sign-up grant")).await?;
     }
     Ok(id)
-}
-
-/// How many accounts may be made, per client address, per network and in all, within a window.
-#[derive(Clone, Copy, Debug)]
-pub struct SignupLimits {
-    pub per_address: i64,
-    /// Per IPv4 /24 or IPv6 /48, so one network cannot use up the overall limit.
-    pub per_network: i64,
-    pub overall: i64,
-    pub window: Duration,
-}
-
-impl Default for SignupLimits {
-    /// 10 per address, 30 per network and 300 in all per hour: each account gets free credits
-    /// and costs an argon2 hash, so a burst from one place must not be free.
-    fn default() -> Self {
-        SignupLimits { per_address: 10, per_network: 30, overall: 300, window: Duration::from_secs(3600) }
-    }
-}
-
-/// Sign a stranger up: the input is checked first (free), then the throttles per client
-/// address and overall are taken (atomically), then the account is made. With `verify`, the
-/// address must be proved first: a verification mail is queued with the account and the
-/// `grant` waits for its link ([`super::recovery::verify`]); without, it is given at once.
-pub async fn sign_up(
-    pool: &PgPool,
-    email: &str,
-    password: &str,
-    grant: i64,
-    client: &str,
-    limits: SignupLimits,
-    verify: bool,
-) -> Result<User> {
-    normalize_email(email)?;
-    check_password_rules(password)?;
-    let windows = [
-        (format!("signup:address:{client}"), limits.per_address),
-        (format!("signup:network:{}", throttle::network_of(client)), limits.per_network),
-        ("signup:all".to_string(), limits.overall),
-    ];
-    throttle::take_all(pool, &windows, limits.window).await?;
-    let mut tx = pool.begin().await?;
-    let id = insert_user(&mut tx, email, password, Role::User, if verify { 0 } else { grant }, !verify).await?;
-    if verify {
-        super::recovery::start_verification(&mut tx, id).await?;
-    }
-    tx.commit().await?;
-    get(pool, id).await
 }
 
 /// One user, or `NotFound`.
@@ -259,22 +208,6 @@ pub async fn admin_id(pool: &PgPool, email: &str) -> Result<i64> {
 /// Every user, oldest first (the `list-users` command).
 pub async fn list(pool: &PgPool) -> Result<Vec<User>> {
     Ok(sqlx::query_as("SELECT * FROM users ORDER BY id").fetch_all(pool).await?)
-}
-
-/// Give a user a role, audited (`actor` names who). Every process forgets what it kept of the
-/// account, so the new role holds on the next request.
-pub async fn set_role(pool: &PgPool, id: i64, role: Role, actor: &str) -> Result<User> {
-    let mut tx = pool.begin().await?;
-    let old: Role = sqlx::query_scalar("SELECT role FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(EngineError::NotFound)?;
-    sqlx::query("UPDATE users SET role = $2 WHERE id = $1").bind(id).bind(role).execute(&mut *tx).await?;
-    crate::audit::audit(&mut tx, actor, "role", Some(&format!("user {id}")), old.as_str(), role.as_str()).await?;
-    super::auth_cache::announce(&mut tx, &super::auth_cache::Revoked::User(id)).await?;
-    tx.commit().await?;
-    get(pool, id).await
 }
 
 /// Set how many jobs a user may have in flight (1 to 1000), audited. Jobs already in flight

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use engine::accounts::login::LoginLimits;
-use engine::accounts::users::SignupLimits;
+use engine::accounts::signup::SignupLimits;
 
 #[derive(Clone, Debug, Args)]
 #[command(next_help_heading = "Accounts, sessions and throttles")]

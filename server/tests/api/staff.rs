@@ -107,7 +107,7 @@ async fn a_role_change_holds_on_the_next_request_on_every_process_and_is_audited
     let (client, email) = staff(&first, Role::Operator).await;
     assert_eq!(call(&client, &second, "admin/set_processing", &[("enabled", "true")]).await.status(), StatusCode::OK);
     let user = users::find_by_email(&first.pool, &email).await.unwrap();
-    users::set_role(&first.pool, user.id, Role::Support, "cli").await.unwrap();
+    engine::accounts::staff::set_role(&first.pool, user.id, Role::Support, "cli").await.unwrap();
     let refused = async {
         for _ in 0..50 {
             if call(&client, &second, "admin/set_processing", &[("enabled", "true")]).await.status()
