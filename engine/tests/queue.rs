@@ -90,26 +90,15 @@ async fn gate_holds_across_four_pools_and_every_job_runs_once(pool: PgPool) {
         })
         .collect();
 
-    // Sample the database's running count throughout.
-    let sampler = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut max = 0;
-            loop {
-                let running = count_in_state(&pool, JobState::Running).await;
-                max = max.max(running);
-                if count_in_state(&pool, JobState::Done).await == 150 {
-                    return max;
-                }
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-        })
-    };
-    let max_running = tokio::time::timeout(Duration::from_secs(60), sampler).await.expect("all done in time").unwrap();
+    // The gate bounds the attempts running at once, across every pool (issue 38): a row whose
+    // result is still being written, or fetched ahead, holds no slot, so the count of rows in
+    // `running` may pass the gate for a moment; the processors never do.
+    let all_done =
+        wait_for(Duration::from_secs(60), || async { count_in_state(&pool, JobState::Done).await == 150 }).await;
     for p in pools {
         p.shutdown().await;
     }
-    assert!(max_running <= 5, "running peaked at {max_running}");
+    assert!(all_done, "every job done in time");
     let peak = max_in_processor.load(Ordering::SeqCst);
     assert!(peak <= 5, "processors peaked at {peak}");
     assert!(peak >= 3, "the gate should be used, peak was {peak}");
@@ -276,6 +265,62 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
     release.notify_waiters();
     assert!(wait_for(Duration::from_secs(10), || async { count_in_state(&pool, JobState::Done).await == 30 }).await);
     workers.shutdown().await;
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn short_jobs_are_fetched_ahead_and_a_pause_hands_them_back_unstarted(pool: PgPool) {
+    let pool = wider_pool(&pool, 20).await;
+    switches::set_gate_size(&pool, 4, "test").await.unwrap();
+    enqueue_many(&pool, 1, 3_000).await;
+    let starts: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let processor = {
+        let starts = starts.clone();
+        move |_job: queue::ClaimedJob| {
+            starts.lock().unwrap().push(std::time::Instant::now());
+            async { Ok::<_, JobError>(ok_output()) }
+        }
+    };
+    let workers = WorkerPool::start(pool.clone(), fast_worker("ahead", 4), Arc::new(processor), Arc::new(NoHooks));
+    // Short jobs: the pool soon holds more than its 4 slots, fetched ahead.
+    let mut most_ahead = 0;
+    let fetched_ahead = wait_for(Duration::from_secs(10), || {
+        most_ahead = most_ahead.max(workers.queued_locally());
+        std::future::ready(most_ahead > 4)
+    })
+    .await;
+    assert!(fetched_ahead, "a batch beyond the slots is fetched ahead (at most {most_ahead} seen)");
+
+    switches::set_processing(&pool, false, "operator@example.com").await.unwrap();
+    let paused = std::time::Instant::now();
+    let handed_back = wait_for(Duration::from_secs(5), || async {
+        count_in_state(&pool, JobState::Running).await == 0 && workers.queued_locally() == 0
+    })
+    .await;
+    assert!(handed_back, "what was fetched ahead goes back to the line");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The notice takes a moment to arrive; nothing starts after that.
+    let late = starts.lock().unwrap().iter().filter(|t| **t > paused + Duration::from_millis(100)).count();
+    assert_eq!(late, 0, "no attempt starts once the pause is known");
+    let done = count_in_state(&pool, JobState::Done).await;
+    let queued = count_in_state(&pool, JobState::Queued).await;
+    assert_eq!(done + queued, 3_000, "nothing lost");
+    assert!(queued > 0, "the pause came before the end ({done} done)");
+    let used: i64 = sqlx::query_scalar("SELECT coalesce(sum(attempts), 0) FROM jobs WHERE state = 'queued'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(used, 0, "jobs handed back did not use an attempt");
+
+    switches::set_processing(&pool, true, "operator@example.com").await.unwrap();
+    assert!(wait_for(Duration::from_secs(30), || async { count_in_state(&pool, JobState::Done).await == 3_000 }).await);
+    workers.shutdown().await;
+    let double: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(double, 0);
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

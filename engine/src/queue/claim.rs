@@ -46,6 +46,51 @@ pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Re
         .await?)
 }
 
+/// What a worker pool's claim got: the jobs, and how many attempts the process may run at once
+/// from now on (see [`claim_batch`]).
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub jobs: Vec<ClaimedJob>,
+    /// `None` when no job came: the allowance of the process's last batch still holds.
+    pub allowance: Option<usize>,
+}
+
+#[derive(sqlx::FromRow)]
+struct BatchRow {
+    #[sqlx(flatten)]
+    job: ClaimedJob,
+    gate_allowance: i32,
+}
+
+/// A worker pool's claim. `busy` is how many of its jobs the process will still run (running
+/// now, or fetched and waiting in its memory); it counts those itself, while the claim counts
+/// every other process's running rows. The process may then run `allowance` attempts at once:
+/// the gate less the others' rows and every job's extra calls (see the hot path's migration).
+/// Beyond the slots free, up to `prefetch` more jobs come when any slot is free: short jobs
+/// are fetched a batch ahead. Fairness, the budget and the kill switch apply as in [`claim`].
+pub async fn claim_batch(
+    pool: &PgPool,
+    worker: &str,
+    max: usize,
+    lease: Duration,
+    busy: usize,
+    prefetch: usize,
+) -> Result<Batch> {
+    if max == 0 {
+        return Ok(Batch::default());
+    }
+    let rows: Vec<BatchRow> = sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3, $4, $5)")
+        .bind(max as i64)
+        .bind(worker)
+        .bind(lease.as_secs_f64())
+        .bind(busy as i64)
+        .bind(prefetch as i64)
+        .fetch_all(pool)
+        .await?;
+    let allowance = rows.first().map(|r| r.gate_allowance.max(0) as usize);
+    Ok(Batch { jobs: rows.into_iter().map(|r| r.job).collect(), allowance })
+}
+
 /// Extend the leases of the given attempts (one statement for all of a worker's jobs).
 /// Returns how many leases are still held.
 pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Result<u64> {

@@ -26,7 +26,7 @@ mod waiting_line;
 pub mod worker;
 
 pub use cancel::{cancel, Canceled};
-pub use claim::{claim, heartbeat, next_due, ClaimedJob};
+pub use claim::{claim, claim_batch, heartbeat, next_due, Batch, ClaimedJob};
 pub use enqueue::{enqueue, lock_line, NewJob};
 pub use retry_now::{retry_now, RetriedNow};
 pub use sluice_types::{FailureKind, JobStage, JobState};
@@ -39,6 +39,16 @@ pub use waiting_line::{place_for_new_job, waiting_line, LineSnapshot, NewJobPlac
 
 /// The NOTIFY channel workers listen on.
 pub const JOBS_CHANNEL: &str = "sluice_jobs";
+
+/// The notice on [`JOBS_CHANNEL`] that processing was paused: workers hand back the jobs they
+/// fetched ahead and have not started.
+pub const PAUSE_NOTICE: &str = "pause";
+
+/// Tell every process, when the caller's transaction commits, that processing was paused.
+pub(crate) async fn notify_pause(conn: &mut sqlx::PgConnection) -> crate::error::Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(JOBS_CHANNEL).bind(PAUSE_NOTICE).execute(conn).await?;
+    Ok(())
+}
 
 /// Wake idle workers in every process when the caller's transaction commits.
 pub(crate) async fn notify_workers(conn: &mut sqlx::PgConnection) -> crate::error::Result<()> {

@@ -160,6 +160,9 @@ async fn change(tx: &mut sqlx::PgConnection, enabled: bool, minutes: Option<u32>
     };
     audit(&mut *tx, actor, "processing", None, on_off(old), &new).await?;
     super::notify_workers(&mut *tx).await?;
+    if !enabled {
+        super::notify_pause(&mut *tx).await?;
+    }
     Ok(())
 }
 

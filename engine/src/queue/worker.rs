@@ -1,15 +1,19 @@
-//! The worker runtime: one dispatcher per process claims jobs in batches for up to
-//! `concurrency` local tasks, a heartbeat keeps their leases, and shutdown hands back
+//! The worker runtime: one dispatcher per process claims jobs in batches, keeps those it
+//! cannot start yet in memory (a local queue a few milliseconds deep, for short jobs only),
+//! and starts them as its slots free; a heartbeat keeps their leases, and shutdown hands back
 //! whatever did not finish in time.
 //!
-//! No database transaction is open while a processor runs: a claim commits before the task
-//! starts, and the outcome is written in a new transaction afterwards. Successful results go
-//! through one completer task that writes whatever has accumulated in one transaction, so a
-//! busy pool commits many jobs at once; failures are rarer and written one by one.
+//! The process counts the attempts it runs against the allowance its last claim handed it
+//! (the gate less every other process's running rows): a slot is free the moment a processor
+//! returns. No database transaction is open while a processor runs: a claim commits before
+//! the task starts, and the outcome is written afterwards. Successful results go to the
+//! completer, which writes whatever has accumulated in one transaction, with a few such
+//! batches in flight at once; failures are rarer and written one by one, holding their slot.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +27,7 @@ use uuid::Uuid;
 
 use super::hooks::TerminalHooks;
 use super::policy::retry::{ErrorClass, RetryPolicy};
-use super::{ClaimedJob, JobError, JobOutput, Recorded, JOBS_CHANNEL};
+use super::{ClaimedJob, JobError, JobOutput, Recorded, JOBS_CHANNEL, PAUSE_NOTICE};
 use crate::queue;
 
 /// Does the work of one job. The engine retries; a processor never should.
@@ -91,14 +95,81 @@ pub struct AttemptReport {
     pub recorded: Recorded,
 }
 
+/// The local queue holds at most this much work (by the attempts' average time), and never more
+/// than [`LOCAL_QUEUE_MAX`] jobs: long jobs (documents) are never fetched ahead, so none waits in
+/// one process's memory while another has a free slot.
+const LOCAL_QUEUE_WORK: Duration = Duration::from_millis(10);
+const LOCAL_QUEUE_MAX: usize = 500;
+/// Result batches written at once: a slot is free before its result is written, so results
+/// may arrive faster than one transaction at a time could write them.
+const COMPLETION_WRITERS: usize = 2;
+/// Results waiting to be written, past which no attempt starts: the completer is behind, and
+/// running ahead of it would only grow the rows every claim and write reads.
+const COMPLETING_MAX: usize = 512;
+/// The average attempt assumed before any has finished: long, so nothing is fetched ahead.
+const FIRST_ATTEMPT_GUESS_SECS: f64 = 1.0;
+
 struct Shared {
     pool: PgPool,
     config: WorkerConfig,
     processor: Arc<dyn Processor>,
     hooks: Arc<dyn TerminalHooks>,
-    /// Lease tokens of the jobs this process is running.
+    /// Lease tokens of the jobs this process holds: fetched and waiting, running, or with a
+    /// result being written (the heartbeat keeps them, shutdown hands back what is left).
     running: Mutex<HashSet<Uuid>>,
     wake: Notify,
+    /// Attempts whose processor runs (or whose failure is being recorded): the slots in use.
+    in_flight: AtomicUsize,
+    /// Jobs fetched and waiting in memory, and results on their way to the database.
+    queued_locally: AtomicUsize,
+    completing: AtomicUsize,
+    /// Processing was paused: what waits in memory goes back.
+    paused: AtomicBool,
+    /// The attempts' moving average, in seconds (how deep the local queue may be).
+    attempt_secs: Mutex<f64>,
+}
+
+impl Shared {
+    fn new(pool: PgPool, config: WorkerConfig, processor: Arc<dyn Processor>, hooks: Arc<dyn TerminalHooks>) -> Self {
+        Shared {
+            pool,
+            config,
+            processor,
+            hooks,
+            running: Mutex::new(HashSet::new()),
+            wake: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            queued_locally: AtomicUsize::new(0),
+            completing: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
+            attempt_secs: Mutex::new(FIRST_ATTEMPT_GUESS_SECS),
+        }
+    }
+
+    fn attempt_took(&self, took: Duration) {
+        let mut average = self.attempt_secs.lock().unwrap();
+        *average = 0.8 * *average + 0.2 * took.as_secs_f64();
+    }
+
+    /// How many jobs beyond its free slots the process fetches ahead.
+    fn prefetch(&self, slots: usize) -> usize {
+        let average = *self.attempt_secs.lock().unwrap();
+        local_queue_depth(average, slots)
+    }
+}
+
+/// Pure: how many jobs hold [`LOCAL_QUEUE_WORK`] of work for `slots` running attempts that
+/// take `attempt_secs` on average, at most [`LOCAL_QUEUE_MAX`].
+fn local_queue_depth(attempt_secs: f64, slots: usize) -> usize {
+    if !(attempt_secs > 0.0) {
+        return LOCAL_QUEUE_MAX;
+    }
+    let jobs = LOCAL_QUEUE_WORK.as_secs_f64() / attempt_secs * slots as f64;
+    if jobs >= LOCAL_QUEUE_MAX as f64 {
+        LOCAL_QUEUE_MAX
+    } else {
+        jobs as usize
+    }
 }
 
 /// A running worker pool. Dropping it aborts everything without handing jobs back, like a
@@ -127,14 +198,7 @@ impl WorkerPool {
         processor: Arc<dyn Processor>,
         hooks: Arc<dyn TerminalHooks>,
     ) -> WorkerPool {
-        let shared = Arc::new(Shared {
-            pool,
-            config,
-            processor,
-            hooks,
-            running: Mutex::new(HashSet::new()),
-            wake: Notify::new(),
-        });
+        let shared = Arc::new(Shared::new(pool, config, processor, hooks));
         let (stop, stop_rx) = watch::channel(false);
         let mut background = JoinSet::new();
         background.spawn(listen(shared.clone()));
@@ -145,9 +209,19 @@ impl WorkerPool {
         WorkerPool { shared, stop, dispatcher, completer, background }
     }
 
-    /// How many jobs this pool is running now.
+    /// How many jobs this pool holds now: running, fetched and waiting, or being written.
     pub fn running(&self) -> usize {
         self.shared.running.lock().unwrap().len()
+    }
+
+    /// Jobs fetched ahead and waiting in this process's memory.
+    pub fn queued_locally(&self) -> usize {
+        self.shared.queued_locally.load(Ordering::SeqCst)
+    }
+
+    /// Results handed to the completer and not yet written.
+    pub fn completing(&self) -> usize {
+        self.shared.completing.load(Ordering::SeqCst)
     }
 
     /// Stop claiming, let running jobs finish up to the shutdown timeout, then hand the rest
@@ -204,67 +278,60 @@ impl Drop for WorkerPool {
     }
 }
 
-/// A successful attempt on its way to the completer, holding its slot until written.
+/// A successful attempt on its way to the completer (its slot is free already).
 struct Completion {
     job: ClaimedJob,
     output: JobOutput,
-    _slot: OwnedSemaphorePermit,
 }
 
-/// The claim loop. Returns the set of still-running job tasks when told to stop.
+/// The claim loop. Returns the set of still-running job tasks when told to stop (what waits
+/// in memory stays among the held leases, which shutdown hands back).
 async fn dispatch(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     completions: mpsc::UnboundedSender<Completion>,
 ) -> JoinSet<()> {
-    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    let concurrency = shared.config.concurrency;
     let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut local: VecDeque<ClaimedJob> = VecDeque::new();
+    // How many attempts this process may run at once: set by each claim that brings jobs.
+    let mut allowance = 0;
     let mut failures = 0u32;
     loop {
         if *stop.borrow() {
             return tasks;
         }
         while tasks.try_join_next().is_some() {}
-        let free = slots.available_permits();
+        if shared.paused.swap(false, Ordering::SeqCst) && !local.is_empty() && !processing_enabled(&shared.pool).await {
+            hand_back_local(&shared, &mut local).await;
+        }
+        let limit = allowance.min(concurrency);
+        let behind = shared.completing.load(Ordering::SeqCst) >= COMPLETING_MAX;
+        while !behind && shared.in_flight.load(Ordering::SeqCst) < limit {
+            let Some(job) = local.pop_front() else { break };
+            shared.in_flight.fetch_add(1, Ordering::SeqCst);
+            tasks.spawn(run_attempt(shared.clone(), job, completions.clone()));
+        }
+        shared.queued_locally.store(local.len(), Ordering::SeqCst);
+        let busy = shared.in_flight.load(Ordering::SeqCst) + local.len();
+        let prefetch = shared.prefetch(if allowance > 0 { limit } else { concurrency });
         let mut wait = shared.config.poll_interval;
-        if free > 0 {
-            match queue::claim(&shared.pool, &shared.config.name, free as i64, shared.config.lease).await {
-                Ok(jobs) => {
+        // Claim when a slot could take a job now, or the jobs fetched ahead are running low.
+        if !behind && busy < concurrency && local.len() <= prefetch / 2 {
+            let room = concurrency + prefetch - busy;
+            let claimed =
+                queue::claim_batch(&shared.pool, &shared.config.name, room, shared.config.lease, busy, prefetch);
+            match claimed.await {
+                Ok(batch) => {
                     failures = 0;
-                    let got_all = jobs.len() == free;
-                    let got_none = jobs.is_empty();
-                    for job in jobs {
-                        let slot = slots.clone().try_acquire_owned().expect("a slot per claimed job");
-                        shared.running.lock().unwrap().insert(job.lease_token);
-                        let (shared, completions) = (shared.clone(), completions.clone());
-                        tasks.spawn(async move {
-                            match run_processor(&shared, &job).await {
-                                Ok(output) => {
-                                    let _ = completions.send(Completion { job, output, _slot: slot });
-                                }
-                                Err(error) => {
-                                    // Even a panic while recording must free the slot; the
-                                    // lease then expires and the rescue settles the job.
-                                    let recording = AssertUnwindSafe(record_failure(&shared, &job, &error));
-                                    if recording.catch_unwind().await.is_err() {
-                                        tracing::error!(job = %job.id, "recording a failure panicked");
-                                    }
-                                    if matches!(error.class, ErrorClass::RateLimited | ErrorClass::Overloaded) {
-                                        // The provider says "fewer at once": the adaptive gate.
-                                        let cut =
-                                            queue::capacity::provider_refused(&shared.pool, error.provider_status);
-                                        if let Err(e) = cut.await {
-                                            tracing::warn!(error = %e, "could not cut the gate");
-                                        }
-                                    }
-                                    shared.running.lock().unwrap().remove(&job.lease_token);
-                                    drop(slot);
-                                    shared.wake.notify_one();
-                                }
-                            }
-                        });
+                    let got = batch.jobs.len();
+                    if let Some(given) = batch.allowance {
+                        allowance = given;
                     }
-                    if got_all {
+                    shared.running.lock().unwrap().extend(batch.jobs.iter().map(|j| j.lease_token));
+                    local.extend(batch.jobs);
+                    if got == room || (got > 0 && shared.in_flight.load(Ordering::SeqCst) < allowance.min(concurrency))
+                    {
                         continue;
                     }
                     // Sleep no longer than until the next retry falls due. When jobs are due and
@@ -272,7 +339,7 @@ async fn dispatch(
                     // in a moment (a slot or tokens come back), not in a spin on the settings row.
                     if let Ok(Some(due)) = queue::next_due(&shared.pool).await {
                         let until = (due - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
-                        let floor = Duration::from_millis(if got_none { 25 } else { 5 });
+                        let floor = Duration::from_millis(if got == 0 { 25 } else { 5 });
                         wait = wait.min(until.max(floor));
                     }
                 }
@@ -291,29 +358,103 @@ async fn dispatch(
     }
 }
 
-/// Write successful results in batches: whatever arrived while the last batch was being
-/// written goes in the next transaction.
-async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedReceiver<Completion>) {
-    const MAX_BATCH: usize = 256;
-    let mut batch: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
-    while completions.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let items: Vec<(&ClaimedJob, &JobOutput)> = batch.iter().map(|c| (&c.job, &c.output)).collect();
-        let written =
-            with_db_retries("results", || queue::complete_many(&shared.pool, shared.hooks.as_ref(), &items)).await;
-        if written.is_none() && items.len() > 1 {
-            // One bad job (say, a hook that refuses it) must not hold back the others.
-            for (job, output) in &items {
-                with_db_retries("a result", || queue::complete(&shared.pool, shared.hooks.as_ref(), job, output)).await;
+/// One attempt: run the processor, free the slot the moment it returns, and hand a result to
+/// the completer; a failure is recorded here, holding the slot until it is.
+async fn run_attempt(shared: Arc<Shared>, job: ClaimedJob, completions: mpsc::UnboundedSender<Completion>) {
+    let started = std::time::Instant::now();
+    let outcome = run_processor(&shared, &job).await;
+    shared.attempt_took(started.elapsed());
+    match outcome {
+        Ok(output) => {
+            shared.completing.fetch_add(1, Ordering::SeqCst);
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            shared.wake.notify_one();
+            if completions.send(Completion { job, output }).is_err() {
+                // The completer is gone (an abort): the lease expires and the rescue settles it.
+                shared.completing.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let mut running = shared.running.lock().unwrap();
-        for c in &batch {
-            running.remove(&c.job.lease_token);
+        Err(error) => {
+            // Even a panic while recording must free the slot; the lease then expires and the
+            // rescue settles the job.
+            let recording = AssertUnwindSafe(record_failure(&shared, &job, &error));
+            if recording.catch_unwind().await.is_err() {
+                tracing::error!(job = %job.id, "recording a failure panicked");
+            }
+            if matches!(error.class, ErrorClass::RateLimited | ErrorClass::Overloaded) {
+                // The provider says "fewer at once": the adaptive gate.
+                let cut = queue::capacity::provider_refused(&shared.pool, error.provider_status);
+                if let Err(e) = cut.await {
+                    tracing::warn!(error = %e, "could not cut the gate");
+                }
+            }
+            shared.running.lock().unwrap().remove(&job.lease_token);
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            shared.wake.notify_one();
         }
-        drop(running);
-        batch.clear();
-        shared.wake.notify_one();
     }
+}
+
+/// Whether processing is on (when in doubt, on: the claims check it anyway).
+async fn processing_enabled(pool: &PgPool) -> bool {
+    sqlx::query_scalar("SELECT processing_enabled FROM queue_settings WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(true)
+}
+
+/// Processing was paused: the jobs fetched ahead go back to the line without using their
+/// attempt, as a graceful shutdown's do (a pause stops what has not started).
+async fn hand_back_local(shared: &Shared, local: &mut VecDeque<ClaimedJob>) {
+    let tokens: Vec<Uuid> = local.iter().map(|j| j.lease_token).collect();
+    match with_db_retries("jobs fetched ahead", || queue::hand_back(&shared.pool, &tokens)).await {
+        Some(_) => {
+            let mut running = shared.running.lock().unwrap();
+            for token in &tokens {
+                running.remove(token);
+            }
+            local.clear();
+        }
+        // Kept: they run when processing resumes, or their leases expire.
+        None => tracing::error!("could not hand back the jobs fetched ahead"),
+    }
+}
+
+/// Write successful results in batches: whatever arrived while the writers were busy goes in
+/// the next transaction, with up to [`COMPLETION_WRITERS`] transactions at once.
+async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedReceiver<Completion>) {
+    const MAX_BATCH: usize = 256;
+    let writers = Arc::new(Semaphore::new(COMPLETION_WRITERS));
+    let mut writing = JoinSet::new();
+    loop {
+        let Ok(writer) = writers.clone().acquire_owned().await else { break };
+        let mut batch: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+        if completions.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            break;
+        }
+        writing.spawn(write_batch(shared.clone(), batch, writer));
+        while writing.try_join_next().is_some() {}
+    }
+    while writing.join_next().await.is_some() {}
+}
+
+async fn write_batch(shared: Arc<Shared>, batch: Vec<Completion>, _writer: OwnedSemaphorePermit) {
+    let items: Vec<(&ClaimedJob, &JobOutput)> = batch.iter().map(|c| (&c.job, &c.output)).collect();
+    let written =
+        with_db_retries("results", || queue::complete_many(&shared.pool, shared.hooks.as_ref(), &items)).await;
+    if written.is_none() && items.len() > 1 {
+        // One bad job (say, a hook that refuses it) must not hold back the others.
+        for (job, output) in &items {
+            with_db_retries("a result", || queue::complete(&shared.pool, shared.hooks.as_ref(), job, output)).await;
+        }
+    }
+    let mut running = shared.running.lock().unwrap();
+    for c in &batch {
+        running.remove(&c.job.lease_token);
+    }
+    drop(running);
+    shared.completing.fetch_sub(batch.len(), Ordering::SeqCst);
+    shared.wake.notify_one();
 }
 
 /// Run the processor in a span naming the job, its attempt and its owner (so every line it
@@ -433,13 +574,23 @@ async fn listen(shared: Arc<Shared>) {
                 if let Err(e) = listener.listen(JOBS_CHANNEL).await {
                     tracing::warn!(error = %e, "LISTEN failed");
                 } else {
+                    // A pause may have come while the listener was away.
+                    shared.paused.store(true, Ordering::SeqCst);
                     shared.wake.notify_one();
                     loop {
                         match listener.try_recv().await {
-                            Ok(Some(_)) => shared.wake.notify_one(),
+                            Ok(Some(notice)) => {
+                                if notice.payload() == PAUSE_NOTICE {
+                                    shared.paused.store(true, Ordering::SeqCst);
+                                }
+                                shared.wake.notify_one()
+                            }
                             // Connection lost: sqlx reconnects on the next call; we may have missed
                             // notifications, so wake the dispatcher.
-                            Ok(None) => shared.wake.notify_one(),
+                            Ok(None) => {
+                                shared.paused.store(true, Ordering::SeqCst);
+                                shared.wake.notify_one()
+                            }
                             Err(e) => {
                                 tracing::warn!(error = %e, "notification listener failed");
                                 break;
@@ -487,14 +638,7 @@ pub async fn work_once(
     max: i64,
 ) -> crate::error::Result<Vec<AttemptReport>> {
     let jobs = queue::claim(pool, &config.name, max, config.lease).await?;
-    let shared = Shared {
-        pool: pool.clone(),
-        config: config.clone(),
-        processor,
-        hooks,
-        running: Mutex::new(HashSet::new()),
-        wake: Notify::new(),
-    };
+    let shared = Shared::new(pool.clone(), config.clone(), processor, hooks);
     let outcomes = futures::future::join_all(jobs.iter().map(|job| run_processor(&shared, job))).await;
     let mut reports = Vec::with_capacity(jobs.len());
     for (job, outcome) in jobs.iter().zip(outcomes) {
@@ -505,4 +649,33 @@ pub async fn work_once(
         reports.push(AttemptReport { job_id: job.id, attempt: job.attempt, recorded });
     }
     Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{local_queue_depth, LOCAL_QUEUE_MAX};
+    use proptest::prelude::*;
+
+    #[test]
+    fn long_attempts_are_never_fetched_ahead_and_short_ones_up_to_the_cap() {
+        // A document takes seconds: nothing waits in one process's memory.
+        assert_eq!(local_queue_depth(1.0, 70), 0);
+        assert_eq!(local_queue_depth(0.015, 5), 3);
+        assert_eq!(local_queue_depth(0.000_001, 24), LOCAL_QUEUE_MAX);
+        assert_eq!(local_queue_depth(0.0, 24), LOCAL_QUEUE_MAX);
+        assert_eq!(local_queue_depth(f64::NAN, 24), LOCAL_QUEUE_MAX);
+    }
+
+    proptest! {
+        #[test]
+        fn the_local_queue_holds_at_most_its_work_and_shrinks_as_attempts_grow(
+            secs in 0.000_001f64..100.0, longer in 1.0f64..10.0, slots in 1usize..=70,
+        ) {
+            let depth = local_queue_depth(secs, slots);
+            prop_assert!(depth <= LOCAL_QUEUE_MAX);
+            // Its jobs take no more than 10 ms across the slots.
+            prop_assert!(depth as f64 * secs / slots as f64 <= 0.010 + 1e-12);
+            prop_assert!(local_queue_depth(secs * longer, slots) <= depth);
+        }
+    }
 }
