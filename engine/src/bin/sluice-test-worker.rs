@@ -1,0 +1,82 @@
+//! One worker process for `engine/tests/processes.rs`: a worker pool on `DATABASE_URL` named
+//! `WORKER_NAME`, whose processor reports each attempt's start and end as a UDP datagram to
+//! `127.0.0.1:PROBE_PORT` (`+NAME` / `-NAME`; loopback datagrams queue in the order they are
+//! sent, so the test counts the attempts running across processes). Each result takes a
+//! millisecond to write (a hook that waits inside the completion's transaction, like a slow
+//! commit), so batches are in flight long enough to be caught. Every millisecond it prints
+//! `HOLDING fetched=N completing=M`; it shuts down gracefully when its stdin closes.
+
+use std::io::Write;
+use std::net::UdpSocket;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
+use engine::queue::worker::WorkerPool;
+use engine::queue::{ClaimedJob, JobError, JobOutput};
+
+/// A millisecond inside the completion's transaction for each job done.
+struct SlowCommit;
+
+impl TerminalHooks for SlowCommit {
+    fn on_done<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(())
+        })
+    }
+    fn on_failed<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async { Ok(()) })
+    }
+    fn on_replayed<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async { Ok(()) })
+    }
+    fn on_canceled<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let name = var("WORKER_NAME");
+    let pool = engine::db::connect(&var("DATABASE_URL"), 8).await.expect("the database");
+    let probe = Arc::new(UdpSocket::bind("127.0.0.1:0").expect("a UDP socket"));
+    probe.connect(("127.0.0.1", var("PROBE_PORT").parse::<u16>().expect("a port"))).expect("the probe");
+    let processor = {
+        let (probe, name) = (probe.clone(), name.clone());
+        move |job: ClaimedJob| {
+            let (probe, name) = (probe.clone(), name.clone());
+            async move {
+                probe.send(format!("+{name}").as_bytes()).expect("probe");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                probe.send(format!("-{name}").as_bytes()).expect("probe");
+                Ok::<_, JobError>(JobOutput {
+                    result: serde_json::json!({ "by": name, "job": job.id }),
+                    ..Default::default()
+                })
+            }
+        }
+    };
+    let mut config = engine::testing::fast_worker(&name, 4);
+    config.lease = Duration::from_secs(2);
+    let workers = WorkerPool::start(pool, config, Arc::new(processor), Arc::new(SlowCommit));
+    let (closed, mut stdin_closed) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        let _ = closed.send(());
+    });
+    let mut out = std::io::stdout();
+    loop {
+        tokio::select! {
+            _ = &mut stdin_closed => break,
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {
+                let line = format!("HOLDING fetched={} completing={}\n", workers.queued_locally(), workers.completing());
+                if out.write_all(line.as_bytes()).and_then(|_| out.flush()).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    workers.shutdown().await;
+}
