@@ -11,8 +11,10 @@
 -- slots (`p_prefetch`), held in memory, so one claim serves hundreds of jobs.
 --
 -- `p_busy` is how many of its rows the claiming process will still run (running now or waiting
--- in its memory). NULL keeps the one-off claim of tools and tests: every running row counts,
--- the claimer's own included.
+-- in its memory). A pool's claim (p_busy set) ends with a row of NULLs but for
+-- `gate_allowance`, so the process learns its allowance even when no job comes (the gate was
+-- cut after a 429, processing was paused: 0). NULL keeps the one-off claim of tools and tests:
+-- every running row counts, the claimer's own included, and only jobs come back.
 --
 -- The claim, as in 20261206000001 (an applied migration never changes, so its text repeats
 -- here), with the allowance.
@@ -38,6 +40,8 @@ DECLARE
 BEGIN
     SELECT * INTO v_s FROM queue_settings q WHERE q.id = 1 FOR UPDATE;
     IF NOT v_s.processing_enabled THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::bigint, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+                            NULL::uuid, NULL::bigint, 0 WHERE p_busy IS NOT NULL;
         RETURN;
     END IF;
     -- A running job holds one slot, and one more for each call beyond its first (parts side by
@@ -51,6 +55,8 @@ BEGIN
                    WHEN v_allowance > p_busy THEN least(p_max, v_allowance - p_busy + greatest(p_prefetch, 0))
                    ELSE 0 END;
     IF v_free <= 0 THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::bigint, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+                            NULL::uuid, NULL::bigint, greatest(v_allowance, 0)::integer WHERE p_busy IS NOT NULL;
         RETURN;
     END IF;
     v_budgeted := coalesce(v_s.limit_requests_per_min, v_s.limit_input_tokens_per_min, v_s.limit_output_tokens_per_min) IS NOT NULL;
@@ -149,6 +155,8 @@ BEGIN
     SELECT c.id, c.owner_id, c.kind, c.payload, c.attempts, c.max_attempts, c.lease_token, c.est_input_tokens,
            v_allowance::integer
     FROM claimed c;
+    RETURN QUERY SELECT NULL::uuid, NULL::bigint, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+                        NULL::uuid, NULL::bigint, greatest(v_allowance, 0)::integer WHERE p_busy IS NOT NULL;
 END $$;
 
 -- The heads' update trigger, as in 20261201000003, without the join of its two transition

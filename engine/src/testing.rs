@@ -157,6 +157,7 @@ pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
         heartbeat: Duration::from_millis(400),
         poll_interval: Duration::from_millis(200),
         shutdown_timeout: Duration::from_secs(5),
+        fetched_ahead_wait: crate::queue::worker::FETCHED_AHEAD_WAIT,
         attempt_deadline: Duration::from_secs(30),
         deadline_per_100k_tokens: Duration::ZERO,
         policy: RetryPolicy {

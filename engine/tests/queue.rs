@@ -267,53 +267,84 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
     workers.shutdown().await;
 }
 
-#[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn short_jobs_are_fetched_ahead_and_a_pause_hands_them_back_unstarted(pool: PgPool) {
+/// How jobs fetched ahead leave a pool's memory without starting: on a pause, or after waiting
+/// `fetched_ahead_wait`.
+#[derive(Clone, Copy, PartialEq)]
+enum GoBack {
+    OnAPause,
+    AfterWaiting,
+}
+
+/// 100 instant jobs (the pool learns its jobs are short and fetches a batch ahead), then jobs
+/// that hold their slot until released: 4 hold the gate's 4 slots and the rest of the batch
+/// waits in memory until `go_back` sends it back to the line.
+async fn fetched_ahead_jobs_go_back(pool: PgPool, go_back: GoBack) {
     let pool = wider_pool(&pool, 20).await;
     switches::set_gate_size(&pool, 4, "test").await.unwrap();
-    enqueue_many(&pool, 1, 3_000).await;
-    let starts: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    enqueue_many(&pool, 1, 1_000).await;
+    let (holding, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let processor = {
-        let starts = starts.clone();
-        move |_job: queue::ClaimedJob| {
-            starts.lock().unwrap().push(std::time::Instant::now());
-            async { Ok::<_, JobError>(ok_output()) }
+        let (holding, release, released) = (holding.clone(), release.clone(), released.clone());
+        move |job: queue::ClaimedJob| {
+            let (holding, release, released) = (holding.clone(), release.clone(), released.clone());
+            async move {
+                if job.payload["n"].as_i64().unwrap() > 100 && !released.load(Ordering::SeqCst) {
+                    holding.fetch_add(1, Ordering::SeqCst);
+                    release.notified().await;
+                }
+                Ok::<_, JobError>(ok_output())
+            }
         }
     };
-    let workers = WorkerPool::start(pool.clone(), fast_worker("ahead", 4), Arc::new(processor), Arc::new(NoHooks));
-    // Short jobs: the pool soon holds more than its 4 slots, fetched ahead.
-    let mut most_ahead = 0;
-    let fetched_ahead = wait_for(Duration::from_secs(10), || {
-        most_ahead = most_ahead.max(workers.queued_locally());
-        std::future::ready(most_ahead > 4)
+    let wait = if go_back == GoBack::OnAPause { Duration::from_secs(60) } else { Duration::from_millis(300) };
+    let config = WorkerConfig { fetched_ahead_wait: wait, ..fast_worker("ahead", 4) };
+    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
+    let held = wait_for(Duration::from_secs(10), || {
+        std::future::ready(holding.load(Ordering::SeqCst) == 4 && workers.queued_locally() > 0)
     })
     .await;
-    assert!(fetched_ahead, "a batch beyond the slots is fetched ahead (at most {most_ahead} seen)");
+    assert!(held, "4 attempts hold the gate with jobs fetched ahead behind them");
+    let running = count_in_state(&pool, JobState::Running).await;
+    assert!(running > 4, "the jobs fetched ahead are the pool's, under its lease ({running} running)");
 
-    switches::set_processing(&pool, false, "operator@example.com").await.unwrap();
-    let paused = std::time::Instant::now();
-    let handed_back = wait_for(Duration::from_secs(5), || async {
-        count_in_state(&pool, JobState::Running).await == 0 && workers.queued_locally() == 0
+    if go_back == GoBack::OnAPause {
+        switches::set_processing(&pool, false, "operator@example.com").await.unwrap();
+    }
+    let back = wait_for(Duration::from_secs(5), || async {
+        workers.queued_locally() == 0 && count_in_state(&pool, JobState::Running).await == 4
     })
     .await;
-    assert!(handed_back, "what was fetched ahead goes back to the line");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The notice takes a moment to arrive; nothing starts after that.
-    let late = starts.lock().unwrap().iter().filter(|t| **t > paused + Duration::from_millis(100)).count();
-    assert_eq!(late, 0, "no attempt starts once the pause is known");
-    let done = count_in_state(&pool, JobState::Done).await;
+    assert!(back, "the jobs fetched ahead go back; only the 4 started ones run");
+    assert_eq!(holding.load(Ordering::SeqCst), 4, "none of them started");
     let queued = count_in_state(&pool, JobState::Queued).await;
-    assert_eq!(done + queued, 3_000, "nothing lost");
-    assert!(queued > 0, "the pause came before the end ({done} done)");
-    let used: i64 = sqlx::query_scalar("SELECT coalesce(sum(attempts), 0) FROM jobs WHERE state = 'queued'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(used, 0, "jobs handed back did not use an attempt");
+    assert_eq!(queued, 1_000 - 100 - 4, "nothing lost");
+    // As if never claimed: no attempt used, no attempt row, their place in line kept.
+    let (used, rows): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT coalesce(sum(attempts), 0) FROM jobs WHERE state = 'queued'), (SELECT count(*) FROM job_attempts)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((used, rows), (0, 104));
+    let first_waiting: i64 =
+        sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM waiting_jobs ORDER BY run_at, id LIMIT 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(first_waiting, 105, "the first job back in line is the first not started");
 
-    switches::set_processing(&pool, true, "operator@example.com").await.unwrap();
-    assert!(wait_for(Duration::from_secs(30), || async { count_in_state(&pool, JobState::Done).await == 3_000 }).await);
+    if go_back == GoBack::OnAPause {
+        switches::set_processing(&pool, true, "operator@example.com").await.unwrap();
+    }
+    released.store(true, Ordering::SeqCst);
+    let all_done = wait_for(Duration::from_secs(30), || {
+        release.notify_waiters();
+        async { count_in_state(&pool, JobState::Done).await == 1_000 }
+    })
+    .await;
     workers.shutdown().await;
+    assert!(all_done, "everything runs once released");
     let double: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
     )
@@ -321,6 +352,16 @@ async fn short_jobs_are_fetched_ahead_and_a_pause_hands_them_back_unstarted(pool
     .await
     .unwrap();
     assert_eq!(double, 0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_pause_sends_the_jobs_fetched_ahead_back_unstarted(pool: PgPool) {
+    fetched_ahead_jobs_go_back(pool, GoBack::OnAPause).await;
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn jobs_fetched_ahead_that_wait_too_long_go_back_to_the_line(pool: PgPool) {
+    fetched_ahead_jobs_go_back(pool, GoBack::AfterWaiting).await;
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

@@ -172,6 +172,28 @@ struct Script {
     models: Vec<Model>,
     /// Every request's prompt, for tests asking which parts were called (at most 10,000 kept).
     prompts: Vec<String>,
+    /// Requests being answered now, and the most at once so far (every kind of reply).
+    answering: u64,
+    most_answering: u64,
+}
+
+/// Counts a request while it is answered; a client that hangs up ends it (its handler is dropped).
+struct Answering(Shared);
+
+impl Answering {
+    fn start(script: &Shared) -> Answering {
+        let mut s = script.lock().unwrap();
+        s.answering += 1;
+        s.most_answering = s.most_answering.max(s.answering);
+        Answering(script.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let mut s = self.0.lock().unwrap();
+        s.answering = s.answering.saturating_sub(1);
+    }
 }
 
 /// An input-token bucket: holds at most `capacity`, refills at `per_sec`.
@@ -335,6 +357,11 @@ impl FakeProvider {
 
     pub fn calls(&self) -> u64 {
         self.script.lock().unwrap().calls
+    }
+
+    /// The most requests it was answering at once: the provider calls a gate lets through.
+    pub fn most_at_once(&self) -> u64 {
+        self.script.lock().unwrap().most_answering
     }
 
     pub fn last_request(&self) -> Option<serde_json::Value> {
@@ -602,11 +629,13 @@ fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64, cut:
 }
 
 async fn anthropic(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
+    let _answering = Answering::start(&script);
     let (reply, remaining) = next_reply(&script, body);
     with_remaining(answer(&script, Shape::Anthropic, reply).await, remaining)
 }
 
 async fn openai(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
+    let _answering = Answering::start(&script);
     let (reply, remaining) = next_reply(&script, body);
     with_remaining(answer(&script, Shape::OpenAi, reply).await, remaining)
 }

@@ -1,27 +1,29 @@
 //! One worker process for `engine/tests/processes.rs`: a worker pool on `DATABASE_URL` named
-//! `WORKER_NAME`, whose processor reports each attempt's start and end as a UDP datagram to
-//! `127.0.0.1:PROBE_PORT` (`+NAME` / `-NAME`; loopback datagrams queue in the order they are
-//! sent, so the test counts the attempts running across processes). Each result takes a
-//! millisecond to write (a hook that waits inside the completion's transaction, like a slow
-//! commit), so batches are in flight long enough to be caught. Every millisecond it prints
+//! `WORKER_NAME`, whose processor appends each attempt's start and end (`+ NS` / `- NS`, the
+//! system clock in nanoseconds, which every process on the machine shares) to the file
+//! `PROBE_FILE`, so the test counts the attempts running across processes afterwards. One
+//! result in eight takes a millisecond to write (a hook that waits inside the completion's
+//! transaction, like a slow commit), so batches are in flight long enough to be caught. Every millisecond it prints
 //! `HOLDING fetched=N completing=M`; it shuts down gracefully when its stdin closes.
 
+use std::fs::File;
 use std::io::Write;
-use std::net::UdpSocket;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use engine::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 use engine::queue::worker::WorkerPool;
 use engine::queue::{ClaimedJob, JobError, JobOutput};
 
-/// A millisecond inside the completion's transaction for each job done.
+/// A millisecond inside the completion's transaction for one job done in eight.
 struct SlowCommit;
 
 impl TerminalHooks for SlowCommit {
-    fn on_done<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+    fn on_done<'a>(&'a self, _: &'a mut sqlx::PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async move {
+            if job.id.as_bytes()[0] < 32 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             Ok(())
         })
     }
@@ -41,16 +43,20 @@ async fn main() {
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
     let name = var("WORKER_NAME");
     let pool = engine::db::connect(&var("DATABASE_URL"), 8).await.expect("the database");
-    let probe = Arc::new(UdpSocket::bind("127.0.0.1:0").expect("a UDP socket"));
-    probe.connect(("127.0.0.1", var("PROBE_PORT").parse::<u16>().expect("a port"))).expect("the probe");
+    let probe = Arc::new(File::options().create(true).append(true).open(var("PROBE_FILE")).expect("the probe file"));
+    // One write per line (O_APPEND): lines from the pool's tasks never interleave.
+    let mark = |probe: &File, sign: char| {
+        let ns = SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_nanos();
+        (&*probe).write_all(format!("{sign} {ns}\n").as_bytes()).expect("probe");
+    };
     let processor = {
         let (probe, name) = (probe.clone(), name.clone());
         move |job: ClaimedJob| {
             let (probe, name) = (probe.clone(), name.clone());
             async move {
-                probe.send(format!("+{name}").as_bytes()).expect("probe");
+                mark(&probe, '+');
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                probe.send(format!("-{name}").as_bytes()).expect("probe");
+                mark(&probe, '-');
                 Ok::<_, JobError>(JobOutput {
                     result: serde_json::json!({ "by": name, "job": job.id }),
                     ..Default::default()

@@ -51,23 +51,46 @@ pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Re
 #[derive(Debug, Default)]
 pub struct Batch {
     pub jobs: Vec<ClaimedJob>,
-    /// `None` when no job came: the allowance of the process's last batch still holds.
-    pub allowance: Option<usize>,
+    pub allowance: usize,
 }
 
+/// A row of a pool's claim: a job, or (all NULL but the allowance) the claim's last row.
 #[derive(sqlx::FromRow)]
 struct BatchRow {
-    #[sqlx(flatten)]
-    job: ClaimedJob,
+    id: Option<Uuid>,
+    owner_id: Option<i64>,
+    kind: Option<String>,
+    payload: Option<Value>,
+    attempts: Option<i32>,
+    max_attempts: Option<i32>,
+    lease_token: Option<Uuid>,
+    est_input_tokens: Option<i64>,
     gate_allowance: i32,
+}
+
+impl BatchRow {
+    fn job(self) -> Option<ClaimedJob> {
+        Some(ClaimedJob {
+            id: self.id?,
+            owner_id: self.owner_id?,
+            kind: self.kind?,
+            payload: self.payload?,
+            attempt: self.attempts?,
+            max_attempts: self.max_attempts?,
+            lease_token: self.lease_token?,
+            est_input_tokens: self.est_input_tokens?,
+            deadline: None,
+        })
+    }
 }
 
 /// A worker pool's claim. `busy` is how many of its jobs the process will still run (running
 /// now, or fetched and waiting in its memory); it counts those itself, while the claim counts
 /// every other process's running rows. The process may then run `allowance` attempts at once:
-/// the gate less the others' rows and every job's extra calls (see the hot path's migration).
-/// Beyond the slots free, up to `prefetch` more jobs come when any slot is free: short jobs
-/// are fetched a batch ahead. Fairness, the budget and the kill switch apply as in [`claim`].
+/// the gate less the others' rows and every job's extra calls (0 while processing is paused;
+/// see the hot path's migration). Beyond the slots free, up to `prefetch` more jobs come when
+/// any slot is free: short jobs are fetched a batch ahead. Fairness and the budget apply as in
+/// [`claim`].
 pub async fn claim_batch(
     pool: &PgPool,
     worker: &str,
@@ -76,9 +99,6 @@ pub async fn claim_batch(
     busy: usize,
     prefetch: usize,
 ) -> Result<Batch> {
-    if max == 0 {
-        return Ok(Batch::default());
-    }
     let rows: Vec<BatchRow> = sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3, $4, $5)")
         .bind(max as i64)
         .bind(worker)
@@ -87,8 +107,8 @@ pub async fn claim_batch(
         .bind(prefetch as i64)
         .fetch_all(pool)
         .await?;
-    let allowance = rows.first().map(|r| r.gate_allowance.max(0) as usize);
-    Ok(Batch { jobs: rows.into_iter().map(|r| r.job).collect(), allowance })
+    let allowance = rows.last().map_or(0, |r| r.gate_allowance.max(0) as usize);
+    Ok(Batch { jobs: rows.into_iter().filter_map(BatchRow::job).collect(), allowance })
 }
 
 /// Extend the leases of the given attempts (one statement for all of a worker's jobs).

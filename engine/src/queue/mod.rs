@@ -30,7 +30,7 @@ pub use claim::{claim, claim_batch, heartbeat, next_due, Batch, ClaimedJob};
 pub use enqueue::{enqueue, lock_line, NewJob};
 pub use retry_now::{retry_now, RetriedNow};
 pub use sluice_types::{FailureKind, JobStage, JobState};
-pub use transitions::{complete, complete_many, fail, hand_back, JobError, JobOutput, Recorded};
+pub use transitions::{complete, complete_many, fail, hand_back, unclaim, JobError, JobOutput, Recorded};
 pub use views::{
     attempts, count_matching, get, matching_ids, page_for_owner, search, search_terms, AttemptView, FoundJob,
     JobFilter, JobSearch, JobView,

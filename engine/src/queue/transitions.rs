@@ -168,7 +168,10 @@ pub async fn complete_many(
     let steps: Vec<_> =
         steps.iter().filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens))).collect();
     let continued: HashSet<Uuid> = parts::requeue(&mut tx, &steps).await?.into_iter().collect();
-    let done = write_results(&mut tx, &finals).await?;
+    let mut done = write_results(&mut tx, &finals).await?;
+    // The hooks write each owner's row: in owner order, so that two batches written at once
+    // (the completer runs two) take those locks in the same order and never deadlock.
+    done.sort_by_key(|d| (d.job.owner_id, d.job.id));
     if !done.is_empty() {
         // A finished document's text is not kept twice: its parts keep their answers only.
         let ids: Vec<Uuid> = done.iter().map(|d| d.job.id).collect();
@@ -414,6 +417,30 @@ pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
     .bind(tokens)
     .execute(&mut *tx)
     .await?;
+    super::notify_workers(&mut tx).await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
+/// Give back jobs a process fetched ahead and never started: as if never claimed, they keep
+/// their place in line and leave no attempt behind.
+pub async fn unclaim(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE jobs SET state = 'queued', attempts = attempts - 1, lease_token = NULL, lease_owner = NULL,
+             lease_expires_at = NULL, updated_at = now()
+         WHERE lease_token = ANY($1) AND state = 'running'",
+    )
+    .bind(tokens)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM job_attempts WHERE id = ANY($1) AND outcome IS NULL")
+        .bind(tokens)
+        .execute(&mut *tx)
+        .await?;
     super::notify_workers(&mut tx).await?;
     tx.commit().await?;
     Ok(done.rows_affected())

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -62,6 +62,9 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// How long shutdown waits for running jobs before handing them back.
     pub shutdown_timeout: Duration,
+    /// A job fetched ahead (short jobs only) that has not started within this goes back to its
+    /// place in line, where another process may have a free slot.
+    pub fetched_ahead_wait: Duration,
     /// The longest one attempt may run (plus `deadline_per_100k_tokens` for every 100K input
     /// tokens its claim reserved); past it the attempt is abandoned as a transient timeout and
     /// its slot freed, so nothing can hold a gate slot for ever.
@@ -73,18 +76,25 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
-            name: format!("worker-{}", std::process::id()),
+            name: unique_name("worker"),
             role: "worker",
             concurrency: 70,
             lease: Duration::from_secs(60),
             heartbeat: Duration::from_secs(15),
             poll_interval: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
+            fetched_ahead_wait: FETCHED_AHEAD_WAIT,
             attempt_deadline: Duration::from_secs(600),
             deadline_per_100k_tokens: Duration::ZERO,
             policy: RetryPolicy::default(),
         }
     }
+}
+
+/// `prefix`, this process's id and a random suffix: the claim tells processes apart by this name
+/// (each counts its own attempts), and a pid alone repeats across containers (often 1).
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{}-{:04x}", std::process::id(), rand::random::<u16>())
 }
 
 /// What a finished attempt did, for tests and logs.
@@ -103,6 +113,8 @@ const LOCAL_QUEUE_MAX: usize = 500;
 /// Result batches written at once: a slot is free before its result is written, so results
 /// may arrive faster than one transaction at a time could write them.
 const COMPLETION_WRITERS: usize = 2;
+/// The default of [`WorkerConfig::fetched_ahead_wait`].
+pub const FETCHED_AHEAD_WAIT: Duration = Duration::from_millis(100);
 /// Results waiting to be written, past which no attempt starts: the completer is behind, and
 /// running ahead of it would only grow the rows every claim and write reads.
 const COMPLETING_MAX: usize = 512;
@@ -284,8 +296,8 @@ struct Completion {
     output: JobOutput,
 }
 
-/// The claim loop. Returns the set of still-running job tasks when told to stop (what waits
-/// in memory stays among the held leases, which shutdown hands back).
+/// The claim loop. Returns the set of still-running job tasks when told to stop, having handed
+/// back what waited in memory.
 async fn dispatch(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
@@ -293,29 +305,40 @@ async fn dispatch(
 ) -> JoinSet<()> {
     let concurrency = shared.config.concurrency;
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut local: VecDeque<ClaimedJob> = VecDeque::new();
-    // How many attempts this process may run at once: set by each claim that brings jobs.
+    // Jobs fetched ahead, with when they came.
+    let mut local: VecDeque<(Instant, ClaimedJob)> = VecDeque::new();
+    // How many attempts this process may run at once: set by every claim.
     let mut allowance = 0;
     let mut failures = 0u32;
     loop {
         if *stop.borrow() {
+            hand_back_local(&shared, &mut local, |_| true).await;
             return tasks;
         }
         while tasks.try_join_next().is_some() {}
         if shared.paused.swap(false, Ordering::SeqCst) && !local.is_empty() && !processing_enabled(&shared.pool).await {
-            hand_back_local(&shared, &mut local).await;
+            hand_back_local(&shared, &mut local, |_| true).await;
+        }
+        // Fetched ahead and still waiting after a while (the jobs turned out long, or the gate
+        // was cut): back to the line, where another process may have a free slot.
+        let (now, most) = (Instant::now(), shared.config.fetched_ahead_wait);
+        if local.front().is_some_and(|(came, _)| now.duration_since(*came) > most) {
+            hand_back_local(&shared, &mut local, |came| now.duration_since(came) > most).await;
         }
         let limit = allowance.min(concurrency);
         let behind = shared.completing.load(Ordering::SeqCst) >= COMPLETING_MAX;
         while !behind && shared.in_flight.load(Ordering::SeqCst) < limit {
-            let Some(job) = local.pop_front() else { break };
-            shared.in_flight.fetch_add(1, Ordering::SeqCst);
-            tasks.spawn(run_attempt(shared.clone(), job, completions.clone()));
+            let Some((_, job)) = local.pop_front() else { break };
+            let slot = Slot::take(&shared);
+            tasks.spawn(run_attempt(shared.clone(), job, slot, completions.clone()));
         }
         shared.queued_locally.store(local.len(), Ordering::SeqCst);
         let busy = shared.in_flight.load(Ordering::SeqCst) + local.len();
         let prefetch = shared.prefetch(if allowance > 0 { limit } else { concurrency });
-        let mut wait = shared.config.poll_interval;
+        let mut wait = match local.front() {
+            Some((came, _)) => (*came + most).saturating_duration_since(now).max(Duration::from_millis(1)),
+            None => shared.config.poll_interval,
+        };
         // Claim when a slot could take a job now, or the jobs fetched ahead are running low.
         if !behind && busy < concurrency && local.len() <= prefetch / 2 {
             let room = concurrency + prefetch - busy;
@@ -325,11 +348,10 @@ async fn dispatch(
                 Ok(batch) => {
                     failures = 0;
                     let got = batch.jobs.len();
-                    if let Some(given) = batch.allowance {
-                        allowance = given;
-                    }
+                    allowance = batch.allowance;
                     shared.running.lock().unwrap().extend(batch.jobs.iter().map(|j| j.lease_token));
-                    local.extend(batch.jobs);
+                    let came = Instant::now();
+                    local.extend(batch.jobs.into_iter().map(|job| (came, job)));
                     if got == room || (got > 0 && shared.in_flight.load(Ordering::SeqCst) < allowance.min(concurrency))
                     {
                         continue;
@@ -346,7 +368,7 @@ async fn dispatch(
                 Err(e) => {
                     failures += 1;
                     tracing::warn!(error = %e, "claim failed; backing off");
-                    wait = Duration::from_millis(100 * 2u64.pow(failures.min(5)));
+                    wait = wait.min(Duration::from_millis(100 * 2u64.pow(failures.min(5))));
                 }
             }
         }
@@ -358,17 +380,36 @@ async fn dispatch(
     }
 }
 
+/// An attempt's gate slot in this process, freed when dropped (also when its task panics or is
+/// aborted: the job's lease stays held, for shutdown to hand back or the rescue to settle).
+struct Slot(Arc<Shared>);
+
+impl Slot {
+    fn take(shared: &Arc<Shared>) -> Slot {
+        shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        Slot(shared.clone())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.wake.notify_one();
+    }
+}
+
 /// One attempt: run the processor, free the slot the moment it returns, and hand a result to
 /// the completer; a failure is recorded here, holding the slot until it is.
-async fn run_attempt(shared: Arc<Shared>, job: ClaimedJob, completions: mpsc::UnboundedSender<Completion>) {
-    let started = std::time::Instant::now();
+async fn run_attempt(shared: Arc<Shared>, job: ClaimedJob, slot: Slot, completions: mpsc::UnboundedSender<Completion>) {
+    let started = Instant::now();
     let outcome = run_processor(&shared, &job).await;
-    shared.attempt_took(started.elapsed());
     match outcome {
         Ok(output) => {
+            // Only successes set the local queue's depth: a burst of instant failures says
+            // nothing about how long the next jobs take.
+            shared.attempt_took(started.elapsed());
             shared.completing.fetch_add(1, Ordering::SeqCst);
-            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            shared.wake.notify_one();
+            drop(slot);
             if completions.send(Completion { job, output }).is_err() {
                 // The completer is gone (an abort): the lease expires and the rescue settles it.
                 shared.completing.fetch_sub(1, Ordering::SeqCst);
@@ -388,9 +429,9 @@ async fn run_attempt(shared: Arc<Shared>, job: ClaimedJob, completions: mpsc::Un
                     tracing::warn!(error = %e, "could not cut the gate");
                 }
             }
+            // Recorded (or its lease left to expire): this process holds the job no more.
             shared.running.lock().unwrap().remove(&job.lease_token);
-            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            shared.wake.notify_one();
+            drop(slot);
         }
     }
 }
@@ -403,17 +444,26 @@ async fn processing_enabled(pool: &PgPool) -> bool {
         .unwrap_or(true)
 }
 
-/// Processing was paused: the jobs fetched ahead go back to the line without using their
-/// attempt, as a graceful shutdown's do (a pause stops what has not started).
-async fn hand_back_local(shared: &Shared, local: &mut VecDeque<ClaimedJob>) {
-    let tokens: Vec<Uuid> = local.iter().map(|j| j.lease_token).collect();
-    match with_db_retries("jobs fetched ahead", || queue::hand_back(&shared.pool, &tokens)).await {
+/// Jobs fetched ahead that have not started go back to their place in line, as if never
+/// claimed: all of them on a pause or a stop, or those `whose` wait is over.
+async fn hand_back_local(
+    shared: &Shared,
+    local: &mut VecDeque<(Instant, ClaimedJob)>,
+    whose: impl Fn(Instant) -> bool,
+) {
+    let tokens: Vec<Uuid> = local.iter().filter(|(came, _)| whose(*came)).map(|(_, j)| j.lease_token).collect();
+    if tokens.is_empty() {
+        return;
+    }
+    match with_db_retries("jobs fetched ahead", || queue::unclaim(&shared.pool, &tokens)).await {
         Some(_) => {
             let mut running = shared.running.lock().unwrap();
             for token in &tokens {
                 running.remove(token);
             }
-            local.clear();
+            drop(running);
+            local.retain(|(came, _)| !whose(*came));
+            shared.queued_locally.store(local.len(), Ordering::SeqCst);
         }
         // Kept: they run when processing resumes, or their leases expire.
         None => tracing::error!("could not hand back the jobs fetched ahead"),

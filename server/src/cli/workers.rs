@@ -55,7 +55,7 @@ impl WorkerArgs {
     /// provider's allowance for long calls).
     pub fn worker_config(&self, per_100k_tokens: Duration) -> WorkerConfig {
         WorkerConfig {
-            name: format!("{}-{}", hostname(), std::process::id()),
+            name: engine::queue::worker::unique_name(&hostname()),
             concurrency: self.workers,
             lease: Duration::from_secs_f64(self.lease_secs),
             heartbeat: Duration::from_secs_f64(self.heartbeat_secs),
