@@ -87,7 +87,10 @@ BEGIN
             (SELECT h.owner_id, 0::bigint AS running, h.run_at, h.job_id
              FROM owner_heads h
              WHERE h.job_id IS NOT NULL AND h.run_at <= now()
-               AND NOT EXISTS (SELECT 1 FROM served s WHERE s.owner_id = h.owner_id)
+               -- `NOT IN`, a hashed subplan: with a batch fetched ahead hundreds of owners run
+               -- something, and `NOT EXISTS` was a nested loop over them for every head read
+               -- (310,000 comparisons in a claim of 500 with 10,000 owners waiting).
+               AND h.owner_id NOT IN (SELECT s.owner_id FROM served s)
              ORDER BY h.run_at, h.job_id
              LIMIT v_free)
             UNION ALL
