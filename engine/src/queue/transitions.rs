@@ -399,48 +399,37 @@ pub(crate) async fn apply_failure(
 
 /// Give running jobs back to `queued` without using their attempt (graceful shutdown).
 pub async fn hand_back(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
-    if tokens.is_empty() {
-        return Ok(0);
-    }
-    let mut tx = pool.begin().await?;
-    let done = sqlx::query(
-        "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = now(), lease_token = NULL,
-             lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-         WHERE lease_token = ANY($1) AND state = 'running'",
-    )
-    .bind(tokens)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL",
-    )
-    .bind(tokens)
-    .execute(&mut *tx)
-    .await?;
-    super::notify_workers(&mut tx).await?;
-    tx.commit().await?;
-    Ok(done.rows_affected())
+    give_back(pool, tokens, false).await
 }
 
 /// Give back jobs a process fetched ahead and never started: as if never claimed, they keep
 /// their place in line and leave no attempt behind.
 pub async fn unclaim(pool: &PgPool, tokens: &[Uuid]) -> Result<u64> {
+    give_back(pool, tokens, true).await
+}
+
+/// Back to `queued`, the attempt not used; at the end of the line with the attempt recorded as
+/// handed back, or (`never_started`) in its place with no attempt row.
+async fn give_back(pool: &PgPool, tokens: &[Uuid], never_started: bool) -> Result<u64> {
     if tokens.is_empty() {
         return Ok(0);
     }
     let mut tx = pool.begin().await?;
     let done = sqlx::query(
-        "UPDATE jobs SET state = 'queued', attempts = attempts - 1, lease_token = NULL, lease_owner = NULL,
-             lease_expires_at = NULL, updated_at = now()
+        "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = CASE WHEN $2 THEN run_at ELSE now() END,
+             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
          WHERE lease_token = ANY($1) AND state = 'running'",
     )
     .bind(tokens)
+    .bind(never_started)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("DELETE FROM job_attempts WHERE id = ANY($1) AND outcome IS NULL")
-        .bind(tokens)
-        .execute(&mut *tx)
-        .await?;
+    let attempts = if never_started {
+        "DELETE FROM job_attempts WHERE id = ANY($1) AND outcome IS NULL"
+    } else {
+        "UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL"
+    };
+    sqlx::query(attempts).bind(tokens).execute(&mut *tx).await?;
     super::notify_workers(&mut tx).await?;
     tx.commit().await?;
     Ok(done.rows_affected())
