@@ -513,3 +513,14 @@ pub fn peak_rss_mib() -> usize {
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
     line.split_whitespace().nth(1).and_then(|kb| kb.parse::<usize>().ok()).expect("a number") / 1024
 }
+
+/// Jobs with more than one successful attempt (a result recorded twice): 0 when every job was
+/// done exactly once, whatever crashed on the way.
+pub async fn jobs_done_twice(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}

@@ -58,12 +58,7 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
     rescue.abort();
     workers.shutdown().await;
     assert!(all_done, "every job reaches done after the restart");
-    let double: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let double = engine::testing::jobs_done_twice(&pool).await;
     assert_eq!(double, 0, "no job has two successful attempts");
     let results: i64 =
         sqlx::query_scalar("SELECT count(*) FROM jobs WHERE result IS NOT NULL").fetch_one(&pool).await.unwrap();

@@ -173,7 +173,8 @@ impl Shared {
 /// Pure: how many jobs hold [`LOCAL_QUEUE_WORK`] of work for `slots` running attempts that
 /// take `attempt_secs` on average, at most [`LOCAL_QUEUE_MAX`].
 fn local_queue_depth(attempt_secs: f64, slots: usize) -> usize {
-    if !(attempt_secs > 0.0) {
+    // No time measured (zero, or not a number): as short as can be.
+    if attempt_secs.is_nan() || attempt_secs <= 0.0 {
         return LOCAL_QUEUE_MAX;
     }
     let jobs = LOCAL_QUEUE_WORK.as_secs_f64() / attempt_secs * slots as f64;
