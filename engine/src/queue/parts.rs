@@ -356,6 +356,7 @@ pub(crate) async fn requeue(
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
+    // Found by key, fenced by the lease token (which implies `running`), as `write_results` does.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (
              SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int8[]) AS t(id, token, next_est)
@@ -364,7 +365,7 @@ pub(crate) async fn requeue(
              extra_calls = 0, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
              updated_at = now()
          FROM input i
-         WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running' AND j.cancel_requested_at IS NULL
+         WHERE j.id = ANY($1) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
          RETURNING j.id",
     )
     .bind(&ids)
