@@ -256,7 +256,8 @@ async fn write_results(tx: &mut PgConnection, items: &[(&ClaimedJob, &JobOutput)
     .bind(&output_tokens)
     .fetch_all(&mut *tx)
     .await?;
-    sqlx::query("SET LOCAL plan_cache_mode = auto").execute(&mut *tx).await?;
+    // Back to what the session had, for the hooks and the rest of the transaction.
+    sqlx::query("SET LOCAL plan_cache_mode TO DEFAULT").execute(&mut *tx).await?;
     Ok(done)
 }
 
