@@ -845,3 +845,87 @@ async fn the_retry_budget_counts_time_the_job_could_run_not_a_long_pause(pool: P
     let recorded = queue::fail(&pool, &NoHooks, &RetryPolicy::default(), &claimed[0], &error).await.unwrap();
     assert_eq!(recorded, Recorded::Failed(FailureKind::RetriesExhausted));
 }
+
+/// Jobs missing from the listing, listing rows without their job, and rows whose owner or
+/// acceptance time differs from their job's.
+async fn listing_drift(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM jobs j FULL JOIN job_listing l ON l.job_id = j.id
+         WHERE j.id IS NULL OR l.job_id IS NULL OR l.owner_id <> j.owner_id OR l.accepted_at <> j.accepted_at",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_listing_follows_every_job_from_insert_to_delete_and_lists_them_newest_first(pool: PgPool) {
+    use engine::queue::{page_for_owner, search, JobFilter, JobSearch};
+    let owner: i64 = sqlx::query_scalar(
+        "INSERT INTO users (email, password_hash, balance) VALUES ('lister@example.com', 'x', 0) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    // By every way jobs come in: the bulk helper, one at a time, and a day old.
+    let recent = enqueue_many(&pool, owner, 5).await;
+    let old = job(&pool, &JobOpts { owner_id: owner, accepted_ago: 86_400.0, ..JobOpts::default() }).await;
+    let done_long_ago = job(
+        &pool,
+        &JobOpts {
+            owner_id: owner,
+            state: JobState::Done,
+            accepted_ago: 90.0 * 86_400.0,
+            finished_ago: Some(90.0 * 86_400.0),
+            ..JobOpts::default()
+        },
+    )
+    .await;
+    assert_eq!(listing_drift(&pool).await, 0);
+    let ids = |jobs: &[queue::JobView]| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+    let (page, _) = page_for_owner(&pool, owner, &JobFilter::default(), 0, 10).await.unwrap();
+    assert_eq!(ids(&page)[5..], [old, done_long_ago], "newest first");
+
+    // A job's acceptance time moved (a repair; tests age jobs so) moves its place in the list.
+    sqlx::query("UPDATE jobs SET accepted_at = now() + interval '1 minute' WHERE id = $1")
+        .bind(old)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(listing_drift(&pool).await, 0);
+    let (page, _) = page_for_owner(&pool, owner, &JobFilter::default(), 0, 10).await.unwrap();
+    assert_eq!(page[0].id, old, "moved to the top");
+
+    // The admin's search by acceptance time reads the listing's range.
+    let last_week = JobSearch { from: Some(chrono::Utc::now() - chrono::Duration::days(7)), ..JobSearch::default() };
+    let (found, _) = search(&pool, &last_week, 0, 25).await.unwrap();
+    let mut expected = recent.clone();
+    expected.push(old);
+    let mut found: Vec<Uuid> = found.into_iter().map(|f| f.job.id).collect();
+    found.sort();
+    expected.sort();
+    assert_eq!(found, expected);
+    let before = JobSearch { until: Some(chrono::Utc::now() - chrono::Duration::days(7)), ..JobSearch::default() };
+    let (found, _) = search(&pool, &before, 0, 25).await.unwrap();
+    assert_eq!(found.iter().map(|f| f.job.id).collect::<Vec<_>>(), [done_long_ago]);
+
+    // Pruned by retention, deleted, truncated: the listing's rows go with their jobs.
+    let pruned = queue::retention::prune(
+        &pool,
+        queue::retention::Retention {
+            done: Duration::from_secs(86_400),
+            failed: Duration::from_secs(86_400),
+            failed_documents: Duration::from_secs(86_400),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(pruned.iter().map(|p| p.id).collect::<Vec<_>>(), [done_long_ago]);
+    sqlx::query("DELETE FROM jobs WHERE id = $1").bind(recent[0]).execute(&pool).await.unwrap();
+    assert_eq!(listing_drift(&pool).await, 0);
+    let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM job_listing").fetch_one(&pool).await.unwrap();
+    assert_eq!(listed, 5);
+    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, reviews").execute(&pool).await.unwrap();
+    let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM job_listing").fetch_one(&pool).await.unwrap();
+    assert_eq!(listed, 0);
+}

@@ -239,10 +239,11 @@ pub fn storage_refusal(used: u64, incoming: u64, quota: u64) -> Option<Refusal> 
 pub async fn storage_used(conn: &mut sqlx::PgConnection, user_id: i64) -> Result<u64> {
     let used: i64 = sqlx::query_scalar(
         "SELECT (SELECT coalesce(sum(size), 0) FROM (
-                     SELECT DISTINCT payload #>> '{document,key}' AS key, (payload #>> '{document,size}')::numeric AS size
-                     FROM jobs WHERE owner_id = $1 AND kind = 'document' AND document_released_at IS NULL) stored)::int8
+                     SELECT DISTINCT j.payload #>> '{document,key}' AS key, (j.payload #>> '{document,size}')::numeric AS size
+                     FROM job_listing l JOIN jobs j ON j.id = l.job_id
+                     WHERE l.owner_id = $1 AND j.kind = 'document' AND j.document_released_at IS NULL) stored)::int8
               + (SELECT coalesce(sum(octet_length(p.body) + octet_length(p.overlap) + coalesce(octet_length(p.output), 0)), 0)
-                 FROM job_parts p JOIN jobs j ON j.id = p.job_id WHERE j.owner_id = $1)::int8",
+                 FROM job_listing l JOIN job_parts p ON p.job_id = l.job_id WHERE l.owner_id = $1)::int8",
     )
     .bind(user_id)
     .fetch_one(conn)

@@ -112,7 +112,8 @@ pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Resul
     let mut tx = pool.begin().await?;
     // The jobs before the user row: the order a job's ending takes them (job, then owner).
     sqlx::query(
-        "UPDATE jobs SET deleted_at = coalesce(deleted_at, now()), payload = payload - 'callback' WHERE owner_id = $1",
+        "UPDATE jobs SET deleted_at = coalesce(deleted_at, now()), payload = payload - 'callback'
+         WHERE id IN (SELECT job_id FROM job_listing WHERE owner_id = $1)",
     )
     .bind(user_id)
     .execute(&mut *tx)

@@ -94,10 +94,10 @@ pub async fn monthly_totals(pool: &PgPool, user_id: i64, months: i64) -> Result<
                     coalesce(sum(amount) FILTER (WHERE kind = 'refund'), 0) AS refunded
              FROM ledger WHERE user_id = $1 AND kind IN ('debit', 'refund') GROUP BY 1),
          usage AS (
-             SELECT to_char(date_trunc('month', accepted_at AT TIME ZONE 'UTC'), 'YYYY-MM') AS month,
-                    coalesce(sum(input_tokens), 0) AS input_tokens,
-                    coalesce(sum(output_tokens), 0) AS output_tokens
-             FROM jobs WHERE owner_id = $1 GROUP BY 1)
+             SELECT to_char(date_trunc('month', l.accepted_at AT TIME ZONE 'UTC'), 'YYYY-MM') AS month,
+                    coalesce(sum(j.input_tokens), 0) AS input_tokens,
+                    coalesce(sum(j.output_tokens), 0) AS output_tokens
+             FROM job_listing l JOIN jobs j ON j.id = l.job_id WHERE l.owner_id = $1 GROUP BY 1)
          SELECT month, coalesce(documents, 0)::bigint AS documents, coalesce(charged, 0)::bigint AS charged,
                 coalesce(refunded, 0)::bigint AS refunded, coalesce(input_tokens, 0)::bigint AS input_tokens,
                 coalesce(output_tokens, 0)::bigint AS output_tokens

@@ -129,9 +129,10 @@ pub async fn page_for_owner(
 ) -> Result<(Vec<JobView>, bool)> {
     let pattern = filter.name_contains.as_deref().map(|n| format!("%{}%", like_literal(n.trim())));
     let jobs: Vec<JobView> = sqlx::query_as(select_jobs!(
-        "WHERE owner_id = $1 AND ($2::text IS NULL OR state = $2)
-           AND ($3::text IS NULL OR payload #>> '{document,name}' ILIKE $3)
-         ORDER BY accepted_at DESC, id LIMIT $4 OFFSET $5"
+        "JOIN job_listing l ON l.job_id = jobs.id
+         WHERE l.owner_id = $1 AND ($2::text IS NULL OR jobs.state = $2)
+           AND ($3::text IS NULL OR jobs.payload #>> '{document,name}' ILIKE $3)
+         ORDER BY l.accepted_at DESC, l.job_id LIMIT $4 OFFSET $5"
     ))
     .bind(owner_id)
     .bind(filter.state)
@@ -220,6 +221,14 @@ impl JobSearch {
         } else {
             "NOT $8"
         };
+        // A time range is read from the listing's index (`jobs` has none on acceptance time).
+        let accepted = if self.from.is_some() || self.until.is_some() {
+            "jobs.id IN (SELECT r.job_id FROM job_listing r
+                         WHERE r.accepted_at >= coalesce($6::timestamptz, '-infinity')
+                           AND r.accepted_at < coalesce($7::timestamptz, 'infinity'))"
+        } else {
+            "$6::timestamptz IS NULL AND $7::timestamptz IS NULL"
+        };
         format!(
             "JOIN users u ON u.id = jobs.owner_id
              WHERE ($1::uuid IS NULL OR jobs.id = $1)
@@ -227,8 +236,7 @@ impl JobSearch {
                AND ($3::text IS NULL OR jobs.payload #>> '{{document,name}}' ILIKE $3)
                AND ($4::text IS NULL OR jobs.state = $4)
                AND ($5::text IS NULL OR jobs.failure_kind = $5)
-               AND ($6::timestamptz IS NULL OR jobs.accepted_at >= $6)
-               AND ($7::timestamptz IS NULL OR jobs.accepted_at < $7)
+               AND {accepted}
                AND {review}"
         )
     }
@@ -258,7 +266,7 @@ pub struct FoundJob {
 /// One page of every user's jobs matching `search`, newest first, and whether there are more.
 pub async fn search(pool: &PgPool, search: &JobSearch, offset: i64, limit: i64) -> Result<(Vec<FoundJob>, bool)> {
     let sql = format!(
-        "{} {} ORDER BY jobs.accepted_at DESC, jobs.id LIMIT $9 OFFSET $10",
+        "{} JOIN job_listing l ON l.job_id = jobs.id {} ORDER BY l.accepted_at DESC, l.job_id LIMIT $9 OFFSET $10",
         select_jobs!(", u.email AS owner_email", ""),
         search.matches()
     );

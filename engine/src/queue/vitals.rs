@@ -79,9 +79,9 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
     let running: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'").fetch_one(pool).await?;
     let rates: RateRow = sqlx::query_as(
         "SELECT
-            (SELECT count(*) FROM jobs WHERE accepted_at > now() - interval '1 minute')::float8 / 60 AS intake_m1,
-            (SELECT count(*) FROM jobs WHERE accepted_at > now() - interval '5 minutes')::float8 / 300 AS intake_m5,
-            (SELECT count(*) FROM jobs WHERE accepted_at > now() - interval '15 minutes')::float8 / 900 AS intake_m15,
+            (SELECT count(*) FROM job_listing WHERE accepted_at > now() - interval '1 minute')::float8 / 60 AS intake_m1,
+            (SELECT count(*) FROM job_listing WHERE accepted_at > now() - interval '5 minutes')::float8 / 300 AS intake_m5,
+            (SELECT count(*) FROM job_listing WHERE accepted_at > now() - interval '15 minutes')::float8 / 900 AS intake_m15,
             (SELECT count(*) FROM jobs WHERE finished_at > now() - interval '1 minute')::float8 / 60 AS done_m1,
             (SELECT count(*) FROM jobs WHERE finished_at > now() - interval '5 minutes')::float8 / 300 AS done_m5,
             (SELECT count(*) FROM jobs WHERE finished_at > now() - interval '15 minutes')::float8 / 900 AS done_m15",
@@ -155,7 +155,8 @@ pub async fn history(pool: &PgPool, minutes: i32) -> Result<Vec<MinuteCounts>> {
                                    date_trunc('minute', now()), interval '1 minute') AS minute
          )
          SELECT b.minute,
-            (SELECT count(*) FROM jobs WHERE accepted_at >= b.minute AND accepted_at < b.minute + interval '1 minute') AS intake,
+            (SELECT count(*) FROM job_listing WHERE accepted_at >= b.minute AND accepted_at < b.minute + interval '1 minute')
+                AS intake,
             (SELECT count(*) FROM jobs WHERE finished_at >= b.minute AND finished_at < b.minute + interval '1 minute') AS completions
          FROM buckets b ORDER BY b.minute",
     )
