@@ -5,16 +5,20 @@
 -- Rows here are written once, at insert, and go when their job goes (both by statement triggers,
 -- so no path can forget them); the listing's readers join `jobs` by key.
 CREATE TABLE job_listing (
+    job_id      uuid        PRIMARY KEY,
     owner_id    bigint      NOT NULL,
-    accepted_at timestamptz NOT NULL,
-    job_id      uuid        NOT NULL
+    accepted_at timestamptz NOT NULL
 );
 
-INSERT INTO job_listing (owner_id, accepted_at, job_id) SELECT owner_id, accepted_at, id FROM jobs;
+-- No job may be inserted (or deleted) between the copy and the triggers below: an older
+-- process still running during a deploy would otherwise add jobs the listing never sees.
+LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
+
+INSERT INTO job_listing (job_id, owner_id, accepted_at) SELECT id, owner_id, accepted_at FROM jobs;
 
 -- A user's jobs, newest first (their list, monthly usage, stored bytes, account deletion); the
--- job id makes it a key (the deletion trigger finds rows by it) and the order total.
-CREATE UNIQUE INDEX job_listing_by_owner ON job_listing (owner_id, accepted_at DESC, job_id);
+-- job id makes the order total. (The key serves a search by job id and the triggers.)
+CREATE INDEX job_listing_by_owner ON job_listing (owner_id, accepted_at DESC, job_id);
 -- Every job, newest first (the admin search, intake rates).
 CREATE INDEX job_listing_by_time ON job_listing (accepted_at DESC, job_id);
 
@@ -23,14 +27,13 @@ DROP INDEX jobs_owner_recent;
 
 CREATE FUNCTION sluice_listing_after_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO job_listing (owner_id, accepted_at, job_id) SELECT n.owner_id, n.accepted_at, n.id FROM new_jobs n;
+    INSERT INTO job_listing (job_id, owner_id, accepted_at) SELECT n.id, n.owner_id, n.accepted_at FROM new_jobs n;
     RETURN NULL;
 END $$;
 
 CREATE FUNCTION sluice_listing_after_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    DELETE FROM job_listing l USING old_jobs o
-    WHERE l.owner_id = o.owner_id AND l.accepted_at = o.accepted_at AND l.job_id = o.id;
+    DELETE FROM job_listing l USING old_jobs o WHERE l.job_id = o.id;
     RETURN NULL;
 END $$;
 
@@ -45,8 +48,7 @@ END $$;
 -- listing's row with it.
 CREATE FUNCTION sluice_listing_after_move() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE job_listing l SET owner_id = NEW.owner_id, accepted_at = NEW.accepted_at
-    WHERE l.owner_id = OLD.owner_id AND l.accepted_at = OLD.accepted_at AND l.job_id = OLD.id;
+    UPDATE job_listing l SET owner_id = NEW.owner_id, accepted_at = NEW.accepted_at WHERE l.job_id = OLD.id;
     RETURN NULL;
 END $$;
 

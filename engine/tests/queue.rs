@@ -908,6 +908,9 @@ async fn the_listing_follows_every_job_from_insert_to_delete_and_lists_them_newe
     let before = JobSearch { until: Some(chrono::Utc::now() - chrono::Duration::days(7)), ..JobSearch::default() };
     let (found, _) = search(&pool, &before, 0, 25).await.unwrap();
     assert_eq!(found.iter().map(|f| f.job.id).collect::<Vec<_>>(), [done_long_ago]);
+    let by_id = JobSearch { text: Some(recent[2].to_string()), ..JobSearch::default() };
+    let (found, _) = search(&pool, &by_id, 0, 25).await.unwrap();
+    assert_eq!(found.iter().map(|f| f.job.id).collect::<Vec<_>>(), [recent[2]]);
 
     // Pruned by retention, deleted, truncated: the listing's rows go with their jobs.
     let pruned = queue::retention::prune(
