@@ -932,3 +932,30 @@ async fn the_listing_follows_every_job_from_insert_to_delete_and_lists_them_newe
     let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM job_listing").fetch_one(&pool).await.unwrap();
     assert_eq!(listed, 0);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_jobs_attempts_go_with_it_however_it_goes(pool: PgPool) {
+    let attempts = |pool: PgPool| async move {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts").fetch_one(&pool).await.unwrap();
+        n
+    };
+    let ids = enqueue_many(&pool, 1, 6).await;
+    let claimed = queue::claim(&pool, "w", 6, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 6);
+    for job in &claimed {
+        queue::complete(&pool, &NoHooks, job, &ok_output()).await.unwrap();
+    }
+    assert_eq!(attempts(pool.clone()).await, 6);
+    // One job, then several in one statement: only theirs go.
+    sqlx::query("DELETE FROM jobs WHERE id = $1").bind(ids[0]).execute(&pool).await.unwrap();
+    assert_eq!(attempts(pool.clone()).await, 5);
+    sqlx::query("DELETE FROM jobs WHERE id = ANY($1)").bind(&ids[1..4]).execute(&pool).await.unwrap();
+    let left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT job_id FROM job_attempts ORDER BY job_id").fetch_all(&pool).await.unwrap();
+    let mut expected = ids[4..].to_vec();
+    expected.sort();
+    assert_eq!(left, expected);
+    // The table emptied, the attempts with it (they may not be named).
+    sqlx::query("TRUNCATE jobs, job_parts, reviews").execute(&pool).await.unwrap();
+    assert_eq!(attempts(pool.clone()).await, 0);
+}

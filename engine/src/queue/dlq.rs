@@ -159,6 +159,9 @@ pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Select
     .fetch_all(&mut *tx)
     .await?;
     let mut plan = plan_replay(&candidates);
+    // Their rows are locked: now their owners' lines, in order, for the new tags.
+    let owners: Vec<i64> = candidates.iter().map(|c| c.owner_id).collect();
+    sqlx::query("SELECT sluice_lock_lines($1)").bind(&owners).execute(&mut *tx).await?;
     let replayed: Vec<TerminalJob> = sqlx::query_as(
         "UPDATE dead_letters SET state = 'queued', attempts = 0, run_at = now(), failure_kind = NULL,
              failure_reason = NULL, finished_at = NULL, replays = replays + 1, updated_at = now()

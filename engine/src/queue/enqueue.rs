@@ -64,10 +64,19 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     .await?)
 }
 
-/// Lock `owner_id`'s line (its `owner_heads` row) in the caller's transaction, as enqueueing
-/// would (`sluice_lock_lines`). A transaction that also writes the owner's `users` row must take
-/// this first: cancel and replay change the line before their hooks write `users`.
+/// Lock `owner_id`'s line (its `owner_lines` row, which holds its finish tag) in the caller's
+/// transaction, as enqueueing would. A transaction that also writes the owner's `users` row must
+/// take this first: replay and a document's parts change the line before their hooks write
+/// `users`.
 pub async fn lock_line(conn: &mut PgConnection, owner_id: i64) -> Result<()> {
     sqlx::query("SELECT sluice_lock_lines(ARRAY[$1::bigint])").bind(owner_id).execute(conn).await?;
+    Ok(())
+}
+
+/// Lock jobs about to come back into the line, several owners' at once, and then their owners'
+/// lines in owner order (`sluice_lock_entries`): each job's new tag locks its owner's line, and
+/// two such statements taking lines in row order could deadlock.
+pub(crate) async fn lock_entries(conn: &mut PgConnection, jobs: &[Uuid]) -> Result<()> {
+    sqlx::query("SELECT sluice_lock_entries($1)").bind(jobs).execute(conn).await?;
     Ok(())
 }

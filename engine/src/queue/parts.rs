@@ -356,6 +356,8 @@ pub(crate) async fn requeue(
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
+    // Back in line with new tags, behind what the owner's line already holds.
+    super::enqueue::lock_entries(tx, &ids).await?;
     // Found by key, fenced by the lease token (which implies `running`), as `write_results` does.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (

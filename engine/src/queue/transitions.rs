@@ -423,6 +423,15 @@ async fn give_back(pool: &PgPool, tokens: &[Uuid], never_started: bool) -> Resul
         return Ok(0);
     }
     let mut tx = pool.begin().await?;
+    if !never_started {
+        // Back at the end of the line: new tags (an undone claim keeps its run_at, so its tag).
+        let ids: Vec<Uuid> =
+            sqlx::query_scalar("SELECT id FROM jobs WHERE lease_token = ANY($1) AND state = 'running'")
+                .bind(tokens)
+                .fetch_all(&mut *tx)
+                .await?;
+        super::enqueue::lock_entries(&mut tx, &ids).await?;
+    }
     let done = sqlx::query(
         "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = CASE WHEN $2 THEN run_at ELSE now() END,
              lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()

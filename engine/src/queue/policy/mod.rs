@@ -2,5 +2,6 @@
 
 pub mod adaptive;
 pub mod drain;
+pub mod fair_tags;
 pub mod position;
 pub mod retry;

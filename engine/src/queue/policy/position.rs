@@ -1,32 +1,9 @@
-//! A waiting job's place in line and its estimated start (pure).
-//!
-//! The claim function (`sluice_claim`) scores each owner's due jobs as "the owner's running jobs
-//! (each weighed by its tokens: one per started 25,000) plus the job's rank among the owner's
-//! due jobs" and claims the lowest scores first; `running` below is that weight. So a job
-//! with score S waits behind every other owner's jobs scoring at most S, plus its owner's own
-//! earlier jobs. Ties go to the other owner here (a conservative estimate; the database breaks
-//! them by due time). It assumes the jobs running now keep running while those ahead are
-//! claimed, which is the usual case with slow providers and a full gate; when jobs finish
-//! quickly, the order drifts towards first come, first served.
+//! A waiting job's estimated start (pure). Its place in line, the jobs claimed before it, is
+//! read from the database: due jobs are claimed in tag order (see [`super::fair_tags`]), so the
+//! jobs ahead are the due jobs with lower tags. It assumes the jobs running now keep running
+//! while those ahead are claimed, the usual case with slow providers and a full gate.
 
 use std::time::Duration;
-
-/// One other owner's share of the queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OwnerLoad {
-    pub running: u64,
-    /// Due jobs waiting (queued, or retrying and due).
-    pub waiting: u64,
-}
-
-/// How many jobs are claimed before a job whose owner has `running` jobs running, when it is
-/// the `rank`-th (1-based) of that owner's due jobs.
-pub fn jobs_ahead(running: u64, rank: u64, others: &[OwnerLoad]) -> u64 {
-    let score = running + rank;
-    let own = rank.saturating_sub(1);
-    let theirs: u64 = others.iter().map(|o| score.saturating_sub(o.running).min(o.waiting)).sum();
-    own + theirs
-}
 
 /// When a job with `ahead` jobs before it should start: at once if a free slot of the gate is
 /// left for it, else after the jobs that must finish first, at the recent rate of slots freed.
@@ -118,23 +95,6 @@ mod tests {
     }
 
     #[test]
-    fn alone_in_the_queue_the_rank_is_the_place() {
-        assert_eq!(jobs_ahead(0, 1, &[]), 0);
-        assert_eq!(jobs_ahead(3, 4, &[]), 3);
-    }
-
-    #[test]
-    fn a_busy_owner_waits_behind_a_light_one() {
-        // I have 2 running; the other owner has none running and 10 waiting. My first due job
-        // scores 3, so it waits for their first three (scores 1, 2, 3).
-        assert_eq!(jobs_ahead(2, 1, &[OwnerLoad { running: 0, waiting: 10 }]), 3);
-        // The other way round: their jobs score 3 and up, mine scores 1.
-        assert_eq!(jobs_ahead(0, 1, &[OwnerLoad { running: 2, waiting: 10 }]), 0);
-        // An owner with fewer waiting jobs than the score only counts what it has.
-        assert_eq!(jobs_ahead(0, 5, &[OwnerLoad { running: 0, waiting: 2 }]), 6);
-    }
-
-    #[test]
     fn start_estimates() {
         assert_eq!(estimated_start(2, 3, 0.0), Some(Duration::ZERO));
         // 5 ahead, 1 free slot: 5 must finish first, at 0.5 per second.
@@ -143,47 +103,7 @@ mod tests {
         assert_eq!(estimated_start(5, 0, f64::NAN), None);
     }
 
-    /// Claims one job at a time the way `sluice_claim` scores them (running plus rank, lowest
-    /// first, the job of interest losing ties) and counts the claims before it.
-    fn simulate(mine: OwnerLoad, rank: u64, others: &[OwnerLoad]) -> u64 {
-        let mut claimed = vec![0u64; others.len()];
-        let mut mine_claimed = 0u64;
-        let mut count = 0;
-        loop {
-            let my_next = mine.running + mine_claimed + 1;
-            let best_other = (0..others.len())
-                .filter(|&i| claimed[i] < others[i].waiting)
-                .min_by_key(|&i| others[i].running + claimed[i] + 1);
-            match best_other {
-                Some(i) if others[i].running + claimed[i] < my_next => claimed[i] += 1,
-                _ if mine_claimed + 1 == rank => return count,
-                _ => mine_claimed += 1,
-            }
-            count += 1;
-        }
-    }
-
-    /// Up to five other owners, each with a few running jobs and up to `max_waiting` waiting.
-    fn other_owners(max_waiting: u64) -> impl Strategy<Value = Vec<OwnerLoad>> {
-        prop::collection::vec((0u64..6, 0..max_waiting), 0..6)
-            .prop_map(|v| v.into_iter().map(|(running, waiting)| OwnerLoad { running, waiting }).collect())
-    }
-
     proptest! {
-        #[test]
-        fn matches_claiming_one_at_a_time(running in 0u64..6, rank in 1u64..8, others in other_owners(8)) {
-            let mine = OwnerLoad { running, waiting: rank };
-            prop_assert_eq!(jobs_ahead(running, rank, &others), simulate(mine, rank, &others));
-        }
-
-        /// What lets the database count each owner's due jobs only up to the highest score.
-        #[test]
-        fn counts_past_the_score_change_nothing(running in 0u64..6, rank in 1u64..8, others in other_owners(40)) {
-            let capped: Vec<OwnerLoad> =
-                others.iter().map(|o| OwnerLoad { waiting: o.waiting.min(running + rank), ..*o }).collect();
-            prop_assert_eq!(jobs_ahead(running, rank, &others), jobs_ahead(running, rank, &capped));
-        }
-
         #[test]
         fn a_later_job_never_starts_sooner(
             ahead in 0u64..10_000, more in 0u64..100, free in 0u64..70, rate in 0.01f64..100.0,
