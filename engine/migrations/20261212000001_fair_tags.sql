@@ -11,14 +11,17 @@
 -- This replaces the fair pick of 20261210000001 (least weight running, then the oldest head),
 -- which read every running job and every served owner's head at each claim, and the statement
 -- triggers that kept each owner's head in `owner_heads` at every change of a job: 38 of 223 µs
--- of Postgres time a drained job, measured. Bound (engine/tests/fairness.rs): with every owner
--- backlogged, at any point in the claim order the token weight served to two owners differs by
--- at most the largest job's weight.
+-- of Postgres time a drained job, measured. The bound (proven on random lines in
+-- engine/src/queue/policy/fair_tags.rs, whose tags engine/tests/fairness.rs holds these to): at
+-- any point of the claim order, two owners with jobs waiting have been served token weights
+-- within the largest job's weight of each other.
 --
 -- A job comes into the line new (a new tag) on every path (admission, a retry, a replay, a
 -- document's parts back in line, a handed-back or paused attempt), except a claim undone
 -- before its job started (`unclaim`, the jobs a process fetched ahead): it comes back with its
--- run_at unchanged and keeps its tag, so its place.
+-- run_at unchanged and keeps its tag, so its place. A retry is tagged when it fails (its owner
+-- charged then) and keeps the tag while it waits for its due time. A canceled waiting job gives
+-- its owner's line back what it had not been served (`sluice_shorten_line`).
 
 -- Nothing may change the line between the tags given below and the trigger taking over.
 LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
@@ -94,6 +97,22 @@ BEGIN
     SELECT array_agg(r.owner_id) INTO v_owners
     FROM (SELECT j.owner_id FROM jobs j WHERE j.id = ANY (p_jobs) ORDER BY j.id FOR UPDATE) r;
     PERFORM sluice_lock_lines(coalesce(v_owners, '{}'));
+END $$;
+
+-- After an owner's waiting job was canceled: its finish tag back to the end of what it still
+-- has waiting or running (nothing: 0, so its next job is tagged at the virtual time), so work
+-- canceled unserved costs it no place later. Lowers only.
+CREATE FUNCTION sluice_shorten_line(p_owner bigint) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE owner_lines l SET finish_tag = e.finish
+    FROM (
+        SELECT greatest(
+            coalesce((SELECT max(w.fair_tag + sluice_token_weight(w.est_input_tokens)) FROM waiting_jobs w
+                      WHERE w.owner_id = p_owner), 0),
+            coalesce((SELECT max(r.fair_tag + sluice_token_weight(r.est_input_tokens)) FROM jobs r
+                      WHERE r.state = 'running' AND r.owner_id = p_owner), 0)) AS finish
+    ) e
+    WHERE l.owner_id = p_owner AND l.finish_tag > e.finish;
 END $$;
 
 CREATE FUNCTION sluice_tag_entry() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -263,15 +282,17 @@ BEGIN
         RETURN;
     END IF;
     -- Every other owner with a due job (up to the gate's most), each with its first due job's
-    -- tokens: one index probe per owner, over the owners' waiting jobs in owner order.
-    WITH RECURSIVE owners(owner_id, run_at, est) AS (
-        (SELECT j.owner_id, j.run_at, j.est_input_tokens FROM waiting_jobs j ORDER BY j.owner_id, j.run_at, j.id LIMIT 1)
+    -- tokens: one index probe per owner, over the owners' waiting jobs in owner order, and no
+    -- more than 1,000 owners read (owners whose jobs all wait for a later retry are passed).
+    WITH RECURSIVE owners(owner_id, run_at, est, n) AS (
+        (SELECT j.owner_id, j.run_at, j.est_input_tokens, 1 FROM waiting_jobs j ORDER BY j.owner_id, j.run_at, j.id LIMIT 1)
         UNION ALL
-        SELECT n.owner_id, n.run_at, n.est FROM owners o
+        SELECT x.owner_id, x.run_at, x.est, o.n + 1 FROM owners o
         CROSS JOIN LATERAL (
             SELECT j.owner_id, j.run_at, j.est_input_tokens AS est FROM waiting_jobs j
             WHERE j.owner_id > o.owner_id ORDER BY j.owner_id, j.run_at, j.id LIMIT 1
-        ) n
+        ) x
+        WHERE o.n < 1000
     )
     SELECT count(*), coalesce(sum(o.est), 0) INTO v_others, v_others_tokens
     FROM (SELECT w.est FROM owners w WHERE w.run_at <= now() AND w.owner_id <> v_owner LIMIT 70) o;

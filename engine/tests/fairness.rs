@@ -235,6 +235,21 @@ async fn tags_stay_true_to_each_owners_order_under_concurrent_entries_claims_and
     for (owner, finish, highest) in lines {
         assert!(finish > highest, "owner {owner}: finish {finish}, a job tagged {highest}");
     }
+    // Jobs never handed back keep the tags they came with: each owner's in the order they came.
+    let kept: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT owner_id, fair_tag FROM jobs j
+         WHERE NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.job_id = j.id AND a.outcome = 'handed_back')
+         ORDER BY owner_id, accepted_at, id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(kept.len() > 100, "most jobs were never handed back: {}", kept.len());
+    for pair in kept.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            assert!(pair[0].1 < pair[1].1, "owner {}: tags {} then {}", pair[0].0, pair[0].1, pair[1].1);
+        }
+    }
     let shared: HashMap<(i64, i64), i64> =
         sqlx::query_as("SELECT owner_id, fair_tag, count(*) FROM jobs GROUP BY 1, 2 HAVING count(*) > 1")
             .fetch_all(&pool)
@@ -264,6 +279,58 @@ async fn a_claim_never_waits_for_an_upload_holding_its_owners_line(pool: PgPool)
     upload.commit().await.unwrap();
     let next = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
     assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), vec![second]);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_canceled_backlog_costs_its_owner_no_place_later(pool: PgPool) {
+    // Owner 1 uploads 30 documents by mistake and cancels them; owner 2 has 10 waiting.
+    let mistakes = enqueue_many(&pool, 1, 30).await;
+    let others = enqueue_many(&pool, 2, 10).await;
+    for id in &mistakes {
+        assert_eq!(queue::cancel(&pool, &NoHooks, *id, "test", false).await.unwrap(), queue::Canceled::Now);
+    }
+    // The right one is tagged at the virtual time, not behind the 30 canceled.
+    let right = enqueue_many(&pool, 1, 1).await[0];
+    let next: HashSet<Uuid> =
+        queue::claim(&pool, "w", 2, Duration::from_secs(60)).await.unwrap().iter().map(|j| j.id).collect();
+    assert_eq!(next, HashSet::from([others[0], right]));
+    // Canceling a job in the middle of a line leaves the jobs after it their tags.
+    let line = enqueue_many(&pool, 3, 3).await;
+    let last = tag_of(&pool, line[2]).await;
+    queue::cancel(&pool, &NoHooks, line[1], "test", false).await.unwrap();
+    assert_eq!(tag_of(&pool, enqueue_many(&pool, 3, 1).await[0]).await, last + 1, "after the line's last job");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_result_batch_with_parts_back_in_line_and_a_rescue_of_one_of_its_jobs_do_not_deadlock(pool: PgPool) {
+    let pool = engine::testing::wider_pool(&pool, 6).await;
+    enqueue_many(&pool, 1, 2).await;
+    let claimed = queue::claim(&pool, "w", 2, Duration::from_secs(60)).await.unwrap();
+    // A rescue holds one of the batch's jobs: its row, not yet its owner's line.
+    let mut rescue = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(claimed[1].id).execute(&mut *rescue).await.unwrap();
+    // The batch: the other job stopped between parts (back in line, taking the owner's line),
+    // and this one done.
+    let writer = {
+        let (pool, jobs) = (pool.clone(), claimed.clone());
+        tokio::spawn(async move {
+            let part = JobOutput { part: Some(PartsProgress { next_est_tokens: 1_000 }), ..JobOutput::default() };
+            queue::complete_many(&pool, &NoHooks, &[(&jobs[0], &part), (&jobs[1], &JobOutput::default())]).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The rescue sends its job back to the line: its new tag takes the owner's line.
+    let retry = sqlx::query(
+        "UPDATE jobs SET state = 'retrying', run_at = now() + interval '30 seconds', lease_token = NULL,
+             lease_owner = NULL, lease_expires_at = NULL
+         WHERE id = $1",
+    )
+    .bind(claimed[1].id)
+    .execute(&mut *rescue);
+    tokio::time::timeout(Duration::from_secs(5), retry).await.expect("the rescue is not held by the writer").unwrap();
+    rescue.commit().await.unwrap();
+    let recorded = writer.await.unwrap().expect("the batch is written, not chosen as a deadlock's victim");
+    assert_eq!(recorded, [queue::Recorded::PartDone, queue::Recorded::Stale]);
 }
 
 /// Gate slots in use: running jobs, and their calls beyond the first (parts side by side).

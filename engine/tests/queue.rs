@@ -639,8 +639,7 @@ async fn pickup_is_woken_by_notify_not_the_poll(pool: PgPool) {
 async fn the_place_in_line_matches_the_order_jobs_are_claimed_in(pool: PgPool) {
     enqueue_many(&pool, 20, 2).await;
     enqueue_many(&pool, 30, 1).await;
-    // Owner 10's jobs are the newest, so every tie in the fair score goes to the others, as the
-    // estimate assumes.
+    // Owner 10's jobs are the newest: where their tags tie with others', the others go first.
     let mine = enqueue_many(&pool, 10, 4).await;
     switches::set_gate_size(&pool, 9, "test").await.unwrap();
     let line = queue::waiting_line(&pool, 10, &mine).await.unwrap();

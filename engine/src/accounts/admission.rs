@@ -375,7 +375,8 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         }
         (None, None) => lock_new_document(&mut tx, s).await?,
     }
-    // The owner's line before the owner's row, in the order cancel and replay take them.
+    // The owner's line (its finish tag) before the owner's row, in the order every path into
+    // the line takes them.
     queue::lock_line(&mut tx, s.user_id).await?;
     // The compound check: one conditional write.
     let taken = sqlx::query(

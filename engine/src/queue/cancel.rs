@@ -86,6 +86,8 @@ pub async fn cancel(
             .fetch_one(&mut *tx)
             .await?;
             super::parts::forget(&mut tx, &[job_id]).await?;
+            // Work canceled unserved costs its owner no place later (its row, then its line).
+            sqlx::query("SELECT sluice_shorten_line($1)").bind(job.owner_id).execute(&mut *tx).await?;
             hooks.on_canceled(&mut tx, &job).await?;
             Canceled::Now
         }

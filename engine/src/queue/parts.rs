@@ -343,7 +343,8 @@ pub struct StoredPart<'a> {
 
 /// Put jobs that stored parts and stopped back in line, each fenced by its attempt's lease
 /// token (and not when a cancel was asked for: that one ends canceled), inside the caller's
-/// transaction. Returns the ids of the jobs moved.
+/// transaction, which has locked their rows and lines (`lock_entries`): each comes back as a
+/// new arrival, with a new tag. Returns the ids of the jobs moved.
 pub(crate) async fn requeue(
     tx: &mut sqlx::PgConnection,
     items: &[(&ClaimedJob, &PartsProgress, Option<i64>, Option<i64>)],
@@ -356,8 +357,6 @@ pub(crate) async fn requeue(
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
-    // Back in line with new tags, behind what the owner's line already holds.
-    super::enqueue::lock_entries(tx, &ids).await?;
     // Found by key, fenced by the lease token (which implies `running`), as `write_results` does.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (

@@ -30,8 +30,8 @@ pub async fn retry_now(pool: &PgPool, job_id: Uuid, owner: Option<i64>, actor: &
     .await?;
     found.ok_or(EngineError::NotFound)?;
     let mut tx = pool.begin().await?;
-    // The job row, then (the heads trigger) the owner's line: the order cancel and the claim
-    // take them in, so none of them deadlock.
+    // Only its due time moves: a retry was tagged when it failed (its owner charged then), and
+    // keeps that tag, so its place among the jobs due.
     let (state, moved): (JobState, bool) = sqlx::query_as(
         "WITH moved AS (
              UPDATE jobs SET run_at = now(), updated_at = now()

@@ -165,6 +165,11 @@ pub async fn complete_many(
     let tokens: Vec<Uuid> = items.iter().map(|(j, _)| j.lease_token).collect();
     let (steps, finals): (Vec<_>, Vec<_>) = items.iter().copied().partition(|(_, o)| o.part.is_some());
     let mut tx = pool.begin().await?;
+    if !steps.is_empty() {
+        // Parts back in line take their owners' lines: every job's row of the batch first, as a
+        // rescue or a retry takes a row before its line, or one racing a result here deadlocks.
+        super::enqueue::lock_entries(&mut tx, &ids).await?;
+    }
     let steps: Vec<_> =
         steps.iter().filter_map(|(j, o)| o.part.as_ref().map(|p| (*j, p, o.input_tokens, o.output_tokens))).collect();
     let continued: HashSet<Uuid> = parts::requeue(&mut tx, &steps).await?.into_iter().collect();
