@@ -320,3 +320,52 @@ async fn a_restart_with_the_same_limits_keeps_the_buckets_and_new_limits_start_t
     let left = capacity::status(&pool).await.unwrap().input_tokens_left.unwrap();
     assert!((113_999.0..=114_000.0).contains(&left), "a new limit starts full (95 % of a minute): {left}");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn tokens_given_back_fill_the_bucket_no_further_than_full_and_a_call_takes_its_own_after(pool: PgPool) {
+    let config = CapacityConfig {
+        limits: ProviderLimits {
+            input_tokens_per_min: Some(60_000),
+            output_tokens_per_min: Some(6_000),
+            ..Default::default()
+        },
+        burst: Duration::from_secs(60),
+        ..CapacityConfig::default()
+    };
+    capacity::configure(&pool, &config).await.unwrap();
+    // A claim reserved 40,000 input and 4,000 output tokens a minute ago; the buckets have
+    // refilled since (to full) while the reservation was held.
+    sqlx::query(
+        "UPDATE queue_settings SET level_input = 57000 - 40000, level_output = 5700 - 4000,
+             levels_at = clock_timestamp() - interval '60 seconds'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The call turned out to need only 1,000 of them: the rest comes back.
+    Budget::new(pool.clone(), &config).correct(-39_000, -4_000).await;
+    // The levels as stored (the status view refills them, capped at full, and would hide it).
+    let (input, output): (f64, f64) =
+        sqlx::query_as("SELECT level_input::float8, level_output::float8 FROM queue_settings WHERE id = 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // Full is 95 % of a minute: the provider's bucket holds no more, so neither may ours (over
+    // full, the next calls would go out together and the provider would refuse one).
+    assert!((56_900.0..=57_000.0).contains(&input), "input bucket full, not over: {input}");
+    assert!((5_690.0..=5_700.0).contains(&output), "output bucket full, not over: {output}");
+
+    // Again a minute after a claim's 40,000: its first call of 30,000 goes out now. The
+    // provider's bucket was full and gives 30,000: 27,000 is left, not 57,000 (the 10,000 held
+    // too many coming back on top of a full bucket).
+    sqlx::query("UPDATE queue_settings SET level_input = 17000, levels_at = clock_timestamp() - interval '60 seconds'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    Budget::new(pool.clone(), &config).reserve_anew((40_000, 0), (30_000, 0)).await;
+    let input: f64 = sqlx::query_scalar("SELECT level_input::float8 FROM queue_settings WHERE id = 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!((26_900.0..=27_000.0).contains(&input), "the call's own taken from a full bucket: {input}");
+}

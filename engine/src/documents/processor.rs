@@ -451,9 +451,13 @@ impl DocumentProcessor {
             let may_start = go_on && failed.is_none() && Instant::now() < turn_ends;
             let room = MAX_PARTS_AT_ONCE.saturating_sub(running.len()).min(waiting.len());
             if may_start && room > 0 {
-                if running.is_empty() && first.is_some() {
-                    let held = first.take().unwrap_or_default();
+                if let Some(claimed) = running.is_empty().then(|| first.take()).flatten() {
                     let part = waiting.pop_front().expect("room means a part waits");
+                    // The claim reserved the job's estimate: the first part's own replaces it
+                    // before any other part is granted, or a grant would count on tokens this
+                    // call is about to spend (two calls over the provider's bucket at once).
+                    let held = Held { input: part.est_tokens, output: self.expected_output(spec, part.est_tokens) };
+                    self.budget.reserve_anew((claimed.input, claimed.output), (held.input, held.output)).await;
                     running.start(self, job, spec, part, held, false);
                     continue;
                 }
@@ -681,7 +685,7 @@ impl DocumentProcessor {
             self.budget.refine(job.id, job.lease_token, held.input, estimated).await;
         } else {
             // A part's job estimate is the sum of its parts in flight: only the bucket moves.
-            self.budget.correct(estimated - held.input, 0).await;
+            self.budget.reserve_anew((held.input, 0), (estimated, 0)).await;
         }
         held.input = estimated;
         self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;

@@ -178,6 +178,9 @@ const IN: &str =
     "sluice_refill(q.level_input, q.limit_input_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
 const OUT: &str =
     "sluice_refill(q.level_output, q.limit_output_tokens_per_min * q.limit_share, q.limit_burst_secs, q.levels_at)";
+/// What each bucket holds when full (null without a limit).
+const IN_FULL: &str = "q.limit_input_tokens_per_min * q.limit_share / 60.0 * q.limit_burst_secs";
+const OUT_FULL: &str = "q.limit_output_tokens_per_min * q.limit_share / 60.0 * q.limit_burst_secs";
 /// The largest correction one answer can make: a provider claiming more tokens than any
 /// request can carry is wrong or hostile, and must not stall the budget for days.
 pub const MAX_CORRECTION: i64 = 2_000_000;
@@ -214,26 +217,47 @@ impl Budget {
         self.pool.is_some()
     }
 
-    /// Take `input` and `output` more tokens from the buckets (negative: give them back).
-    /// A failed correction is logged, not fatal: the buckets refill anyway.
+    /// Take `input` and `output` more tokens from the buckets (negative: give them back), to
+    /// settle a call that went out with a reservation by what it used.
     pub async fn correct(&self, input: i64, output: i64) {
+        self.give_back_then_take((-input.min(0), -output.min(0)), (input.max(0), output.max(0))).await
+    }
+
+    /// A reservation held since earlier (the claim's) makes room for a call's own, about to go
+    /// out. While it was held the buckets refilled as if it had been spent, but the
+    /// provider's did not (it was full): what is held comes back first, to full at most, and
+    /// the call's own is taken after, or the next grant would count on room the provider lacks.
+    pub async fn reserve_anew(&self, held: (i64, i64), call: (i64, i64)) {
+        if held != call {
+            self.give_back_then_take(held, call).await
+        }
+    }
+
+    /// Give back `back` (input, output) tokens, filling each bucket no further than full (a
+    /// reservation not spent leaves the provider's bucket full, not over), then take `taken`.
+    /// A failed change is logged, not fatal: the buckets refill anyway.
+    async fn give_back_then_take(&self, back: (i64, i64), taken: (i64, i64)) {
         let Some(pool) = &self.pool else { return };
-        if input == 0 && output == 0 {
+        if back == (0, 0) && taken == (0, 0) {
             return;
         }
         // Refilled to now first, so the change is not lost in (or added to) the refill since the
         // last claim.
-        let corrected = sqlx::query(&format!(
+        let changed = sqlx::query(&format!(
             "UPDATE queue_settings q SET levels_at = greatest(q.levels_at, clock_timestamp()),
-                level_requests = {REQ}, level_input = {IN} - $1, level_output = {OUT} - $2
+                level_requests = {REQ},
+                level_input = least({IN} + $1, coalesce({IN_FULL}, 'Infinity')) - $3,
+                level_output = least({OUT} + $2, coalesce({OUT_FULL}, 'Infinity')) - $4
              WHERE q.id = 1"
         ))
-        .bind(input.clamp(-MAX_CORRECTION, MAX_CORRECTION))
-        .bind(output.clamp(-MAX_CORRECTION, MAX_CORRECTION))
+        .bind(back.0.clamp(0, MAX_CORRECTION))
+        .bind(back.1.clamp(0, MAX_CORRECTION))
+        .bind(taken.0.clamp(0, MAX_CORRECTION))
+        .bind(taken.1.clamp(0, MAX_CORRECTION))
         .execute(pool)
         .await;
-        if let Err(e) = corrected {
-            tracing::warn!(error = %e, "could not correct the token budget");
+        if let Err(e) = changed {
+            tracing::warn!(error = %e, "could not change the token budget");
         }
     }
 
@@ -262,7 +286,7 @@ impl Budget {
     }
 
     /// The job's text is read: its estimate becomes `tokens` (for the rest of this attempt and
-    /// the next ones), and the difference to what the claim reserved is taken or given back.
+    /// the next ones), and the claim's reservation is made anew for it.
     pub async fn refine(&self, job_id: uuid::Uuid, lease_token: uuid::Uuid, reserved: i64, tokens: i64) {
         let Some(pool) = &self.pool else { return };
         if tokens == reserved {
@@ -277,7 +301,7 @@ impl Budget {
         if let Err(e) = stored {
             tracing::warn!(error = %e, "could not store a job's refined estimate");
         }
-        self.correct(tokens - reserved, 0).await;
+        self.reserve_anew((reserved, 0), (tokens, 0)).await;
     }
 }
 
