@@ -75,19 +75,16 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
     }
     // A worker that died holding a job: its lease ran out.
     let stranded: Uuid = sqlx::query_scalar(
-        "INSERT INTO jobs (owner_id, state, payload, lease_token, lease_owner, lease_expires_at, attempts, run_at)
-         VALUES ($1, 'running', '{}', gen_random_uuid(), 'dead-worker', now() - interval '1 minute', 1, now())
+        "INSERT INTO jobs (owner_id, state, payload, lease_token, lease_owner, lease_expires_at, attempts, run_at,
+                           claimed_at)
+         VALUES ($1, 'running', '{}', gen_random_uuid(), 'dead-worker', now() - interval '1 minute', 1, now(),
+                 now() - interval '2 minutes')
          RETURNING id",
     )
     .bind(owner.id)
     .fetch_one(&pool)
     .await
     .unwrap();
-    sqlx::query("INSERT INTO job_attempts (id, job_id, attempt, worker) SELECT lease_token, id, 1, 'dead-worker' FROM jobs WHERE id = $1")
-        .bind(stranded)
-        .execute(&pool)
-        .await
-        .unwrap();
 
     // The copy goes to memory where the machine has it (/dev/shm): the test is about who waits,
     // not about this disk's speed.
@@ -151,6 +148,14 @@ async fn a_backup_of_gigabytes_holds_up_nothing_but_what_it_has_not_copied(pool:
     let rescued =
         timed(&mut took, engine::queue::rescue::rescue_expired(&pool, &AccountHooks, &RetryPolicy::default())).await;
     assert_eq!(rescued.unwrap().len(), 1, "the dead worker's job is rescued meanwhile");
+    let (worker, outcome, ran): (String, String, bool) = sqlx::query_as(
+        "SELECT worker, outcome, finished_at - started_at > interval '110 seconds' FROM job_attempts WHERE job_id = $1",
+    )
+    .bind(stranded)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((worker.as_str(), outcome.as_str(), ran), ("dead-worker", "lease_expired", true), "its attempt, ended");
     assert!(!backup.is_finished(), "all of it answered while the backup was still copying");
     let slowest = took.iter().max().unwrap();
     assert!(*slowest < Duration::from_secs(2), "each answered at once, the slowest in {slowest:?}");

@@ -247,7 +247,8 @@ async fn kill_switch_stops_claims_at_once_keeps_attempts_and_resume_drains(pool:
         wait_for(Duration::from_secs(5), || async { queue::get(&pool, slow).await.unwrap().state == JobState::Queued })
             .await
     );
-    let claimed_after_pause: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts WHERE started_at > $1")
+    // Every claim leaves its time on the job (an attempt's row is written only when it ends).
+    let claimed_after_pause: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE claimed_at > $1")
         .bind(paused_at)
         .fetch_one(&pool)
         .await
@@ -321,14 +322,15 @@ async fn fetched_ahead_jobs_go_back(pool: PgPool, go_back: GoBack) {
     assert_eq!(holding.load(Ordering::SeqCst), 4, "none of them started");
     let queued = count_in_state(&pool, JobState::Queued).await;
     assert_eq!(queued, 1_000 - 100 - 4, "nothing lost");
-    // As if never claimed: no attempt used, no attempt row, their place in line kept.
+    // As if never claimed: no attempt used, no attempt row (the 100 done have theirs; the 4
+    // running will when they end), their place in line kept.
     let (used, rows): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT coalesce(sum(attempts), 0) FROM jobs WHERE state = 'queued'), (SELECT count(*) FROM job_attempts)",
     )
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!((used, rows), (0, 104));
+    assert_eq!((used, rows), (0, 100));
     let first_waiting: i64 =
         sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM waiting_jobs ORDER BY run_at, id LIMIT 1")
             .fetch_one(&pool)
@@ -977,4 +979,49 @@ async fn a_job_without_a_document_writes_no_document_key(pool: PgPool) {
     let key_index: i64 =
         sqlx::query_scalar("SELECT pg_relation_size('jobs_document_key')").fetch_one(&pool).await.unwrap();
     assert_eq!(key_index, 8192, "jobs without a document wrote entries into the documents' key index");
+}
+
+/// Issue 38: an attempt's row is written once, when the attempt ends, from the job's lease;
+/// while it runs, the timeline shows it from the lease.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_attempts_row_is_written_once_when_it_ends_and_the_running_one_shows_from_the_lease(pool: PgPool) {
+    use engine::queue::policy::retry::RetryPolicy;
+    let rows = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM job_attempts").fetch_one(&pool).await.unwrap()
+    };
+    enqueue_many(&pool, 1, 3).await;
+    let claimed = queue::claim(&pool, "worker-a", 3, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    assert_eq!(rows(pool.clone()).await, 0, "a claim writes no attempt row");
+    let running = queue::attempts(&pool, claimed[0].id).await.unwrap();
+    assert_eq!(running.len(), 1, "{running:?}");
+    let (shown, started) = (&running[0], running[0].started_at);
+    assert_eq!((shown.id, shown.attempt, shown.worker.as_str()), (claimed[0].lease_token, 1, "worker-a"));
+    assert!(shown.finished_at.is_none() && shown.outcome.is_none(), "it runs: {shown:?}");
+
+    // Done, failed for a retry, handed back: one row each, with the attempt's own start.
+    queue::complete(&pool, &NoHooks, &claimed[0], &JobOutput::default()).await.unwrap();
+    let error = JobError::new(ErrorClass::ServerError, "the provider had an error (500)");
+    queue::fail(&pool, &NoHooks, &RetryPolicy::default(), &claimed[1], &error).await.unwrap();
+    queue::hand_back(&pool, &[claimed[2].lease_token]).await.unwrap();
+    let ended: Vec<(Uuid, Uuid, i32, String, chrono::DateTime<chrono::Utc>, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, job_id, attempt, worker, started_at, outcome, error FROM job_attempts
+         WHERE finished_at IS NOT NULL ORDER BY outcome",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows(pool.clone()).await, 3, "one row an attempt");
+    let by_outcome: HashMap<&str, _> = ended.iter().map(|r| (r.5.as_str(), r)).collect();
+    let done = by_outcome["succeeded"];
+    assert_eq!(
+        (done.0, done.1, done.2, done.3.as_str(), done.4),
+        (claimed[0].lease_token, claimed[0].id, 1, "worker-a", started)
+    );
+    let retried = by_outcome["retry_scheduled"];
+    assert_eq!((retried.0, retried.6.as_deref()), (claimed[1].lease_token, Some("the provider had an error (500)")));
+    assert_eq!(by_outcome["handed_back"].0, claimed[2].lease_token);
+    // A stale worker's late result writes nothing: the lease is the fence.
+    queue::complete(&pool, &NoHooks, &claimed[1], &JobOutput::default()).await.unwrap();
+    assert_eq!(rows(pool.clone()).await, 3);
 }

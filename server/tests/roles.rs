@@ -464,7 +464,9 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
     // written holds no slot), so the provider counts the calls it answers at once; kill one
     // worker once it has a job with the provider.
     assert!(operator(&url, &data, &["resume", "--reason", "topology test"]).status.success());
-    let both_claimed = "SELECT count(DISTINCT worker) >= 2 FROM job_attempts";
+    // Attempts ended, and those running (an attempt's row is written when it ends).
+    let both_claimed = "SELECT count(DISTINCT worker) >= 2
+                        FROM (SELECT worker FROM job_attempts UNION SELECT lease_owner FROM jobs WHERE state = 'running') w";
     assert!(wait_until(Duration::from_secs(60), &pool, both_claimed).await, "both workers claim");
     let doomed_busy = format!(
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'running' AND stage = 'waiting_for_provider' AND lease_owner LIKE '%-{}-%')",

@@ -56,10 +56,10 @@ pub async fn cancel(
              parts_done, parts_total,
              -- This attempt's stage (one left by an earlier attempt or part is older than it).
              coalesce(state = 'running' AND stage IN ('waiting_for_provider', 'writing')
-                 AND stage_since >= (SELECT a.started_at FROM job_attempts a WHERE a.id = jobs.lease_token),
+                 AND stage_since >= claimed_at,
                  false) AS provider_call_in_flight,
              coalesce(state = 'running' AND stage = 'reading'
-                 AND stage_since >= (SELECT a.started_at FROM job_attempts a WHERE a.id = jobs.lease_token),
+                 AND stage_since >= claimed_at,
                  false) AS reading
          FROM jobs WHERE id = $1 FOR UPDATE",
     )
@@ -135,14 +135,16 @@ pub(crate) async fn end_requested(
         "WITH ended AS (
              UPDATE jobs j SET state = 'canceled', lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
                  finished_at = now(), updated_at = now()
-             FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
+             FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token) JOIN jobs o ON o.id = t.id
              WHERE j.id = t.id AND j.lease_token = t.token AND j.state = 'running'
                AND j.cancel_requested_at IS NOT NULL
-             RETURNING j.id, j.owner_id, j.cost, j.attempts, t.token
+             RETURNING j.id, j.owner_id, j.cost, j.attempts, t.token, o.lease_owner, j.claimed_at
          ),
+         -- The attempt's row, from the lease as the attempt left it (`o`: its worker).
          attempt_rows AS (
-             UPDATE job_attempts a SET finished_at = now(), outcome = 'canceled', error = $3
-             FROM ended e WHERE a.id = e.token
+             INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome, error)
+             SELECT e.token, e.id, e.attempts, coalesce(e.lease_owner, ''), coalesce(e.claimed_at, now()), now(), 'canceled', $3
+             FROM ended e
          )
          SELECT id, owner_id, cost, attempts FROM ended",
     )

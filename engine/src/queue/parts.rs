@@ -357,35 +357,36 @@ pub(crate) async fn requeue(
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
-    // Found by key, fenced by the lease token (which implies `running`), as `write_results` does.
+    // Found by key, fenced by the lease token (which implies `running`), as `write_results` does;
+    // `o` is the row as the attempt left it (its number and worker), for the attempt's row.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int8[]) AS t(id, token, next_est)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::int8[], $5::int8[])
+                 AS t(id, token, next_est, input_tokens, output_tokens)
+         ),
+         moved AS (
+             UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now(), est_input_tokens = i.next_est,
+                 extra_calls = 0, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
+                 updated_at = now()
+             FROM input i JOIN jobs o ON o.id = i.id
+             WHERE j.id = ANY($1) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
+             RETURNING j.id, i.token, o.attempts, o.lease_owner, j.claimed_at, i.input_tokens, i.output_tokens
+         ),
+         attempt_rows AS (
+             INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome,
+                                       input_tokens, output_tokens)
+             SELECT m.token, m.id, m.attempts, coalesce(m.lease_owner, ''), coalesce(m.claimed_at, now()), now(), 'succeeded',
+                    m.input_tokens, m.output_tokens
+             FROM moved m
          )
-         UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now(), est_input_tokens = i.next_est,
-             extra_calls = 0, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
-             updated_at = now()
-         FROM input i
-         WHERE j.id = ANY($1) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
-         RETURNING j.id",
+         SELECT id FROM moved",
     )
     .bind(&ids)
     .bind(&tokens)
     .bind(&next)
-    .fetch_all(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
-             input_tokens = t.input_tokens, output_tokens = t.output_tokens
-         FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::int8[]) AS t(id, token, input_tokens, output_tokens)
-         WHERE a.id = t.token AND t.id = ANY($5)",
-    )
-    .bind(&ids)
-    .bind(&tokens)
     .bind(&input_tokens)
     .bind(&output_tokens)
-    .bind(&moved)
-    .execute(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
     if !moved.is_empty() {
         super::notify_workers(tx).await?;

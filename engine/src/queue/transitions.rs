@@ -238,19 +238,23 @@ async fn write_results(tx: &mut PgConnection, items: &[(&ClaimedJob, &JobOutput)
              SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[])
                  AS t(id, token, result, input_tokens, output_tokens)
          ),
+         -- `o`: the row as the attempt left it (its worker), before this update clears the lease.
          done AS (
              UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
                  output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
                  lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
-             FROM input i
+             FROM input i JOIN jobs o ON o.id = i.id
              WHERE j.id = ANY($1) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
              RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens,
+                       o.lease_owner, j.claimed_at,
                        extract(epoch FROM j.finished_at - j.accepted_at)::float8 AS time_to_done
          ),
          attempt_rows AS (
-             UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded',
-                 input_tokens = d.input_tokens, output_tokens = d.output_tokens
-             FROM done d WHERE a.id = d.token
+             INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome,
+                                       input_tokens, output_tokens)
+             SELECT d.token, d.id, d.attempts, coalesce(d.lease_owner, ''), coalesce(d.claimed_at, now()), now(), 'succeeded',
+                    d.input_tokens, d.output_tokens
+             FROM done d
          )
          SELECT id, owner_id, cost, attempts, time_to_done FROM done",
     )
@@ -350,7 +354,13 @@ pub(crate) async fn apply_failure(
         super::cancel::end_requested(tx, hooks, &[(job.id, job.lease_token)], Some(&error.message)).await?;
         return Ok(Recorded::Canceled);
     }
-    let (outcome, recorded) = match decision {
+    let outcome = match decision {
+        Decision::Retry { .. } => AttemptOutcome::RetryScheduled,
+        Decision::Requeue => AttemptOutcome::PausedRequeue,
+        Decision::Fail(_) => AttemptOutcome::Failed,
+    };
+    end_attempts(tx, &[job.lease_token], outcome, Some(error)).await?;
+    let recorded = match decision {
         Decision::Retry { at, .. } => {
             sqlx::query(
                 "UPDATE jobs SET state = 'retrying', run_at = $2, last_error = $3, lease_token = NULL,
@@ -362,7 +372,7 @@ pub(crate) async fn apply_failure(
             .bind(&error.message)
             .execute(&mut *tx)
             .await?;
-            (AttemptOutcome::RetryScheduled, Recorded::Retrying { at })
+            Recorded::Retrying { at }
         }
         Decision::Requeue => {
             sqlx::query(
@@ -374,7 +384,7 @@ pub(crate) async fn apply_failure(
             .bind(&error.message)
             .execute(&mut *tx)
             .await?;
-            (AttemptOutcome::PausedRequeue, Recorded::Requeued)
+            Recorded::Requeued
         }
         Decision::Fail(kind) => {
             let mut terminal: TerminalJob = sqlx::query_as(
@@ -391,23 +401,38 @@ pub(crate) async fn apply_failure(
             .await?;
             terminal.failure = Some((kind, error.message.clone()));
             hooks.on_failed(&mut *tx, &terminal).await?;
-            (AttemptOutcome::Failed, Recorded::Failed(kind))
+            Recorded::Failed(kind)
         }
     };
+    Ok(recorded)
+}
+
+/// The attempts of these running jobs end with `outcome`: one row each, written from the job's
+/// lease (token, number, worker, start) before the transition that clears it. The caller
+/// holds the jobs' rows locked, so the transition that follows moves exactly these.
+pub(crate) async fn end_attempts(
+    tx: &mut PgConnection,
+    tokens: &[Uuid],
+    outcome: AttemptOutcome,
+    error: Option<&JobError>,
+) -> Result<()> {
     sqlx::query(
-        "UPDATE job_attempts SET finished_at = now(), outcome = $2, error_class = $3, error = $4,
-         provider_status = $5, retry_after_ms = $6, detail = $7 WHERE id = $1",
+        "INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome, error_class, error,
+                                   provider_status, retry_after_ms, detail)
+         SELECT j.lease_token, j.id, j.attempts, coalesce(j.lease_owner, ''), coalesce(j.claimed_at, now()), now(),
+                $2, $3, $4, $5, $6, $7
+         FROM jobs j WHERE j.lease_token = ANY($1) AND j.state = 'running'",
     )
-    .bind(job.lease_token)
+    .bind(tokens)
     .bind(outcome)
-    .bind(error.class)
-    .bind(&error.message)
-    .bind(error.provider_status.map(i32::from))
-    .bind(error.retry_after.map(|d| d.as_millis().min(i64::MAX as u128) as i64))
-    .bind(&error.detail)
+    .bind(error.map(|e| e.class))
+    .bind(error.map(|e| &e.message))
+    .bind(error.and_then(|e| e.provider_status).map(i32::from))
+    .bind(error.and_then(|e| e.retry_after).map(|d| d.as_millis().min(i64::MAX as u128) as i64))
+    .bind(error.and_then(|e| e.detail.as_ref()))
     .execute(&mut *tx)
     .await?;
-    Ok(recorded)
+    Ok(())
 }
 
 /// Give running jobs back to `queued` without using their attempt (graceful shutdown).
@@ -436,6 +461,7 @@ async fn give_back(pool: &PgPool, tokens: &[Uuid], never_started: bool) -> Resul
                 .fetch_all(&mut *tx)
                 .await?;
         super::enqueue::lock_entries(&mut tx, &ids).await?;
+        end_attempts(&mut tx, tokens, AttemptOutcome::HandedBack, None).await?;
     }
     let done = sqlx::query(
         "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = CASE WHEN $2 THEN run_at ELSE now() END,
@@ -446,12 +472,6 @@ async fn give_back(pool: &PgPool, tokens: &[Uuid], never_started: bool) -> Resul
     .bind(never_started)
     .execute(&mut *tx)
     .await?;
-    let attempts = if never_started {
-        "DELETE FROM job_attempts WHERE id = ANY($1) AND outcome IS NULL"
-    } else {
-        "UPDATE job_attempts SET finished_at = now(), outcome = 'handed_back' WHERE id = ANY($1) AND outcome IS NULL"
-    };
-    sqlx::query(attempts).bind(tokens).execute(&mut *tx).await?;
     super::notify_workers(&mut tx).await?;
     tx.commit().await?;
     Ok(done.rows_affected())
