@@ -11,6 +11,12 @@ ALTER TABLE jobs ADD COLUMN claimed_at timestamptz;
 LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
 UPDATE jobs j SET claimed_at = a.started_at FROM job_attempts a WHERE a.id = j.lease_token AND j.state = 'running';
 DELETE FROM job_attempts WHERE outcome IS NULL;
+-- A row is an ended attempt. This also stops a claim of the previous release that was already
+-- running the old function when this commits (it waited on the lock above) from writing an
+-- open row that the attempt's ending would then meet as a duplicate key: its insert fails, the
+-- claim is rolled back whole, and the worker claims again with the new function. Rows from
+-- before are not checked (NOT VALID): some ended attempts of old releases lack a finish time.
+ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_ended CHECK (outcome IS NOT NULL AND finished_at IS NOT NULL) NOT VALID;
 
 -- Rows are only inserted now: pages filled.
 ALTER TABLE job_attempts SET (fillfactor = 100);

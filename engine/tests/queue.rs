@@ -1024,4 +1024,11 @@ async fn an_attempts_row_is_written_once_when_it_ends_and_the_running_one_shows_
     // A stale worker's late result writes nothing: the lease is the fence.
     queue::complete(&pool, &NoHooks, &claimed[1], &JobOutput::default()).await.unwrap();
     assert_eq!(rows(pool.clone()).await, 3);
+    // A row is an ended attempt: an open one (as the previous release's claim wrote) is refused.
+    let open =
+        sqlx::query("INSERT INTO job_attempts (id, job_id, attempt, worker) VALUES (gen_random_uuid(), $1, 1, 'old')")
+            .bind(claimed[2].id)
+            .execute(&pool)
+            .await;
+    assert!(open.is_err(), "an open attempt row is refused");
 }

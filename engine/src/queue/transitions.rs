@@ -359,7 +359,7 @@ pub(crate) async fn apply_failure(
         Decision::Requeue => AttemptOutcome::PausedRequeue,
         Decision::Fail(_) => AttemptOutcome::Failed,
     };
-    end_attempts(tx, &[job.lease_token], outcome, Some(error)).await?;
+    end_attempts(tx, &[job.id], &[job.lease_token], outcome, Some(error)).await?;
     let recorded = match decision {
         Decision::Retry { at, .. } => {
             sqlx::query(
@@ -412,6 +412,7 @@ pub(crate) async fn apply_failure(
 /// holds the jobs' rows locked, so the transition that follows moves exactly these.
 pub(crate) async fn end_attempts(
     tx: &mut PgConnection,
+    ids: &[Uuid],
     tokens: &[Uuid],
     outcome: AttemptOutcome,
     error: Option<&JobError>,
@@ -420,9 +421,10 @@ pub(crate) async fn end_attempts(
         "INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome, error_class, error,
                                    provider_status, retry_after_ms, detail)
          SELECT j.lease_token, j.id, j.attempts, coalesce(j.lease_owner, ''), coalesce(j.claimed_at, now()), now(),
-                $2, $3, $4, $5, $6, $7
-         FROM jobs j WHERE j.lease_token = ANY($1) AND j.state = 'running'",
+                $3, $4, $5, $6, $7, $8
+         FROM jobs j WHERE j.id = ANY($1) AND j.lease_token = ANY($2) AND j.state = 'running'",
     )
+    .bind(ids)
     .bind(tokens)
     .bind(outcome)
     .bind(error.map(|e| e.class))
@@ -461,7 +463,7 @@ async fn give_back(pool: &PgPool, tokens: &[Uuid], never_started: bool) -> Resul
                 .fetch_all(&mut *tx)
                 .await?;
         super::enqueue::lock_entries(&mut tx, &ids).await?;
-        end_attempts(&mut tx, tokens, AttemptOutcome::HandedBack, None).await?;
+        end_attempts(&mut tx, &ids, tokens, AttemptOutcome::HandedBack, None).await?;
     }
     let done = sqlx::query(
         "UPDATE jobs SET state = 'queued', attempts = attempts - 1, run_at = CASE WHEN $2 THEN run_at ELSE now() END,
