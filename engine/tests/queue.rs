@@ -1004,7 +1004,8 @@ async fn an_attempts_row_is_written_once_when_it_ends_and_the_running_one_shows_
     let error = JobError::new(ErrorClass::ServerError, "the provider had an error (500)");
     queue::fail(&pool, &NoHooks, &RetryPolicy::default(), &claimed[1], &error).await.unwrap();
     queue::hand_back(&pool, &[claimed[2].lease_token]).await.unwrap();
-    let ended: Vec<(Uuid, Uuid, i32, String, chrono::DateTime<chrono::Utc>, String, Option<String>)> = sqlx::query_as(
+    type EndedRow = (Uuid, Uuid, i32, String, chrono::DateTime<chrono::Utc>, String, Option<String>);
+    let ended: Vec<EndedRow> = sqlx::query_as(
         "SELECT id, job_id, attempt, worker, started_at, outcome, error FROM job_attempts
          WHERE finished_at IS NOT NULL ORDER BY outcome",
     )
