@@ -24,6 +24,9 @@ pub struct ClaimedJob {
     pub lease_token: Uuid,
     /// Input tokens the claim reserved from the provider budget for this attempt.
     pub est_input_tokens: i64,
+    /// The worker that claimed it (the lease's owner), kept for the attempt's row.
+    #[sqlx(skip)]
+    pub worker: String,
     /// When the worker abandons the attempt (set by the worker as it starts it): long work
     /// inside one attempt, a document's parts, stops starting new calls well before it.
     #[sqlx(skip)]
@@ -38,12 +41,13 @@ pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Re
     if max <= 0 {
         return Ok(Vec::new());
     }
-    Ok(sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3)")
+    let jobs: Vec<ClaimedJob> = sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3)")
         .bind(max)
         .bind(worker)
         .bind(lease.as_secs_f64())
         .fetch_all(pool)
-        .await?)
+        .await?;
+    Ok(jobs.into_iter().map(|job| ClaimedJob { worker: worker.to_owned(), ..job }).collect())
 }
 
 /// What a worker pool's claim got: the jobs, and how many attempts the process may run at once
@@ -69,7 +73,7 @@ struct BatchRow {
 }
 
 impl BatchRow {
-    fn job(self) -> Option<ClaimedJob> {
+    fn job(self, worker: &str) -> Option<ClaimedJob> {
         Some(ClaimedJob {
             id: self.id?,
             owner_id: self.owner_id?,
@@ -79,6 +83,7 @@ impl BatchRow {
             max_attempts: self.max_attempts?,
             lease_token: self.lease_token?,
             est_input_tokens: self.est_input_tokens?,
+            worker: worker.to_owned(),
             deadline: None,
         })
     }
@@ -108,7 +113,7 @@ pub async fn claim_batch(
         .fetch_all(pool)
         .await?;
     let allowance = rows.last().map_or(0, |r| r.gate_allowance.max(0) as usize);
-    Ok(Batch { jobs: rows.into_iter().filter_map(BatchRow::job).collect(), allowance })
+    Ok(Batch { jobs: rows.into_iter().filter_map(|r| r.job(worker)).collect(), allowance })
 }
 
 /// Extend the leases of the given attempts (one statement for all of a worker's jobs).

@@ -113,11 +113,15 @@ const LOCAL_QUEUE_MAX: usize = 500;
 /// Result batches written at once: a slot is free before its result is written, so results
 /// may arrive faster than one transaction at a time could write them.
 const COMPLETION_WRITERS: usize = 2;
+/// How long the completer gathers results while attempts still run, before it writes (see
+/// [`gather`]).
+const COMPLETION_GATHER: Duration = Duration::from_millis(1);
 /// The default of [`WorkerConfig::fetched_ahead_wait`].
 pub const FETCHED_AHEAD_WAIT: Duration = Duration::from_millis(100);
 /// Results waiting to be written, past which no attempt starts: the completer is behind, and
-/// running ahead of it would only grow the rows every claim and write reads.
-const COMPLETING_MAX: usize = 512;
+/// running ahead of it would only grow the rows every claim and write reads. Room for two
+/// local queues' worth, so the jobs of one claim start while the last claim's are written.
+const COMPLETING_MAX: usize = 1024;
 /// The average attempt assumed before any has finished: long, so nothing is fetched ahead.
 const FIRST_ATTEMPT_GUESS_SECS: f64 = 1.0;
 
@@ -483,10 +487,34 @@ async fn complete_batches(shared: Arc<Shared>, mut completions: mpsc::UnboundedR
         if completions.recv_many(&mut batch, MAX_BATCH).await == 0 {
             break;
         }
+        let more_coming =
+            || shared.in_flight.load(Ordering::SeqCst) > 0 || shared.queued_locally.load(Ordering::SeqCst) > 0;
+        gather(&mut completions, &mut batch, MAX_BATCH, tokio::time::Instant::now() + COMPLETION_GATHER, more_coming)
+            .await;
         writing.spawn(write_batch(shared.clone(), batch, writer));
         while writing.try_join_next().is_some() {}
     }
     while writing.join_next().await.is_some() {}
+}
+
+/// Add to `batch` the results that come before `until`, up to `max`, for as long as
+/// `more_coming` says attempts still run: a burst is then written in a few large transactions
+/// rather than its first results one commit each (which held both writers while the rest piled
+/// up behind them). With nothing running, the batch is written at once.
+async fn gather<T>(
+    results: &mut mpsc::UnboundedReceiver<T>,
+    batch: &mut Vec<T>,
+    max: usize,
+    until: tokio::time::Instant,
+    more_coming: impl Fn() -> bool,
+) {
+    while batch.len() < max && more_coming() {
+        let room = max - batch.len();
+        match tokio::time::timeout_at(until, results.recv_many(batch, room)).await {
+            Ok(got) if got > 0 => {}
+            _ => return,
+        }
+    }
 }
 
 async fn write_batch(shared: Arc<Shared>, batch: Vec<Completion>, _writer: OwnedSemaphorePermit) {
@@ -704,8 +732,53 @@ pub async fn work_once(
 
 #[cfg(test)]
 mod tests {
-    use super::{local_queue_depth, LOCAL_QUEUE_MAX};
+    use super::{gather, local_queue_depth, LOCAL_QUEUE_MAX};
     use proptest::prelude::*;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    /// A burst: the first result now, the other 99 `later`.
+    fn burst(later: Duration) -> mpsc::UnboundedReceiver<u32> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(0).unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(later).await;
+            for n in 1..100 {
+                tx.send(n).unwrap();
+            }
+        });
+        rx
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn results_that_come_while_attempts_run_are_written_together() {
+        let mut results = burst(Duration::from_millis(1));
+        let mut batch = Vec::new();
+        results.recv_many(&mut batch, 256).await;
+        gather(&mut results, &mut batch, 256, Instant::now() + Duration::from_millis(5), || true).await;
+        assert_eq!(batch, (0..100).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gathering_stops_at_the_batch_size_at_the_deadline_and_when_nothing_runs() {
+        let mut batch = Vec::new();
+        let mut results = burst(Duration::from_millis(1));
+        results.recv_many(&mut batch, 256).await;
+        gather(&mut results, &mut batch, 40, Instant::now() + Duration::from_millis(5), || true).await;
+        assert_eq!(batch.len(), 40, "no more than a batch");
+
+        let (mut batch, mut results) = (Vec::new(), burst(Duration::from_millis(5)));
+        results.recv_many(&mut batch, 256).await;
+        gather(&mut results, &mut batch, 256, Instant::now() + Duration::from_millis(1), || true).await;
+        assert_eq!(batch, [0], "the rest came after the deadline");
+
+        let (mut batch, mut results) = (Vec::new(), burst(Duration::from_millis(1)));
+        results.recv_many(&mut batch, 256).await;
+        let started = Instant::now();
+        gather(&mut results, &mut batch, 256, started + Duration::from_millis(1), || false).await;
+        assert_eq!((batch.len(), started.elapsed()), (1, Duration::ZERO), "nothing running: written at once");
+    }
 
     #[test]
     fn long_attempts_are_never_fetched_ahead_and_short_ones_up_to_the_cap() {
