@@ -136,8 +136,9 @@ struct Shared {
     wake: Notify,
     /// Attempts whose processor runs (or whose failure is being recorded): the slots in use.
     in_flight: AtomicUsize,
-    /// Jobs fetched and waiting in memory, and results on their way to the database.
+    /// Jobs fetched and waiting in memory (the completer gathers results while any wait).
     queued_locally: AtomicUsize,
+    /// Results on their way to the database.
     completing: AtomicUsize,
     /// Processing was paused: what waits in memory goes back.
     paused: AtomicBool,
