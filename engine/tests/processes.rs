@@ -170,12 +170,14 @@ async fn three_processes_one_killed_holding_a_batch_lose_nothing_and_never_pass_
     let (peak, starts) = peak_across(&files, killed_ns);
     assert!(starts >= total as usize, "every job started at least once ({starts} starts)");
     assert!(peak <= GATE, "attempts across the processes peaked at {peak}");
-    // The probe sees attempts at once (one process alone runs at most 4), in every process.
+    // The probe sees attempts at once (one process alone runs at most 4), in the killed process
+    // and in those that took its jobs over. Not necessarily in both survivors: a process whose
+    // jobs fetched ahead fill the gate leaves the other none until they are done, and under a
+    // loaded machine that can last the whole drain (seen once in ten runs beside a busy loop).
     assert!(peak >= 4, "the probe saw the slots in use ({peak} at most)");
-    for file in &files {
-        let lines = std::fs::read_to_string(file).unwrap_or_default().lines().count();
-        assert!(lines > 0, "{} ran attempts", file.display());
-    }
+    let lines: Vec<usize> =
+        files.iter().map(|file| std::fs::read_to_string(file).unwrap_or_default().lines().count()).collect();
+    assert!(lines[0] > 0 && lines[1] + lines[2] > 0, "attempts seen in the victim and the survivors: {lines:?}");
     let _ = std::fs::remove_dir_all(&probes);
     pool.close().await;
 }

@@ -60,6 +60,41 @@ fn status(cmd: &mut Command, what: &str) -> Result {
     }
 }
 
+/// Runs `cargo test`, passing its output through, and returns the failed tests' lines
+/// (`test x ... FAILED`) and cargo's `to rerun pass` lines (a test binary that crashed has only
+/// the latter).
+fn tests_noting_failures(cmd: &mut Command) -> (Result, Vec<String>) {
+    use std::io::{BufRead, BufReader, Write};
+    fn pass_through(from: impl std::io::Read, mut to: impl Write, noted: &mut Vec<String>) {
+        for line in BufReader::new(from).lines().map_while(std::result::Result::ok) {
+            let _ = writeln!(to, "{line}");
+            let kept = line.trim();
+            if (kept.starts_with("test ") && kept.ends_with("FAILED")) || kept.contains("to rerun pass") {
+                noted.push(kept.to_string());
+            }
+        }
+    }
+    let mut child = match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+        Ok(child) => child,
+        Err(e) => return (Err(format!("cargo test: cannot start: {e}")), Vec::new()),
+    };
+    let (out, err) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+    let from_stderr = std::thread::spawn(move || {
+        let mut noted = Vec::new();
+        pass_through(err, std::io::stderr(), &mut noted);
+        noted
+    });
+    let mut noted = Vec::new();
+    pass_through(out, std::io::stdout(), &mut noted);
+    noted.extend(from_stderr.join().unwrap_or_default());
+    let result = match child.wait() {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("cargo test failed ({status})")),
+        Err(e) => Err(format!("cargo test: {e}")),
+    };
+    (result, noted)
+}
+
 fn output_of(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -296,6 +331,7 @@ fn test(args: &[String]) -> Result {
     // After `--`: passed to Playwright (a file or `-g pattern`), for iterating on one flow.
     let playwright_args: Vec<String> = args.iter().skip_while(|a| *a != "--").skip(1).cloned().collect();
     let mut steps: Vec<Step> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
     let started = Instant::now();
     ensure_system_packages(!skip_e2e)?;
     if !skip_e2e {
@@ -307,11 +343,11 @@ fn test(args: &[String]) -> Result {
 
     if !skip_rust {
         let t = Instant::now();
-        let rust = status(
+        let (rust, failed) = tests_noting_failures(
             cargo().args(["test", "--workspace", "--exclude", "xtask", "--no-fail-fast"]).env("DATABASE_URL", &url),
-            "cargo test",
         );
         steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
+        failures = failed;
     }
 
     if !skip_e2e {
@@ -322,6 +358,10 @@ fn test(args: &[String]) -> Result {
     eprintln!("\n== summary ({:.0?} in all)", started.elapsed());
     for step in &steps {
         eprintln!("  {} {:<40} {:>8.1?}", if step.ok { "PASS" } else { "FAIL" }, step.name, step.took);
+    }
+    // Repeated here because the browser suite's output pushes cargo's own list out of a log's tail.
+    for failure in &failures {
+        eprintln!("    {failure}");
     }
     if steps.iter().all(|s| s.ok) {
         Ok(())
