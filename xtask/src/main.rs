@@ -558,7 +558,7 @@ fn wait_healthy(port: u16) -> Result {
     Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
-/// `cargo xtask bench [queue|poll|upload|busy|parts] [-- options]`: release builds against a private Postgres.
+/// `cargo xtask bench [queue|shapes|poll|upload|busy|parts] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
     survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
@@ -566,6 +566,9 @@ fn bench(args: &[String]) -> Result {
     let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
     if which.is_none_or(|w| w == "queue") {
         queue_beside_graphile(&temp.cluster, &rest)?;
+    }
+    if which.is_none_or(|w| w == "shapes") {
+        storage_shapes(&temp.cluster)?;
     }
     if which.is_none_or(|w| w == "parts") {
         temp.cluster.create_database("bench_parts").map_err(|e| e.to_string())?;
@@ -602,6 +605,48 @@ fn bench(args: &[String]) -> Result {
         }
     }
     Ok(())
+}
+
+/// `bench/storage_shapes.sql`: what a drained job costs Postgres in Sluice's storage, in a narrow
+/// table of ready work, and in graphile-worker's shape with and without keeping the outcome, on
+/// one freshly migrated database (psql applies the migrations, as sqlx would, each in one
+/// transaction).
+fn storage_shapes(cluster: &pgcluster::Cluster) -> Result {
+    cluster.create_database("bench_shapes").map_err(|e| e.to_string())?;
+    let url = cluster.url("bench_shapes");
+    let psql = |file: &Path| {
+        status(
+            Command::new(cluster.bin_dir().join("psql"))
+                .args(["-X", "-q", "-1", "-v", "ON_ERROR_STOP=1", "-d", &url, "-f"])
+                .arg(file)
+                .stdout(Stdio::null()),
+            &format!("psql -f {}", file.display()),
+        )
+    };
+    let mut migrations: Vec<PathBuf> = std::fs::read_dir("engine/migrations")
+        .map_err(|e| format!("engine/migrations: {e}"))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
+        .collect();
+    migrations.sort();
+    for migration in &migrations {
+        psql(migration)?;
+    }
+    eprintln!("== storage shapes: Postgres's time a drained job, serially, in four shapes of queue storage");
+    // Not in one transaction: the procedures commit each half of a cycle.
+    status(
+        Command::new(cluster.bin_dir().join("psql")).args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            &url,
+            "-f",
+            "bench/storage_shapes.sql",
+        ]),
+        "the storage shapes benchmark",
+    )
 }
 
 /// The queue benchmark beside its reference, graphile-worker (pinned npm packages: 0.17.3 in
