@@ -113,13 +113,20 @@ async fn drain_owners(pool: &PgPool, jobs: usize, owners: usize) -> Drained {
     let started = Instant::now();
     let (own, postgres) = (cpu::own(), cpu::postgres());
     let workers = WorkerPool::start(pool.clone(), config(), Arc::new(noop), Arc::new(NoHooks));
-    // Cheap to ask (partial indexes), so polling does not steal the machine's two cores.
+    // Asked of the partial indexes of waiting and running jobs, so polling does not steal the
+    // machine's two cores: one condition over all three states read the whole table, 2.4 ms a
+    // poll (132 ms of Postgres in a drain of 20,000 jobs, where graphile-worker's poll cost it
+    // next to nothing). Scalar subqueries in the indexes' order, because the planner drops an
+    // EXISTS's order and then, its statistics taken before the drain, reads the table.
     loop {
-        let busy: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN ('queued', 'retrying', 'running'))")
-                .fetch_one(pool)
-                .await
-                .unwrap();
+        let busy: bool = sqlx::query_scalar(
+            "SELECT (SELECT 1 FROM jobs WHERE state IN ('queued', 'retrying') ORDER BY fair_tag, run_at, id LIMIT 1)
+                        IS NOT NULL
+                 OR (SELECT 1 FROM jobs WHERE state = 'running' ORDER BY lease_expires_at LIMIT 1) IS NOT NULL",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
         if !busy {
             break;
         }
