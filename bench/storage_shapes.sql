@@ -12,15 +12,18 @@
 --   D  C's claim, and an end that keeps what Sluice keeps without touching a wide row: the
 --      narrow row deleted, the outcome (result, finish) and the attempt row inserted.
 --
--- `cargo xtask bench shapes` runs it on a private cluster's freshly migrated database. It refuses
--- a database with jobs (it empties the jobs table again when done).
+-- `cargo xtask bench shapes` runs it on a private cluster's freshly migrated database, named
+-- bench_shapes; it refuses any other, and one with jobs.
 
 \set ON_ERROR_STOP on
 DO $$ BEGIN
-    IF EXISTS (SELECT 1 FROM jobs) THEN
-        RAISE EXCEPTION 'storage_shapes.sql empties the jobs table: run it on a fresh database';
+    IF current_database() <> 'bench_shapes' OR EXISTS (SELECT 1 FROM jobs) THEN
+        RAISE EXCEPTION 'storage_shapes.sql changes settings and empties the jobs table: run it on a fresh database named bench_shapes';
     END IF;
 END $$;
+-- Every commit alike: A's claim commits without waiting for the WAL's flush (`sluice_claim`),
+-- so all of them do, and the figures are the statements' cost, not the disk's.
+SET synchronous_commit = off;
 
 UPDATE queue_settings SET gate_size = 70;
 
@@ -44,6 +47,8 @@ CREATE TABLE shape_graphile (
 CREATE UNIQUE INDEX shape_graphile_key ON shape_graphile (key) INCLUDE (id);
 CREATE INDEX shape_graphile_main ON shape_graphile (priority, run_at) INCLUDE (id, task_id, job_queue_id)
     WHERE is_available = true;
+-- D's: the same, apart, so neither claim walks the other's entries.
+CREATE TABLE shape_kept (LIKE shape_graphile INCLUDING ALL);
 
 -- D's outcomes, written once (the job's wide row untouched).
 CREATE TABLE shape_outcomes (job_id bigint PRIMARY KEY, state text NOT NULL, result jsonb, input_tokens bigint,
@@ -60,10 +65,12 @@ INSERT INTO jobs (owner_id, kind, payload) SELECT g % 100 + 1, 'job', '{"n":1}' 
 INSERT INTO jobs (owner_id, kind, payload, run_at)
     SELECT g % 100 + 1, 'job', '{"n":1}', now() + interval '1 year' FROM generate_series(1, 40000) g;
 INSERT INTO shape_ready SELECT id, fair_tag, now(), est_input_tokens FROM jobs WHERE run_at > now() + interval '300 days';
-INSERT INTO shape_graphile (task_id, payload, job_queue_id) SELECT 1, '{"n":1}', g % 2 FROM generate_series(1, 80000) g;
+INSERT INTO shape_graphile (task_id, payload) SELECT 1, '{"n":1}' FROM generate_series(1, 40000);
+INSERT INTO shape_kept (task_id, payload) SELECT 1, '{"n":1}' FROM generate_series(1, 40000);
 VACUUM ANALYZE jobs;
 VACUUM ANALYZE shape_ready;
 VACUUM ANALYZE shape_graphile;
+VACUUM ANALYZE shape_kept;
 CHECKPOINT;
 
 CREATE PROCEDURE shape_a(n int, INOUT claim_ms float8, INOUT done_ms float8) LANGUAGE plpgsql AS $$
@@ -125,29 +132,47 @@ BEGIN
     done_ms := done_ms + extract(epoch FROM clock_timestamp() - t1) * 1000;
 END $$;
 
--- C and D take their halves of one table (`job_queue_id` 0 and 1).
-CREATE PROCEDURE shape_c(n int, keep boolean, INOUT claim_ms float8, INOUT done_ms float8) LANGUAGE plpgsql AS $$
-DECLARE ids bigint[]; t0 timestamptz; t1 timestamptz; queue int := keep::int;
+-- graphile-worker's claim (its getJobs, batched), on C's table or D's.
+CREATE FUNCTION shape_graphile_claim(jobs_table regclass, n int) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE ids bigint[];
+BEGIN
+    EXECUTE format(
+        'WITH picked AS (
+             SELECT g.id FROM %1$s g
+             WHERE g.is_available = true AND g.run_at <= now() AND g.task_id = ANY(''{1}''::int[])
+             ORDER BY g.priority, g.run_at LIMIT $1 FOR UPDATE SKIP LOCKED),
+         locked AS (
+             UPDATE %1$s g SET attempts = g.attempts + 1, locked_by = ''shapes'', locked_at = now()
+             FROM picked WHERE g.id = picked.id RETURNING g.*)
+         SELECT array_agg(l.id) FROM locked l', jobs_table) INTO ids USING n;
+    RETURN ids;
+END $$;
+
+CREATE PROCEDURE shape_c(n int, INOUT claim_ms float8, INOUT done_ms float8) LANGUAGE plpgsql AS $$
+DECLARE ids bigint[]; t0 timestamptz; t1 timestamptz;
 BEGIN
     t0 := clock_timestamp();
-    WITH picked AS (
-        SELECT g.id FROM shape_graphile g
-        WHERE g.is_available = true AND g.run_at <= now() AND g.task_id = ANY('{1}'::int[]) AND g.job_queue_id = queue
-        ORDER BY g.priority, g.run_at LIMIT n FOR UPDATE SKIP LOCKED),
-    locked AS (
-        UPDATE shape_graphile g SET attempts = g.attempts + 1, locked_by = 'shapes', locked_at = now()
-        FROM picked WHERE g.id = picked.id RETURNING g.*)
-    SELECT array_agg(l.id) INTO ids FROM locked l;
+    ids := shape_graphile_claim('shape_graphile', n);
     COMMIT;
     t1 := clock_timestamp();
-    IF keep THEN
-        WITH ended AS (DELETE FROM shape_graphile WHERE id = ANY(ids) RETURNING id, attempts, locked_at),
-        outcomes AS (INSERT INTO shape_outcomes SELECT e.id, 'done', '{"ok":true}', 1, 1, now() FROM ended e)
-        INSERT INTO shape_attempts SELECT gen_random_uuid(), e.id, e.attempts, 'shapes', e.locked_at, now(), 'succeeded'
-        FROM ended e;
-    ELSE
-        DELETE FROM shape_graphile WHERE id = ANY(ids);
-    END IF;
+    DELETE FROM shape_graphile WHERE id = ANY(ids);
+    COMMIT;
+    claim_ms := claim_ms + extract(epoch FROM t1 - t0) * 1000;
+    done_ms := done_ms + extract(epoch FROM clock_timestamp() - t1) * 1000;
+END $$;
+
+-- C's claim on D's table; the end keeps the outcome and the attempt.
+CREATE PROCEDURE shape_d(n int, INOUT claim_ms float8, INOUT done_ms float8) LANGUAGE plpgsql AS $$
+DECLARE ids bigint[]; t0 timestamptz; t1 timestamptz;
+BEGIN
+    t0 := clock_timestamp();
+    ids := shape_graphile_claim('shape_kept', n);
+    COMMIT;
+    t1 := clock_timestamp();
+    WITH ended AS (DELETE FROM shape_kept WHERE id = ANY(ids) RETURNING id, attempts, locked_at),
+    outcomes AS (INSERT INTO shape_outcomes SELECT e.id, 'done', '{"ok":true}', 1, 1, now() FROM ended e)
+    INSERT INTO shape_attempts SELECT gen_random_uuid(), e.id, e.attempts, 'shapes', e.locked_at, now(), 'succeeded'
+    FROM ended e;
     COMMIT;
     claim_ms := claim_ms + extract(epoch FROM t1 - t0) * 1000;
     done_ms := done_ms + extract(epoch FROM clock_timestamp() - t1) * 1000;
@@ -162,8 +187,8 @@ BEGIN
         FOR i IN 1..16 LOOP
             CALL shape_a(500, a_c, a_d);
             CALL shape_b(500, b_c, b_d);
-            CALL shape_c(500, false, c_c, c_d);
-            CALL shape_c(500, true, d_c, d_d);
+            CALL shape_c(500, c_c, c_d);
+            CALL shape_d(500, d_c, d_d);
         END LOOP;
         RAISE NOTICE 'round %: A claim % + end % = % | B % + % = % | C % + % = % | D % + % = % (µs a job); '
                      'against C: A %x, B %x, D %x', round,
@@ -176,6 +201,7 @@ BEGIN
     END LOOP;
 END $$;
 
-DROP PROCEDURE shape_a, shape_b, shape_c;
-DROP TABLE shape_ready, shape_leases, shape_graphile, shape_outcomes, shape_attempts;
+DROP PROCEDURE shape_a, shape_b, shape_c, shape_d;
+DROP FUNCTION shape_graphile_claim;
+DROP TABLE shape_ready, shape_leases, shape_graphile, shape_kept, shape_outcomes, shape_attempts;
 DELETE FROM jobs;

@@ -65,33 +65,51 @@ fn status(cmd: &mut Command, what: &str) -> Result {
 /// the latter).
 fn tests_noting_failures(cmd: &mut Command) -> (Result, Vec<String>) {
     use std::io::{BufRead, BufReader, Write};
-    fn pass_through(from: impl std::io::Read, mut to: impl Write, noted: &mut Vec<String>) {
-        for line in BufReader::new(from).lines().map_while(std::result::Result::ok) {
-            let _ = writeln!(to, "{line}");
-            let kept = line.trim();
+    use std::sync::{mpsc, Arc, Mutex};
+    // Bytes go through as they came (a line that is not UTF-8 must not stop the reading).
+    fn pass_through(from: impl std::io::Read, mut to: impl Write, noted: &Mutex<Vec<String>>) {
+        let (mut from, mut line) = (BufReader::new(from), Vec::new());
+        while from.read_until(b'\n', &mut line).is_ok_and(|read| read > 0) {
+            let _ = to.write_all(&line);
+            let text = String::from_utf8_lossy(&line);
+            let kept = text.trim();
             if (kept.starts_with("test ") && kept.ends_with("FAILED")) || kept.contains("to rerun pass") {
-                noted.push(kept.to_string());
+                noted.lock().unwrap_or_else(|e| e.into_inner()).push(kept.to_string());
             }
+            line.clear();
         }
     }
     let mut child = match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
         Ok(child) => child,
         Err(e) => return (Err(format!("cargo test: cannot start: {e}")), Vec::new()),
     };
+    let noted = Arc::new(Mutex::new(Vec::new()));
+    let (finished, readers_done) = mpsc::channel();
     let (out, err) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
-    let from_stderr = std::thread::spawn(move || {
-        let mut noted = Vec::new();
-        pass_through(err, std::io::stderr(), &mut noted);
-        noted
-    });
-    let mut noted = Vec::new();
-    pass_through(out, std::io::stdout(), &mut noted);
-    noted.extend(from_stderr.join().unwrap_or_default());
+    for (from, to) in [(Box::new(out) as Box<dyn std::io::Read + Send>, false), (Box::new(err), true)] {
+        let (noted, finished) = (noted.clone(), finished.clone());
+        std::thread::spawn(move || {
+            if to {
+                pass_through(from, std::io::stderr(), &noted);
+            } else {
+                pass_through(from, std::io::stdout(), &noted);
+            }
+            let _ = finished.send(());
+        });
+    }
     let result = match child.wait() {
         Ok(status) if status.success() => Ok(()),
         Ok(status) => Err(format!("cargo test failed ({status})")),
         Err(e) => Err(format!("cargo test: {e}")),
     };
+    // A server a crashed test left behind may hold the pipes open: cargo's end is the end.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for _ in 0..2 {
+        if readers_done.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_err() {
+            break;
+        }
+    }
+    let noted = noted.lock().unwrap_or_else(|e| e.into_inner()).clone();
     (result, noted)
 }
 
