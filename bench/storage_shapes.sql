@@ -148,31 +148,24 @@ BEGIN
     RETURN ids;
 END $$;
 
-CREATE PROCEDURE shape_c(n int, INOUT claim_ms float8, INOUT done_ms float8) LANGUAGE plpgsql AS $$
+-- C (`keep` false: the end deletes the narrow row) and D (`keep`: the end keeps the outcome and
+-- the attempt), each on its own table.
+CREATE PROCEDURE shape_narrow(n int, keep boolean, INOUT claim_ms float8, INOUT done_ms float8)
+LANGUAGE plpgsql AS $$
 DECLARE ids bigint[]; t0 timestamptz; t1 timestamptz;
 BEGIN
     t0 := clock_timestamp();
-    ids := shape_graphile_claim('shape_graphile', n);
+    ids := shape_graphile_claim(CASE WHEN keep THEN 'shape_kept' ELSE 'shape_graphile' END, n);
     COMMIT;
     t1 := clock_timestamp();
-    DELETE FROM shape_graphile WHERE id = ANY(ids);
-    COMMIT;
-    claim_ms := claim_ms + extract(epoch FROM t1 - t0) * 1000;
-    done_ms := done_ms + extract(epoch FROM clock_timestamp() - t1) * 1000;
-END $$;
-
--- C's claim on D's table; the end keeps the outcome and the attempt.
-CREATE PROCEDURE shape_d(n int, INOUT claim_ms float8, INOUT done_ms float8) LANGUAGE plpgsql AS $$
-DECLARE ids bigint[]; t0 timestamptz; t1 timestamptz;
-BEGIN
-    t0 := clock_timestamp();
-    ids := shape_graphile_claim('shape_kept', n);
-    COMMIT;
-    t1 := clock_timestamp();
-    WITH ended AS (DELETE FROM shape_kept WHERE id = ANY(ids) RETURNING id, attempts, locked_at),
-    outcomes AS (INSERT INTO shape_outcomes SELECT e.id, 'done', '{"ok":true}', 1, 1, now() FROM ended e)
-    INSERT INTO shape_attempts SELECT gen_random_uuid(), e.id, e.attempts, 'shapes', e.locked_at, now(), 'succeeded'
-    FROM ended e;
+    IF keep THEN
+        WITH ended AS (DELETE FROM shape_kept WHERE id = ANY(ids) RETURNING id, attempts, locked_at),
+        outcomes AS (INSERT INTO shape_outcomes SELECT e.id, 'done', '{"ok":true}', 1, 1, now() FROM ended e)
+        INSERT INTO shape_attempts SELECT gen_random_uuid(), e.id, e.attempts, 'shapes', e.locked_at, now(), 'succeeded'
+        FROM ended e;
+    ELSE
+        DELETE FROM shape_graphile WHERE id = ANY(ids);
+    END IF;
     COMMIT;
     claim_ms := claim_ms + extract(epoch FROM t1 - t0) * 1000;
     done_ms := done_ms + extract(epoch FROM clock_timestamp() - t1) * 1000;
@@ -187,8 +180,8 @@ BEGIN
         FOR i IN 1..16 LOOP
             CALL shape_a(500, a_c, a_d);
             CALL shape_b(500, b_c, b_d);
-            CALL shape_c(500, c_c, c_d);
-            CALL shape_d(500, d_c, d_d);
+            CALL shape_narrow(500, false, c_c, c_d);
+            CALL shape_narrow(500, true, d_c, d_d);
         END LOOP;
         RAISE NOTICE 'round %: A claim % + end % = % | B % + % = % | C % + % = % | D % + % = % (µs a job); '
                      'against C: A %x, B %x, D %x', round,
@@ -201,7 +194,7 @@ BEGIN
     END LOOP;
 END $$;
 
-DROP PROCEDURE shape_a, shape_b, shape_c, shape_d;
+DROP PROCEDURE shape_a, shape_b, shape_narrow;
 DROP FUNCTION shape_graphile_claim;
 DROP TABLE shape_ready, shape_leases, shape_graphile, shape_kept, shape_outcomes, shape_attempts;
 DELETE FROM jobs;

@@ -86,14 +86,12 @@ fn tests_noting_failures(cmd: &mut Command) -> (Result, Vec<String>) {
     let noted = Arc::new(Mutex::new(Vec::new()));
     let (finished, readers_done) = mpsc::channel();
     let (out, err) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
-    for (from, to) in [(Box::new(out) as Box<dyn std::io::Read + Send>, false), (Box::new(err), true)] {
+    let pipes: [(Box<dyn std::io::Read + Send>, Box<dyn Write + Send>); 2] =
+        [(Box::new(out), Box::new(std::io::stdout())), (Box::new(err), Box::new(std::io::stderr()))];
+    for (from, to) in pipes {
         let (noted, finished) = (noted.clone(), finished.clone());
         std::thread::spawn(move || {
-            if to {
-                pass_through(from, std::io::stderr(), &noted);
-            } else {
-                pass_through(from, std::io::stdout(), &noted);
-            }
+            pass_through(from, to, &noted);
             let _ = finished.send(());
         });
     }
@@ -627,29 +625,14 @@ fn bench(args: &[String]) -> Result {
 
 /// `bench/storage_shapes.sql`: what a drained job costs Postgres in Sluice's storage, in a narrow
 /// table of ready work, and in graphile-worker's shape with and without keeping the outcome, on
-/// one freshly migrated database (psql applies the migrations, as sqlx would, each in one
-/// transaction).
+/// one database the server's own `migrate` has just made.
 fn storage_shapes(cluster: &pgcluster::Cluster) -> Result {
     cluster.create_database("bench_shapes").map_err(|e| e.to_string())?;
     let url = cluster.url("bench_shapes");
-    let psql = |file: &Path| {
-        status(
-            Command::new(cluster.bin_dir().join("psql"))
-                .args(["-X", "-q", "-1", "-v", "ON_ERROR_STOP=1", "-d", &url, "-f"])
-                .arg(file)
-                .stdout(Stdio::null()),
-            &format!("psql -f {}", file.display()),
-        )
-    };
-    let mut migrations: Vec<PathBuf> = std::fs::read_dir("engine/migrations")
-        .map_err(|e| format!("engine/migrations: {e}"))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
-        .collect();
-    migrations.sort();
-    for migration in &migrations {
-        psql(migration)?;
-    }
+    status(
+        cargo().args(["run", "--quiet", "--release", "--package", "server", "--", "migrate"]).env("DATABASE_URL", &url),
+        "server migrate",
+    )?;
     eprintln!("== storage shapes: Postgres's time a drained job, serially, in four shapes of queue storage");
     // Not in one transaction: the procedures commit each half of a cycle.
     status(
