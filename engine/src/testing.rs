@@ -518,7 +518,7 @@ pub fn peak_rss_mib() -> usize {
 /// done exactly once, whatever crashed on the way.
 pub async fn jobs_done_twice(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
+        "SELECT count(*) FROM (SELECT job_id FROM attempt_history WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
     )
     .fetch_one(pool)
     .await

@@ -158,7 +158,7 @@ async fn a_summary_too_long_for_one_call_is_mapped_then_reduced_by_the_local_pro
     // Each part and each combining step was done by exactly one successful attempt.
     let (parts, succeeded): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM job_parts WHERE job_id = $1 AND output IS NOT NULL),
-                (SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome = 'succeeded')",
+                (SELECT count(*) FROM attempt_history WHERE job_id = $1 AND outcome = 'succeeded')",
     )
     .bind(job)
     .fetch_one(&pool)
@@ -251,7 +251,7 @@ async fn an_answer_cut_at_its_limit_is_never_a_success_the_text_is_redone_in_hal
     seen.dedup();
     assert_eq!(seen, (1..=12).collect::<Vec<_>>(), "every paragraph, in order: {numbers:?}");
     assert_eq!(numbers.len(), 36);
-    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts WHERE job_id = $1")
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempt_history WHERE job_id = $1")
         .bind(job)
         .fetch_one(&pool)
         .await
@@ -259,7 +259,7 @@ async fn an_answer_cut_at_its_limit_is_never_a_success_the_text_is_redone_in_hal
     assert_eq!(attempts, 1, "no attempt used by the cut");
     assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit, nothing more");
     let (input, output): (Option<i64>, Option<i64>) =
-        sqlx::query_as("SELECT input_tokens, output_tokens FROM job_attempts WHERE job_id = $1")
+        sqlx::query_as("SELECT input_tokens, output_tokens FROM attempt_history WHERE job_id = $1")
             .bind(job)
             .fetch_one(&pool)
             .await

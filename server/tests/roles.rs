@@ -361,7 +361,7 @@ async fn a_worker_killed_mid_document_never_redoes_a_finished_part() {
     // The second worker's one claim did the rest (the parts side by side, then combining);
     // the provider saw each part finished before the kill once, and no part more than twice.
     let succeeded: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome = 'succeeded'")
+        sqlx::query_scalar("SELECT count(*) FROM attempt_history WHERE job_id = $1 AND outcome = 'succeeded'")
             .bind(id)
             .fetch_one(&pool)
             .await
@@ -466,7 +466,7 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
     assert!(operator(&url, &data, &["resume", "--reason", "topology test"]).status.success());
     // Attempts ended, and those running (an attempt's row is written when it ends).
     let both_claimed = "SELECT count(DISTINCT worker) >= 2
-                        FROM (SELECT worker FROM job_attempts UNION SELECT lease_owner FROM jobs WHERE state = 'running') w";
+                        FROM (SELECT worker FROM attempt_history UNION SELECT lease_owner FROM jobs WHERE state = 'running') w";
     assert!(wait_until(Duration::from_secs(60), &pool, both_claimed).await, "both workers claim");
     let doomed_busy = format!(
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'running' AND stage = 'waiting_for_provider' AND lease_owner LIKE '%-{}-%')",
@@ -480,7 +480,7 @@ async fn one_web_and_two_workers_on_one_postgres_and_s3_lose_nothing_when_a_work
     assert!(most_running <= GATE, "the gate ({GATE}) held across the processes: {most_running} ran at once");
     assert!(most_running >= 2, "jobs did run side by side ({most_running})");
     let survivor_finished: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM job_attempts WHERE outcome = 'succeeded' AND worker LIKE '%-' || $1::text || '-%'",
+        "SELECT count(*) FROM attempt_history WHERE outcome = 'succeeded' AND worker LIKE '%-' || $1::text || '-%'",
     )
     .bind(survivor.child.id().to_string())
     .fetch_one(&pool)

@@ -66,7 +66,7 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
          LEFT JOIN blob_store_space s ON s.checked_at > now() - interval '5 minutes'
          CROSS JOIN (SELECT count(*) FILTER (WHERE outcome = 'succeeded' OR error_class IN {PROVIDER_FAILURES}) AS calls,
                       count(*) FILTER (WHERE error_class IN {PROVIDER_FAILURES}) AS failures
-               FROM job_attempts WHERE finished_at > now() - interval '15 minutes') a"
+               FROM attempt_history WHERE finished_at > now() - interval '15 minutes') a"
     ))
     .fetch_one(pool)
     .await?;

@@ -316,7 +316,7 @@ pub async fn attempt_stats(pool: &PgPool, days: u32) -> Result<Vec<AttemptStats>
                     ORDER BY extract(epoch FROM a.finished_at - a.started_at)::float8),
                 percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.input_tokens::float8),
                 percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY a.output_tokens::float8)
-         FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+         FROM attempt_history a JOIN jobs j ON j.id = a.job_id
          WHERE a.outcome = 'succeeded' AND a.finished_at > now() - make_interval(days => $1)
          GROUP BY GROUPING SETS ((j.payload->>'preset'), ())
          ORDER BY GROUPING(j.payload->>'preset') DESC, 1",

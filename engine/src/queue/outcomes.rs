@@ -84,7 +84,7 @@ pub async fn read(pool: &PgPool, period: Period, count: u32) -> Result<Vec<Outco
                     coalesce(sum(output_tokens) FILTER (WHERE outcome = 'succeeded'), 0) AS out_ok,
                     coalesce(sum(input_tokens) FILTER (WHERE outcome <> 'succeeded'), 0) AS in_failed,
                     coalesce(sum(output_tokens) FILTER (WHERE outcome <> 'succeeded'), 0) AS out_failed
-             FROM job_attempts WHERE finished_at >= (SELECT at FROM since) GROUP BY 1
+             FROM attempt_history WHERE finished_at >= (SELECT at FROM since) GROUP BY 1
          )
          SELECT p.start, coalesce(e.done, 0) AS done, coalesce(e.failed, 0) AS failed,
                 coalesce(m.charged, 0)::int8 AS credits_charged, coalesce(m.refunded, 0)::int8 AS credits_refunded,

@@ -227,8 +227,9 @@ async fn write_results(tx: &mut PgConnection, items: &[(&ClaimedJob, &JobOutput)
     let results: Vec<Value> = items.iter().map(|(_, o)| o.result.clone()).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.input_tokens).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(_, o)| o.output_tokens).collect();
-    // The attempt's worker comes with the job (the lease's owner), not from a second read of
-    // each row as the attempt left it.
+    // The successful attempt is kept on the job's row (its token and worker; the rest the row
+    // holds already), not as a row of `job_attempts`: `attempt_history` shows both. Its worker
+    // comes with the claimed job (the lease's owner), not from a second read of the row.
     let workers: Vec<&str> = items.iter().map(|(j, _)| j.worker.as_str()).collect();
     // Found by key: a matching lease token means the job runs (`jobs_check`), so no state test,
     // which let the planner read the running jobs' index (its statistics taken when none ran)
@@ -237,28 +238,15 @@ async fn write_results(tx: &mut PgConnection, items: &[(&ClaimedJob, &JobOutput)
     // batch of 256 at 20,000 jobs, against 1 ms by key).
     sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(&mut *tx).await?;
     let done = sqlx::query_as(
-        "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[], $6::text[])
-                 AS t(id, token, result, input_tokens, output_tokens, worker)
-         ),
-         done AS (
-             UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
-                 output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
-                 lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
-             FROM input i
-             WHERE j.id = ANY($1) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
-             RETURNING j.id, j.owner_id, j.cost, j.attempts, i.token, i.input_tokens, i.output_tokens,
-                       i.worker, j.claimed_at,
-                       extract(epoch FROM j.finished_at - j.accepted_at)::float8 AS time_to_done
-         ),
-         attempt_rows AS (
-             INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome,
-                                       input_tokens, output_tokens)
-             SELECT d.token, d.id, d.attempts, d.worker, coalesce(d.claimed_at, now()), now(), 'succeeded',
-                    d.input_tokens, d.output_tokens
-             FROM done d
-         )
-         SELECT id, owner_id, cost, attempts, time_to_done FROM done",
+        "UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
+             output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
+             lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now(),
+             done_attempt = i.token, done_worker = i.worker
+         FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[], $6::text[])
+             AS i(id, token, result, input_tokens, output_tokens, worker)
+         WHERE j.id = ANY($1) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
+         RETURNING j.id, j.owner_id, j.cost, j.attempts,
+                   extract(epoch FROM j.finished_at - j.accepted_at)::float8 AS time_to_done",
     )
     .bind(&ids)
     .bind(&tokens)

@@ -312,13 +312,13 @@ pub struct AttemptView {
     pub output_tokens: Option<i64>,
 }
 
-/// A job's attempts, oldest first: those ended, and the one running (its lease: an attempt's
-/// row is written when it ends).
+/// A job's attempts, oldest first: those ended (`attempt_history`: a successful one is kept on
+/// the job's row), and the one running (its lease: an attempt's row is written when it ends).
 pub async fn attempts(pool: &PgPool, job_id: Uuid) -> Result<Vec<AttemptView>> {
     Ok(sqlx::query_as(
         "SELECT id, attempt, worker, started_at, finished_at, outcome, error_class, error, detail, provider_status,
                 retry_after_ms, input_tokens, output_tokens
-         FROM job_attempts WHERE job_id = $1
+         FROM attempt_history WHERE job_id = $1
          UNION ALL
          SELECT lease_token, attempts, lease_owner, coalesce(claimed_at, now()), NULL, NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL
