@@ -3,7 +3,8 @@
 -- jobs and then ends them, each half committed; the figures are wall-clock µs a job.
 --
 --   A  Sluice as it is: `sluice_claim` (fair order, gate, budget) updates the job's row to
---      running; the completion updates it to done with its result and inserts the attempt row.
+--      running; the completion updates it to done with its result and the successful
+--      attempt's token and worker (issue 38's eighth step: no attempt row for a success).
 --   B  A narrow table of ready work beside the jobs: the claim deletes from it and inserts a
 --      lease; the completion deletes the lease, updates the job's row once (done, its result,
 --      its attempt count) and inserts the attempt row.
@@ -82,16 +83,13 @@ BEGIN
     COMMIT;
     t1 := clock_timestamp();
     -- The completion's statement (`queue::transitions::write_results`).
-    WITH input AS (SELECT * FROM unnest(ids, tokens) AS t(id, token)),
-    done AS (
+    WITH done AS (
         UPDATE jobs j SET state = 'done', result = '{"ok":true}', input_tokens = 1, output_tokens = 1,
             lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
-            finished_at = now(), updated_at = now()
-        FROM input i WHERE j.id = ANY(ids) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
-        RETURNING j.id, j.attempts, i.token, j.claimed_at),
-    attempt_rows AS (
-        INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome, input_tokens, output_tokens)
-        SELECT d.token, d.id, d.attempts, 'shapes', coalesce(d.claimed_at, now()), now(), 'succeeded', 1, 1 FROM done d)
+            finished_at = now(), updated_at = now(), done_attempt = i.token, done_worker = 'shapes'
+        FROM unnest(ids, tokens) AS i(id, token)
+        WHERE j.id = ANY(ids) AND j.id = i.id AND j.lease_token = i.token AND j.cancel_requested_at IS NULL
+        RETURNING j.id)
     SELECT count(*) INTO x FROM done;
     COMMIT;
     claim_ms := claim_ms + extract(epoch FROM t1 - t0) * 1000;

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::queue::hooks::{HookResult, NoHooks, TerminalHooks, TerminalJob};
 use crate::queue::policy::retry::RetryPolicy;
 use crate::queue::worker::WorkerConfig;
 use crate::{FailureKind, JobState};
@@ -514,11 +515,45 @@ pub fn peak_rss_mib() -> usize {
     line.split_whitespace().nth(1).and_then(|kb| kb.parse::<usize>().ok()).expect("a number") / 1024
 }
 
-/// Jobs with more than one successful attempt (a result recorded twice): 0 when every job was
-/// done exactly once, whatever crashed on the way.
+/// Done hooks that log every job written as done, in the transition's own transaction, to the
+/// table [`log_done_writes`] makes. A job's row keeps one success, which a second write would
+/// overwrite: the log is what shows a result recorded twice.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogDone;
+
+impl TerminalHooks for LogDone {
+    fn on_done<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO test_done_writes (job_id) VALUES ($1)").bind(job.id).execute(tx).await?;
+            Ok(())
+        })
+    }
+    fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        NoHooks.on_failed(tx, job)
+    }
+    fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        NoHooks.on_replayed(tx, job)
+    }
+    fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+        NoHooks.on_canceled(tx, job)
+    }
+}
+
+/// Make the table [`LogDone`] writes to (before any worker with those hooks starts).
+pub async fn log_done_writes(pool: &PgPool) {
+    sqlx::query("CREATE TABLE IF NOT EXISTS test_done_writes (job_id uuid NOT NULL)").execute(pool).await.unwrap();
+}
+
+/// Jobs written as done more than once (a result recorded twice) by workers with [`LogDone`]
+/// hooks, or with two successful attempts in their history: 0 when every job was done exactly
+/// once, whatever crashed on the way. Fails if the log was never made, so the check cannot pass
+/// for want of it.
 pub async fn jobs_done_twice(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT job_id FROM attempt_history WHERE outcome = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d",
+        "SELECT count(*) FROM (SELECT job_id FROM test_done_writes GROUP BY job_id HAVING count(*) > 1
+                               UNION
+                               SELECT job_id FROM attempt_history WHERE outcome = 'succeeded'
+                               GROUP BY job_id HAVING count(*) > 1) d",
     )
     .fetch_one(pool)
     .await

@@ -27,7 +27,9 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
     };
     let mut config = fast_worker("crashy", 8);
     config.lease = Duration::from_secs(3);
-    let workers = WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(NoHooks));
+    engine::testing::log_done_writes(&pool).await;
+    let workers =
+        WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(engine::testing::LogDone));
     let maintenance = MaintenanceConfig { rescue_every: Duration::from_millis(500), ..Default::default() };
     let rescue = tokio::spawn(engine::maintenance::run(
         pool.clone(),

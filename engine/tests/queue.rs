@@ -302,7 +302,8 @@ async fn fetched_ahead_jobs_go_back(pool: PgPool, go_back: GoBack) {
     };
     let wait = if go_back == GoBack::OnAPause { Duration::from_secs(60) } else { Duration::from_millis(300) };
     let config = WorkerConfig { fetched_ahead_wait: wait, ..fast_worker("ahead", 4) };
-    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(NoHooks));
+    engine::testing::log_done_writes(&pool).await;
+    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(engine::testing::LogDone));
     let held = wait_for(Duration::from_secs(10), || {
         std::future::ready(holding.load(Ordering::SeqCst) == 4 && workers.queued_locally() > 0)
     })
@@ -1047,4 +1048,25 @@ async fn an_attempts_row_is_written_once_when_it_ends_and_the_running_one_shows_
             .execute(&pool)
             .await;
     assert!(open.is_err(), "an open attempt row is refused");
+}
+
+/// The crash tests' "nothing done twice" sees a result written twice: a job's row keeps one
+/// success (a second would overwrite it), so the check counts the done hook's writes.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_result_written_twice_is_caught_by_the_done_log(pool: PgPool) {
+    engine::testing::log_done_writes(&pool).await;
+    let ids = enqueue_many(&pool, 1, 2).await;
+    let claimed = queue::claim(&pool, "w", 2, Duration::from_secs(60)).await.unwrap();
+    for job in &claimed {
+        queue::complete(&pool, &engine::testing::LogDone, job, &ok_output()).await.unwrap();
+    }
+    // A stale worker's late result is refused by the lease: nothing logged.
+    queue::complete(&pool, &engine::testing::LogDone, &claimed[0], &ok_output()).await.unwrap();
+    assert_eq!(engine::testing::jobs_done_twice(&pool).await, 0);
+    // As a broken fence would: the done hook runs again for a job already done.
+    let job = TerminalJob { id: ids[0], owner_id: 1, cost: 0, attempts: 1, failure: None };
+    let mut tx = pool.begin().await.unwrap();
+    engine::testing::LogDone.on_done(&mut tx, &job).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(engine::testing::jobs_done_twice(&pool).await, 1);
 }

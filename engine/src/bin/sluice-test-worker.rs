@@ -15,16 +15,17 @@ use engine::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 use engine::queue::worker::WorkerPool;
 use engine::queue::{ClaimedJob, JobError, JobOutput};
 
-/// A millisecond inside the completion's transaction for one job done in eight.
+/// A millisecond inside the completion's transaction for one job done in eight; every job
+/// written as done is logged there too (`engine::testing::LogDone`).
 struct SlowCommit;
 
 impl TerminalHooks for SlowCommit {
-    fn on_done<'a>(&'a self, _: &'a mut sqlx::PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+    fn on_done<'a>(&'a self, tx: &'a mut sqlx::PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         Box::pin(async move {
             if job.id.as_bytes()[0] < 32 {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            Ok(())
+            engine::testing::LogDone.on_done(tx, job).await
         })
     }
     fn on_failed<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
