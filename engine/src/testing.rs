@@ -515,18 +515,13 @@ pub fn peak_rss_mib() -> usize {
     line.split_whitespace().nth(1).and_then(|kb| kb.parse::<usize>().ok()).expect("a number") / 1024
 }
 
-/// Done hooks that log every job written as done, in the transition's own transaction, to the
-/// table [`log_done_writes`] makes. A job's row keeps one success, which a second write would
-/// overwrite: the log is what shows a result recorded twice.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LogDone;
+/// Hooks for tests that run `.0` when a job is done and nothing on its other transitions.
+#[derive(Clone, Copy)]
+pub struct OnDone(pub for<'a> fn(&'a mut PgConnection, &'a TerminalJob) -> HookResult<'a>);
 
-impl TerminalHooks for LogDone {
+impl TerminalHooks for OnDone {
     fn on_done<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO test_done_writes (job_id) VALUES ($1)").bind(job.id).execute(tx).await?;
-            Ok(())
-        })
+        (self.0)(tx, job)
     }
     fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
         NoHooks.on_failed(tx, job)
@@ -539,12 +534,25 @@ impl TerminalHooks for LogDone {
     }
 }
 
-/// Make the table [`LogDone`] writes to (before any worker with those hooks starts).
+/// Done hooks that log every job written as done, in the transition's own transaction, to the
+/// table [`log_done_writes`] makes. A job's row keeps one success, which a second write would
+/// overwrite: the log is what shows a result recorded twice.
+pub const LOG_DONE: OnDone = OnDone(log_done_write);
+
+/// [`LOG_DONE`]'s one write.
+pub fn log_done_write<'a>(tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO test_done_writes (job_id) VALUES ($1)").bind(job.id).execute(tx).await?;
+        Ok(())
+    })
+}
+
+/// Make the table [`LOG_DONE`] writes to (before any worker with those hooks starts).
 pub async fn log_done_writes(pool: &PgPool) {
     sqlx::query("CREATE TABLE IF NOT EXISTS test_done_writes (job_id uuid NOT NULL)").execute(pool).await.unwrap();
 }
 
-/// Jobs written as done more than once (a result recorded twice) by workers with [`LogDone`]
+/// Jobs written as done more than once (a result recorded twice) by workers with [`LOG_DONE`]
 /// hooks, or with two successful attempts in their history: 0 when every job was done exactly
 /// once, whatever crashed on the way. Fails if the log was never made, so the check cannot pass
 /// for want of it.

@@ -29,7 +29,7 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
     config.lease = Duration::from_secs(3);
     engine::testing::log_done_writes(&pool).await;
     let workers =
-        WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(engine::testing::LogDone));
+        WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(engine::testing::LOG_DONE));
     let maintenance = MaintenanceConfig { rescue_every: Duration::from_millis(500), ..Default::default() };
     let rescue = tokio::spawn(engine::maintenance::run(
         pool.clone(),

@@ -303,7 +303,7 @@ async fn fetched_ahead_jobs_go_back(pool: PgPool, go_back: GoBack) {
     let wait = if go_back == GoBack::OnAPause { Duration::from_secs(60) } else { Duration::from_millis(300) };
     let config = WorkerConfig { fetched_ahead_wait: wait, ..fast_worker("ahead", 4) };
     engine::testing::log_done_writes(&pool).await;
-    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(engine::testing::LogDone));
+    let workers = WorkerPool::start(pool.clone(), config, Arc::new(processor), Arc::new(engine::testing::LOG_DONE));
     let held = wait_for(Duration::from_secs(10), || {
         std::future::ready(holding.load(Ordering::SeqCst) == 4 && workers.queued_locally() > 0)
     })
@@ -423,27 +423,14 @@ async fn permanent_errors_fail_at_once(pool: PgPool) {
 }
 
 /// A hook that fails rolls the whole transition back: the job is not `done` without it.
-struct FailingHooks;
-impl TerminalHooks for FailingHooks {
-    fn on_done<'a>(&'a self, _: &'a mut PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async { Err(sqlx::Error::Protocol("ledger unavailable".into())) })
-    }
-    fn on_failed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        NoHooks.on_failed(tx, job)
-    }
-    fn on_replayed<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        NoHooks.on_replayed(tx, job)
-    }
-    fn on_canceled<'a>(&'a self, tx: &'a mut PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        NoHooks.on_canceled(tx, job)
-    }
-}
+const FAILING_HOOKS: engine::testing::OnDone =
+    engine::testing::OnDone(|_, _| Box::pin(async { Err(sqlx::Error::Protocol("ledger unavailable".into())) }));
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_failing_hook_rolls_the_transition_back(pool: PgPool) {
     let id = enqueue_many(&pool, 1, 1).await[0];
     let job = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap().remove(0);
-    assert!(queue::complete(&pool, &FailingHooks, &job, &ok_output()).await.is_err());
+    assert!(queue::complete(&pool, &FAILING_HOOKS, &job, &ok_output()).await.is_err());
     let view = queue::get(&pool, id).await.unwrap();
     assert_eq!(view.state, JobState::Running);
     assert_eq!(view.result, None);
@@ -1058,15 +1045,15 @@ async fn a_result_written_twice_is_caught_by_the_done_log(pool: PgPool) {
     let ids = enqueue_many(&pool, 1, 2).await;
     let claimed = queue::claim(&pool, "w", 2, Duration::from_secs(60)).await.unwrap();
     for job in &claimed {
-        queue::complete(&pool, &engine::testing::LogDone, job, &ok_output()).await.unwrap();
+        queue::complete(&pool, &engine::testing::LOG_DONE, job, &ok_output()).await.unwrap();
     }
     // A stale worker's late result is refused by the lease: nothing logged.
-    queue::complete(&pool, &engine::testing::LogDone, &claimed[0], &ok_output()).await.unwrap();
+    queue::complete(&pool, &engine::testing::LOG_DONE, &claimed[0], &ok_output()).await.unwrap();
     assert_eq!(engine::testing::jobs_done_twice(&pool).await, 0);
     // As a broken fence would: the done hook runs again for a job already done.
     let job = TerminalJob { id: ids[0], owner_id: 1, cost: 0, attempts: 1, failure: None };
     let mut tx = pool.begin().await.unwrap();
-    engine::testing::LogDone.on_done(&mut tx, &job).await.unwrap();
+    engine::testing::log_done_write(&mut tx, &job).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(engine::testing::jobs_done_twice(&pool).await, 1);
 }

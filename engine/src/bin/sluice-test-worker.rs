@@ -11,33 +11,20 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use engine::queue::hooks::{HookResult, TerminalHooks, TerminalJob};
 use engine::queue::worker::WorkerPool;
 use engine::queue::{ClaimedJob, JobError, JobOutput};
+use engine::testing::OnDone;
 
 /// A millisecond inside the completion's transaction for one job done in eight; every job
-/// written as done is logged there too (`engine::testing::LogDone`).
-struct SlowCommit;
-
-impl TerminalHooks for SlowCommit {
-    fn on_done<'a>(&'a self, tx: &'a mut sqlx::PgConnection, job: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async move {
-            if job.id.as_bytes()[0] < 32 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            engine::testing::LogDone.on_done(tx, job).await
-        })
-    }
-    fn on_failed<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async { Ok(()) })
-    }
-    fn on_replayed<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async { Ok(()) })
-    }
-    fn on_canceled<'a>(&'a self, _: &'a mut sqlx::PgConnection, _: &'a TerminalJob) -> HookResult<'a> {
-        Box::pin(async { Ok(()) })
-    }
-}
+/// written as done is logged there too (`engine::testing::LOG_DONE`).
+const SLOW_COMMIT: OnDone = OnDone(|tx, job| {
+    Box::pin(async move {
+        if job.id.as_bytes()[0] < 32 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        engine::testing::log_done_write(tx, job).await
+    })
+});
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -67,7 +54,7 @@ async fn main() {
     };
     let mut config = engine::testing::fast_worker(&name, 4);
     config.lease = Duration::from_secs(2);
-    let workers = WorkerPool::start(pool, config, Arc::new(processor), Arc::new(SlowCommit));
+    let workers = WorkerPool::start(pool, config, Arc::new(processor), Arc::new(SLOW_COMMIT));
     let (closed, mut stdin_closed) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
