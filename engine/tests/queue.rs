@@ -132,6 +132,32 @@ async fn claims_are_fair_across_owners(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn one_claim_hands_out_its_jobs_in_line_order_with_and_without_a_provider_budget(pool: PgPool) {
+    use engine::queue::capacity::{self, CapacityConfig, ProviderLimits};
+    switches::set_gate_size(&pool, 30, "test").await.unwrap();
+    for budgeted in [false, true] {
+        sqlx::query("DELETE FROM jobs").execute(&pool).await.unwrap();
+        // A budget that every job fits: the claim then takes its running sums.
+        let limits = ProviderLimits { requests_per_min: Some(1_000_000), ..Default::default() };
+        let limits = if budgeted { limits } else { ProviderLimits::default() };
+        capacity::configure(&pool, &CapacityConfig { limits, ..CapacityConfig::default() }).await.unwrap();
+        // Each owner's jobs lie together in the table; the line takes the owners in turns.
+        for owner in [10, 20, 30] {
+            enqueue_many(&pool, owner, 6).await;
+        }
+        let line: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM waiting_jobs ORDER BY fair_tag, run_at, id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let batch = queue::claim(&pool, "w", 18, Duration::from_secs(60)).await.unwrap();
+        let claimed: Vec<Uuid> = batch.iter().map(|j| j.id).collect();
+        assert_eq!(claimed, line, "with a budget: {budgeted}");
+        let owners: Vec<i64> = batch.iter().take(3).map(|j| j.owner_id).collect();
+        assert_eq!(owners, [10, 20, 30], "with a budget: {budgeted}");
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected(pool: PgPool) {
     RecordingHooks::install(&pool).await;
     let id = enqueue_many(&pool, 1, 1).await[0];
