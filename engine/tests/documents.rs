@@ -342,6 +342,7 @@ fn claimed_pdf(key: &str, preset: &str) -> queue::ClaimedJob {
         max_attempts: 3,
         lease_token: uuid::Uuid::nil(),
         est_input_tokens: 41,
+        place: None,
         worker: "test".into(),
         deadline: None,
     }

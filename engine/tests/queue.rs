@@ -158,6 +158,45 @@ async fn one_claim_hands_out_its_jobs_in_line_order_with_and_without_a_provider_
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn results_are_written_where_the_claim_left_each_row_or_found_by_id_when_it_moved(pool: PgPool) {
+    let lease = Duration::from_secs(60);
+    enqueue_many(&pool, 1, 4).await;
+    let jobs = queue::claim(&pool, "w", 4, lease).await.unwrap();
+    assert_eq!(jobs.len(), 4);
+    let place_of = |id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT ctid::text FROM jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    for job in &jobs {
+        assert_eq!(job.place.as_deref(), Some(place_of(job.id).await.as_str()), "the claim says where the row is");
+    }
+    let (still, moved, misplaced, stale) = (&jobs[0], &jobs[1], &jobs[2], &jobs[3]);
+    // A heartbeat moves a row; a place can be wrong (another job's row); a token can be stale.
+    queue::heartbeat(&pool, &[moved.lease_token], lease).await.unwrap();
+    assert_ne!(moved.place.as_deref(), Some(place_of(moved.id).await.as_str()));
+    let misplaced = ClaimedJob { place: still.place.clone(), ..misplaced.clone() };
+    let stale = ClaimedJob { lease_token: Uuid::new_v4(), ..stale.clone() };
+    let output = |n: i64| JobOutput { result: serde_json::json!({ "n": n }), ..ok_output() };
+    let outputs: Vec<JobOutput> = (0..4).map(output).collect();
+    let items = [still, moved, &misplaced, &stale];
+    let items: Vec<(&ClaimedJob, &JobOutput)> = items.into_iter().zip(&outputs).collect();
+    let recorded = queue::complete_many(&pool, &NoHooks, &items).await.unwrap();
+    assert_eq!(recorded, [Recorded::Done, Recorded::Done, Recorded::Done, Recorded::Stale]);
+    for (n, job) in jobs.iter().enumerate().take(3) {
+        let view = queue::get(&pool, job.id).await.unwrap();
+        assert_eq!(view.state, JobState::Done);
+        assert_eq!(view.result, Some(serde_json::json!({ "n": n })), "each result on its own job");
+    }
+    assert_eq!(queue::get(&pool, jobs[3].id).await.unwrap().state, JobState::Running);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn crashed_worker_job_is_rescued_and_done_once_and_stale_write_is_rejected(pool: PgPool) {
     RecordingHooks::install(&pool).await;
     let id = enqueue_many(&pool, 1, 1).await[0];

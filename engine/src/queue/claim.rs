@@ -24,6 +24,10 @@ pub struct ClaimedJob {
     pub lease_token: Uuid,
     /// Input tokens the claim reserved from the provider budget for this attempt.
     pub est_input_tokens: i64,
+    /// Where the claim left the job's row (its `ctid`): the result is written there, with no
+    /// lookup by id, unless the row has moved since (a heartbeat, a stage, a part moves it).
+    #[sqlx(default)]
+    pub place: Option<String>,
     /// The worker that claimed it (the lease's owner), kept for the attempt's row.
     #[sqlx(skip)]
     pub worker: String,
@@ -70,6 +74,7 @@ struct BatchRow {
     lease_token: Option<Uuid>,
     est_input_tokens: Option<i64>,
     gate_allowance: i32,
+    place: Option<String>,
 }
 
 impl BatchRow {
@@ -83,6 +88,7 @@ impl BatchRow {
             max_attempts: self.max_attempts?,
             lease_token: self.lease_token?,
             est_input_tokens: self.est_input_tokens?,
+            place: self.place,
             worker: worker.to_owned(),
             deadline: None,
         })
