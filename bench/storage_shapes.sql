@@ -2,7 +2,7 @@
 -- session (issue 38: is a narrow table of ready work worth its redesign?). Each cycle claims 500
 -- jobs and then ends them, each half committed; the figures are wall-clock µs a job.
 --
---   A  Sluice as it is: `sluice_claim` (fair order, gate, budget) updates the job's row to
+--   A  Sluice as it is: `sluice_claim_with_places` (fair order, gate, budget) updates the job's row to
 --      running; the completion updates it to done with its result and the successful
 --      attempt's token and worker (issue 38's eighth step: no attempt row for a success).
 --   B  A narrow table of ready work beside the jobs: the claim deletes from it and inserts a
@@ -22,7 +22,7 @@ DO $$ BEGIN
         RAISE EXCEPTION 'storage_shapes.sql changes settings and empties the jobs table: run it on a fresh database named bench_shapes';
     END IF;
 END $$;
--- Every commit alike: A's claim commits without waiting for the WAL's flush (`sluice_claim`),
+-- Every commit alike: A's claim commits without waiting for the WAL's flush (`sluice_claim_with_places`),
 -- so all of them do, and the figures are the statements' cost, not the disk's.
 SET synchronous_commit = off;
 
@@ -79,7 +79,7 @@ DECLARE ids uuid[]; tokens uuid[]; t0 timestamptz; t1 timestamptz; x int;
 BEGIN
     t0 := clock_timestamp();
     SELECT array_agg(c.id), array_agg(c.lease_token) INTO ids, tokens
-    FROM sluice_claim(n, 'shapes', 60, 0, n) c WHERE c.id IS NOT NULL;
+    FROM sluice_claim_with_places(n, 'shapes', 60, 0, n) c WHERE c.id IS NOT NULL;
     COMMIT;
     t1 := clock_timestamp();
     -- The completion's statement (`queue::transitions::write_results`).

@@ -9,10 +9,12 @@
 --   * The claimed jobs come back in line order, as the nested loop over the window gave them.
 --   * Each comes with its row's new place (`place`), where the completion writes its result
 --     unless the row has moved meanwhile (a heartbeat, a stage): no lookup by id for a short job.
--- A new column in what it returns: the function is made anew.
-DROP FUNCTION sluice_claim(bigint, text, float8, bigint, bigint);
-CREATE FUNCTION sluice_claim(p_max bigint, p_worker text, p_lease_secs float8,
-                             p_busy bigint DEFAULT NULL, p_prefetch bigint DEFAULT 0)
+-- A new name, because what it returns has a new column: processes of the previous release keep
+-- calling `sluice_claim`, left as it was (their prepared statements would fail on a changed
+-- result type until their connections were recycled); both take the settings row's lock, so
+-- the two claim side by side during a rollout. A later release drops the old one.
+CREATE FUNCTION sluice_claim_with_places(p_max bigint, p_worker text, p_lease_secs float8,
+                                         p_busy bigint DEFAULT NULL, p_prefetch bigint DEFAULT 0)
 RETURNS TABLE (id uuid, owner_id bigint, kind text, payload jsonb, attempts integer, max_attempts integer,
                lease_token uuid, est_input_tokens bigint, gate_allowance integer, place text)
 LANGUAGE plpgsql VOLATILE
@@ -70,7 +72,10 @@ BEGIN
     -- The due jobs with the lowest tags, in one walk of the tags' index; a job another claim
     -- holds is passed over. Locked rows that the budget leaves out stay waiting. Each is kept
     -- by its place in the table (`ctid`): the row is locked, so it stays there until the update
-    -- below, which reads it there instead of looking its id up in the primary key again.
+    -- below, which reads it there instead of looking its id up in the primary key again. A row
+    -- another transaction changed after this statement began (and before the lock reached it)
+    -- is locked at its new place, which this statement cannot see: it is left waiting, for the
+    -- next claim (nothing is lost; it was claimed at once when the update went by id).
     WITH locked AS (
         SELECT j.ctid AS at, j.est_input_tokens, j.fair_tag, j.run_at, j.id FROM jobs j
         WHERE j.state IN ('queued', 'retrying') AND j.run_at <= now()

@@ -157,6 +157,33 @@ async fn one_claim_hands_out_its_jobs_in_line_order_with_and_without_a_provider_
     }
 }
 
+/// A rollout: a process of the previous release claims through `sluice_claim`, as it was
+/// (same columns, so its prepared statements stay valid), beside this release's claims.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_previous_releases_claim_still_works_beside_this_ones(pool: PgPool) {
+    let ids = enqueue_many(&pool, 1, 4).await;
+    let old: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT id, lease_token FROM sluice_claim(2, 'old', 60)").fetch_all(&pool).await.unwrap();
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.routines r
+         JOIN information_schema.parameters p ON p.specific_name = r.specific_name
+         WHERE r.routine_name = 'sluice_claim' AND p.parameter_mode = 'OUT'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(columns, 9, "the previous release's claim returns what it always did");
+    let new = queue::claim(&pool, "new", 4, Duration::from_secs(60)).await.unwrap();
+    let mut claimed: Vec<Uuid> = old.iter().map(|(id, _)| *id).chain(new.iter().map(|j| j.id)).collect();
+    claimed.sort();
+    let mut all = ids.clone();
+    all.sort();
+    assert_eq!(claimed, all, "each job claimed once, by one release or the other");
+    for job in &new {
+        assert_eq!(queue::complete(&pool, &NoHooks, job, &ok_output()).await.unwrap(), Recorded::Done);
+    }
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn results_are_written_where_the_claim_left_each_row_or_found_by_id_when_it_moved(pool: PgPool) {
     let lease = Duration::from_secs(60);

@@ -38,14 +38,14 @@ pub struct ClaimedJob {
 }
 
 /// Claim up to `max` due jobs for `worker`, fairly across owners, within the global gate and
-/// only while processing is enabled. One round trip: the `sluice_claim` function (see its
-/// migration) locks the settings row, so claims are serialised across every process and the
-/// gate's count of running jobs cannot be raced past.
+/// only while processing is enabled. One round trip: the `sluice_claim_with_places` function
+/// (see its migration) locks the settings row, so claims are serialised across every process
+/// and the gate's count of running jobs cannot be raced past.
 pub async fn claim(pool: &PgPool, worker: &str, max: i64, lease: Duration) -> Result<Vec<ClaimedJob>> {
     if max <= 0 {
         return Ok(Vec::new());
     }
-    let jobs: Vec<ClaimedJob> = sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3)")
+    let jobs: Vec<ClaimedJob> = sqlx::query_as("SELECT * FROM sluice_claim_with_places($1, $2, $3)")
         .bind(max)
         .bind(worker)
         .bind(lease.as_secs_f64())
@@ -110,7 +110,7 @@ pub async fn claim_batch(
     busy: usize,
     prefetch: usize,
 ) -> Result<Batch> {
-    let rows: Vec<BatchRow> = sqlx::query_as("SELECT * FROM sluice_claim($1, $2, $3, $4, $5)")
+    let rows: Vec<BatchRow> = sqlx::query_as("SELECT * FROM sluice_claim_with_places($1, $2, $3, $4, $5)")
         .bind(max as i64)
         .bind(worker)
         .bind(lease.as_secs_f64())

@@ -1,6 +1,6 @@
 //! Fairness between owners (pure): start-time fair queuing by tokens, the order in which
-//! `sluice_claim` takes due jobs (the database keeps the same numbers: see the migration
-//! `20261212000001_fair_tags.sql`).
+//! `sluice_claim_with_places` takes due jobs (the database keeps the same numbers: see the
+//! migration `20261212000001_fair_tags.sql`).
 //!
 //! A job entering the line is tagged max(virtual time, its owner's finish tag), and its owner's
 //! finish tag moves on by the job's token weight. Due jobs are claimed lowest tag first (ties:
