@@ -14,6 +14,7 @@ pub mod html;
 pub mod intake;
 pub mod office;
 pub mod payload;
+pub mod pieces;
 pub mod processor;
 pub mod providers;
 pub mod render;

@@ -188,24 +188,35 @@ fn looks_like_markdown(text: &str) -> bool {
 /// `<html` and `<iframe`, in any case, also when a chunk boundary cuts the tag.
 #[derive(Default)]
 pub struct MarkupScan {
-    /// The end of the previous chunk, lower-cased, long enough to hold a cut tag.
+    /// The end of the previous chunk, long enough to hold the start of a cut tag.
     tail: Vec<u8>,
 }
 
 impl MarkupScan {
     const TAGS: [&'static [u8]; 4] = [b"<script", b"<svg", b"<html", b"<iframe"];
+    /// The longest tag's length, less one: the most of a cut tag the previous chunk can hold.
+    const CUT: usize = 6;
 
     /// Look at the next chunk; `Err` with the 415 reason once markup is seen.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), String> {
-        let mut window = std::mem::take(&mut self.tail);
-        window.extend(chunk.iter().map(u8::to_ascii_lowercase));
-        let found = Self::TAGS.iter().any(|tag| window.windows(tag.len()).any(|w| w == *tag));
-        if found {
+        // Where the last boundary is: the previous chunk's end and this one's start.
+        let mut seam = std::mem::take(&mut self.tail);
+        seam.extend_from_slice(&chunk[..chunk.len().min(Self::CUT)]);
+        if Self::has_tag(&seam) || Self::has_tag(chunk) {
             return Err(MARKUP_REFUSAL.into());
         }
-        let keep = window.len().min(7);
-        self.tail = window.split_off(window.len() - keep);
+        let kept = if chunk.len() >= Self::CUT { chunk } else { &seam };
+        self.tail = kept[kept.len().saturating_sub(Self::CUT)..].to_vec();
         Ok(())
+    }
+
+    /// Whether a whole tag is in `bytes`, in any case. Only where a `<` is (found a word at a
+    /// time), so a chunk costs little more than reading it.
+    fn has_tag(bytes: &[u8]) -> bool {
+        memchr::memchr_iter(b'<', bytes).any(|at| {
+            let rest = &bytes[at..];
+            Self::TAGS.iter().any(|tag| rest.len() >= tag.len() && rest[..tag.len()].eq_ignore_ascii_case(tag))
+        })
     }
 }
 
@@ -287,6 +298,34 @@ mod tests {
         }
         let mut clean = MarkupScan::default();
         assert!(clean.push(b"a < b and <scri").is_ok() && clean.push(b"bble> is fine").is_ok());
+        // Cut across three chunks, the middle one shorter than the tag.
+        let mut cut = MarkupScan::default();
+        let pushed = [&b"words <IF"[..], b"ra", b"me src=x>"].map(|c| cut.push(c));
+        assert!(pushed[..2].iter().all(Result::is_ok) && pushed[2].is_err(), "{pushed:?}");
+        let mut late = MarkupScan::default();
+        assert!(late.push(b"x").is_ok() && late.push(b"y<htm").is_ok() && late.push(b"L>").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn markup_is_found_whatever_the_chunks_exactly_when_the_whole_text_has_it(
+            text in "[<scriptSCRIPTvghmlfaHTML >x]{0,40}",
+            cuts in proptest::collection::vec(1usize..9, 1..12),
+        ) {
+            let lower = text.to_ascii_lowercase();
+            let whole = MarkupScan::TAGS.iter().any(|tag| lower.as_bytes().windows(tag.len()).any(|w| w == *tag));
+            let mut scan = MarkupScan::default();
+            let (mut rest, mut found) = (text.as_bytes(), false);
+            for cut in cuts.iter().cycle().take(text.len()) {
+                if rest.is_empty() {
+                    break;
+                }
+                let (chunk, after) = rest.split_at((*cut).min(rest.len()));
+                found |= scan.push(chunk).is_err();
+                rest = after;
+            }
+            proptest::prop_assert_eq!(found, whole, "{:?} in chunks of {:?}", text, cuts);
+        }
     }
 
     #[test]
