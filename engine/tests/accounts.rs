@@ -774,3 +774,54 @@ async fn documents_canceled_while_read_count_against_the_daily_allowance(pool: P
     let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
     assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
 }
+
+/// The intake bound over one process's reading of the backlog (`accounts::backlog`): exact for
+/// the process's own admissions, a refusal always from a fresh count (space a cancel frees is
+/// taken at once), and another process's admissions seen once the reading's age has passed.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_intake_bound_holds_over_a_processs_reading_of_the_backlog(pool: PgPool) {
+    use engine::accounts::admission::Refusal;
+    let user = users::create_user(&pool, "bound@example.com", "password123", Role::User, 100).await.unwrap();
+    sqlx::query("UPDATE users SET max_in_flight = 100").execute(&pool).await.unwrap();
+    let age = std::time::Duration::from_secs(2);
+    // Two web processes: each its own config, so its own reading.
+    let here = AdmissionConfig { max_backlog: 3, backlog_reading_age: age, ..AdmissionConfig::default() };
+    let there = AdmissionConfig { max_backlog: 3, backlog_reading_age: age, ..AdmissionConfig::default() };
+    let submit = |config: &AdmissionConfig, key: &str| {
+        let (pool, config, s) = (pool.clone(), config.clone(), one_credit_document(user.id, key));
+        async move { admission::submit(&pool, &config, &s).await.unwrap() }
+    };
+    let overloaded = |a: &Admission| matches!(a, Admission::Refused(Refusal::Overloaded { .. }));
+    let waiting = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE state IN ('queued', 'retrying')")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let cancel_one = || async {
+        let id: uuid::Uuid =
+            sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'queued' LIMIT 1").fetch_one(&pool).await.unwrap();
+        assert_eq!(queue::cancel(&pool, &AccountHooks, id, "owner", false).await.unwrap(), queue::Canceled::Now);
+    };
+
+    for n in 0..3 {
+        assert!(matches!(submit(&here, &format!("a{n}")).await, Admission::Accepted { .. }), "{n}");
+    }
+    assert!(overloaded(&submit(&here, "a3").await), "this process's own admissions are counted exactly");
+    cancel_one().await;
+    assert!(matches!(submit(&here, "a4").await, Admission::Accepted { .. }), "a refusal's count is fresh");
+    assert!(overloaded(&submit(&there, "b0").await), "the other process counts for itself");
+
+    cancel_one().await;
+    cancel_one().await;
+    assert!(matches!(submit(&here, "a5").await, Admission::Accepted { .. }), "1 waiting: counted afresh");
+    assert!(matches!(submit(&there, "b1").await, Admission::Accepted { .. }), "3 waiting now");
+    // `here` read 1 and added its own 1: its reading stands, and the other's admission is
+    // not in it yet, so it admits past the bound...
+    assert!(matches!(submit(&here, "a6").await, Admission::Accepted { .. }));
+    assert_eq!(waiting().await, 4, "passed by what the other process admitted within the reading's age");
+    // ...until the reading's age has passed.
+    tokio::time::sleep(age).await;
+    assert!(overloaded(&submit(&here, "a7").await), "counted again after its age");
+    assert_eq!(waiting().await, 4);
+}

@@ -1,7 +1,8 @@
 //! Admission: the one conditional write that takes the credits and counts the job in flight,
 //! the job insert and the ledger debit, all in one transaction. Refusals store nothing.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
@@ -14,6 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::queue::{self, NewJob};
 use sluice_types::capacity::PriceTable;
 
+use super::backlog::{BacklogGauge, BACKLOG_READING_AGE};
 use super::ledger;
 
 /// What admission charges and where it draws the line.
@@ -43,6 +45,10 @@ pub struct AdmissionConfig {
     /// How long a client's `Idempotency-Key` names its job: a repeat within it answers that
     /// job; after it the key is forgotten and names nothing.
     pub client_key_lifetime: Duration,
+    /// How long a count of the backlog under `max_backlog` stands for it ([`backlog`](super::backlog)).
+    pub backlog_reading_age: Duration,
+    /// This process's reading of the backlog (shared by the clones of this config).
+    pub backlog: Arc<BacklogGauge>,
 }
 
 /// The default lifetime of a client's `Idempotency-Key` (Stripe's and most APIs' figure).
@@ -61,6 +67,8 @@ impl Default for AdmissionConfig {
             max_attempts: 3,
             storage_quota_bytes: None,
             client_key_lifetime: CLIENT_KEY_LIFETIME,
+            backlog_reading_age: BACKLOG_READING_AGE,
+            backlog: Arc::default(),
         }
     }
 }
@@ -208,7 +216,7 @@ pub async fn precheck(
     cost: i64,
     incoming_bytes: u64,
 ) -> Result<Option<Refusal>> {
-    let (backlog, oldest) = intake_state(pool, config.max_backlog, WaitSince::Due).await?;
+    let (backlog, oldest) = intake_for_admission(pool, config).await?;
     if let Some(refusal) = intake_refusal(backlog, oldest, config) {
         return Ok(Some(refusal));
     }
@@ -306,15 +314,33 @@ async fn lock_new_document(tx: &mut sqlx::PgConnection, s: &Submission) -> Resul
 
 /// Admit a document: 202-worthy only after the commit.
 pub async fn submit(pool: &PgPool, config: &AdmissionConfig, submission: &Submission) -> Result<Admission> {
-    let (backlog, oldest) = intake_state(pool, config.max_backlog, WaitSince::Due).await?;
+    let (backlog, oldest) = intake_for_admission(pool, config).await?;
     if let Some(refusal) = intake_refusal(backlog, oldest, config) {
         return Ok(Admission::Refused(refusal));
     }
     // A concurrent twin (same key) may win the unique index; then the retry finds its job.
-    match try_submit(pool, config, submission).await {
+    let admitted = match try_submit(pool, config, submission).await {
         Err(EngineError::Database(e)) if is_unique_violation(&e) => try_submit(pool, config, submission).await,
         other => other,
+    };
+    if let Ok(Admission::Accepted { .. }) = admitted {
+        config.backlog.admitted();
     }
+    admitted
+}
+
+/// The backlog and the oldest wait the intake bound is checked against: the backlog from this
+/// process's reading while it stands ([`backlog`](super::backlog)), else counted (up to the
+/// bound) and kept; the oldest wait always read (it costs two index lookups).
+async fn intake_for_admission(pool: &PgPool, config: &AdmissionConfig) -> Result<(i64, Option<Duration>)> {
+    let now = Instant::now();
+    if let Some(backlog) = config.backlog.estimate(now, config.max_backlog, config.backlog_reading_age) {
+        let (_, oldest) = intake_state(pool, 0, WaitSince::Due).await?;
+        return Ok((backlog, oldest));
+    }
+    let (backlog, oldest) = intake_state(pool, config.max_backlog, WaitSince::Due).await?;
+    config.backlog.record(now, backlog);
+    Ok((backlog, oldest))
 }
 
 async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> Result<Admission> {

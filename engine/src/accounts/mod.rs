@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod auth_cache;
+pub mod backlog;
 pub mod deletion;
 mod hooks;
 pub mod ledger;
