@@ -35,9 +35,13 @@ impl BacklogGauge {
         reading_stands(reading.backlog, age, bound, max_age).then_some(reading.backlog)
     }
 
-    /// A count begun at `taken`.
+    /// A count begun at `taken`; one begun before the reading held is dropped (counts run side
+    /// by side, and the reading has this process's admissions since its own count added).
     pub fn record(&self, taken: Instant, backlog: i64) {
-        *self.reading.lock().unwrap_or_else(|e| e.into_inner()) = Some(Reading { taken, backlog });
+        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        if reading.is_none_or(|held| held.taken <= taken) {
+            *reading = Some(Reading { taken, backlog });
+        }
     }
 
     /// This process admitted a job: one more waiting.
@@ -83,5 +87,18 @@ mod tests {
         let later = now + BACKLOG_READING_AGE;
         gauge.record(now, 0);
         assert_eq!(gauge.estimate(later, 3, BACKLOG_READING_AGE), None, "too old: count");
+    }
+
+    #[test]
+    fn a_count_that_began_before_the_reading_held_does_not_replace_it() {
+        let gauge = BacklogGauge::default();
+        let (earlier, now) = (Instant::now(), Instant::now() + Duration::from_millis(10));
+        gauge.record(now, 5);
+        gauge.admitted();
+        gauge.admitted();
+        gauge.record(earlier, 5);
+        assert_eq!(gauge.estimate(now, 10, BACKLOG_READING_AGE), Some(7), "the admissions since are kept");
+        gauge.record(now + Duration::from_millis(1), 4);
+        assert_eq!(gauge.estimate(now, 10, BACKLOG_READING_AGE), Some(4), "a later count replaces it");
     }
 }

@@ -24,8 +24,9 @@ pub fn count(text: &str) -> u64 {
 /// Pieces longer than this are encoded each time (a word is shorter; a long run of symbols
 /// would only crowd the memo).
 const MEMO_PIECE_BYTES: usize = 24;
-/// The most pieces a thread's memo holds (under 0.5 MB); a full memo starts again empty, so a
-/// text of endless distinct pieces costs what it would without one.
+/// The most pieces a thread's memo holds (about 0.7 MB: its table and keys); a full memo starts
+/// again empty, so a text of endless distinct pieces costs what it would without one. A memo
+/// lives as long as its thread: the runtime's workers and the blocking threads that counted.
 const MEMO_PIECES: usize = 8_192;
 
 thread_local! {
