@@ -69,11 +69,19 @@ fn hostile_office_files() -> Vec<(&'static str, DocType, Vec<u8>, &'static str)>
         zip_of(&[("word/document.xml", docx_body_xml("fine").as_bytes()), ("../../etc/cron.d/evil", b"* * * * * x")]);
     let many: Vec<(String, Vec<u8>)> = (0..10_000).map(|i| (format!("word/media/{i}.xml"), Vec::new())).collect();
     let many: Vec<(&str, &[u8])> = many.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+    // Issue 55, item 3: 300 headers of repeated XML, each under the one-part ratio's floor,
+    // about 18 MB from a few hundred KB: the whole file's inflation is bounded, not each part's.
+    let header = format!("<w:hdr>{}</w:hdr>", "<w:p><w:r><w:t>x</w:t></w:r></w:p>".repeat(1_800));
+    let mut headers: Vec<(String, Vec<u8>)> =
+        (1..=300).map(|i| (format!("word/header{i}.xml"), header.clone().into_bytes())).collect();
+    headers.push(("word/document.xml".into(), docx_body_xml("fine").into_bytes()));
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
     let mut truncated = docx_of(CONTRACT);
     truncated.truncate(truncated.len() / 2);
     vec![
         ("zip bomb: 1 GiB declared as 1 KiB", DocType::Docx, docx_zip_bomb(1 << 30), "zip bomb"),
         ("billion laughs", DocType::Docx, laughs, "DTD"),
+        ("300 small headers of repeated XML", DocType::Docx, zip_of(&headers), "zip bomb"),
         ("300,000 nested paragraphs", DocType::Docx, deep, "nests deeper"),
         ("an entry leaving the archive", DocType::Docx, escaping, "leaves the archive"),
         ("10,000 entries", DocType::Docx, zip_of(&many), "entries"),

@@ -295,6 +295,44 @@ async fn a_summary_whose_answer_stays_cut_fails_in_words_and_is_refunded(pool: P
     assert!(reason.contains("longer than it may write at once"), "{reason}");
     let ledger = ledger_of(&pool, job).await;
     assert_eq!(ledger.iter().map(|(_, a)| a).sum::<i64>(), 0, "refunded in full: {ledger:?}");
+    // Refunded in full: nothing answered is served, and the notice does not point at it.
+    let view = queue::get(&pool, job).await.unwrap();
+    assert!(view.parts_done > 0, "parts were answered before the failure");
+    assert!(!sluice_types::settlement::answered_parts_served(i64::from(view.cost), view.refunded));
+    let said = notices::list(&pool, user.id, 10).await.unwrap()[0].message.clone();
+    assert!(!said.contains("can be downloaded"), "{said}");
+}
+
+/// Issue 55, item 2: a content-policy 400 on a late part (as Anthropic and OpenAI send it) is
+/// the document's, settled like a declined answer: the answered parts' share is kept and they
+/// stay served; not "our fault", refunded in full while its parts stay downloadable.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_content_policy_refusal_on_a_late_part_keeps_the_answered_parts_share(pool: PgPool) {
+    let docs = docs("policy");
+    for openai in [false, true] {
+        let fake = FakeProvider::start().await;
+        let email = format!("policy-{openai}@example.com");
+        let user = users::create_user(&pool, &email, "password123", Role::User, 200).await.unwrap();
+        let job = submit(&pool, &docs, user.id, &report(60), "summarize", 500).await;
+        // Part 1 waits while the others are answered, then is refused for its content.
+        fake.push_matching("part 1 of", [Reply::ContentPolicy { delay_ms: 2_000 }]);
+        let mut config = fake_config(&fake);
+        if openai {
+            config.kind = ProviderKind::Openai;
+        }
+        let processor = processor(&pool, &docs, config, 500, Budget::disabled());
+        let view = drive(&pool, &processor, job).await;
+        assert_eq!(view.state, JobState::Failed, "{view:?}");
+        assert_eq!(view.failure_kind, Some(queue::FailureKind::InvalidInput), "the document's: {view:?}");
+        let total = view.parts_total.unwrap();
+        assert!(view.parts_done > 0, "{view:?}");
+        let ledger = ledger_of(&pool, job).await;
+        let charged = -ledger.iter().map(|(_, a)| a).sum::<i64>();
+        assert!(charged > 0, "the answered parts' share is kept: {ledger:?}");
+        assert!(sluice_types::settlement::answered_parts_served(i64::from(view.cost), view.refunded));
+        let said = notices::list(&pool, user.id, 10).await.unwrap()[0].message.clone();
+        assert!(said.contains(&format!("of its {total} parts")) && said.contains("can be downloaded"), "{said}");
+    }
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -505,10 +543,23 @@ async fn seed_000s_workload_is_accepted_under_the_ceiling_and_every_job_ends_don
 
 /// Admit `pdf` for `user` at `hold` credits (its price by size `by_size`), as intake does.
 async fn submit_pdf(pool: &PgPool, docs: &TempBlobs, user: i64, pdf: &[u8], hold: i64, by_size: i64) -> Uuid {
+    submit_held(pool, docs, user, ("pdf", pdf), hold, by_size).await
+}
+
+/// Admit a document of `doc_type` (a PDF, a Word file: priced once read) at `hold` credits.
+async fn submit_held(
+    pool: &PgPool,
+    docs: &TempBlobs,
+    user: i64,
+    (doc_type, bytes): (&str, &[u8]),
+    hold: i64,
+    by_size: i64,
+) -> Uuid {
     let key = Blobs::new_key();
-    docs.blobs.put(&key, pdf.to_vec().into()).await.unwrap();
+    docs.blobs.put(&key, bytes.to_vec().into()).await.unwrap();
+    let name = format!("dense.{}", if doc_type == "docx" { "docx" } else { "pdf" });
     let payload = serde_json::json!({
-        "document": { "key": key, "type": "pdf", "sha256": key, "size": pdf.len(), "name": "dense.pdf" },
+        "document": { "key": key, "type": doc_type, "sha256": key, "size": bytes.len(), "name": name },
         "preset": "summarize",
     });
     let submission = Submission {
@@ -585,6 +636,30 @@ async fn a_pdf_denser_than_its_hold_is_not_done_in_parts_and_is_refunded(pool: P
         .await
         .unwrap();
     assert!(counted, "refused once read counts as reader work");
+}
+
+/// Issue 55, item 8: a document priced once read (a Word file, a PDF) whose text is dearer
+/// than its hold buys no provider call even when its text fits one call: it fails in words
+/// before any call, as one needing parts always did. (A Word file of many small, repeated
+/// parts is caught before that by the whole file's inflation wall: see office.rs.)
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_document_denser_than_its_hold_buys_no_call_even_one_that_fits(pool: PgPool) {
+    let docs = docs("dense-whole");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "dense@example.com", "password123", Role::User, 20).await.unwrap();
+    // About 30K tokens (2 credits) in a few KB (held at 1), as in the test above.
+    let lines: Vec<String> =
+        (1..=2000).map(|i| format!("Clause {i} binds both parties to the terms of the agreement.")).collect();
+    let pdf = engine::testing::pdf_with_compressed_text(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+    let job_id = submit_held(&pool, &docs, user.id, ("pdf", &pdf), 1, 1).await;
+    // A context that takes the whole text in one call.
+    let mut processor = processor(&pool, &docs, fake_config(&fake), 200_000, Budget::disabled());
+    processor.settle_held = settling(&pool);
+    let view = drive(&pool, &processor, job_id).await;
+    assert_eq!(view.state, JobState::Failed, "{view:?}");
+    assert!(view.failure_reason.as_deref().unwrap_or("").contains("more than the price held for it covers"), "{view:?}");
+    assert_eq!(fake.calls(), 0, "no provider call was made for the hold's price");
+    assert_eq!(view.refunded, 1);
 }
 
 async fn parts_kept(pool: &PgPool, job: Uuid) -> i64 {

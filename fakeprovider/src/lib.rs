@@ -55,6 +55,9 @@ pub enum Reply {
     ServerError,
     /// 400 invalid request (permanent).
     BadRequest,
+    /// 400 refusing the content, as each vendor words it (Anthropic's content filtering
+    /// policy; OpenAI's `content_policy_violation`): the document's, not ours. After `delay_ms`.
+    ContentPolicy { delay_ms: u64 },
     /// Wait this long before answering 200 (to exceed a client's timeout).
     Hang { millis: u64 },
     /// 429 with this exact `Retry-After` value (hostile ones: huge numbers, far dates).
@@ -596,6 +599,23 @@ async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
         Reply::BadRequest => {
             error(shape, 400, "invalid_request_error", "messages: text content blocks must be non-empty")
         }
+        Reply::ContentPolicy { delay_ms } => {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            content_policy(shape)
+        }
+
+    }
+}
+
+fn content_policy(shape: Shape) -> Response {
+    match shape {
+        Shape::Anthropic => error(shape, 400, "invalid_request_error", "Output blocked by content filtering policy"),
+        Shape::OpenAi => error(
+            shape,
+            400,
+            "content_policy_violation",
+            "Your request was rejected as a result of our safety system.",
+        ),
     }
 }
 

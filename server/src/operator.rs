@@ -38,27 +38,51 @@ async fn restore(url: &str, config: &Config, from: &std::path::Path) -> anyhow::
     Ok(())
 }
 
+/// `server create-admin`: a new account, never an existing one unless the operator says so and
+/// the account's holder proved the address (a stranger may have signed up with it first).
+async fn create_admin(pool: &sqlx::PgPool, email: &str, promote_existing: bool) -> anyhow::Result<()> {
+    let existing = match users::find_by_email(pool, email).await {
+        Ok(user) => Some(user),
+        Err(engine::EngineError::NotFound) => None,
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(user) = existing {
+        let age = chrono::Utc::now() - user.created_at;
+        let verified = match user.email_verified_at {
+            Some(at) => format!("address verified {}", at.format("%Y-%m-%d %H:%M UTC")),
+            None => "address NOT verified".to_string(),
+        };
+        println!(
+            "{} already has an account: id {}, made {} ({} days ago), {verified}, role {}",
+            user.email,
+            user.id,
+            user.created_at.format("%Y-%m-%d %H:%M UTC"),
+            age.num_days(),
+            user.role.as_str()
+        );
+        anyhow::ensure!(
+            promote_existing,
+            "create-admin never adopts an existing account (anyone may have signed up with this address). \
+             If the account is yours: log in, verify the address, then run create-admin --email {} --promote-existing",
+            user.email
+        );
+        let user = engine::accounts::staff::set_role(pool, user.id, Role::Admin, "cli").await?;
+        println!("{} is an admin now; its sessions and tokens have ended: log in again", user.email);
+        return Ok(());
+    }
+    let password = match std::env::var("SLUICE_ADMIN_PASSWORD") {
+        Ok(p) => p,
+        Err(_) => rpassword::prompt_password(format!("Password for {email}: "))?,
+    };
+    let user = users::create_user(pool, email, &password, Role::Admin, 0).await?;
+    println!("created admin {} (id {})", user.email, user.id);
+    Ok(())
+}
+
 async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::Blobs>) -> anyhow::Result<()> {
     let pool = engine::db::connect(url, 2).await.context("connecting to Postgres")?;
     match command {
-        Command::CreateAdmin { email } => {
-            let password = match std::env::var("SLUICE_ADMIN_PASSWORD") {
-                Ok(p) => p,
-                Err(_) => rpassword::prompt_password(format!("Password for {email}: "))?,
-            };
-            let user = match users::create_user(&pool, &email, &password, Role::Admin, 0).await {
-                Ok(user) => user,
-                Err(engine::EngineError::EmailTaken) => {
-                    // An existing account is promoted; its password stays.
-                    let user = users::find_by_email(&pool, &email).await?;
-                    engine::accounts::staff::set_role(&pool, user.id, Role::Admin, "cli").await?;
-                    println!("{} already had an account; it is an admin now", user.email);
-                    return Ok(());
-                }
-                Err(e) => return Err(e.into()),
-            };
-            println!("created admin {} (id {})", user.email, user.id);
-        }
+        Command::CreateAdmin { email, promote_existing } => create_admin(&pool, &email, promote_existing).await?,
         Command::GrantCredits { email, amount } => {
             let user = users::find_by_email(&pool, &email).await.with_context(|| format!("no user {email}"))?;
             let balance =

@@ -15,8 +15,8 @@ use crate::capacity::SizeKind;
 /// A PDF's or a Word file's text is known only once read, so its admission holds the price of
 /// this many times the tokens its bytes suggest (real PDFs spread up to about 4x; compressed
 /// text goes further), and the job is settled to the price of its text once read: the
-/// difference comes back. A document whose text is dearer than the hold pays the hold (a
-/// single call), or fails if it needs parts (paid work the hold does not cover): refunded
+/// difference comes back. A document whose text is dearer than the hold fails before any
+/// provider call (paid work the hold does not cover, in one call or in parts): refunded
 /// within the day's allowance for unreadable documents, as the reader's work came to nothing.
 /// A web page is held at its size's estimate alone: its markup only makes that larger.
 pub const HOLD_FACTOR: u64 = 8;
@@ -67,6 +67,12 @@ pub fn refund_on_failure(cost: i64, price: i64, fault: Fault) -> i64 {
         Fault::Document { calls_made, calls_total } => cost - kept_on_cancel(price, calls_made, calls_total),
         _ => cost,
     }
+}
+
+/// Whether the parts a job had answered may still be served to its owner: not once its whole
+/// cost was refunded (nobody gets what they did not pay for; a free job is its owner's).
+pub fn answered_parts_served(cost: i64, refunded: i64) -> bool {
+    cost <= 0 || refunded < cost
 }
 
 /// Provider calls a job has started: its parts done, plus the call in flight.
@@ -129,6 +135,18 @@ mod tests {
         assert_eq!(settled_price(8, 2), 2);
         assert_eq!(settled_price(8, 12), 8, "never more than held");
         assert_eq!(settled_price(8, -1), 0);
+    }
+
+    #[test]
+    fn answered_parts_are_served_only_while_something_of_them_was_paid() {
+        assert!(answered_parts_served(4, 0), "running or charged in full");
+        assert!(answered_parts_served(4, 2), "the answered share kept");
+        assert!(!answered_parts_served(4, 4), "refunded in full");
+        assert!(answered_parts_served(0, 0), "free work is its owner's");
+        // A declined document keeps the share of its answered parts, so they stay served.
+        let refund = refund_on_failure(4, 4, Fault::Document { calls_made: 25, calls_total: 50 });
+        assert!(answered_parts_served(4, refund));
+        assert!(!answered_parts_served(4, refund_on_failure(4, 4, Fault::Ours)));
     }
 
     #[test]

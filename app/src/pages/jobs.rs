@@ -589,7 +589,7 @@ pub fn JobPage() -> impl IntoView {
                                 // A long document's answered parts, to read before it ends (or after it failed).
                                 let parts_so_far = job
                                     .parts
-                                    .filter(|p| p.done > 0 && !deleted && matches!(job.state, JobState::Running | JobState::Retrying | JobState::Queued | JobState::Failed))
+                                    .filter(|p| p.done > 0 && !deleted && matches!(job.state, JobState::Running | JobState::Retrying | JobState::Queued | JobState::Failed) && sluice_types::settlement::answered_parts_served(i64::from(job.cost), job.refunded))
                                     .map(|p| {
                                         let words = if p.done == 1 { "the 1 part done".to_string() } else { format!("the {} parts done", p.done) };
                                         view! {

@@ -139,6 +139,8 @@ pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Resul
     // Its mailed links stop working and its unsent mail is not sent.
     sqlx::query("DELETE FROM account_links WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
     sqlx::query("DELETE FROM mail_outbox WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+    // Its mail kept in a folder (live links among it) goes at once, on every process.
+    crate::mail::outbox::forget_account(&mut tx).await?;
     erase_address(&mut tx, &email, &label).await?;
     crate::audit::audit(&mut tx, &label, "delete_account", Some(&format!("user {user_id}")), "", "deleted").await?;
     tx.commit().await?;

@@ -73,7 +73,9 @@ pub async fn add_refund_notice(
     .bind(job.id)
     .fetch_one(&mut *conn)
     .await?;
-    if let Some(kept) = parts_kept_message(answered, total, first_missing) {
+    // Parts are served only while the document paid for some of them.
+    let served = sluice_types::settlement::answered_parts_served(i64::from(job.cost), refunded);
+    if let Some(kept) = parts_kept_message(answered, total, first_missing).filter(|_| served) {
         message = format!("{message} {kept}");
     }
     sqlx::query(

@@ -125,7 +125,7 @@ pub async fn request_reset(pool: &PgPool, email: &str, client: &str, limits: Lin
 /// End the account's access but what the caller keeps: every session (the epoch moves on),
 /// every device token, and (unless kept) every API token; every process forgets them when
 /// `tx` commits. Returns the new epoch.
-async fn end_access(tx: &mut PgConnection, user_id: i64, revoke_api_tokens: bool) -> Result<i32> {
+pub(super) async fn end_access(tx: &mut PgConnection, user_id: i64, revoke_api_tokens: bool) -> Result<i32> {
     let epoch: i32 =
         sqlx::query_scalar("UPDATE users SET session_epoch = session_epoch + 1 WHERE id = $1 RETURNING session_epoch")
             .bind(user_id)

@@ -25,6 +25,41 @@ pub const MAX_RATIO: u64 = 200;
 /// Below this many inflated bytes an entry's ratio is not looked at (a tiny part, a few
 /// styles, may inflate a lot); kept small, since the text is priced only once read.
 const RATIO_FLOOR: u64 = 64 << 10;
+/// The most all the parts read may inflate per compressed byte, together: many small parts
+/// each under [`RATIO_FLOOR`] (a hundred headers of repeated XML) cannot pass where one
+/// large part would not. Honest documents stay far below (Word's XML deflates 5-20 fold).
+pub const MAX_TOTAL_RATIO: u64 = 100;
+
+/// What reading a file's parts has inflated so far, against its walls.
+#[derive(Debug)]
+struct Inflation {
+    /// Bytes that may still be inflated ([`MAX_TOTAL_BYTES`] at first).
+    left: u64,
+    inflated: u64,
+    compressed: u64,
+}
+
+impl Inflation {
+    fn new() -> Self {
+        Inflation { left: MAX_TOTAL_BYTES, inflated: 0, compressed: 0 }
+    }
+
+    /// Count one entry read; refused when all read so far inflates past [`MAX_TOTAL_RATIO`]
+    /// (once past the floor, counted over all of them: no part is below it on its own).
+    fn add(&mut self, inflated: u64, compressed: u64) -> Result<(), String> {
+        self.left = self.left.saturating_sub(inflated);
+        self.inflated += inflated;
+        self.compressed += compressed.max(1);
+        if self.inflated > RATIO_FLOOR && self.inflated / self.compressed > MAX_TOTAL_RATIO {
+            return Err(format!(
+                "the file's parts inflate {}-fold together: it looks like a zip bomb",
+                self.inflated / self.compressed
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The deepest the XML may nest (tables in tables in text boxes stay far below).
 pub const MAX_DEPTH: usize = 256;
 
@@ -54,7 +89,7 @@ pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
             return Err(format!("the file has an entry whose name leaves the archive ({:?})", shorten(&name)));
         }
     }
-    let mut budget = MAX_TOTAL_BYTES;
+    let mut budget = Inflation::new();
     match flavour {
         Flavour::Word if archive.index_for_name("word/document.xml").is_none() => {
             return Err("this zip is not a Word document: it has no word/document.xml".into())
@@ -102,7 +137,7 @@ fn shorten(text: &str) -> String {
 fn read_entry<R: Read + std::io::Seek>(
     archive: &mut zip::ZipArchive<R>,
     name: &str,
-    budget: &mut u64,
+    budget: &mut Inflation,
 ) -> Result<Option<Vec<u8>>, String> {
     let entry = match archive.by_name(name) {
         Ok(entry) => entry,
@@ -112,7 +147,7 @@ fn read_entry<R: Read + std::io::Seek>(
         }
         Err(_) => return Err("the file is damaged: an entry cannot be read".into()),
     };
-    let limit = MAX_PART_BYTES.min(*budget);
+    let limit = MAX_PART_BYTES.min(budget.left);
     if entry.size() > limit {
         return Err(format!("the file's {name} inflates to {} MiB, more than is read", entry.size() >> 20));
     }
@@ -130,7 +165,7 @@ fn read_entry<R: Read + std::io::Seek>(
     if inflated > limit || ratio_bomb(inflated) {
         return Err(format!("the file's {name} inflates past what it declares: it looks like a zip bomb"));
     }
-    *budget -= inflated;
+    budget.add(inflated, compressed)?;
     Ok(Some(bytes))
 }
 
@@ -438,7 +473,7 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
     if archive.len() > MAX_ENTRIES {
         return Err(format!("the file holds {} entries, more than are read", archive.len()));
     }
-    let mut budget = MAX_TOTAL_BYTES;
+    let mut budget = Inflation::new();
     let mut rewritten = Vec::new();
     let mut next = 0usize;
     for part in text_parts(flavour, &archive) {
@@ -458,6 +493,16 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
             "the translation has {} paragraphs where the document has {next}; download the Markdown instead",
             translated.len()
         ));
+    }
+    // What opening the file would fetch from elsewhere (a remote template, a linked image or
+    // frame) is pointed nowhere: staff may open a user's rebuilt file. Links stay links.
+    let rels: Vec<String> =
+        archive.file_names().flatten().filter(|name| name.ends_with(".rels")).map(|name| name.into_owned()).collect();
+    for name in rels {
+        let Some(xml) = read_entry(&mut archive, &name, &mut budget)? else { continue };
+        if let Some(xml) = without_remote_fetches(&xml)? {
+            rewritten.push((name, xml));
+        }
     }
     let mut out = zip::ZipWriter::new(Cursor::new(Vec::new()));
     let damaged = |_| "the file is damaged: an entry cannot be copied".to_string();
@@ -479,11 +524,17 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
     Ok(out.finish().map_err(|_| "the new file could not be written".to_string())?.into_inner())
 }
 
-/// Pure: `text` escaped for XML, without the characters XML cannot hold (control characters a
-/// provider's answer may carry), so the rebuilt part stays well-formed.
+/// Pure: `text` escaped for XML, without the characters XML cannot hold (control characters
+/// and the non-characters U+FFFE and U+FFFF a provider's answer may carry) or should not
+/// (the other non-characters), so the rebuilt part stays well-formed.
 fn xml_text(text: &str) -> String {
-    let allowed = text.chars().filter(|c| matches!(c, '\t' | '\n' | '\r') || !c.is_control());
+    let allowed = text.chars().filter(|c| (matches!(c, '\t' | '\n' | '\r') || !c.is_control()) && !is_noncharacter(*c));
     quick_xml::escape::escape(allowed.collect::<String>().as_str()).into_owned()
+}
+
+/// Pure: Unicode's non-characters: U+FDD0..U+FDEF and the last two code points of every plane.
+fn is_noncharacter(c: char) -> bool {
+    ('\u{FDD0}'..='\u{FDEF}').contains(&c) || (c as u32) & 0xFFFE == 0xFFFE
 }
 
 fn too_few(paragraphs: usize) -> String {
@@ -538,9 +589,77 @@ fn rewrite(
     Ok(writer.into_inner())
 }
 
+/// Where an external relationship that is not a hyperlink is pointed instead.
+const NOWHERE: &str = "about:blank";
+
+/// Pure: a relationships part with every external target that opening the file would fetch
+/// (anything but a hyperlink: a template, an image, a frame, an OLE object) pointed at
+/// [`NOWHERE`]; `None` when it has none.
+fn without_remote_fetches(xml: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut writer = quick_xml::Writer::new(Vec::with_capacity(xml.len()));
+    let mut changed = false;
+    let mut failed = false;
+    walk_xml(xml, |step, event| {
+        let remote = match &step {
+            XmlStep::Open(e, _) if e.local_name().as_ref() == b"Relationship" => {
+                let attr = |key: &[u8]| {
+                    e.attributes()
+                        .flatten()
+                        .find(|a| a.key.local_name().as_ref() == key)
+                        .map(|a| String::from_utf8_lossy(&a.value).into_owned())
+                };
+                let external = attr(b"TargetMode").is_some_and(|m| m.eq_ignore_ascii_case("external"));
+                let hyperlink = attr(b"Type").is_some_and(|t| t.ends_with("/hyperlink"));
+                (external && !hyperlink).then(|| e.to_owned())
+            }
+            _ => None,
+        };
+        let written = match remote {
+            Some(element) => {
+                changed = true;
+                let mut safe = BytesStart::new(String::from_utf8_lossy(element.name().as_ref()).into_owned());
+                for attr in element.attributes().flatten() {
+                    if attr.key.local_name().as_ref() == b"Target" {
+                        safe.push_attribute(("Target", NOWHERE));
+                    } else {
+                        safe.push_attribute(attr);
+                    }
+                }
+                match event {
+                    Event::Empty(_) => writer.write_event(Event::Empty(safe)),
+                    _ => writer.write_event(Event::Start(safe)),
+                }
+            }
+            None => writer.write_event(event.borrow()),
+        };
+        failed |= written.is_err();
+    })?;
+    if failed {
+        return Err("the new file could not be written".into());
+    }
+    Ok(changed.then(|| writer.into_inner()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_characters_from_a_providers_answer_are_dropped_from_the_rebuilt_xml() {
+        assert_eq!(xml_text("a\u{FFFE}b\u{FFFF}c\u{FDD0}d\u{1FFFF}e"), "abcde");
+        assert_eq!(xml_text("é\u{FFFD}"), "é\u{FFFD}", "the replacement character is a character");
+    }
+
+    #[test]
+    fn a_rebuilt_file_fetches_nothing_from_elsewhere_but_keeps_its_links() {
+        let rels = br#"<?xml version="1.0" encoding="UTF-8"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/attachedTemplate" Target="https://evil.example/t.dotm" TargetMode="External"/><Relationship Id="rId2" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/hyperlink" Target="https://example.org/" TargetMode="External"/><Relationship Id="rId3" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/styles" Target="styles.xml"/></Relationships>"#;
+        let safe = String::from_utf8(without_remote_fetches(rels).unwrap().expect("changed")).unwrap();
+        assert!(!safe.contains("evil.example"), "{safe}");
+        assert!(safe.contains(r#"Id="rId1""#) && safe.contains(r#"Target="about:blank""#), "{safe}");
+        assert!(safe.contains("https://example.org/") && safe.contains(r#"Target="styles.xml""#), "{safe}");
+        let plain = br#"<Relationships><Relationship Id="rId3" Type="x/styles" Target="styles.xml"/></Relationships>"#;
+        assert_eq!(without_remote_fetches(plain).unwrap(), None);
+    }
 
     #[test]
     fn word_paragraphs_headings_lists_and_entities_come_out_as_markdown() {

@@ -237,6 +237,23 @@ impl DocumentProcessor {
             // The reader's work came to nothing: it counts against the day's free ones.
             .unreadable());
         }
+        // Every call is paid work: a PDF or Word file whose text costs more than the price
+        // held for it (a dense, compressed one) is not sent for less, neither in one call nor
+        // in parts; a text file (priced by its text) is the way.
+        if !within_hold {
+            let by_size = sluice_types::capacity::estimate_input_tokens(kind, spec.document.size) as i64;
+            let factor = hold_factor(kind);
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                format!(
+                    "the document holds about {} tokens of text, more than the price held for it covers \
+                     ({factor} times the {} its size suggested); upload its text as a .txt file (priced by its text)",
+                    sluice_types::thousands(estimated),
+                    sluice_types::thousands(by_size)
+                ),
+            )
+            .unreadable());
+        }
         let limits = self.call_limits();
         let Calls::Parts { part_tokens } = calls_for(spec.preset, estimated.max(0) as u64, limits) else {
             return self.run_whole(job, spec, task, estimated, held).await;
@@ -250,24 +267,6 @@ impl DocumentProcessor {
                     limit.unwrap_or(part_tokens)
                 ),
             ));
-        }
-        // Parts are paid work: a PDF whose text costs more than the price held for it (a
-        // dense, compressed one) is not done in parts for less; a text file (priced by its
-        // text) is the way.
-        if !within_hold && limit.is_some_and(|l| estimated as u64 > l) {
-            let by_size = sluice_types::capacity::estimate_input_tokens(kind, spec.document.size) as i64;
-            let factor = hold_factor(kind);
-            return Err(JobError::new(
-                ErrorClass::InvalidInput,
-                format!(
-                    "the document holds about {} tokens of text, more than one provider call takes and more than \
-                     the price held for it covers ({factor} times the {} its size suggested); upload its text as a \
-                     .txt file (priced by its text)",
-                    sluice_types::thousands(estimated),
-                    sluice_types::thousands(by_size)
-                ),
-            )
-            .unreadable());
         }
         self.split_and_run(job, spec, task.text, part_tokens, held).await
     }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
 use super::compose::{compose, Detail, MailKind, Recipient};
-use super::transport::{message, Sender, Transport};
+use super::transport::{message, MailFolder, MailName, Sender, Transport};
 use crate::error::Result;
 
 /// How mail is sent.
@@ -30,7 +30,16 @@ pub struct MailConfig {
     pub poll_every: Duration,
     /// How long a claimed mail is kept from other senders.
     pub lease: Duration,
+    /// How long a mail folder keeps a file (it holds live links): the outbox rows' retention.
+    pub folder_retention: Duration,
 }
+
+/// How long sent mail is kept, in the outbox and in a mail folder: a week, to answer "did it go out?".
+pub const MAIL_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What a notification on [`WAKE_CHANNEL`] says when an account is deleted: its mail in a
+/// folder goes at once.
+pub const FORGET_ACCOUNT: &str = "forget";
 
 impl Default for MailConfig {
     fn default() -> Self {
@@ -41,6 +50,7 @@ impl Default for MailConfig {
             max_attempts: 12,
             poll_every: Duration::from_secs(2),
             lease: Duration::from_secs(120),
+            folder_retention: MAIL_RETENTION,
         }
     }
 }
@@ -218,7 +228,7 @@ async fn attempt(config: &MailConfig, sender: &Sender, from: &Mailbox, mail: &Cl
         Ok(message) => message,
         Err(e) => return Outcome::Dropped(e),
     };
-    match sender.send(message).await {
+    match sender.send(MailName { user_id: mail.user_id, mail_id: mail.id }, message).await {
         Ok(()) => Outcome::Sent,
         Err(e) => Outcome::Failed(e),
     }
@@ -269,19 +279,32 @@ pub async fn run(pool: PgPool, config: MailConfig) {
     tracing::info!("mail goes to {}", config.transport.describe());
     let mut tick = tokio::time::interval(config.poll_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut prune_tick = tokio::time::interval(FOLDER_PRUNE_EVERY);
+    prune_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut listener = None;
     const BATCH: i64 = LANES as i64 * 4;
     loop {
         if listener.is_none() {
             listener = listen(&pool).await;
         }
+        let mut prune = false;
         match listener.as_mut() {
             Some(l) => tokio::select! {
                 _ = tick.tick() => {}
-                note = l.recv() => if note.is_err() { listener = None },
+                _ = prune_tick.tick() => prune = true,
+                note = l.recv() => match note {
+                    Ok(note) => prune = note.payload() == FORGET_ACCOUNT,
+                    Err(_) => listener = None,
+                },
             },
-            None => {
-                tick.tick().await;
+            None => tokio::select! {
+                _ = tick.tick() => {}
+                _ = prune_tick.tick() => prune = true,
+            },
+        }
+        if let (true, Some(folder)) = (prune, sender.folder()) {
+            if let Err(e) = prune_folder(&pool, folder, config.folder_retention).await {
+                tracing::warn!(error = %e, "pruning the mail folder failed");
             }
         }
         loop {
@@ -295,6 +318,30 @@ pub async fn run(pool: PgPool, config: MailConfig) {
             }
         }
     }
+}
+
+/// How often a mail folder is pruned (also at start, and whenever an account is deleted).
+const FOLDER_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Delete a mail folder's files older than `age` and every file of an account that is
+/// deleted (or gone); returns how many went.
+pub async fn prune_folder(pool: &PgPool, folder: &MailFolder, age: Duration) -> Result<usize> {
+    let held = folder.accounts().map_err(|e| crate::error::EngineError::Storage(format!("the mail folder: {e}")))?;
+    let gone: Vec<i64> = sqlx::query_scalar(
+        "SELECT x FROM unnest($1::int8[]) x
+         WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = x AND u.deleted_at IS NULL)",
+    )
+    .bind(&held)
+    .fetch_all(pool)
+    .await?;
+    folder.prune(age, &|id| gone.contains(&id)).map_err(|e| crate::error::EngineError::Storage(format!("the mail folder: {e}")))
+}
+
+/// Tell every process's mail sender that an account is gone (in the deletion's transaction):
+/// its mail in a folder is deleted at once.
+pub async fn forget_account(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(WAKE_CHANNEL).bind(FORGET_ACCOUNT).execute(conn).await?;
+    Ok(())
 }
 
 /// A listener on [`WAKE_CHANNEL`], or None (the poll still sends).

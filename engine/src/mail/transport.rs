@@ -1,5 +1,10 @@
 //! Where mail goes: an SMTP server (lettre: STARTTLS or TLS, with authentication), or a folder
 //! of `.eml` files when none is configured.
+//!
+//! The folder holds live reset and verification links (an admin's too), so it is private: the
+//! folder 0700 and each file 0600 whatever the umask, each file named by its account and
+//! outbox row (`<user>-<mail>.eml`), pruned with the outbox rows and at once when the account
+//! is deleted (`outbox::forget_account`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,7 +12,7 @@ use std::time::Duration;
 use lettre::message::header::{ContentTransferEncoding, ContentType, Header, HeaderName, HeaderValue};
 use lettre::message::Body;
 use lettre::message::Mailbox;
-use lettre::{AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
 use super::compose::Letter;
 
@@ -24,7 +29,94 @@ pub enum Transport {
 /// A transport opened once and used for every mail.
 pub enum Sender {
     Smtp(AsyncSmtpTransport<Tokio1Executor>),
-    Folder(AsyncFileTransport<Tokio1Executor>),
+    Folder(MailFolder),
+}
+
+/// Which mail a message is: its account and its outbox row (names its file in a folder).
+#[derive(Clone, Copy, Debug)]
+pub struct MailName {
+    pub user_id: i64,
+    pub mail_id: i64,
+}
+
+/// A private folder of `.eml` files.
+#[derive(Clone, Debug)]
+pub struct MailFolder {
+    dir: PathBuf,
+}
+
+impl MailFolder {
+    /// Make the folder (or take an existing one) and make it private to this user.
+    pub fn open(dir: &std::path::Path) -> std::io::Result<MailFolder> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        // An existing folder made before (with the umask) is made private too.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        Ok(MailFolder { dir: dir.to_path_buf() })
+    }
+
+    fn path_of(&self, name: MailName) -> PathBuf {
+        self.dir.join(format!("{}-{}.eml", name.user_id, name.mail_id))
+    }
+
+    /// Write one message, readable by this user only. A second write of the same mail (a
+    /// retried attempt) replaces the first.
+    pub async fn write(&self, name: MailName, bytes: Vec<u8>) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.path_of(name);
+        let partial = path.with_extension("eml.partial");
+        tokio::task::spawn_blocking(move || {
+            let mut file =
+                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&partial)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&partial, &path)
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+
+    /// The account and mail of each `.eml` file in the folder, with its age.
+    fn files(&self) -> std::io::Result<Vec<(PathBuf, MailName, Duration)>> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(parse_file_name) else { continue };
+            let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
+            found.push((path, name, age));
+        }
+        Ok(found)
+    }
+
+    /// Delete the files older than `age` and those of accounts `gone` says are deleted;
+    /// returns how many went.
+    pub fn prune(&self, age: Duration, gone: &dyn Fn(i64) -> bool) -> std::io::Result<usize> {
+        let mut removed = 0;
+        for (path, name, file_age) in self.files()? {
+            if file_age > age || gone(name.user_id) {
+                std::fs::remove_file(&path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The account ids the folder holds mail of.
+    pub fn accounts(&self) -> std::io::Result<Vec<i64>> {
+        let mut ids: Vec<i64> = self.files()?.into_iter().map(|(_, name, _)| name.user_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+/// `<user>-<mail>.eml` as a [`MailName`]; anything else (lettre's older names, a partial
+/// write) is not ours to prune by account.
+fn parse_file_name(name: &str) -> Option<MailName> {
+    let (user, mail) = name.strip_suffix(".eml")?.split_once('-')?;
+    Some(MailName { user_id: user.parse().ok()?, mail_id: mail.parse().ok()? })
 }
 
 /// How long one SMTP conversation may take.
@@ -37,10 +129,9 @@ impl Transport {
             Transport::Smtp(url) => AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
                 .map(|b| Sender::Smtp(b.timeout(Some(SMTP_TIMEOUT)).build()))
                 .map_err(|e| format!("the SMTP URL is not usable: {e}")),
-            Transport::Folder(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| format!("making the mail folder {}: {e}", dir.display()))?;
-                Ok(Sender::Folder(AsyncFileTransport::new(dir)))
-            }
+            Transport::Folder(dir) => MailFolder::open(dir)
+                .map(Sender::Folder)
+                .map_err(|e| format!("making the mail folder {} private: {e}", dir.display())),
         }
     }
 
@@ -104,11 +195,19 @@ pub fn message(from: &Mailbox, to: &str, letter: &Letter) -> Result<Message, Str
 }
 
 impl Sender {
-    /// Send one message; the error in words.
-    pub async fn send(&self, message: Message) -> Result<(), String> {
+    /// Send one message (`name` says which mail it is); the error in words.
+    pub async fn send(&self, name: MailName, message: Message) -> Result<(), String> {
         match self {
             Sender::Smtp(smtp) => smtp.send(message).await.map(|_| ()).map_err(|e| e.to_string()),
-            Sender::Folder(folder) => folder.send(message).await.map(|_| ()).map_err(|e| e.to_string()),
+            Sender::Folder(folder) => folder.write(name, message.formatted()).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The mail folder, when mail goes to one.
+    pub fn folder(&self) -> Option<&MailFolder> {
+        match self {
+            Sender::Folder(folder) => Some(folder),
+            Sender::Smtp(_) => None,
         }
     }
 }

@@ -123,10 +123,16 @@ pub enum Command {
         #[command(subcommand)]
         action: JobsAction,
     },
-    /// Create an administrator (password from SLUICE_ADMIN_PASSWORD, else prompted).
+    /// Create an administrator (password from SLUICE_ADMIN_PASSWORD, else prompted). An address
+    /// that already has an account is refused: anyone may have signed up with it first.
     CreateAdmin {
         #[arg(long)]
         email: String,
+        /// Make the existing account at this address the admin instead (it keeps its own
+        /// password; no password is asked). Only a verified account; its age and verification
+        /// are printed, and its sessions and tokens end.
+        #[arg(long)]
+        promote_existing: bool,
     },
     /// Grant credits to a user (a negative amount takes them back).
     GrantCredits {

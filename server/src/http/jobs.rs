@@ -508,7 +508,7 @@ pub async fn get_translated_file(
     params(("id" = String, Path, description = JOB_ID)),
     responses(
         (status = 200, description = "The parts answered so far, in order, as a Markdown attachment", content_type = "text/markdown"),
-        (status = 409, description = "Not done in parts, or no part answered yet", body = ErrorBody),
+        (status = 409, description = "Not done in parts, no part answered yet, or refunded in full", body = ErrorBody),
         (status = 410, description = "Deleted by its owner", body = ErrorBody),
         NotYours,
         Common,
@@ -520,6 +520,10 @@ pub async fn get_parts_so_far(
 ) -> Result<Response, ApiError> {
     if job.deleted_at.is_some() {
         return Err(AppError::Deleted.into());
+    }
+    if !engine::settlement::answered_parts_served(i64::from(job.cost), job.refunded) {
+        let message = "nothing to download: the document was refunded in full, so its parts are not served".into();
+        return Err(AppError::CannotDownload { message }.into());
     }
     audit_if_not_the_owner(&state, &caller, &job, "read_parts").await?;
     let so_far = engine::queue::parts::answered_so_far(&state.ctx.pool, job.id).await?;

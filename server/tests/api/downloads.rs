@@ -196,4 +196,23 @@ async fn the_parts_answered_so_far_download_in_order_with_the_rest_marked(pool: 
         "*[part 1 of 4 is not done]*\n\nChapter 2 translated.\n\n*[part 3 of 4 is not done]*\n\nChapter 4 translated."
     );
     assert_eq!(client.get(app.url(&path)).bearer_auth(&other).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+
+    // Failed and refunded in full (the failure was ours): what was answered is not served, as
+    // nothing of it was paid for (issue 55, item 2).
+    sqlx::query(
+        "UPDATE jobs SET state = 'failed', failure_kind = 'provider_rejected', failure_reason = 'refused',
+                finished_at = now() WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO ledger (user_id, kind, amount, job_id, note) SELECT owner_id, 'refund', cost, id, 'ours' FROM jobs WHERE id = $1")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let refunded = client.get(app.url(&path)).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(refunded.status(), StatusCode::CONFLICT);
+    assert!(refunded.text().await.unwrap().contains("refunded in full"));
 }

@@ -437,3 +437,58 @@ async fn the_outbox_retries_a_server_that_is_down_is_bounded_per_account_and_wri
     assert!(reset.contains("gus@example.com"), "{reset}");
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+/// Issue 55, item 7: the mail folder holds live links, so it is private whatever the umask
+/// (a folder made earlier with 0755 too), each file is 0600, and an account's files go at
+/// once when it is deleted and with the outbox's retention otherwise.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_mail_folder_is_private_and_forgets_a_deleted_accounts_links_at_once(pool: PgPool) {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let folder = std::env::temp_dir().join(format!("sluice-private-outbox-{}", rand::random::<u32>()));
+    std::fs::DirBuilder::new().mode(0o755).create(&folder).unwrap();
+    let config = MailConfig {
+        transport: Transport::Folder(folder.clone()),
+        site: app.url(""),
+        poll_every: Duration::from_millis(100),
+        ..MailConfig::default()
+    };
+    tokio::spawn(engine::mail::outbox::run(app.pool.clone(), config));
+    let limits = engine::accounts::recovery::LinkLimits { per_account: 100, per_address: 100, ..Default::default() };
+    let ann = users::create_user(&app.pool, "ann@example.com", "password123", Role::Admin, 0).await.unwrap();
+    let bea = users::create_user(&app.pool, "bea@example.com", "password123", Role::User, 0).await.unwrap();
+    for email in ["ann@example.com", "bea@example.com"] {
+        engine::accounts::recovery::request_reset(&app.pool, email, "203.0.113.9", limits).await.unwrap();
+    }
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut found: Vec<_> = std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().path()).collect();
+        found.sort();
+        found
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while files().len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(files().len(), 2, "both reset mails written");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&folder), 0o700, "the folder is private");
+    for file in files() {
+        assert_eq!(mode(&file), 0o600, "{} is readable by others", file.display());
+    }
+
+    engine::accounts::deletion::delete_account(&app.pool, &app.blobs, bea.id).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let bea_prefix = format!("{}-", bea.id);
+    let held_by = |prefix: &str| files().iter().filter(|f| f.file_name().unwrap().to_str().unwrap().starts_with(prefix)).count();
+    while held_by(&bea_prefix) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(held_by(&bea_prefix), 0, "a deleted account's reset link is still in the folder");
+    assert_eq!(held_by(&format!("{}-", ann.id)), 1, "another account's mail is kept");
+
+    // Past the retention everything goes (here a retention of nothing).
+    let sender = Transport::Folder(folder.clone()).open().unwrap();
+    let pruned = engine::mail::outbox::prune_folder(&app.pool, sender.folder().unwrap(), Duration::ZERO).await.unwrap();
+    assert_eq!((pruned, files().len()), (1, 0));
+    let _ = std::fs::remove_dir_all(&folder);
+}

@@ -120,7 +120,14 @@ async fn a_role_change_holds_on_the_next_request_on_every_process_and_is_audited
         false
     };
     assert!(refused.await, "the other process still lets a demoted operator act after a second");
-    assert_eq!(call(&client, &second, "admin/overview", &[]).await.status(), StatusCode::OK, "support still reads");
+    // A change of role ends the account's sessions: the old one reaches nothing, a new log-in
+    // holds the new role.
+    assert_eq!(call(&client, &second, "admin/overview", &[]).await.status(), StatusCode::NOT_FOUND);
+    let again = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let logged_in = call(&again, &second, "log_in", &[("email", &email), ("password", "password123")]).await;
+    assert_eq!(logged_in.status(), StatusCode::OK);
+    assert_eq!(call(&again, &second, "admin/overview", &[]).await.status(), StatusCode::OK, "support reads");
+    assert_eq!(call(&again, &second, "admin/set_processing", &[("enabled", "true")]).await.status(), StatusCode::NOT_FOUND);
     let audited: (String, String, String) = sqlx::query_as(
         "SELECT actor, old_value, new_value FROM audit_log WHERE action = 'role' ORDER BY id DESC LIMIT 1",
     )

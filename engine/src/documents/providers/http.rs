@@ -24,6 +24,16 @@ pub fn classify_http_failure(status: u16, body: &str, retry_after: Option<&str>,
         || lower.contains("usage limit")
         || lower.contains("insufficient_quota")
         || lower.contains("credit balance is too low");
+    // A content-policy refusal is about the document (Anthropic: "Output blocked by content
+    // filtering policy"; OpenAI: `content_policy_violation`; Azure: `content_filter`,
+    // `ResponsibleAIPolicyViolation`): settled as a declined answer, its answered parts kept.
+    let content_policy = status == 400
+        && ["content_filter", "content filter", "content_policy", "content policy", "responsibleaipolicyviolation"]
+            .iter()
+            .any(|needle| lower.contains(needle));
+    if content_policy {
+        return declined().with_status(status).with_detail(&message);
+    }
     let class = match status {
         429 if spend_limit => ErrorClass::Rejected,
         429 => ErrorClass::RateLimited,
@@ -284,6 +294,15 @@ mod tests {
         for status in [400, 401, 403, 404] {
             assert_eq!(c(status, "{}"), ErrorClass::Rejected, "{status}");
         }
+        // Content-policy refusals as the vendors send them are the document's: declined.
+        for body in [
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"Output blocked by content filtering policy"}}"#,
+            r#"{"error":{"message":"Your request was rejected as a result of our safety system.","type":"invalid_request_error","code":"content_policy_violation"}}"#,
+            r#"{"error":{"code":"content_filter","message":"The response was filtered","innererror":{"code":"ResponsibleAIPolicyViolation"}}}"#,
+        ] {
+            assert_eq!(c(400, body), ErrorClass::InvalidInput, "{body}");
+        }
+        assert_eq!(c(403, r#"{"error":{"message":"content policy"}}"#), ErrorClass::Rejected, "only a 400 is the document's");
         let e = classify_http_failure(429, "{}", Some("7"), now);
         assert_eq!(e.retry_after, Some(Duration::from_secs(7)));
         assert_eq!(e.provider_status, Some(429));
