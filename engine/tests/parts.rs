@@ -319,6 +319,7 @@ async fn a_content_policy_refusal_on_a_late_part_keeps_the_answered_parts_share(
         let mut config = fake_config(&fake);
         if openai {
             config.kind = ProviderKind::Openai;
+            config.base_url = format!("{}/v1", fake.base_url());
         }
         let processor = processor(&pool, &docs, config, 500, Budget::disabled());
         let view = drive(&pool, &processor, job).await;
