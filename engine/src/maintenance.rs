@@ -172,6 +172,14 @@ pub async fn run(
                 if let Err(e) = crate::queue::processes::forget_stopped(&pool).await {
                     tracing::warn!(error = %e, "forgetting stopped processes failed");
                 }
+                if let Some(blobs) = &blobs {
+                    let lifetime = crate::accounts::signup::UNVERIFIED_LIFETIME;
+                    match crate::accounts::signup::expire_unverified(&pool, blobs, lifetime).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(accounts = n, "unverified accounts expired; their addresses are free"),
+                        Err(e) => tracing::warn!(error = %e, "expiring unverified accounts failed"),
+                    }
+                }
             }
         }
     }

@@ -445,7 +445,9 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
     ledger::debit_for_job(&mut tx, s.user_id, job_id, s.cost).await?;
     if crate::mail::compose::fell_low(balance_after + s.cost, balance_after) {
         let detail = crate::mail::compose::Detail { balance: Some(balance_after), ..Default::default() };
-        let key = format!("credits_low:{job_id}");
+        // Once a day per account: a refund lifts the balance again, so without the day in
+        // the key every upload and cancel would mail once more.
+        let key = format!("credits_low:{}:{}", s.user_id, chrono::Utc::now().date_naive());
         super::notices::mail_if_chosen(&mut tx, s.user_id, crate::mail::MailKind::CreditsLow, &key, &detail).await?;
     }
     tx.commit().await?;

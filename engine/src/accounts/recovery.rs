@@ -12,7 +12,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::links::{self, Purpose, RESET_VALID, VERIFY_VALID};
 use super::users::{self, check_password_rules, User};
-use super::{auth_cache, ledger, login, throttle};
+use super::{auth_cache, login, throttle};
 use crate::error::{EngineError, Result};
 use crate::mail::compose::{Detail, MailKind};
 
@@ -33,6 +33,9 @@ impl Default for LinkLimits {
         LinkLimits { per_account: 3, per_address: 10, window: Duration::from_secs(3600) }
     }
 }
+
+/// Verification mails an account may ask for again in all (the first, at sign-up, aside).
+pub const MAX_VERIFY_RESENDS: i64 = 5;
 
 /// Issue a verification link for `user_id` and queue its mail, in the caller's transaction.
 pub async fn start_verification(conn: &mut PgConnection, user_id: i64) -> Result<()> {
@@ -55,6 +58,10 @@ pub async fn resend_verification(pool: &PgPool, user: &User, client: &str, limit
         (format!("links:address:{client}"), limits.per_address),
     ];
     throttle::take_all(pool, &windows, limits.window).await?;
+    // In all, over the account's unverified life: the hourly window alone would mail an
+    // address that never asked 3 times an hour until the account expires.
+    let lifetime = super::signup::UNVERIFIED_LIFETIME;
+    throttle::take(pool, &format!("verify:account-total:{}", user.id), MAX_VERIFY_RESENDS, lifetime).await?;
     let mut tx = pool.begin().await?;
     start_verification(&mut tx, user.id).await?;
     tx.commit().await?;
@@ -69,8 +76,9 @@ async fn mark_verified(tx: &mut PgConnection, user_id: i64, grant: i64) -> Resul
     .bind(user_id)
     .fetch_optional(&mut *tx)
     .await?;
-    if first.is_some() && grant > 0 {
-        ledger::add_credits(tx, user_id, ledger::CreditKind::Grant, grant, "system", Some("sign-up grant")).await?;
+    if first.is_some() {
+        let email: String = sqlx::query_scalar("SELECT email FROM users WHERE id = $1").bind(user_id).fetch_one(&mut *tx).await?;
+        users::give_signup_grant(tx, user_id, &email, grant).await?;
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::users::{check_password_rules, get, insert_user, normalize_email, Role, User};
+use super::users::{check_password_rules, get, give_signup_grant, insert_user, normalize_email, Role, User};
 use super::{recovery, throttle};
 use crate::error::Result;
 
@@ -49,10 +49,33 @@ pub async fn sign_up(
     ];
     throttle::take_all(pool, &windows, limits.window).await?;
     let mut tx = pool.begin().await?;
-    let id = insert_user(&mut tx, email, password, Role::User, if verify { 0 } else { grant }, !verify).await?;
+    let id = insert_user(&mut tx, email, password, Role::User, 0, !verify).await?;
     if verify {
         recovery::start_verification(&mut tx, id).await?;
+    } else {
+        give_signup_grant(&mut tx, id, email, grant).await?;
     }
     tx.commit().await?;
     get(pool, id).await
+}
+
+/// How long an account may stay unverified before it is deleted and its address freed (the
+/// verification link is good for as long).
+pub const UNVERIFIED_LIFETIME: Duration = super::links::VERIFY_VALID;
+
+/// Delete accounts whose address was not verified within `lifetime` (at most 100 a run; the
+/// upkeep runs it hourly): a stranger cannot hold someone's address by signing up with it.
+/// Returns how many went.
+pub async fn expire_unverified(pool: &PgPool, blobs: &crate::documents::Blobs, lifetime: Duration) -> Result<usize> {
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM users WHERE email_verified_at IS NULL AND deleted_at IS NULL
+           AND created_at < now() - make_interval(secs => $1) ORDER BY created_at LIMIT 100",
+    )
+    .bind(lifetime.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    for id in &ids {
+        super::deletion::delete_account(pool, blobs, *id).await?;
+    }
+    Ok(ids.len())
 }

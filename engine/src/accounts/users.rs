@@ -40,6 +40,40 @@ impl User {
     }
 }
 
+/// Pure: the mailbox an address reaches, for giving the sign-up grant once: lower-cased,
+/// without a `+tag`, and at Gmail (which ignores dots, and answers at googlemail.com too)
+/// without dots. `me+1@x.org` and `Me@x.org` are one mailbox; `m.e@gmail.com` and
+/// `me@googlemail.com` too.
+pub fn mailbox_of(email: &str) -> String {
+    let email = email.trim().to_lowercase();
+    let Some((local, domain)) = email.rsplit_once('@') else { return email };
+    let local = local.split('+').next().unwrap_or(local);
+    match domain {
+        "gmail.com" | "googlemail.com" => format!("{}@gmail.com", local.replace('.', "")),
+        _ => format!("{local}@{domain}"),
+    }
+}
+
+/// Give the sign-up grant to `user_id` (in the caller's transaction) unless its mailbox
+/// ([`mailbox_of`]) had one already; returns whether it was given.
+pub(super) async fn give_signup_grant(tx: &mut sqlx::PgConnection, user_id: i64, email: &str, grant: i64) -> Result<bool> {
+    if grant <= 0 {
+        return Ok(false);
+    }
+    let first: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO signup_grants (mailbox, user_id) VALUES ($1, $2) ON CONFLICT (mailbox) DO NOTHING RETURNING user_id",
+    )
+    .bind(mailbox_of(email))
+    .bind(user_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if first.is_some() {
+        super::ledger::add_credits(tx, user_id, super::ledger::CreditKind::Grant, grant, "system", Some("sign-up grant"))
+            .await?;
+    }
+    Ok(first.is_some())
+}
+
 /// Trimmed and lower-cased, or a message saying what is wrong.
 pub fn normalize_email(email: &str) -> Result<String> {
     let email = email.trim().to_lowercase();
@@ -243,6 +277,15 @@ pub async fn set_max_in_flight(pool: &PgPool, id: i64, limit: i32, actor: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mailbox_is_one_whatever_its_tags_case_and_gmail_dots() {
+        assert_eq!(mailbox_of(" Ada+news@Example.org "), "ada@example.org");
+        assert_eq!(mailbox_of("a.d.a+1@gmail.com"), "ada@gmail.com");
+        assert_eq!(mailbox_of("ADA@googlemail.com"), "ada@gmail.com");
+        assert_eq!(mailbox_of("a.da@example.org"), "a.da@example.org", "dots count outside Gmail");
+        assert_ne!(mailbox_of("ada@example.org"), mailbox_of("ada@example.com"));
+    }
 
     #[test]
     fn emails_are_normalized_and_checked() {

@@ -90,8 +90,13 @@ impl MailConfig {
 /// (a user cannot fill the outbox, or a mailbox, by asking for links).
 pub const MAX_PENDING_PER_ACCOUNT: i64 = 20;
 
+/// Notices one account may be sent in any 24 hours, whatever the transport (a folder or a fast
+/// SMTP server never has any waiting): past it a new one is given up at once, on the record.
+pub const MAX_NOTICES_PER_DAY: i64 = 30;
+
 /// Queue a mail inside the caller's transaction; a second one with the same `event_key` is
-/// ignored (each event mails once). Notices count against [`MAX_PENDING_PER_ACCOUNT`]; an
+/// ignored (each event mails once). Notices count against [`MAX_PENDING_PER_ACCOUNT`] and
+/// [`MAX_NOTICES_PER_DAY`]; an
 /// account's own mail (a reset or verification link) is bounded by its request throttles
 /// instead, so a backlog of notices never drops it.
 pub async fn enqueue(
@@ -105,11 +110,17 @@ pub async fn enqueue(
     sqlx::query(
         "WITH pending AS (
              SELECT count(*) AS n FROM (
-                 SELECT 1 FROM mail_outbox WHERE user_id = $1 AND sent_at IS NULL AND gave_up_at IS NULL LIMIT $5) p)
+                 SELECT 1 FROM mail_outbox WHERE user_id = $1 AND sent_at IS NULL AND gave_up_at IS NULL LIMIT $5) p),
+         today AS (
+             SELECT count(*) AS n FROM (
+                 SELECT 1 FROM mail_outbox
+                 WHERE user_id = $1 AND kind = ANY($8) AND gave_up_at IS NULL AND created_at > now() - interval '1 day'
+                 LIMIT $7) t)
          INSERT INTO mail_outbox (user_id, kind, event_key, detail, gave_up_at, last_error)
-         SELECT $1, $2, $3, $4, CASE WHEN over_bound THEN now() END,
-                CASE WHEN over_bound THEN format('%s mails were already waiting for this account', $5) END
-         FROM (SELECT $6 AND pending.n >= $5 AS over_bound FROM pending) f
+         SELECT $1, $2, $3, $4, CASE WHEN over_bound OR over_day THEN now() END,
+                CASE WHEN over_bound THEN format('%s mails were already waiting for this account', $5)
+                     WHEN over_day THEN format('%s notices were already sent to this account today', $7) END
+         FROM (SELECT $6 AND pending.n >= $5 AS over_bound, $6 AND today.n >= $7 AS over_day FROM pending, today) f
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(user_id)
@@ -118,6 +129,8 @@ pub async fn enqueue(
     .bind(detail)
     .bind(MAX_PENDING_PER_ACCOUNT)
     .bind(kind.is_notice())
+    .bind(MAX_NOTICES_PER_DAY)
+    .bind(MailKind::ALL.into_iter().filter(|k| k.is_notice()).map(MailKind::as_str).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     // The senders wake when this commits: a reset link arrives at once, not at the next poll.

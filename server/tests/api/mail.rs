@@ -492,3 +492,90 @@ async fn the_mail_folder_is_private_and_forgets_a_deleted_accounts_links_at_once
     assert_eq!((pruned, files().len()), (1, 0));
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+/// Issue 55, item 6: mail an attacker can make Sluice send is bounded. An upload and a cancel
+/// repeated send "credits are low" once a day, not once per upload (against a real SMTP
+/// server); every account's notices are capped per day whatever the transport.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn credits_low_is_mailed_once_a_day_and_notices_are_capped_per_account(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let mail = with_mail(&app).await;
+    let (user_id, token) = app.user_with_token("low@example.com", 5, 5).await;
+    let client = reqwest::Client::new();
+    for n in 0..6 {
+        let accepted = app.upload(&token, doc(n), None).await;
+        assert_eq!(accepted.status(), StatusCode::ACCEPTED);
+        let id = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+        let canceled = client.post(app.url(&format!("/api/v1/jobs/{id}/cancel"))).bearer_auth(&token).send().await;
+        assert_eq!(canceled.unwrap().status(), StatusCode::OK);
+        assert_eq!(users::get(&app.pool, user_id).await.unwrap().balance, 5, "refunded at once");
+    }
+    let first = one_mail(&mail, "low@example.com", 1).await;
+    assert!(first.subject().to_lowercase().contains("credit"), "{}", first.subject());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(mail.mails_to("low@example.com").len(), 1, "six falls below the line, one mail");
+
+    // Every notice an account is sent counts toward its day: past the cap, given up on the record.
+    let mut tx = app.pool.begin().await.unwrap();
+    for n in 0..engine::mail::outbox::MAX_NOTICES_PER_DAY + 5 {
+        let detail = engine::mail::compose::Detail { job_id: Some(format!("job-{n}")), ..Default::default() };
+        let kind = engine::mail::MailKind::Done;
+        engine::mail::outbox::enqueue(&mut tx, user_id, kind, &format!("done:test:{n}"), &detail).await.unwrap();
+        // Sent at once, as a folder or a fast server would: nothing stays waiting.
+        sqlx::query("UPDATE mail_outbox SET sent_at = now() WHERE sent_at IS NULL AND gave_up_at IS NULL")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let (kept, given_up): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE gave_up_at IS NULL), count(*) FILTER (WHERE gave_up_at IS NOT NULL)
+         FROM mail_outbox WHERE user_id = $1 AND kind IN ('done', 'failed', 'credits_low')",
+    )
+    .bind(user_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((kept, given_up), (engine::mail::outbox::MAX_NOTICES_PER_DAY, 6), "one credits-low mail and the cap");
+}
+
+/// Issue 55, item 6: sign-ups are not free mail and free credits. The grant is given once per
+/// mailbox (`+tags`, case and Gmail's dots folded); an address left unverified expires (freed
+/// for its owner); verification mails cannot be asked for without end.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_signup_grant_is_once_per_mailbox_and_unverified_accounts_expire(pool: PgPool) {
+    use engine::accounts::{recovery, signup};
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let limits = signup::SignupLimits { per_address: 100, per_network: 100, overall: 100, ..Default::default() };
+    let sign_up = |email: &'static str, verify: bool| {
+        let pool = app.pool.clone();
+        async move { signup::sign_up(&pool, email, "long password", 20, "203.0.113.5", limits, verify).await }
+    };
+    let first = sign_up("jo.doe@gmail.com", false).await.unwrap();
+    assert_eq!(first.balance, 20);
+    for again in ["jodoe+1@gmail.com", "J.O.D.O.E@googlemail.com"] {
+        let user = sign_up(again, false).await.unwrap();
+        assert_eq!(user.balance, 0, "{again} is the same mailbox: no second grant");
+    }
+    assert_eq!(sign_up("jo.doe@example.org", false).await.unwrap().balance, 20, "another mailbox");
+
+    // Unverified: the verification mails are bounded in all, and the account expires.
+    let waiting = sign_up("late@example.org", true).await.unwrap();
+    let links = recovery::LinkLimits { per_account: 100, per_address: 100, ..Default::default() };
+    for _ in 0..recovery::MAX_VERIFY_RESENDS {
+        recovery::resend_verification(&app.pool, &waiting, "203.0.113.6", links).await.unwrap();
+    }
+    let refused = recovery::resend_verification(&app.pool, &waiting, "203.0.113.7", links).await;
+    assert!(matches!(refused, Err(engine::EngineError::RateLimited { .. })), "{refused:?}");
+    assert_eq!(signup::expire_unverified(&app.pool, &app.blobs, signup::UNVERIFIED_LIFETIME).await.unwrap(), 0);
+    sqlx::query("UPDATE users SET created_at = now() - interval '49 hours' WHERE id = $1")
+        .bind(waiting.id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(signup::expire_unverified(&app.pool, &app.blobs, signup::UNVERIFIED_LIFETIME).await.unwrap(), 1);
+    assert!(users::get(&app.pool, waiting.id).await.is_err(), "expired");
+    let owner = sign_up("late@example.org", true).await.expect("the address is free for its owner");
+    assert_ne!(owner.id, waiting.id);
+    assert_eq!(users::get(&app.pool, first.id).await.unwrap().balance, 20, "verified accounts stay");
+}
