@@ -56,11 +56,12 @@ impl Uploaded {
 
 /// The slowest average an upload may keep (bytes per second), judged once it has run this long:
 /// 50 MiB at 10 KB/s is an hour and a half, longer than anyone waits.
-const MIN_RATE: u64 = 10_000;
-const MIN_RATE_AFTER: Duration = Duration::from_secs(60);
+/// Downloads are held to the same floor (their bytes taken by the client).
+pub const MIN_RATE: u64 = 10_000;
+pub const MIN_RATE_AFTER: Duration = Duration::from_secs(60);
 
 /// Pure: whether `received` bytes in `elapsed` is below [`MIN_RATE`] (judged after [`MIN_RATE_AFTER`]).
-fn too_slow(received: u64, elapsed: Duration) -> bool {
+pub fn too_slow(received: u64, elapsed: Duration) -> bool {
     elapsed > MIN_RATE_AFTER && received < MIN_RATE * elapsed.as_secs()
 }
 /// Side fields (`preset`, `language`) are short words: longer ones are refused unread.

@@ -104,6 +104,13 @@ impl Blobs {
         format!("documents/{}", hex::encode(bytes))
     }
 
+    /// Where a done translation's rebuilt file (a Word or OpenDocument file) is kept, built
+    /// once at its first download and streamed from here after: outside `documents/`, which
+    /// the orphan sweep and the reconciliation read as uploads.
+    pub fn translated_key(job_id: uuid::Uuid) -> String {
+        format!("translated/{job_id}")
+    }
+
     /// Store `data` under `key` (replacing what was there).
     pub async fn put(&self, key: &str, data: Bytes) -> Result<()> {
         self.store.put(&ObjectPath::from(key), PutPayload::from(data)).await.map_err(|e| self.noted(storage(e)))?;

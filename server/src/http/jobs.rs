@@ -414,7 +414,7 @@ pub async fn get_original(
     // Streamed from storage: memory per download is a chunk, not the document.
     let chunks = state.ctx.blobs.stream(&document.key).await?;
     let stem = document.name.clone().unwrap_or_else(|| format!("document.{}", document.doc_type.extension()));
-    Ok(download(document.doc_type.mime(), &stem, Body::from_stream(chunks)))
+    Ok(download(document.doc_type.mime(), &stem, Body::from_stream(RateFloor::new(chunks))))
 }
 
 /// `GET /api/v1/jobs/{id}/result.md`: a done job's result as a Markdown attachment.
@@ -442,8 +442,9 @@ pub async fn get_result_markdown(
 }
 
 /// `GET /api/v1/jobs/{id}/translated`: a done translation of a Word or OpenDocument file as a
-/// file of the same format, every paragraph's text translated in place (rebuilt in the
-/// sandboxed reader from the original and the translation, while the original is kept).
+/// file of the same format, every paragraph's text translated in place (rebuilt once, in the
+/// sandboxed reader from the original and the translation, kept in the document store beside
+/// the original and streamed from there; gone with the job).
 #[utoipa::path(
     get,
     path = "/api/v1/jobs/{id}/translated",
@@ -472,10 +473,34 @@ pub async fn get_translated_file(
         return Err(AppError::CannotDownload { message: message.into() }.into());
     }
     let document = spec.document;
-    let reader = state.ctx.settings.document_reader.clone().ok_or_else(AppError::unavailable)?;
-    // Taken before the document is read into memory: a flood of downloads waits outside.
-    let _turn = state.ctx.rebuilds.clone().try_acquire_owned().map_err(|_| AppError::Busy { retry_after_secs: 5 })?;
     audit_if_not_the_owner(&state, &caller, &job, "download_translated").await?;
+    let name = format!("{}-translated.{}", name_stem(document.name.clone()), document.doc_type.extension());
+    let key = engine::documents::Blobs::translated_key(job.id);
+    if !state.ctx.blobs.exists(&key).await? {
+        build_translated_file(&state, &job, &document, &result, &key).await?;
+    }
+    // Streamed from storage, held to the download rate floor: a slow reader holds a chunk,
+    // not the file, and not for hours.
+    let chunks = state.ctx.blobs.stream(&key).await?;
+    Ok(download(document.doc_type.mime(), &name, Body::from_stream(RateFloor::new(chunks))))
+}
+
+/// Rebuild a done translation's file in the sandboxed reader and keep it under `key`: once per
+/// job (a download after the first streams what is kept), a few at once per process, the
+/// rest told to come back before their document is read.
+async fn build_translated_file(
+    state: &AppState,
+    job: &JobView,
+    document: &DocumentRef,
+    result: &serde_json::Value,
+    key: &str,
+) -> Result<(), ApiError> {
+    let reader = state.ctx.settings.document_reader.clone().ok_or_else(AppError::unavailable)?;
+    // Taken before the document is read into memory: a flood of first downloads waits outside.
+    let _turn = state.ctx.rebuilds.clone().try_acquire_owned().map_err(|_| AppError::Busy { retry_after_secs: 5 })?;
+    if state.ctx.blobs.exists(key).await? {
+        return Ok(()); // built while this request waited for its turn
+    }
     let original = match state.ctx.blobs.get(&document.key).await {
         Ok(bytes) => bytes,
         Err(engine::EngineError::NotFound) => return Err(AppError::Gone.into()),
@@ -494,8 +519,56 @@ pub async fn get_translated_file(
             engine::queue::policy::retry::ErrorClass::InvalidInput => AppError::CannotDownload { message: e.message },
             _ => AppError::Internal,
         })?;
-    let name = format!("{}-translated.{}", name_stem(document.name.clone()), document.doc_type.extension());
-    Ok(download(document.doc_type.mime(), &name, file))
+    tracing::debug!(job = %job.id, bytes = file.len(), "translated file built and kept");
+    state.ctx.blobs.put(key, file.into()).await?;
+    Ok(())
+}
+
+/// A download's body held to the uploads' rate floor (`app::server::upload::too_slow`): once
+/// it has run a minute, a client that has taken less than 10 KB a second on average is cut
+/// off. Judged when the client makes room for the next chunk; a client that takes nothing
+/// at all is cut off by the connection's own stall bound (`serve.rs`).
+struct RateFloor<S> {
+    inner: S,
+    started: std::time::Instant,
+    sent: u64,
+}
+
+impl<S> RateFloor<S> {
+    fn new(inner: S) -> Self {
+        RateFloor::started_at(inner, std::time::Instant::now())
+    }
+
+    fn started_at(inner: S, started: std::time::Instant) -> Self {
+        RateFloor { inner, started, sent: 0 }
+    }
+}
+
+impl<S> futures::Stream for RateFloor<S>
+where
+    S: futures::Stream<Item = Result<Bytes, engine::EngineError>> + Unpin,
+{
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if upload::too_slow(self.sent, self.started.elapsed()) {
+            let slow = std::io::Error::new(std::io::ErrorKind::TimedOut, "the client takes the download too slowly");
+            return Poll::Ready(Some(Err(slow)));
+        }
+        match std::pin::Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                self.sent += chunk.len() as u64;
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(std::io::Error::other(e.to_string())))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// `GET /api/v1/jobs/{id}/parts.md`: what is answered so far of a document done in parts, as
@@ -624,7 +697,25 @@ pub async fn delete_webhook(
 
 #[cfg(test)]
 mod tests {
-    use super::attachment;
+    use super::{attachment, RateFloor};
+    use futures::StreamExt;
+
+    #[tokio::test]
+    async fn a_download_taken_below_the_floor_is_cut_off_and_one_above_it_is_not() {
+        let chunks = |n: usize| futures::stream::iter((0..n).map(|_| Ok(axum::body::Bytes::from(vec![0u8; 100_000]))));
+        let two_minutes_ago = std::time::Instant::now() - std::time::Duration::from_secs(120);
+        // Two minutes in with nothing taken: 1.2 MB was owed, so the next chunk is refused.
+        let mut slow = RateFloor::started_at(chunks(20), two_minutes_ago);
+        let refused = slow.next().await.expect("an answer").expect_err("cut off");
+        assert_eq!(refused.kind(), std::io::ErrorKind::TimedOut);
+        // Past the floor (2 MB sent in those two minutes), it goes on.
+        let mut fast = RateFloor::started_at(chunks(20), two_minutes_ago);
+        fast.sent = 2_000_000;
+        assert!(fast.next().await.expect("an answer").is_ok());
+        let fresh = RateFloor::new(chunks(20));
+        let all: Vec<_> = fresh.collect().await;
+        assert!(all.iter().all(Result::is_ok), "a minute's grace, and a fast client, are never cut off");
+    }
 
     #[test]
     fn attachment_names_are_ascii_and_quoted_safely() {
