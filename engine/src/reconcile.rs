@@ -59,7 +59,7 @@ const KEEP_PER_CHECK: usize = 100;
 const ORPHAN_GRACE: chrono::Duration = chrono::Duration::hours(1);
 
 /// The SQL checks: (name, what they examine, the query returning (subject, detail) rows).
-const SQL_CHECKS: [(&str, &str, &str); 5] = [
+const SQL_CHECKS: [(&str, &str, &str); 6] = [
     (
         "balance_matches_ledger",
         "SELECT count(*) FROM users",
@@ -102,6 +102,25 @@ const SQL_CHECKS: [(&str, &str, &str); 5] = [
             OR (j.state NOT IN ('failed', 'canceled', 'done') AND coalesce(r.n, 0) > CASE WHEN j.replays > 0 THEN 1 ELSE 0 END)
             OR (j.state = 'done' AND coalesce(r.n, 0) > 1)
          ORDER BY j.accepted_at",
+    ),
+    // The storage quota reads a counter the transitions move (one row, not every job); it
+    // must match the documents kept and the part text its owner's jobs hold.
+    (
+        "stored_bytes_match_documents",
+        "SELECT count(*) FROM users",
+        "WITH counted AS (
+             SELECT owner_id, sum(bytes) AS bytes FROM (
+                 SELECT DISTINCT ON (owner_id, payload #>> '{document,key}') owner_id,
+                        coalesce((payload #>> '{document,size}')::numeric, 0)::int8 AS bytes
+                 FROM jobs WHERE kind = 'document' AND document_released_at IS NULL AND payload #>> '{document,key}' IS NOT NULL
+                 UNION ALL
+                 SELECT j.owner_id, octet_length(p.body) + octet_length(p.overlap) + coalesce(octet_length(p.output), 0)
+                 FROM job_parts p JOIN jobs j ON j.id = p.job_id) kept
+             GROUP BY owner_id)
+         SELECT 'user ' || u.id, format('stored bytes counted %s, its documents and parts hold %s',
+                                        coalesce(s.bytes, 0), coalesce(c.bytes, 0))
+         FROM users u LEFT JOIN user_storage s ON s.user_id = u.id LEFT JOIN counted c ON c.owner_id = u.id
+         WHERE coalesce(s.bytes, 0) <> coalesce(c.bytes, 0) ORDER BY u.id",
     ),
     // A lease further ahead than 10 minutes is not one a worker set (leases are a minute).
     (

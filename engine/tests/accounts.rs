@@ -480,7 +480,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     assert_eq!(queue::get(&pool, replayed.id).await.unwrap().state, JobState::Done);
     let clean = reconcile::run(&pool, Some(&blobs), "test").await.unwrap();
     assert!(clean.discrepancies.is_empty(), "{:?}", clean.discrepancies);
-    assert_eq!(clean.checks.len(), 7);
+    assert_eq!(clean.checks.len(), 8);
     assert!(clean.checks.iter().all(|c| c.found == 0 && c.examined >= 0));
 
     // Break the books in every way a check looks for.
@@ -824,4 +824,93 @@ async fn the_intake_bound_holds_over_a_processs_reading_of_the_backlog(pool: PgP
     tokio::time::sleep(age).await;
     assert!(overloaded(&submit(&here, "a7").await), "counted again after its age");
     assert_eq!(waiting().await, 4);
+}
+
+/// Issue 55, item 5: the storage quota reads one counter, moved by every admission (a shared
+/// document once), part written, release and deletion, from many transactions at once; the
+/// reconciliation finds it equal to the rows it counts, and it is back to nothing when they go.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn stored_bytes_are_a_counter_the_transitions_move_and_the_books_check(pool: PgPool) {
+    let pool = wider_pool(&pool, 20).await;
+    let user = users::create_user(&pool, "quota@example.com", "password123", Role::User, 1_000).await.unwrap();
+    sqlx::query("UPDATE users SET max_in_flight = 100 WHERE id = $1").bind(user.id).execute(&pool).await.unwrap();
+    let config = AdmissionConfig { storage_quota_bytes: Some(1 << 30), ..AdmissionConfig::default() };
+    let counted = |pool: PgPool| async move {
+        let mut conn = pool.acquire().await.unwrap();
+        admission::storage_used(&mut conn, user.id).await.unwrap()
+    };
+    // 40 admissions at once over 20 documents (each shared by two jobs, as "run again" does).
+    let admitted = futures::future::join_all((0..40).map(|n| {
+        let (pool, config) = (pool.clone(), config.clone());
+        async move {
+            let s = Submission {
+                price_by_size: None,
+                shared_document: None,
+                cost: 1,
+                est_input_tokens: 0,
+                user_id: user.id,
+                payload: serde_json::json!({ "document": { "key": format!("documents/doc-{}", n % 20), "size": 1_000 + n % 20 } }),
+                content_key: format!("quota-{n}"),
+                client_key: None,
+                fingerprint: format!("quota-{n}"),
+            };
+            match admission::submit(&pool, &config, &s).await.unwrap() {
+                Admission::Accepted { job_id } => job_id,
+                other => panic!("{other:?}"),
+            }
+        }
+    }))
+    .await;
+    let documents: u64 = (0..20).map(|k| 1_000 + k).sum();
+    assert_eq!(counted(pool.clone()).await, documents, "each shared document once");
+
+    // Parts written, answered and forgotten from many transactions at once.
+    futures::future::join_all(admitted.iter().take(10).map(|job| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO job_parts (job_id, level, idx, body, est_tokens) SELECT $1, 0, i, repeat('x', 100), 10
+                 FROM generate_series(0, 2) i",
+            )
+            .bind(job)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query("UPDATE job_parts SET output = repeat('y', 50), done_at = now() WHERE job_id = $1 AND idx = 0")
+                .bind(job)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }))
+    .await;
+    assert_eq!(counted(pool.clone()).await, documents + 10 * 350);
+    sqlx::query("DELETE FROM job_parts WHERE job_id = $1").bind(admitted[0]).execute(&pool).await.unwrap();
+    assert_eq!(counted(pool.clone()).await, documents + 9 * 350);
+
+    // One holder of a document released: still held by the other; both: freed.
+    let release = |job: uuid::Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1").bind(job).execute(&pool).await.unwrap();
+        }
+    };
+    release(admitted[1]).await;
+    assert_eq!(counted(pool.clone()).await, documents + 9 * 350, "doc-1 is still held by job 21");
+    release(admitted[21]).await;
+    assert_eq!(counted(pool.clone()).await, documents - 1_001 + 9 * 350);
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert!(report.discrepancies.is_empty(), "{:?}", report.discrepancies);
+
+    // Jobs deleted with their parts (the cascade) in one statement: nothing is left counted.
+    sqlx::query("DELETE FROM jobs WHERE owner_id = $1").bind(user.id).execute(&pool).await.unwrap();
+    assert_eq!(counted(pool.clone()).await, 0);
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    let storage = |r: &engine::reconcile::Report| r.checks.iter().find(|c| c.check == "stored_bytes_match_documents").unwrap().found;
+    assert_eq!(storage(&report), 0, "{:?}", report.discrepancies);
+
+    // The check catches a counter that drifted.
+    sqlx::query("UPDATE user_storage SET bytes = 5 WHERE user_id = $1").bind(user.id).execute(&pool).await.unwrap();
+    let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
+    assert_eq!(storage(&report), 1, "{:?}", report.discrepancies);
 }

@@ -41,6 +41,37 @@ pub struct ServerContext {
     pub rebuilds: Arc<tokio::sync::Semaphore>,
     /// The measured pace upload estimates go by, read at most once a minute.
     pub paces: Arc<engine::documents::estimate::PaceCache>,
+    /// Estimates read at once (their own: an estimate never holds an upload's slot).
+    pub estimates: Arc<tokio::sync::Semaphore>,
+    /// Estimates in progress per user (at most [`ESTIMATES_PER_USER`] at once).
+    estimates_by_user: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+}
+
+/// Estimates read at once, per process.
+pub const ESTIMATES_AT_ONCE: usize = 8;
+/// Estimates one user may have in progress at once.
+pub const ESTIMATES_PER_USER: usize = 2;
+/// Estimates one user may ask for in a minute (across processes): one for each file chosen
+/// on the upload page is far under it.
+pub const ESTIMATES_PER_MINUTE: i64 = 30;
+
+/// One estimate in progress of a user's; dropping it ends it.
+pub struct UserEstimate {
+    user_id: i64,
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for UserEstimate {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&self.user_id) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.user_id);
+            }
+        }
+    }
 }
 
 /// Translated files rebuilt for download at once, per process.
@@ -91,7 +122,26 @@ impl ServerContext {
             auth: AuthCache::new(settings_auth_lifetime),
             rebuilds: Arc::new(tokio::sync::Semaphore::new(REBUILDS_AT_ONCE)),
             paces: Arc::default(),
+            estimates: Arc::new(tokio::sync::Semaphore::new(ESTIMATES_AT_ONCE)),
+            estimates_by_user: Arc::default(),
         }
+    }
+
+    /// Start an estimate of `user_id`'s: none while the user has [`ESTIMATES_PER_USER`] in
+    /// progress (429) or every estimate slot is taken (503). Never an upload's slot.
+    pub fn begin_estimate(&self, user_id: i64) -> Result<UserEstimate, crate::errors::AppError> {
+        let mut counts = self.estimates_by_user.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = counts.entry(user_id).or_default();
+        if *mine >= ESTIMATES_PER_USER {
+            return Err(crate::errors::AppError::RateLimited { retry_after_secs: 1 });
+        }
+        let slot = self
+            .estimates
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| crate::errors::AppError::Overloaded { retry_after_secs: 1 })?;
+        *mine += 1;
+        Ok(UserEstimate { user_id, counts: self.estimates_by_user.clone(), _slot: slot })
     }
 
     /// Start an upload of `user_id`'s from `client`, unless the account or the address already

@@ -255,7 +255,15 @@ where
     if ctx.blobs.is_full() {
         return Err(AppError::store_full());
     }
-    let _turn = take_turn(ctx, user, client).await?;
+    // Its own small rate and slots: estimates never hold uploads' slots or crowd them out.
+    let per_minute = super::session::ESTIMATES_PER_MINUTE;
+    let windows = [
+        (format!("estimate:user:{}", user.id), per_minute),
+        // Accounts on one address share a little more than one account's rate.
+        (format!("estimate:address:{client}"), per_minute * 2),
+    ];
+    engine::accounts::throttle::take_all(&ctx.pool, &windows, Duration::from_secs(60)).await?;
+    let _turn = ctx.begin_estimate(user.id)?;
     if let Some(refusal) = refusal_unread(ctx, user, headers).await? {
         return Err(refusal.into());
     }

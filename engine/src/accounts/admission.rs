@@ -243,20 +243,15 @@ pub fn storage_refusal(used: u64, incoming: u64, quota: u64) -> Option<Refusal> 
 }
 
 /// Bytes `user_id` has stored: documents of jobs that keep theirs, a document shared by several
-/// jobs ("run again") counted once, and the text and answers of their jobs' parts.
+/// jobs ("run again") counted once, and the text and answers of their jobs' parts. One row:
+/// the counter triggers move with every admission, release, deletion and part written
+/// (migration `storage_counters`); the reconciliation checks it against the rows.
 pub async fn storage_used(conn: &mut sqlx::PgConnection, user_id: i64) -> Result<u64> {
-    let used: i64 = sqlx::query_scalar(
-        "SELECT (SELECT coalesce(sum(size), 0) FROM (
-                     SELECT DISTINCT j.payload #>> '{document,key}' AS key, (j.payload #>> '{document,size}')::numeric AS size
-                     FROM job_listing l JOIN jobs j ON j.id = l.job_id
-                     WHERE l.owner_id = $1 AND j.kind = 'document' AND j.document_released_at IS NULL) stored)::int8
-              + (SELECT coalesce(sum(octet_length(p.body) + octet_length(p.overlap) + coalesce(octet_length(p.output), 0)), 0)
-                 FROM job_listing l JOIN job_parts p ON p.job_id = l.job_id WHERE l.owner_id = $1)::int8",
-    )
-    .bind(user_id)
-    .fetch_one(conn)
-    .await?;
-    Ok(used.max(0) as u64)
+    let used: Option<i64> = sqlx::query_scalar("SELECT bytes FROM user_storage WHERE user_id = $1")
+        .bind(user_id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(used.unwrap_or(0).max(0) as u64)
 }
 
 /// Whether this user already has a job under this client `Idempotency-Key`: such a request is
