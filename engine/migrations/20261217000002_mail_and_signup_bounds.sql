@@ -4,8 +4,9 @@
 -- The per-account daily cap on notices counts an account's recent mail.
 CREATE INDEX mail_outbox_by_user_and_time ON mail_outbox (user_id, created_at);
 
--- Sign-up grants given, by mailbox folded (`me+1@x` and `me@x` alike; dots ignored at Gmail):
--- a second account at the same mailbox, or the same address after a deletion, gets none.
+-- Sign-up grants given, by mailbox folded (`me+1@x` and `me@x` alike; dots ignored at Gmail),
+-- kept as its SHA-256 (the grant outlives an account's deletion, its address does not): a
+-- second account at the same mailbox, or the same address after a deletion, gets none.
 CREATE TABLE signup_grants (
     mailbox    text PRIMARY KEY,
     user_id    bigint NOT NULL,

@@ -60,8 +60,8 @@ pub async fn resend_verification(pool: &PgPool, user: &User, client: &str, limit
     throttle::take_all(pool, &windows, limits.window).await?;
     // In all, over the account's unverified life: the hourly window alone would mail an
     // address that never asked 3 times an hour until the account expires.
-    let lifetime = super::signup::UNVERIFIED_LIFETIME;
-    throttle::take(pool, &format!("verify:account-total:{}", user.id), MAX_VERIFY_RESENDS, lifetime).await?;
+    // (An unverified account lives as long as its link: `signup::UNVERIFIED_LIFETIME`.)
+    throttle::take(pool, &format!("verify:account-total:{}", user.id), MAX_VERIFY_RESENDS, VERIFY_VALID).await?;
     let mut tx = pool.begin().await?;
     start_verification(&mut tx, user.id).await?;
     tx.commit().await?;

@@ -60,10 +60,15 @@ pub(super) async fn give_signup_grant(tx: &mut sqlx::PgConnection, user_id: i64,
     if grant <= 0 {
         return Ok(false);
     }
+    // Kept as a digest: the grant is remembered past an account's deletion, its address not.
+    let mailbox = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(mailbox_of(email).as_bytes()))
+    };
     let first: Option<i64> = sqlx::query_scalar(
         "INSERT INTO signup_grants (mailbox, user_id) VALUES ($1, $2) ON CONFLICT (mailbox) DO NOTHING RETURNING user_id",
     )
-    .bind(mailbox_of(email))
+    .bind(mailbox)
     .bind(user_id)
     .fetch_optional(&mut *tx)
     .await?;

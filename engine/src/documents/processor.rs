@@ -237,6 +237,19 @@ impl DocumentProcessor {
             // The reader's work came to nothing: it counts against the day's free ones.
             .unreadable());
         }
+        let limits = self.call_limits();
+        let calls = calls_for(spec.preset, estimated.max(0) as u64, limits);
+        if let Calls::Parts { part_tokens } = calls {
+            if !self.parts.is_enabled() {
+                let limit = limits.part_tokens(spec.preset).unwrap_or(part_tokens);
+                return Err(JobError::new(
+                    ErrorClass::InvalidInput,
+                    format!(
+                        "the document's text is about {estimated} tokens, more than the provider reads or writes at once ({limit}); split it and upload the parts"
+                    ),
+                ));
+            }
+        }
         // Every call is paid work: a PDF or Word file whose text costs more than the price
         // held for it (a dense, compressed one) is not sent for less, neither in one call nor
         // in parts; a text file (priced by its text) is the way.
@@ -254,20 +267,9 @@ impl DocumentProcessor {
             )
             .unreadable());
         }
-        let limits = self.call_limits();
-        let Calls::Parts { part_tokens } = calls_for(spec.preset, estimated.max(0) as u64, limits) else {
+        let Calls::Parts { part_tokens } = calls else {
             return self.run_whole(job, spec, task, estimated, held).await;
         };
-        let limit = limits.part_tokens(spec.preset);
-        if !self.parts.is_enabled() {
-            return Err(JobError::new(
-                ErrorClass::InvalidInput,
-                format!(
-                    "the document's text is about {estimated} tokens, more than the provider reads or writes at once ({}); split it and upload the parts",
-                    limit.unwrap_or(part_tokens)
-                ),
-            ));
-        }
         self.split_and_run(job, spec, task.text, part_tokens, held).await
     }
 

@@ -10,6 +10,7 @@ pub mod layers;
 pub mod openapi;
 pub mod serve;
 mod sessions;
+pub mod shares;
 pub mod unavailable;
 pub mod unsubscribe;
 

@@ -1,10 +1,13 @@
 //! Serving connections with bounds a stranger cannot stretch: a request's headers must arrive
 //! within `header_read_timeout` (also the longest a kept-alive connection may sit idle), and
 //! at most `max_connections` are open at once, `max_connections_per_address` of them from one
-//! client address (IPv4 address, IPv6 /64; a trusted proxy is not bound by it). Past either, a
-//! new connection goes to the health lane ([`HEALTH_LANE`] connections at most, 4 from one
-//! address, one request each): `/healthz` is answered there, anything else 503 with `Retry-After`; past that lane
-//! too, 503 at once and closed. hyper's own settings, not a hand-written loop over the bytes.
+//! client site (an IPv4 address; an IPv6 /48, of which one /64 may hold a quarter: see
+//! [`super::shares`]). A trusted proxy's connections are not bound by it; its requests are,
+//! by the client address it forwarded for. Past either cap, a new connection goes to the
+//! health lane ([`HEALTH_LANE`] connections at most, 4 from one network, 16 of them kept for
+//! networks that hold no connection; one request each): `/healthz` is answered there,
+//! anything else 503 with `Retry-After`; past that lane too, 503 at once and closed.
+//! hyper's own settings, not a hand-written loop over the bytes.
 //!
 //! Answers are bounded the other way too: while an answer waits to be written, the client must
 //! take at least [`MIN_PROGRESS`] bytes every `stalled_write_timeout` (nginx's `send_timeout`,
@@ -20,7 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use app::server::session::throttle_subject;
+use super::shares::{connection_shares, holder_of, lane_share, LANE_KEPT_FOR_NEWCOMERS};
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -71,8 +74,6 @@ Connection: close\r\nContent-Length: 82\r\n\r\n\
 /// Connections over a cap that may still ask for `/healthz` at once: one request each, with a
 /// head due within [`HEALTH_LANE_HEAD`].
 pub const HEALTH_LANE: usize = 64;
-/// Of those, what one address may hold: a flood from one host leaves the lane to the others.
-const HEALTH_LANE_PER_ADDRESS: usize = 4;
 const HEALTH_LANE_HEAD: Duration = Duration::from_secs(2);
 
 /// Connections open per client address; a share dropped gives its place back.
@@ -88,6 +89,21 @@ struct AddressShare {
 }
 
 impl AddressShares {
+    /// A place in each of `shares` (subject, cap), or none if any is full.
+    fn take_all(self: &Arc<Self>, shares: Vec<(String, usize)>) -> Option<Vec<AddressShare>> {
+        let mut taken = Vec::with_capacity(shares.len());
+        for (subject, cap) in shares {
+            // Dropping what was taken gives it back.
+            taken.push(self.take(subject, cap)?);
+        }
+        Some(taken)
+    }
+
+    /// How many places `subject` holds.
+    fn held(&self, subject: &str) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).get(subject).copied().unwrap_or(0)
+    }
+
     /// A place for a connection from `subject`, unless it already holds `limit`.
     fn take(self: &Arc<Self>, subject: String, limit: usize) -> Option<AddressShare> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
@@ -129,9 +145,14 @@ pub async fn serve(
     lane.http1().timer(TokioTimer::new()).header_read_timeout(HEALTH_LANE_HEAD).keep_alive(false);
     let lane = Arc::new(lane);
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let in_lane = Arc::new(Semaphore::new(HEALTH_LANE));
+    let lane = Lane {
+        builder: lane,
+        open: Arc::new(Semaphore::new(HEALTH_LANE)),
+        for_holders: Arc::new(Semaphore::new(HEALTH_LANE - LANE_KEPT_FOR_NEWCOMERS)),
+        shares: Arc::new(AddressShares::default()),
+    };
     let shares = Arc::new(AddressShares::default());
-    let lane_shares = Arc::new(AddressShares::default());
+    let per_address = limits.max_connections_per_address.max(1);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -148,25 +169,42 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let proxy = limits.trusted_proxies.contains(&peer.ip().to_canonical());
+        let holds_any = shares.held(&holder_of(peer.ip(), per_address)) > 0;
         let share = if proxy {
             None
         } else {
-            match shares.take(throttle_subject(peer.ip()), limits.max_connections_per_address.max(1)) {
+            match shares.take_all(connection_shares(peer.ip(), per_address)) {
                 Some(share) => Some(share),
                 None => {
-                    health_lane(stream, peer, &router, &lane, (&in_lane, &lane_shares));
+                    health_lane(stream, peer, &router, &lane, holds_any);
                     continue;
                 }
             }
         };
         let Ok(permit) = open.clone().try_acquire_owned() else {
-            health_lane(stream, peer, &router, &lane, (&in_lane, &lane_shares));
+            health_lane(stream, peer, &router, &lane, holds_any);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = router.clone().map_request(move |mut request: axum::extract::Request<_>| {
+        // Behind a trusted proxy, each request holds its forwarded client's shares instead.
+        let forwarded = proxy.then(|| (shares.clone(), limits.trusted_proxies.clone()));
+        let router = router.clone();
+        let service = tower::service_fn(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
-            request
+            let router = router.clone();
+            let held = match &forwarded {
+                None => Ok(None),
+                Some((shares, trusted)) => {
+                    let client = forwarded_client(peer, request.headers(), trusted);
+                    shares.take_all(connection_shares(client, per_address)).map(Some).ok_or(())
+                }
+            };
+            async move {
+                let Ok(held) = held else { return Ok(overloaded()) };
+                let answer = router.oneshot(request.map(axum::body::Body::new)).await;
+                drop(held);
+                answer
+            }
         });
         let service = TowerToHyperService::new(service);
         let stream = ProgressBound::new(stream, limits.stalled_write_timeout);
@@ -189,15 +227,13 @@ pub async fn serve(
 /// A connection over a cap: `/healthz` is answered (a health check must not fail because
 /// one host holds every connection), anything else 503 with `Retry-After`; one request, then
 /// closed. With the lane full too, refused at once.
-fn health_lane(
-    stream: tokio::net::TcpStream,
-    peer: std::net::SocketAddr,
-    router: &Router,
-    lane: &Arc<Builder<TokioExecutor>>,
-    (in_lane, lane_shares): (&Arc<Semaphore>, &Arc<AddressShares>),
-) {
-    let share = lane_shares.take(throttle_subject(peer.ip()), HEALTH_LANE_PER_ADDRESS);
-    let (Some(share), Ok(permit)) = (share, in_lane.clone().try_acquire_owned()) else {
+fn health_lane(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, router: &Router, lane: &Lane, holds_any: bool) {
+    let (subject, cap) = lane_share(peer.ip());
+    let share = lane.shares.take(subject, cap);
+    // A network already holding connections takes the lane's room only from what is not kept
+    // for newcomers.
+    let holders_room = if holds_any { lane.for_holders.clone().try_acquire_owned().map(Some) } else { Ok(None) };
+    let (Some(share), Ok(room), Ok(permit)) = (share, holders_room, lane.open.clone().try_acquire_owned()) else {
         tokio::spawn(refuse(stream));
         return;
     };
@@ -213,12 +249,30 @@ fn health_lane(
             }
         }
     });
-    let connection = lane.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
+    let connection =
+        lane.builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
     tokio::spawn(async move {
         // One request: its head within the lane's limit, its answer soon after.
         let _ = tokio::time::timeout(HEALTH_LANE_HEAD * 3, connection).await;
-        drop((permit, share));
+        drop((permit, room, share));
     });
+}
+
+/// The health lane: its connections, the part of them networks already holding connections
+/// may take, and what each network holds of it.
+struct Lane {
+    builder: Arc<Builder<TokioExecutor>>,
+    open: Arc<Semaphore>,
+    for_holders: Arc<Semaphore>,
+    shares: Arc<AddressShares>,
+}
+
+/// The client a trusted proxy's request was forwarded for (the proxy itself without a
+/// believable `X-Forwarded-For`).
+fn forwarded_client(peer: std::net::SocketAddr, headers: &axum::http::HeaderMap, trusted: &[IpAddr]) -> IpAddr {
+    let values: Vec<&str> = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
+    let forwarded = (!values.is_empty()).then(|| values.join(","));
+    app::server::session::client_ip(peer.ip(), forwarded.as_deref(), trusted)
 }
 
 /// The answer to a request over a connection cap.

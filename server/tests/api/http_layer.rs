@@ -348,3 +348,83 @@ async fn cleartext_http2_is_not_spoken(pool: PgPool) {
     assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 4") || answer.starts_with(b"HTTP/1.1 5"), "{answer:?}");
     assert_eq!(reqwest::get(app.url("/healthz")).await.unwrap().status(), 200);
 }
+
+/// A connection from `from` that sends nothing (it holds its place until the server gives up on it).
+async fn idle_connection(addr: std::net::SocketAddr, from: std::net::IpAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Issue 55, item 4: the health lane is shared by network (an IPv4 /24), and a part of it is
+/// kept for networks that hold no connection: sites already holding connections cannot fill
+/// it, so a newcomer's health check is answered however the rest is used. (IPv6 /48 and /64
+/// shares are the same code over other subjects: `shares.rs` tests them.)
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_health_lane_is_shared_by_network_and_keeps_room_for_newcomers(pool: PgPool) {
+    let settings = WebSettings { max_connections: 13, max_connections_per_address: 1, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let ip = |net: u8, host: u8| std::net::IpAddr::from([127, 0, net, host]);
+    // Thirteen sites hold a connection each: every connection is taken.
+    let mut held = Vec::new();
+    for net in 1..=13 {
+        held.push(idle_connection(app.addr, ip(net, 1)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Twelve of them fill what the lane lets holders take (4 a network, 48 in all).
+    for net in 1..=12 {
+        for _ in 0..4 {
+            held.push(idle_connection(app.addr, ip(net, 1)).await);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let from_full_network = ask_on_new_connection(app.addr, Some(ip(1, 2)), "/healthz").await;
+    assert!(from_full_network.starts_with("HTTP/1.1 503 "), "a /24's share of the lane is 4: {from_full_network}");
+    let holder = ask_on_new_connection(app.addr, Some(ip(13, 1)), "/healthz").await;
+    assert!(holder.starts_with("HTTP/1.1 503 "), "holders cannot take the newcomers' room: {holder}");
+    let newcomer = ask_on_new_connection(app.addr, Some(ip(14, 1)), "/healthz").await;
+    assert!(newcomer.starts_with("HTTP/1.1 200 "), "a newcomer's health check is answered: {newcomer}");
+    drop(held);
+}
+
+/// Issue 55, item 4: behind a trusted proxy, each request counts against the share of the
+/// client it was forwarded for: one client cannot take every request slot through the proxy,
+/// and another client is served meanwhile.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn behind_a_trusted_proxy_the_shares_hold_for_the_forwarded_client(pool: PgPool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let settings = WebSettings {
+        max_connections_per_address: 1,
+        trusted_proxies: vec!["127.0.0.1".parse().unwrap()],
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let addr = app.addr;
+    // A request from 203.0.113.5 whose body is slow to come: it holds its client's share.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /api/sign_up HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nX-Forwarded-For: 203.0.113.5\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nemail="
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ask = |client: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "GET /api/v1/jobs/00000000-0000-4000-8000-000000000000 HTTP/1.1\r\nHost: {addr}\r\n\
+             X-Forwarded-For: {client}\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await.unwrap().unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let same = ask("203.0.113.5").await;
+    assert!(same.starts_with("HTTP/1.1 503 ") && same.contains("too many connections"), "{same}");
+    let other = ask("203.0.113.6").await;
+    assert!(other.starts_with("HTTP/1.1 401 "), "another client is served: {other}");
+    drop(slow);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = ask("203.0.113.5").await;
+    assert!(again.starts_with("HTTP/1.1 401 "), "its share is back once its request ended: {again}");
+}
