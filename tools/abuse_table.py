@@ -230,13 +230,38 @@ def row_tokens():
             f"{statuses.count(200)} created, then {sorted(set(s for s in statuses if s != 200))}")
 
 
+def row_estimates():
+    """Issue 55: estimates have their own rate and slots; they never hold an upload's."""
+    session = sign_up()
+    boundary = "abuse-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"preset\"\r\n\r\nsummarize\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n"
+            f"Content-Type: text/plain\r\n\r\n").encode() + b"words " * 1000 + f"\r\n--{boundary}--\r\n".encode()
+    headers = dict(session, **{"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    statuses = [request("POST", "/api/v1/estimate", body, headers)[0] for _ in range(40)]
+    status, _ = upload(session, "after.txt", b"an upload right after the estimates\n")
+    return ("one account asks for 40 estimates in a row, then uploads",
+            f"{statuses.count(200)} estimated, then {sorted(set(s for s in statuses if s != 200))} "
+            f"(30 a minute per account); the upload right after: {status}")
+
+
+def row_mail_folder():
+    """Issue 55: the mail folder holds live reset and verification links."""
+    folder = os.path.join(DATA, "outbox")
+    if not os.path.isdir(folder):
+        return ("the mail folder's modes", "no mail folder (SMTP configured)")
+    modes = sorted({oct(os.stat(os.path.join(folder, f)).st_mode & 0o777) for f in os.listdir(folder)})
+    return ("another user on the host reads the mail folder (reset links)",
+            f"folder {oct(os.stat(folder).st_mode & 0o777)}, files {modes or 'none yet'}")
+
+
 if __name__ == "__main__":
     import resource
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
     print("| what | measured |\n|---|---|")
     rows = (row_storage, row_unread_body, row_server_fn_body, row_server_fn_args, row_half_open,
-            row_connections_per_address, row_admin_area, row_tokens)
+            row_connections_per_address, row_admin_area, row_tokens, row_estimates, row_mail_folder)
     only = [r for r in rows if r.__name__ in sys.argv[3:]] or rows
     for row in only:
         what, measured = row()

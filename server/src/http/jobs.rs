@@ -187,7 +187,7 @@ pub async fn create_job(
         (status = 413, description = "Too large: bytes, tokens or your storage quota", body = ErrorBody),
         (status = 415, description = "Not a document type Sluice reads", body = ErrorBody),
         (status = 422, description = "A malformed form, preset or language", body = ErrorBody),
-        (status = 429, description = "Too many documents or uploads in progress (Retry-After)", body = ErrorBody),
+        (status = 429, description = "Too many documents or estimates in progress, or more than 30 estimates a minute (Retry-After)", body = ErrorBody),
         Common,
     )
 )]
