@@ -843,16 +843,10 @@ async fn stored_bytes_are_a_counter_the_transitions_move_and_the_books_check(poo
     let admitted = futures::future::join_all((0..40).map(|n| {
         let (pool, config) = (pool.clone(), config.clone());
         async move {
+            let document = serde_json::json!({ "key": format!("documents/doc-{}", n % 20), "size": 1_000 + n % 20 });
             let s = Submission {
-                price_by_size: None,
-                shared_document: None,
-                cost: 1,
-                est_input_tokens: 0,
-                user_id: user.id,
-                payload: serde_json::json!({ "document": { "key": format!("documents/doc-{}", n % 20), "size": 1_000 + n % 20 } }),
-                content_key: format!("quota-{n}"),
-                client_key: None,
-                fingerprint: format!("quota-{n}"),
+                payload: serde_json::json!({ "document": document }),
+                ..one_credit_document(user.id, &format!("quota-{n}"))
             };
             match admission::submit(&pool, &config, &s).await.unwrap() {
                 Admission::Accepted { job_id } => job_id,
@@ -892,7 +886,11 @@ async fn stored_bytes_are_a_counter_the_transitions_move_and_the_books_check(poo
     let release = |job: uuid::Uuid| {
         let pool = pool.clone();
         async move {
-            sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1").bind(job).execute(&pool).await.unwrap();
+            sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1")
+                .bind(job)
+                .execute(&pool)
+                .await
+                .unwrap();
         }
     };
     release(admitted[1]).await;
@@ -906,7 +904,9 @@ async fn stored_bytes_are_a_counter_the_transitions_move_and_the_books_check(poo
     sqlx::query("DELETE FROM jobs WHERE owner_id = $1").bind(user.id).execute(&pool).await.unwrap();
     assert_eq!(counted(pool.clone()).await, 0);
     let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
-    let storage = |r: &engine::reconcile::Report| r.checks.iter().find(|c| c.check == "stored_bytes_match_documents").unwrap().found;
+    let storage = |r: &engine::reconcile::Report| {
+        r.checks.iter().find(|c| c.check == "stored_bytes_match_documents").unwrap().found
+    };
     assert_eq!(storage(&report), 0, "{:?}", report.discrepancies);
 
     // The check catches a counter that drifted.

@@ -652,7 +652,10 @@ async fn a_document_denser_than_its_hold_buys_no_call_even_one_that_fits(pool: P
     processor.settle_held = settling(&pool);
     let view = drive(&pool, &processor, job_id).await;
     assert_eq!(view.state, JobState::Failed, "{view:?}");
-    assert!(view.failure_reason.as_deref().unwrap_or("").contains("more than the price held for it covers"), "{view:?}");
+    assert!(
+        view.failure_reason.as_deref().unwrap_or("").contains("more than the price held for it covers"),
+        "{view:?}"
+    );
     assert_eq!(fake.calls(), 0, "no provider call was made for the hold's price");
     assert_eq!(view.refunded, 1);
 }

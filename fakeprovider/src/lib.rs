@@ -610,12 +610,9 @@ async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
 fn content_policy(shape: Shape) -> Response {
     match shape {
         Shape::Anthropic => error(shape, 400, "invalid_request_error", "Output blocked by content filtering policy"),
-        Shape::OpenAi => error(
-            shape,
-            400,
-            "content_policy_violation",
-            "Your request was rejected as a result of our safety system.",
-        ),
+        Shape::OpenAi => {
+            error(shape, 400, "content_policy_violation", "Your request was rejected as a result of our safety system.")
+        }
     }
 }
 

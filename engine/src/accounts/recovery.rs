@@ -77,7 +77,8 @@ async fn mark_verified(tx: &mut PgConnection, user_id: i64, grant: i64) -> Resul
     .fetch_optional(&mut *tx)
     .await?;
     if first.is_some() {
-        let email: String = sqlx::query_scalar("SELECT email FROM users WHERE id = $1").bind(user_id).fetch_one(&mut *tx).await?;
+        let email: String =
+            sqlx::query_scalar("SELECT email FROM users WHERE id = $1").bind(user_id).fetch_one(&mut *tx).await?;
         users::give_signup_grant(tx, user_id, &email, grant).await?;
     }
     Ok(())

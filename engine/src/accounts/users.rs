@@ -56,7 +56,12 @@ pub fn mailbox_of(email: &str) -> String {
 
 /// Give the sign-up grant to `user_id` (in the caller's transaction) unless its mailbox
 /// ([`mailbox_of`]) had one already; returns whether it was given.
-pub(super) async fn give_signup_grant(tx: &mut sqlx::PgConnection, user_id: i64, email: &str, grant: i64) -> Result<bool> {
+pub(super) async fn give_signup_grant(
+    tx: &mut sqlx::PgConnection,
+    user_id: i64,
+    email: &str,
+    grant: i64,
+) -> Result<bool> {
     if grant <= 0 {
         return Ok(false);
     }
@@ -73,8 +78,15 @@ pub(super) async fn give_signup_grant(tx: &mut sqlx::PgConnection, user_id: i64,
     .fetch_optional(&mut *tx)
     .await?;
     if first.is_some() {
-        super::ledger::add_credits(tx, user_id, super::ledger::CreditKind::Grant, grant, "system", Some("sign-up grant"))
-            .await?;
+        super::ledger::add_credits(
+            tx,
+            user_id,
+            super::ledger::CreditKind::Grant,
+            grant,
+            "system",
+            Some("sign-up grant"),
+        )
+        .await?;
     }
     Ok(first.is_some())
 }

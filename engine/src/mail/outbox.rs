@@ -347,7 +347,9 @@ pub async fn prune_folder(pool: &PgPool, folder: &MailFolder, age: Duration) -> 
     .bind(&held)
     .fetch_all(pool)
     .await?;
-    folder.prune(age, &|id| gone.contains(&id)).map_err(|e| crate::error::EngineError::Storage(format!("the mail folder: {e}")))
+    folder
+        .prune(age, &|id| gone.contains(&id))
+        .map_err(|e| crate::error::EngineError::Storage(format!("the mail folder: {e}")))
 }
 
 /// Tell every process's mail sender that an account is gone (in the deletion's transaction):

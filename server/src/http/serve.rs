@@ -227,7 +227,13 @@ pub async fn serve(
 /// A connection over a cap: `/healthz` is answered (a health check must not fail because
 /// one host holds every connection), anything else 503 with `Retry-After`; one request, then
 /// closed. With the lane full too, refused at once.
-fn health_lane(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, router: &Router, lane: &Lane, holds_any: bool) {
+fn health_lane(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    router: &Router,
+    lane: &Lane,
+    holds_any: bool,
+) {
     let (subject, cap) = lane_share(peer.ip());
     let share = lane.shares.take(subject, cap);
     // A network already holding connections takes the lane's room only from what is not kept

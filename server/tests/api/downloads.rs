@@ -92,13 +92,7 @@ async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph
         <w:p><w:r><w:t xml:space="preserve">Rent is </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>900 EUR</w:t></w:r></w:p>
         <w:tbl><w:tr><w:tc><w:p><w:r><w:t>Deposit</w:t></w:r></w:p></w:tc></w:tr></w:tbl>"#;
     let docx = engine::testing::docx_of(body);
-    let upload = |preset: &'static str| {
-        let form = reqwest::multipart::Form::new()
-            .part("file", reqwest::multipart::Part::bytes(docx.clone()).file_name("lease.docx"))
-            .text("preset", preset)
-            .text("language", "German");
-        reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(&token).multipart(form).send()
-    };
+    let upload = |preset: &'static str| upload_docx(&app, &token, docx.clone(), preset, "German");
     let translation: serde_json::Value = upload("translate").await.unwrap().json().await.unwrap();
     let summary: serde_json::Value = upload("summarize").await.unwrap().json().await.unwrap();
     let path = |job: &serde_json::Value| format!("/api/v1/jobs/{}/translated", job["id"].as_str().unwrap());
@@ -176,12 +170,8 @@ async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph
     // user's download (built once too) is served in well under a second every time, where
     // each used to rebuild it (here 2 s) or be told to come back.
     let (_, second) = busy_app.user_with_token("second@example.com", 10, 5).await;
-    let form = reqwest::multipart::Form::new()
-        .part("file", reqwest::multipart::Part::bytes(docx.clone()).file_name("lease.docx"))
-        .text("preset", "translate")
-        .text("language", "Italian");
-    let theirs: serde_json::Value =
-        client.post(busy_app.url("/api/v1/jobs")).bearer_auth(&second).multipart(form).send().await.unwrap().json().await.unwrap();
+    let theirs = upload_docx(&busy_app, &second, docx.clone(), "translate", "Italian").await.unwrap();
+    let theirs: serde_json::Value = theirs.json().await.unwrap();
     assert!(theirs["id"].is_string(), "{theirs}");
     work_with(&busy_app, 1, &provider).await;
     for (job, who) in [(&translation, &token), (&theirs, &second)] {
@@ -210,6 +200,21 @@ async fn a_translated_word_file_downloads_in_its_own_format_with_every_paragraph
     for task in looping {
         task.await.unwrap();
     }
+}
+
+/// Upload `docx` as `lease.docx` for `token` with `preset` into `language`.
+fn upload_docx(
+    app: &TestApp,
+    token: &str,
+    docx: Vec<u8>,
+    preset: &str,
+    language: &str,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+    let form = reqwest::multipart::Form::new()
+        .part("file", reqwest::multipart::Part::bytes(docx).file_name("lease.docx"))
+        .text("preset", preset.to_string())
+        .text("language", language.to_string());
+    reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send()
 }
 
 /// A document done in parts can be read before it ends (or after it failed): the parts

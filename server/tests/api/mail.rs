@@ -479,7 +479,8 @@ async fn the_mail_folder_is_private_and_forgets_a_deleted_accounts_links_at_once
     engine::accounts::deletion::delete_account(&app.pool, &app.blobs, bea.id).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let bea_prefix = format!("{}-", bea.id);
-    let held_by = |prefix: &str| files().iter().filter(|f| f.file_name().unwrap().to_str().unwrap().starts_with(prefix)).count();
+    let held_by =
+        |prefix: &str| files().iter().filter(|f| f.file_name().unwrap().to_str().unwrap().starts_with(prefix)).count();
     while held_by(&bea_prefix) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -99,7 +99,11 @@ async fn create_admin_never_hands_the_console_to_whoever_signed_up_with_the_addr
     assert!(written.is_err(), "an unverified account was made admin");
 
     // The holder proves the address; promoting it then ends everything it held before.
-    sqlx::query("UPDATE users SET email_verified_at = now() WHERE id = $1").bind(user.id).execute(&app.pool).await.unwrap();
+    sqlx::query("UPDATE users SET email_verified_at = now() WHERE id = $1")
+        .bind(user.id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
     let (ok, out) = server(&url, &["create-admin", "--email", "ops@example.com", "--promote-existing"]);
     assert!(ok && out.contains("is an admin now"), "{out}");
     assert_eq!(engine::accounts::users::get(&app.pool, user.id).await.unwrap().role, Role::Admin);
@@ -114,6 +118,11 @@ async fn create_admin_never_hands_the_console_to_whoever_signed_up_with_the_addr
     assert!(old_session_ended, "a session from before the promotion reaches the console");
     let me = call(&stranger, &app, "me", &[]).await.text().await.unwrap();
     assert_eq!(me.trim(), "null", "the old session still names the account: {me}");
-    let with_token = reqwest::Client::new().get(app.url(&format!("/api/v1/jobs/{}", uuid::Uuid::new_v4()))).bearer_auth(&token).send().await.unwrap();
+    let with_token = reqwest::Client::new()
+        .get(app.url(&format!("/api/v1/jobs/{}", uuid::Uuid::new_v4())))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(with_token.status(), 401, "an API token from before the promotion still works");
 }

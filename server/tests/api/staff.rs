@@ -127,7 +127,10 @@ async fn a_role_change_holds_on_the_next_request_on_every_process_and_is_audited
     let logged_in = call(&again, &second, "log_in", &[("email", &email), ("password", "password123")]).await;
     assert_eq!(logged_in.status(), StatusCode::OK);
     assert_eq!(call(&again, &second, "admin/overview", &[]).await.status(), StatusCode::OK, "support reads");
-    assert_eq!(call(&again, &second, "admin/set_processing", &[("enabled", "true")]).await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        call(&again, &second, "admin/set_processing", &[("enabled", "true")]).await.status(),
+        StatusCode::NOT_FOUND
+    );
     let audited: (String, String, String) = sqlx::query_as(
         "SELECT actor, old_value, new_value FROM audit_log WHERE action = 'role' ORDER BY id DESC LIMIT 1",
     )

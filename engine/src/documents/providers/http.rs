@@ -302,7 +302,11 @@ mod tests {
         ] {
             assert_eq!(c(400, body), ErrorClass::InvalidInput, "{body}");
         }
-        assert_eq!(c(403, r#"{"error":{"message":"content policy"}}"#), ErrorClass::Rejected, "only a 400 is the document's");
+        assert_eq!(
+            c(403, r#"{"error":{"message":"content policy"}}"#),
+            ErrorClass::Rejected,
+            "only a 400 is the document's"
+        );
         let e = classify_http_failure(429, "{}", Some("7"), now);
         assert_eq!(e.retry_after, Some(Duration::from_secs(7)));
         assert_eq!(e.provider_status, Some(429));
