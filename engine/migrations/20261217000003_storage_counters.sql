@@ -5,8 +5,13 @@
 --   stored_documents: each owner's documents still kept, with how many of its jobs hold each
 --                     (a document shared by "run again" counts once);
 --   part_storage:     each job's part text and answers, in bytes;
---   user_storage:     their sum per owner.
--- The reconciliation checks the counters against the rows they count.
+--   storage_deltas:   what each of those changes moved an owner's bytes by, appended (never a
+--                     row updated in place: one hot row per owner would take its lock in
+--                     whatever order the transition's other locks came, and deadlock an
+--                     upload against a finishing document); the upkeep folds an owner's rows
+--                     into one.
+-- An owner's stored bytes are the sum of their deltas. The reconciliation checks them
+-- against the rows they count.
 
 CREATE TABLE stored_documents (
     owner_id bigint  NOT NULL,
@@ -23,14 +28,14 @@ CREATE TABLE part_storage (
 );
 CREATE INDEX part_storage_by_owner ON part_storage (owner_id);
 
-CREATE TABLE user_storage (
-    user_id bigint PRIMARY KEY,
-    bytes   bigint NOT NULL DEFAULT 0
+CREATE TABLE storage_deltas (
+    user_id bigint NOT NULL,
+    bytes   bigint NOT NULL
 );
+CREATE INDEX storage_deltas_by_user ON storage_deltas (user_id) INCLUDE (bytes);
 
 CREATE FUNCTION sluice_storage_add(p_user bigint, p_bytes bigint) RETURNS void LANGUAGE sql AS $$
-    INSERT INTO user_storage AS u (user_id, bytes) VALUES (p_user, p_bytes)
-    ON CONFLICT (user_id) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes;
+    INSERT INTO storage_deltas (user_id, bytes) SELECT p_user, p_bytes WHERE p_bytes <> 0;
 $$;
 
 -- One job no longer holds its document: the last holder's release frees its bytes.
@@ -59,9 +64,8 @@ BEGIN
         INSERT INTO stored_documents AS d (owner_id, key, size, holders) SELECT owner_id, key, size, n FROM held
         ON CONFLICT (owner_id, key) DO UPDATE SET holders = d.holders + EXCLUDED.holders
         RETURNING d.owner_id, d.size, (d.xmax = 0) AS first)
-    INSERT INTO user_storage AS u (user_id, bytes)
-    SELECT owner_id, sum(size) FROM upserted WHERE first GROUP BY owner_id
-    ON CONFLICT (user_id) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes;
+    INSERT INTO storage_deltas (user_id, bytes)
+    SELECT owner_id, sum(size) FROM upserted WHERE first GROUP BY owner_id;
     RETURN NULL;
 END $$;
 
@@ -77,9 +81,8 @@ BEGIN
     END LOOP;
     -- Its parts' bytes go with it (whether the cascade deleted its parts before or after).
     WITH parts AS (DELETE FROM part_storage p USING old_jobs o WHERE p.job_id = o.id RETURNING p.owner_id, p.bytes)
-    INSERT INTO user_storage AS u (user_id, bytes)
-    SELECT owner_id, -sum(bytes) FROM parts GROUP BY owner_id
-    ON CONFLICT (user_id) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes;
+    INSERT INTO storage_deltas (user_id, bytes)
+    SELECT owner_id, -sum(bytes) FROM parts GROUP BY owner_id HAVING sum(bytes) <> 0;
     RETURN NULL;
 END $$;
 
@@ -91,7 +94,7 @@ END $$;
 
 CREATE FUNCTION sluice_storage_after_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    TRUNCATE stored_documents, part_storage, user_storage;
+    TRUNCATE stored_documents, part_storage, storage_deltas;
     RETURN NULL;
 END $$;
 
@@ -150,7 +153,7 @@ GROUP BY 1, 2;
 INSERT INTO part_storage (job_id, owner_id, bytes)
 SELECT p.job_id, j.owner_id, sum(octet_length(p.body) + octet_length(p.overlap) + coalesce(octet_length(p.output), 0))
 FROM job_parts p JOIN jobs j ON j.id = p.job_id GROUP BY 1, 2;
-INSERT INTO user_storage (user_id, bytes)
+INSERT INTO storage_deltas (user_id, bytes)
 SELECT owner_id, sum(bytes) FROM (
     SELECT owner_id, size AS bytes FROM stored_documents UNION ALL SELECT owner_id, bytes FROM part_storage) counted
 GROUP BY owner_id;

@@ -172,6 +172,9 @@ pub async fn run(
                 if let Err(e) = crate::queue::processes::forget_stopped(&pool).await {
                     tracing::warn!(error = %e, "forgetting stopped processes failed");
                 }
+                if let Err(e) = crate::accounts::admission::fold_storage_deltas(&pool).await {
+                    tracing::warn!(error = %e, "folding stored-bytes deltas failed");
+                }
                 if let Some(blobs) = &blobs {
                     let lifetime = crate::accounts::signup::UNVERIFIED_LIFETIME;
                     match crate::accounts::signup::expire_unverified(&pool, blobs, lifetime).await {

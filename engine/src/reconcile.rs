@@ -119,7 +119,9 @@ const SQL_CHECKS: [(&str, &str, &str); 6] = [
              GROUP BY owner_id)
          SELECT 'user ' || u.id, format('stored bytes counted %s, its documents and parts hold %s',
                                         coalesce(s.bytes, 0), coalesce(c.bytes, 0))
-         FROM users u LEFT JOIN user_storage s ON s.user_id = u.id LEFT JOIN counted c ON c.owner_id = u.id
+         FROM users u LEFT JOIN (SELECT user_id, sum(bytes) AS bytes FROM storage_deltas GROUP BY user_id) s
+                ON s.user_id = u.id
+              LEFT JOIN counted c ON c.owner_id = u.id
          WHERE coalesce(s.bytes, 0) <> coalesce(c.bytes, 0) ORDER BY u.id",
     ),
     // A lease further ahead than 10 minutes is not one a worker set (leases are a minute).

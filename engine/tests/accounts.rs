@@ -882,6 +882,15 @@ async fn stored_bytes_are_a_counter_the_transitions_move_and_the_books_check(poo
     sqlx::query("DELETE FROM job_parts WHERE job_id = $1").bind(admitted[0]).execute(&pool).await.unwrap();
     assert_eq!(counted(pool.clone()).await, documents + 9 * 350);
 
+    // Folding an owner's deltas into one row changes nothing they add up to.
+    let rows = || {
+        let pool = pool.clone();
+        async move { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM storage_deltas").fetch_one(&pool).await.unwrap() }
+    };
+    assert!(rows().await > 1);
+    assert!(admission::fold_storage_deltas(&pool).await.unwrap() > 1);
+    assert_eq!(rows().await, 1, "one row for the one owner");
+    assert_eq!(counted(pool.clone()).await, documents + 9 * 350);
     // One holder of a document released: still held by the other; both: freed.
     let release = |job: uuid::Uuid| {
         let pool = pool.clone();
@@ -910,7 +919,11 @@ async fn stored_bytes_are_a_counter_the_transitions_move_and_the_books_check(poo
     assert_eq!(storage(&report), 0, "{:?}", report.discrepancies);
 
     // The check catches a counter that drifted.
-    sqlx::query("UPDATE user_storage SET bytes = 5 WHERE user_id = $1").bind(user.id).execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO storage_deltas (user_id, bytes) VALUES ($1, 5)")
+        .bind(user.id)
+        .execute(&pool)
+        .await
+        .unwrap();
     let report = engine::reconcile::run(&pool, None, "test").await.unwrap();
     assert_eq!(storage(&report), 1, "{:?}", report.discrepancies);
 }

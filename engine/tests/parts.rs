@@ -778,3 +778,42 @@ async fn a_failure_that_is_ours_refunds_a_document_in_parts_in_full(pool: PgPool
     let said = notices::list(&pool, user.id, 10).await.unwrap()[0].message.clone();
     assert!(!said.contains("can be downloaded"), "{said}");
 }
+
+/// Issue 55, item 2 (the review's case): parts downloaded while the document runs are paid
+/// for. A failure that is ours after that (here a plain 400 on the last part) keeps the
+/// answered parts' share instead of refunding the whole document.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn parts_read_before_a_failure_that_is_ours_keep_their_share(pool: PgPool) {
+    let docs = docs("read-then-fail");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "reader@example.com", "password123", Role::User, 200).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(60), "summarize", 500).await;
+    fake.push_matching("part 1 of", [Reply::Later { delay_ms: 2_000, then: Box::new(Reply::BadRequest) }]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    // The owner downloads what is answered while part 1 is still out.
+    let reader = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            loop {
+                let view = queue::get(&pool, job).await.unwrap();
+                if view.parts_done > 0 {
+                    return queue::parts::mark_parts_read(&pool, job).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let view = drive(&pool, &processor, job).await;
+    assert!(reader.await.unwrap(), "served while running");
+    assert_eq!(view.state, JobState::Failed, "{view:?}");
+    assert_eq!(view.failure_kind, Some(queue::FailureKind::ProviderRejected), "ours: {view:?}");
+    let ledger = ledger_of(&pool, job).await;
+    let charged = -ledger.iter().map(|(_, a)| a).sum::<i64>();
+    assert!(charged > 0, "the read parts' share is kept: {ledger:?}");
+    let (total, done) = (view.parts_total.unwrap() as u32, view.parts_done as u32);
+    let share = sluice_types::settlement::kept_on_cancel(-ledger[0].1, done, total);
+    assert_eq!(charged, share, "the answered parts' share, no more: {ledger:?}");
+    let said = notices::list(&pool, user.id, 10).await.unwrap()[0].message.clone();
+    assert!(said.contains("had been downloaded"), "{said}");
+    assert!(queue::parts::mark_parts_read(&pool, job).await.unwrap(), "what was paid for stays served");
+}

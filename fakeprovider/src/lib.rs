@@ -55,6 +55,8 @@ pub enum Reply {
     ServerError,
     /// 400 invalid request (permanent).
     BadRequest,
+    /// `then`, after `delay_ms` (a failure that comes late, while other calls are answered).
+    Later { delay_ms: u64, then: Box<Reply> },
     /// 400 refusing the content, as each vendor words it (Anthropic's content filtering
     /// policy; OpenAI's `content_policy_violation`): the document's, not ours. After `delay_ms`.
     ContentPolicy { delay_ms: u64 },
@@ -598,6 +600,10 @@ async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
         ),
         Reply::BadRequest => {
             error(shape, 400, "invalid_request_error", "messages: text content blocks must be non-empty")
+        }
+        Reply::Later { delay_ms, then } => {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            Box::pin(answer(script, shape, *then)).await
         }
         Reply::ContentPolicy { delay_ms } => {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;

@@ -63,20 +63,27 @@ async fn create_admin(pool: &sqlx::PgPool, email: &str, promote_existing: bool) 
         anyhow::ensure!(
             promote_existing,
             "create-admin never adopts an existing account (anyone may have signed up with this address). \
-             If the account is yours: log in, verify the address, then run create-admin --email {} --promote-existing",
+             If the address is yours: verify it (the link mailed at sign-up, or a password reset), then run \
+             create-admin --email {} --promote-existing; the account's password becomes the one given then",
             user.email
         );
-        let user = engine::accounts::staff::set_role(pool, user.id, Role::Admin, "cli").await?;
-        println!("{} is an admin now; its sessions and tokens have ended: log in again", user.email);
+        let password = admin_password(&user.email)?;
+        let user = engine::accounts::staff::adopt_as_admin(pool, user.id, &password, "cli").await?;
+        println!("{} is an admin now, with the password given here; its sessions and tokens have ended", user.email);
         return Ok(());
     }
-    let password = match std::env::var("SLUICE_ADMIN_PASSWORD") {
-        Ok(p) => p,
-        Err(_) => rpassword::prompt_password(format!("Password for {email}: "))?,
-    };
+    let password = admin_password(email)?;
     let user = users::create_user(pool, email, &password, Role::Admin, 0).await?;
     println!("created admin {} (id {})", user.email, user.id);
     Ok(())
+}
+
+/// The admin's password: `SLUICE_ADMIN_PASSWORD`, else asked for.
+fn admin_password(email: &str) -> anyhow::Result<String> {
+    match std::env::var("SLUICE_ADMIN_PASSWORD") {
+        Ok(p) => Ok(p),
+        Err(_) => Ok(rpassword::prompt_password(format!("Password for {email}: "))?),
+    }
 }
 
 async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::Blobs>) -> anyhow::Result<()> {

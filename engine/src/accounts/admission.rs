@@ -243,15 +243,33 @@ pub fn storage_refusal(used: u64, incoming: u64, quota: u64) -> Option<Refusal> 
 }
 
 /// Bytes `user_id` has stored: documents of jobs that keep theirs, a document shared by several
-/// jobs ("run again") counted once, and the text and answers of their jobs' parts. One row:
-/// the counter triggers move with every admission, release, deletion and part written
-/// (migration `storage_counters`); the reconciliation checks it against the rows.
+/// jobs ("run again") counted once, and the text and answers of their jobs' parts: the sum of
+/// the deltas triggers append with every admission, release, deletion and part written
+/// (migration `storage_counters`), folded hourly ([`fold_storage_deltas`]); the
+/// reconciliation checks it against the rows.
 pub async fn storage_used(conn: &mut sqlx::PgConnection, user_id: i64) -> Result<u64> {
-    let used: Option<i64> = sqlx::query_scalar("SELECT bytes FROM user_storage WHERE user_id = $1")
+    let used: i64 = sqlx::query_scalar("SELECT coalesce(sum(bytes), 0)::int8 FROM storage_deltas WHERE user_id = $1")
         .bind(user_id)
-        .fetch_optional(conn)
+        .fetch_one(conn)
         .await?;
-    Ok(used.unwrap_or(0).max(0) as u64)
+    Ok(used.max(0) as u64)
+}
+
+/// Fold each owner's storage deltas into one row (the upkeep; up to 1,000 owners a call).
+/// Deltas appended meanwhile are not seen by the fold and stay beside its row. Returns how
+/// many rows went.
+pub async fn fold_storage_deltas(pool: &PgPool) -> Result<u64> {
+    let folded: Option<i64> = sqlx::query_scalar(
+        "WITH owners AS (SELECT user_id FROM storage_deltas GROUP BY user_id HAVING count(*) > 1 LIMIT 1000),
+              gone AS (DELETE FROM storage_deltas d USING owners o WHERE d.user_id = o.user_id
+                       RETURNING d.user_id, d.bytes),
+              kept AS (INSERT INTO storage_deltas (user_id, bytes)
+                       SELECT user_id, sum(bytes) FROM gone GROUP BY user_id HAVING sum(bytes) <> 0)
+         SELECT count(*) FROM gone",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(folded.unwrap_or(0).max(0) as u64)
 }
 
 /// Whether this user already has a job under this client `Idempotency-Key`: such a request is

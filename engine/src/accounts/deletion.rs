@@ -108,6 +108,16 @@ pub fn deleted_label(user_id: i64) -> String {
 /// asked to stop (erased once they have ended), and ended ones erased with their documents.
 /// The ledger stays, for the books.
 pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Result<()> {
+    delete_account_where(pool, blobs, user_id, false).await
+}
+
+/// [`delete_account`], only while the account's address is unverified (checked under its
+/// lock); `NotFound` otherwise. An unverified account's expiry.
+pub async fn delete_unverified_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Result<()> {
+    delete_account_where(pool, blobs, user_id, true).await
+}
+
+async fn delete_account_where(pool: &PgPool, blobs: &Blobs, user_id: i64, only_unverified: bool) -> Result<()> {
     let label = deleted_label(user_id);
     let mut tx = pool.begin().await?;
     // The jobs before the user row: the order a job's ending takes them (job, then owner).
@@ -118,11 +128,14 @@ pub async fn delete_account(pool: &PgPool, blobs: &Blobs, user_id: i64) -> Resul
     .bind(user_id)
     .execute(&mut *tx)
     .await?;
-    let email: Option<String> =
-        sqlx::query_scalar("SELECT email FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
-            .bind(user_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let email: Option<String> = sqlx::query_scalar(
+        "SELECT email FROM users WHERE id = $1 AND deleted_at IS NULL
+               AND NOT ($2 AND email_verified_at IS NOT NULL) FOR UPDATE",
+    )
+    .bind(user_id)
+    .bind(only_unverified)
+    .fetch_optional(&mut *tx)
+    .await?;
     let Some(email) = email else { return Err(EngineError::NotFound) };
     // No '@': nobody can sign up as it (to block the deletion), nobody can log in as it.
     sqlx::query("UPDATE users SET deleted_at = now(), email = $2, password_hash = '!deleted' WHERE id = $1")

@@ -27,12 +27,15 @@ struct Settlement {
     /// Its parts answered, and its parts (1 for a document in one call).
     parts_done: i32,
     parts_total: i32,
+    /// Its answered parts were downloaded before it ended.
+    parts_read: bool,
 }
 
 async fn settlement_of(conn: &mut PgConnection, job: &TerminalJob) -> Result<Settlement, sqlx::Error> {
     sqlx::query_as(
         "SELECT least(coalesce(settled_cost, cost), cost)::int8 AS price, failed_unreadable AS unreadable,
-                cancel_kept_credits::int8 AS kept, parts_done, coalesce(parts_total, 1) AS parts_total
+                cancel_kept_credits::int8 AS kept, parts_done, coalesce(parts_total, 1) AS parts_total,
+                EXISTS (SELECT 1 FROM parts_read r WHERE r.job_id = jobs.id) AS parts_read
          FROM jobs WHERE id = $1",
     )
     .bind(job.id)
@@ -41,7 +44,8 @@ async fn settlement_of(conn: &mut PgConnection, job: &TerminalJob) -> Result<Set
 }
 
 /// Whose a failure is: the document's when it is invalid input (unreadable, or answered in
-/// part and then not), else ours or the provider's.
+/// part and then not), or when its answered parts were downloaded before it failed (they were
+/// had, so they are paid for), else ours or the provider's.
 async fn fault_of(conn: &mut PgConnection, job: &TerminalJob, settlement: &Settlement) -> Result<Fault, sqlx::Error> {
     Ok(match job.failure {
         _ if settlement.unreadable => {
@@ -49,6 +53,10 @@ async fn fault_of(conn: &mut PgConnection, job: &TerminalJob, settlement: &Settl
         }
         Some((FailureKind::InvalidInput, _)) => Fault::Document {
             calls_made: settlement.parts_done.max(0) as u32,
+            calls_total: settlement.parts_total.max(1) as u32,
+        },
+        _ if settlement.parts_read && settlement.parts_done > 0 => Fault::Document {
+            calls_made: settlement.parts_done as u32,
             calls_total: settlement.parts_total.max(1) as u32,
         },
         _ => Fault::Ours,
@@ -99,13 +107,21 @@ impl TerminalHooks for AccountHooks {
             let fault = fault_of(tx, job, &settlement).await?;
             let refund = refund_on_failure(i64::from(job.cost), settlement.price, fault);
             let reason = job.failure.as_ref().map(|(_, reason)| reason.as_str()).unwrap_or("it failed");
-            let note = match charged_because(fault) {
+            let documents_fault = matches!(job.failure, Some((FailureKind::InvalidInput, _)));
+            let why = match fault {
+                // Kept because its answered parts were downloaded, though the failure is ours.
+                Fault::Document { calls_made, calls_total } if settlement.parts_read && !documents_fault => {
+                    Some(format!("the {calls_made} of its {calls_total} parts answered had been downloaded"))
+                }
+                _ => charged_because(fault),
+            };
+            let note = match &why {
                 Some(why) if refund < i64::from(job.cost) => format!("{reason}; charged: {why}"),
                 _ => reason.to_string(),
             };
             ledger::refund_job(tx, job, refund, &note).await?;
             // Once per job, like the refund (a replayed job failing again is told nothing new).
-            notices::add_refund_notice(tx, job, refund, charged_because(fault)).await?;
+            notices::add_refund_notice(tx, job, refund, why).await?;
             notices::mail_failed(tx, job, refund).await
         })
     }

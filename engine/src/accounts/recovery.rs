@@ -151,7 +151,7 @@ pub(super) async fn end_access(tx: &mut PgConnection, user_id: i64, revoke_api_t
     Ok(epoch)
 }
 
-async fn set_password_hash(tx: &mut PgConnection, user_id: i64, password: &str) -> Result<()> {
+pub(super) async fn set_password_hash(tx: &mut PgConnection, user_id: i64, password: &str) -> Result<()> {
     let hash = users::hash_password_bounded(password).await?;
     sqlx::query("UPDATE users SET password_hash = $2 WHERE id = $1 AND deleted_at IS NULL")
         .bind(user_id)

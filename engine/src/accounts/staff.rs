@@ -5,7 +5,7 @@
 //! account's sessions, device tokens and API tokens: whoever held them logs in again, as the
 //! role now is.
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::users::{get, Role, User};
 use crate::error::{EngineError, Result};
@@ -15,6 +15,26 @@ use crate::error::{EngineError, Result};
 /// account ends on every process when the role changes.
 pub async fn set_role(pool: &PgPool, id: i64, role: Role, actor: &str) -> Result<User> {
     let mut tx = pool.begin().await?;
+    set_role_in(&mut tx, id, role, actor).await?;
+    tx.commit().await?;
+    get(pool, id).await
+}
+
+/// Make an existing account the admin, as `create-admin --promote-existing` does: only a
+/// verified one, and with a password the operator sets (whoever knew the old one is out), all
+/// its access ended, in one transaction.
+pub async fn adopt_as_admin(pool: &PgPool, id: i64, password: &str, actor: &str) -> Result<User> {
+    super::users::check_password_rules(password)?;
+    let mut tx = pool.begin().await?;
+    set_role_in(&mut tx, id, Role::Admin, actor).await?;
+    super::recovery::set_password_hash(&mut tx, id, password).await?;
+    super::recovery::end_access(&mut tx, id, true).await?;
+    crate::audit::audit(&mut tx, actor, "password_set", Some(&format!("user {id}")), "", "").await?;
+    tx.commit().await?;
+    get(pool, id).await
+}
+
+async fn set_role_in(tx: &mut PgConnection, id: i64, role: Role, actor: &str) -> Result<()> {
     let (old, verified): (Role, bool) = sqlx::query_as(
         "SELECT role, email_verified_at IS NOT NULL FROM users WHERE id = $1 AND deleted_at IS NULL FOR UPDATE",
     )
@@ -31,9 +51,8 @@ pub async fn set_role(pool: &PgPool, id: i64, role: Role, actor: &str) -> Result
     }
     if old != role {
         sqlx::query("UPDATE users SET role = $2 WHERE id = $1").bind(id).bind(role).execute(&mut *tx).await?;
-        crate::audit::audit(&mut tx, actor, "role", Some(&format!("user {id}")), old.as_str(), role.as_str()).await?;
-        super::recovery::end_access(&mut tx, id, true).await?;
+        crate::audit::audit(tx, actor, "role", Some(&format!("user {id}")), old.as_str(), role.as_str()).await?;
+        super::recovery::end_access(tx, id, true).await?;
     }
-    tx.commit().await?;
-    get(pool, id).await
+    Ok(())
 }

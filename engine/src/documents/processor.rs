@@ -242,12 +242,14 @@ impl DocumentProcessor {
         if let Calls::Parts { part_tokens } = calls {
             if !self.parts.is_enabled() {
                 let limit = limits.part_tokens(spec.preset).unwrap_or(part_tokens);
-                return Err(JobError::new(
+                let refused = JobError::new(
                     ErrorClass::InvalidInput,
                     format!(
                         "the document's text is about {estimated} tokens, more than the provider reads or writes at once ({limit}); split it and upload the parts"
                     ),
-                ));
+                );
+                // Past its hold too: the reader's work counts against the day's free ones.
+                return Err(if within_hold { refused } else { refused.unreadable() });
             }
         }
         // Every call is paid work: a PDF or Word file whose text costs more than the price

@@ -78,7 +78,9 @@ pub async fn without_jobs(pool: &PgPool, keys: &[String]) -> Result<Vec<String>>
 /// Delete the documents of jobs retention removed (those no other job still needs).
 pub async fn delete_documents_of(pool: &PgPool, blobs: &Blobs, jobs: &[PrunedJob]) {
     for job in jobs {
-        forget_translated_file(blobs, job.id).await;
+        if let Err(e) = forget_translated_file(blobs, job.id).await {
+            tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's translated file");
+        }
         if let Some(key) = blob_key(&job.payload) {
             if let Err(e) = delete_if_unneeded(pool, blobs, key).await {
                 tracing::warn!(job = %job.id, error = %e, "could not delete a pruned job's document");
@@ -87,11 +89,11 @@ pub async fn delete_documents_of(pool: &PgPool, blobs: &Blobs, jobs: &[PrunedJob
     }
 }
 
-/// Delete a job's rebuilt translated file, if one was built (its job is pruned or deleted).
-async fn forget_translated_file(blobs: &Blobs, job: Uuid) {
-    if let Err(e) = blobs.delete(&Blobs::translated_key(job)).await {
-        tracing::warn!(%job, error = %e, "could not delete a translated file");
-    }
+/// Delete a job's rebuilt translated file (and a kept refusal), if any (its job is pruned or
+/// deleted).
+pub async fn forget_translated_file(blobs: &Blobs, job: Uuid) -> Result<()> {
+    blobs.delete(&Blobs::translated_key(job)).await?;
+    blobs.delete(&Blobs::translated_refusal_key(job)).await
 }
 
 /// A stored upload no job names yet. Dropped before [`PendingBlob::keep`] (its request ended
@@ -199,7 +201,8 @@ pub async fn forget_deleted_jobs_documents(pool: &PgPool, blobs: &Blobs, only: O
         if let Some(key) = blob_key(payload) {
             delete_if_unneeded(pool, blobs, key).await?;
         }
-        forget_translated_file(blobs, *id).await;
+        // Before the job is marked released: a failure here is tried again.
+        forget_translated_file(blobs, *id).await?;
         sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1").bind(id).execute(pool).await?;
     }
     Ok(jobs.len())

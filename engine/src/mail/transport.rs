@@ -77,27 +77,36 @@ impl MailFolder {
         .map_err(std::io::Error::other)?
     }
 
-    /// The account and mail of each `.eml` file in the folder, with its age.
-    fn files(&self) -> std::io::Result<Vec<(PathBuf, MailName, Duration)>> {
+    /// Each file in the folder, the account and mail its name says (`None` for another name: an
+    /// older release's, a partial write), and its age. A file gone meanwhile (another process
+    /// pruned it) is skipped.
+    fn files(&self) -> std::io::Result<Vec<(PathBuf, Option<MailName>, Duration)>> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
             let path = entry.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(parse_file_name) else { continue };
-            let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
-            found.push((path, name, age));
+            let modified = match entry.metadata().and_then(|m| m.modified()) {
+                Ok(modified) => modified,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let name = path.file_name().and_then(|n| n.to_str()).and_then(parse_file_name);
+            found.push((path, name, modified.elapsed().unwrap_or_default()));
         }
         Ok(found)
     }
 
-    /// Delete the files older than `age` and those of accounts `gone` says are deleted;
-    /// returns how many went.
+    /// Delete every file older than `age` (whatever its name), and those of accounts `gone`
+    /// says are deleted; returns how many went.
     pub fn prune(&self, age: Duration, gone: &dyn Fn(i64) -> bool) -> std::io::Result<usize> {
         let mut removed = 0;
         for (path, name, file_age) in self.files()? {
-            if file_age > age || gone(name.user_id) {
-                std::fs::remove_file(&path)?;
-                removed += 1;
+            if file_age > age || name.is_some_and(|n| gone(n.user_id)) {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(removed)
@@ -105,7 +114,7 @@ impl MailFolder {
 
     /// The account ids the folder holds mail of.
     pub fn accounts(&self) -> std::io::Result<Vec<i64>> {
-        let mut ids: Vec<i64> = self.files()?.into_iter().map(|(_, name, _)| name.user_id).collect();
+        let mut ids: Vec<i64> = self.files()?.into_iter().filter_map(|(_, name, _)| name.map(|n| n.user_id)).collect();
         ids.sort_unstable();
         ids.dedup();
         Ok(ids)

@@ -394,6 +394,36 @@ pub(crate) async fn requeue(
     Ok(moved)
 }
 
+/// Record that `job`'s answered parts are being read, unless its whole cost was refunded
+/// (then nothing answered is served: returns false). Taken under the job's row lock, so a
+/// failure settling at the same moment either comes first (refunded in full, nothing served)
+/// or sees the read (and keeps the answered parts' share).
+pub async fn mark_parts_read(pool: &PgPool, job: Uuid) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let Some(cost) = sqlx::query_scalar::<_, i32>("SELECT cost FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(job)
+        .fetch_optional(&mut *tx)
+        .await?
+    else {
+        return Ok(false);
+    };
+    // A statement after the lock: it sees a refund committed while this waited for it.
+    let refunded: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(amount), 0)::int8 FROM ledger WHERE job_id = $1 AND kind = 'refund'")
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await?;
+    if !sluice_types::settlement::answered_parts_served(i64::from(cost), refunded) {
+        return Ok(false);
+    }
+    sqlx::query("INSERT INTO parts_read (job_id) VALUES ($1) ON CONFLICT (job_id) DO NOTHING")
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// What is answered so far of `job`'s own text (level 0), to read while the rest runs or
 /// after it failed (until its parts go with its replay window).
 pub async fn answered_so_far(pool: &PgPool, job: Uuid) -> Result<AnsweredSoFar> {

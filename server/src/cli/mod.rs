@@ -128,9 +128,9 @@ pub enum Command {
     CreateAdmin {
         #[arg(long)]
         email: String,
-        /// Make the existing account at this address the admin instead (it keeps its own
-        /// password; no password is asked). Only a verified account; its age and verification
-        /// are printed, and its sessions and tokens end.
+        /// Make the existing account at this address the admin instead: only a verified
+        /// account (its age and verification are printed); its password becomes the one given
+        /// here, and its sessions and tokens end.
         #[arg(long)]
         promote_existing: bool,
     },

@@ -477,6 +477,7 @@ pub async fn get_translated_file(
     let name = format!("{}-translated.{}", name_stem(document.name.clone()), document.doc_type.extension());
     let key = engine::documents::Blobs::translated_key(job.id);
     if !state.ctx.blobs.exists(&key).await? {
+        refused_before(&state, job.id).await?;
         build_translated_file(&state, &job, &document, &result, &key).await?;
     }
     // Streamed from storage, held to the download rate floor: a slow reader holds a chunk,
@@ -513,15 +514,44 @@ async fn build_translated_file(
         .filter(|p| !p.trim().is_empty())
         .map(str::to_string)
         .collect();
-    let file = engine::documents::sandbox::rebuild_in_child(&reader, document.doc_type, original, &paragraphs)
-        .await
-        .map_err(|e| match e.class {
-            engine::queue::policy::retry::ErrorClass::InvalidInput => AppError::CannotDownload { message: e.message },
-            _ => AppError::Internal,
-        })?;
+    let built = engine::documents::sandbox::rebuild_in_child(&reader, document.doc_type, original, &paragraphs).await;
+    let file = match built {
+        Ok(file) => file,
+        Err(e) if e.class == engine::queue::policy::retry::ErrorClass::InvalidInput => {
+            // The same document and translation give the same answer: kept, not read again.
+            let refusal = engine::documents::Blobs::translated_refusal_key(job.id);
+            state.ctx.blobs.put(&refusal, e.message.clone().into_bytes().into()).await?;
+            return Err(AppError::CannotDownload { message: e.message }.into());
+        }
+        Err(_) => return Err(AppError::Internal.into()),
+    };
     tracing::debug!(job = %job.id, bytes = file.len(), "translated file built and kept");
     state.ctx.blobs.put(key, file.into()).await?;
+    // Deleted (or pruned) while it was built: its deletion may have run before the file was
+    // there, so the file goes now.
+    let still_kept: Option<bool> = sqlx::query_scalar("SELECT deleted_at IS NULL FROM jobs WHERE id = $1")
+        .bind(job.id)
+        .fetch_optional(&state.ctx.pool)
+        .await
+        .map_err(engine::EngineError::from)?;
+    if still_kept != Some(true) {
+        engine::documents::sweep::forget_translated_file(&state.ctx.blobs, job.id).await?;
+        return Err(AppError::Gone.into());
+    }
     Ok(())
+}
+
+/// A translated file that could not be built before answers the same, without reading its
+/// document again.
+async fn refused_before(state: &AppState, job: uuid::Uuid) -> Result<(), ApiError> {
+    match state.ctx.blobs.get(&engine::documents::Blobs::translated_refusal_key(job)).await {
+        Ok(reason) => {
+            let message = String::from_utf8_lossy(&reason).into_owned();
+            Err(AppError::CannotDownload { message }.into())
+        }
+        Err(engine::EngineError::NotFound) => Ok(()),
+        Err(e) => Err(AppError::from(e).into()),
+    }
 }
 
 /// A download's body held to the uploads' rate floor (`app::server::upload::too_slow`): once
@@ -594,11 +624,12 @@ pub async fn get_parts_so_far(
     if job.deleted_at.is_some() {
         return Err(AppError::Deleted.into());
     }
-    if !engine::settlement::answered_parts_served(i64::from(job.cost), job.refunded) {
+    audit_if_not_the_owner(&state, &caller, &job, "read_parts").await?;
+    // Read parts are paid for: a failure after this keeps their share, even one that is ours.
+    if !engine::queue::parts::mark_parts_read(&state.ctx.pool, job.id).await? {
         let message = "nothing to download: the document was refunded in full, so its parts are not served".into();
         return Err(AppError::CannotDownload { message }.into());
     }
-    audit_if_not_the_owner(&state, &caller, &job, "read_parts").await?;
     let so_far = engine::queue::parts::answered_so_far(&state.ctx.pool, job.id).await?;
     if so_far.answered.is_empty() {
         let why = if so_far.total == 0 { "it is not done in parts" } else { "no part is done yet" };

@@ -202,8 +202,11 @@ pub async fn serve(
             async move {
                 let Ok(held) = held else { return Ok(overloaded()) };
                 let answer = router.oneshot(request.map(axum::body::Body::new)).await;
-                drop(held);
-                answer
+                Ok::<_, std::convert::Infallible>(match (answer, held) {
+                    (Ok(response), Some(held)) => response.map(|body| holding_while_sent(body, held)),
+                    (Ok(response), None) => response,
+                    (Err(never), _) => match never {},
+                })
             }
         });
         let service = TowerToHyperService::new(service);
@@ -271,6 +274,16 @@ struct Lane {
     open: Arc<Semaphore>,
     for_holders: Arc<Semaphore>,
     shares: Arc<AddressShares>,
+}
+
+/// `body`, keeping `held` (a forwarded client's shares) until it is sent or dropped: a slow
+/// download holds its client's share as long as it runs, not only while its handler did.
+fn holding_while_sent(body: axum::body::Body, held: Vec<AddressShare>) -> axum::body::Body {
+    use futures::StreamExt;
+    axum::body::Body::from_stream(body.into_data_stream().map(move |chunk| {
+        let _still_held = &held;
+        chunk
+    }))
 }
 
 /// The client a trusted proxy's request was forwarded for (the proxy itself without a

@@ -270,3 +270,41 @@ async fn the_parts_answered_so_far_download_in_order_with_the_rest_marked(pool: 
     assert_eq!(refunded.status(), StatusCode::CONFLICT);
     assert!(refunded.text().await.unwrap().contains("refunded in full"));
 }
+
+/// Issue 55, item 3 (a review's case): a translated file that cannot be built (its paragraphs
+/// do not line up with the document's) is refused once; later downloads get the same answer
+/// without the document being read again (here: its original is gone, and the answer stays).
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translated_file_that_cannot_be_built_is_refused_without_reading_it_again(pool: PgPool) {
+    let settings = WebSettings {
+        presets: engine::Preset::ALL.to_vec(),
+        document_reader: Some(std::sync::Arc::new(sandbox())),
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let (user, token) = app.user_with_token("mismatch@example.com", 10, 5).await;
+    let docx = engine::testing::docx_with_paragraphs(&["One.", "Two.", "Three."]);
+    let key = engine::documents::Blobs::new_key();
+    app.blobs.put(&key, docx.clone().into()).await.unwrap();
+    let id: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO jobs (owner_id, state, payload, result, cost, accepted_at, run_at, finished_at)
+         VALUES ($1, 'done', $2, $3, 1, now(), now(), now()) RETURNING id",
+    )
+    .bind(user)
+    .bind(serde_json::json!({"document": {"key": key, "type": "docx", "size": docx.len(), "sha256": key, "name": "m.docx"},
+                             "preset": "translate", "language": "German"}))
+    .bind(serde_json::json!({"markdown": "Eins und zwei."}))
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let get =
+        || reqwest::Client::new().get(app.url(&format!("/api/v1/jobs/{id}/translated"))).bearer_auth(&token).send();
+    let first = get().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CONFLICT);
+    let reason = first.text().await.unwrap();
+    assert!(reason.contains("paragraphs"), "{reason}");
+    app.blobs.delete(&key).await.unwrap();
+    let again = get().await.unwrap();
+    assert_eq!(again.status(), StatusCode::CONFLICT, "answered from what was kept, not by reading the document");
+    assert_eq!(again.text().await.unwrap(), reason);
+}

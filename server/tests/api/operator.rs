@@ -106,6 +106,15 @@ async fn create_admin_never_hands_the_console_to_whoever_signed_up_with_the_addr
         .unwrap();
     let (ok, out) = server(&url, &["create-admin", "--email", "ops@example.com", "--promote-existing"]);
     assert!(ok && out.contains("is an admin now"), "{out}");
+    // Its password is now the operator's: whoever knew the old one is out.
+    let old_password = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let tried =
+        call(&old_password, &app, "log_in", &[("email", "ops@example.com"), ("password", "stranger's password")]);
+    assert_ne!(tried.await.status(), 200, "the stranger's password still logs in");
+    let operator = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let logged_in = call(&operator, &app, "log_in", &[("email", "ops@example.com"), ("password", "admin password")]);
+    assert_eq!(logged_in.await.status(), 200);
+    assert_eq!(console_answers(operator).await, 200, "the operator reaches the console");
     assert_eq!(engine::accounts::users::get(&app.pool, user.id).await.unwrap().role, Role::Admin);
     let mut old_session_ended = false;
     for _ in 0..50 {
