@@ -15,3 +15,9 @@ CREATE TABLE signup_grants (
 
 -- Unverified accounts expire (their address freed): found by age.
 CREATE INDEX users_unverified_by_age ON users (created_at) WHERE email_verified_at IS NULL AND deleted_at IS NULL;
+
+-- A sign-up with an address that has an account answers as for a new one, and the owner is
+-- mailed instead (a mail of the account's own, not a notice).
+ALTER TABLE mail_outbox DROP CONSTRAINT mail_outbox_kind_check,
+    ADD CONSTRAINT mail_outbox_kind_check
+        CHECK (kind IN ('verify', 'reset', 'done', 'failed', 'credits_low', 'signup_taken'));
