@@ -242,11 +242,11 @@ def row_estimates():
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n"
             f"Content-Type: text/plain\r\n\r\n").encode() + b"words " * 1000 + f"\r\n--{boundary}--\r\n".encode()
     headers = dict(session, **{"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    statuses = [request("POST", "/api/v1/estimate", body, headers)[0] for _ in range(40)]
+    statuses = [request("POST", "/api/v1/estimate", body, headers)[0] for _ in range(70)]
     status, _ = upload(session, "after.txt", b"an upload right after the estimates\n")
-    return ("one account asks for 40 estimates in a row, then uploads",
+    return ("one account asks for 70 estimates in a row, then uploads",
             f"{statuses.count(200)} estimated, then {sorted(set(s for s in statuses if s != 200))} "
-            f"(30 a minute per account); the upload right after: {status}")
+            f"(60 a minute per account); the upload right after: {status}")
 
 
 def row_mail_folder():

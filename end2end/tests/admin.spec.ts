@@ -146,7 +146,8 @@ test('an admin runs a reconciliation and reads the report', async ({ browser }) 
   await expect(card.getByTestId('reconciliation-summary')).toHaveText(
     new RegExp(`^Report \\d+ at .+ by ${operator.email.replace('.', '\\.')}: everything adds up\\.$`),
   );
-  await expect(card.locator('tbody tr')).toHaveCount(7);
+  await expect(card.locator('tbody tr')).toHaveCount(8);
+  await expect(card.getByText('Stored bytes equal the documents and parts kept')).toBeVisible();
   await expect(card.locator('tbody tr').first()).toContainText('Balances equal their ledgers');
   // The run is kept: the page shows it again after a reload.
   await admin.reload();

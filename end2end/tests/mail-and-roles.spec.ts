@@ -90,6 +90,8 @@ test('the account page changes the password and saves which notices come by mail
 test('support reads the console without its actions; an operator acts but sets no gate', async ({ page, browser }) => {
   const email = await signUp(page, 'helpdesk');
   serverCommand(['set-role', '--email', email, '--role', 'support']);
+  // A change of role ends the account's sessions: its holder logs in again.
+  await logIn(page, email, 'a long password');
   await open(page, '/admin');
   await expect(page.getByTestId('kill-switch')).toBeVisible();
   await expect(page.getByTestId('processing-state')).toHaveText(/^(On|Paused)$/);
@@ -100,6 +102,7 @@ test('support reads the console without its actions; an operator acts but sets n
   const operatorPage = await newPage(browser);
   const operator = await signUp(operatorPage, 'operator');
   serverCommand(['set-role', '--email', operator, '--role', 'operator']);
+  await logIn(operatorPage, operator, 'a long password');
   await open(operatorPage, '/admin');
   await expect(operatorPage.getByRole('button', { name: /^(Pause|Resume) processing$/ })).toBeVisible();
   await expect(operatorPage.getByRole('button', { name: 'Set the gate' })).toHaveCount(0);
@@ -111,6 +114,7 @@ test('support reads the console without its actions; an operator acts but sets n
 
   // A plain user finds no console at all.
   serverCommand(['set-role', '--email', email, '--role', 'user']);
+  await logIn(page, email, 'a long password');
   await open(page, '/admin');
   await expect(page.getByText('Page not found.')).toBeVisible();
 });

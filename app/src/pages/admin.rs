@@ -459,6 +459,7 @@ pub fn check_label(check: &str) -> &'static str {
         "one_debit_per_job" => "One debit per job",
         "refunds_match_state" => "Refunds exactly for failed and canceled jobs",
         "no_lease_far_in_future" => "No lease far in the future",
+        "stored_bytes_match_documents" => "Stored bytes equal the documents and parts kept",
         "live_jobs_have_documents" => "Open jobs have their documents",
         "documents_have_jobs" => "Stored documents have jobs",
         _ => "Other check",

@@ -47,13 +47,14 @@ pub struct ServerContext {
     estimates_by_user: Arc<std::sync::Mutex<std::collections::HashMap<i64, usize>>>,
 }
 
-/// Estimates read at once, per process.
-pub const ESTIMATES_AT_ONCE: usize = 8;
-/// Estimates one user may have in progress at once.
-pub const ESTIMATES_PER_USER: usize = 2;
-/// Estimates one user may ask for in a minute (across processes): one for each file chosen
-/// on the upload page is far under it.
-pub const ESTIMATES_PER_MINUTE: i64 = 30;
+/// Estimates read at once, per process (as many as uploads, apart from them).
+pub const ESTIMATES_AT_ONCE: usize = 32;
+/// Estimates one user may have in progress at once: the upload page estimates every file
+/// chosen together, as it uploads them (8 at once).
+pub const ESTIMATES_PER_USER: usize = 8;
+/// Estimates one user may ask for in a minute (across processes): the files of a few
+/// drops in a row.
+pub const ESTIMATES_PER_MINUTE: i64 = 60;
 
 /// One estimate in progress of a user's; dropping it ends it.
 pub struct UserEstimate {

@@ -243,7 +243,6 @@ async fn take_turn(
 pub async fn estimate<S, E>(
     ctx: &ServerContext,
     user: &User,
-    client: &str,
     headers: &HeaderMap,
     body: S,
 ) -> Result<crate::model::Estimate, AppError>
@@ -256,13 +255,11 @@ where
         return Err(AppError::store_full());
     }
     // Its own small rate and slots: estimates never hold uploads' slots or crowd them out.
-    let per_minute = super::session::ESTIMATES_PER_MINUTE;
-    let windows = [
-        (format!("estimate:user:{}", user.id), per_minute),
-        // Accounts on one address share a little more than one account's rate.
-        (format!("estimate:address:{client}"), per_minute * 2),
-    ];
-    engine::accounts::throttle::take_all(&ctx.pool, &windows, Duration::from_secs(60)).await?;
+    // (Per account, not per address: many honest accounts share an office's address, and an
+    // estimate costs little now that it reads one counter.)
+    let key = format!("estimate:user:{}", user.id);
+    engine::accounts::throttle::take(&ctx.pool, &key, super::session::ESTIMATES_PER_MINUTE, Duration::from_secs(60))
+        .await?;
     let _turn = ctx.begin_estimate(user.id)?;
     if let Some(refusal) = refusal_unread(ctx, user, headers).await? {
         return Err(refusal.into());

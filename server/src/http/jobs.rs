@@ -187,7 +187,7 @@ pub async fn create_job(
         (status = 413, description = "Too large: bytes, tokens or your storage quota", body = ErrorBody),
         (status = 415, description = "Not a document type Sluice reads", body = ErrorBody),
         (status = 422, description = "A malformed form, preset or language", body = ErrorBody),
-        (status = 429, description = "Too many documents or estimates in progress, or more than 30 estimates a minute (Retry-After)", body = ErrorBody),
+        (status = 429, description = "Too many documents or estimates in progress, or more than 60 estimates a minute (Retry-After)", body = ErrorBody),
         Common,
     )
 )]
@@ -198,9 +198,8 @@ pub async fn estimate_job(
     request: Request,
 ) -> Result<Json<app::model::Estimate>, ApiError> {
     let user = caller(&state, &headers, &session).await?;
-    let client = client_of_request(&state, &request);
     let body = request.into_body().into_data_stream();
-    Ok(Json(upload::estimate(&state.ctx, &user, &client, &headers, body).await?))
+    Ok(Json(upload::estimate(&state.ctx, &user, &headers, body).await?))
 }
 
 /// The address an upload is counted against (the proxy's client when trusted).

@@ -153,3 +153,38 @@ async fn an_estimate_is_refused_as_the_upload_would_be_and_leaves_nothing(pool: 
     let (_, paused) = estimate(&app, &token, "a.txt", text(7, 100), &[]).await;
     assert_eq!((paused["processing_paused"].as_bool(), &paused["starts_in_secs"]), (Some(true), &Value::Null));
 }
+
+/// Issue 55, item 5: estimates have a rate and slots of their own. One account's estimates past
+/// 60 a minute get 429 with `Retry-After`, and its uploads (another account's too) are not
+/// held up by them: an estimate never takes an upload's slot.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn estimates_have_their_own_rate_and_never_take_an_uploads_slot(pool: PgPool) {
+    let settings = WebSettings { max_concurrent_uploads: 1, ..WebSettings::default() };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, token) = app.user_with_token("estimator@example.com", 10, 5).await;
+    let (_, other) = app.user_with_token("uploader@example.com", 10, 5).await;
+    let per_minute = app::server::session::ESTIMATES_PER_MINUTE as usize;
+    let mut statuses = Vec::new();
+    for n in 0..per_minute + 1 {
+        statuses.push(estimate(&app, &token, "a.txt", text(n, 100), &[]).await.0);
+    }
+    assert!(statuses[..per_minute].iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert_eq!(statuses[per_minute], StatusCode::TOO_MANY_REQUESTS);
+    // An estimate whose body trickles in holds its own slot, not the process's one upload
+    // slot: uploads still go through at once.
+    use tokio::io::AsyncWriteExt;
+    let mut slow = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/estimate HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {other}\r\n\
+         Content-Type: multipart/form-data; boundary=xyz\r\nContent-Length: 100000\r\n\r\n\
+         --xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\r\nsome words",
+        app.addr
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    assert_eq!(app.upload(&token, doc(1), None).await.status(), StatusCode::ACCEPTED);
+    assert_eq!(app.upload(&other, doc(2), None).await.status(), StatusCode::ACCEPTED);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "uploads waited for an estimate's slot");
+    drop(slow);
+}
