@@ -226,19 +226,28 @@ async fn documents_no_job_points_at_are_removed_after_their_grace_on_the_record(
     // What a crash between storing and admitting leaves: a stored document and no job.
     let orphan = Blobs::new_key();
     blobs.put(&orphan, bytes::Bytes::from_static(b"left behind")).await.unwrap();
+    // What a crash between building a translated file and its job's deletion leaves (issue
+    // 55): a translated file of a job that is gone; a live job's stays.
+    let gone_translation = Blobs::translated_key(uuid::Uuid::new_v4());
+    blobs.put(&gone_translation, bytes::Bytes::from_static(b"translated")).await.unwrap();
+    let kept_translation = Blobs::translated_key(kept);
+    blobs.put(&kept_translation, bytes::Bytes::from_static(b"translated")).await.unwrap();
 
     let swept =
         engine::documents::sweep::remove_orphans(&pool, &blobs, Duration::from_secs(3600), "ops").await.unwrap();
     assert_eq!(swept, 0, "nothing is younger than an upload in progress could be");
     let swept = engine::documents::sweep::remove_orphans(&pool, &blobs, Duration::ZERO, "ops").await.unwrap();
-    assert_eq!(swept, 1);
+    assert_eq!(swept, 2);
     let audited: Vec<(String, String)> =
         sqlx::query_as("SELECT actor, new_value FROM audit_log WHERE action = 'remove_orphans' ORDER BY id")
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(audited, vec![("ops".to_string(), "0".to_string()), ("ops".to_string(), "1".to_string())]);
+    assert_eq!(audited, vec![("ops".to_string(), "0".to_string()), ("ops".to_string(), "2".to_string())]);
     assert!(matches!(blobs.get(&orphan).await, Err(engine::EngineError::NotFound)));
+    assert!(matches!(blobs.get(&gone_translation).await, Err(engine::EngineError::NotFound)));
+    assert!(blobs.get(&kept_translation).await.is_ok(), "a live job's translated file stays");
+    blobs.delete(&kept_translation).await.unwrap();
     let job = engine::queue::get(&pool, kept).await.unwrap();
     let key = job.payload["document"]["key"].as_str().unwrap();
     assert!(blobs.get(key).await.is_ok(), "a job's document stays");

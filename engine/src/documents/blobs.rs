@@ -181,8 +181,18 @@ impl Blobs {
     /// Keys of documents stored before `before`, in batches of up to `batch`, as the store
     /// lists them (a store of millions never sits in memory at once).
     pub fn documents_before(&self, before: DateTime<Utc>, batch: usize) -> BoxStream<'static, Result<Vec<String>>> {
+        self.keys_before("documents", before, batch)
+    }
+
+    /// Keys under `prefix` stored before `before`, in batches of up to `batch`.
+    pub fn keys_before(
+        &self,
+        prefix: &str,
+        before: DateTime<Utc>,
+        batch: usize,
+    ) -> BoxStream<'static, Result<Vec<String>>> {
         self.store
-            .list(Some(&ObjectPath::from("documents")))
+            .list(Some(&ObjectPath::from(prefix)))
             .map_err(storage)
             .try_filter_map(
                 move |meta| async move { Ok((meta.last_modified < before).then(|| meta.location.to_string())) },

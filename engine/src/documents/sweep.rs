@@ -48,7 +48,31 @@ async fn delete_unneeded_before(pool: &PgPool, blobs: &Blobs, grace: Duration) -
             }
         }
     }
+    // Translated files whose job is gone or deleted (one a crash left between its build and
+    // its job's deletion): nobody may download them any more.
+    let mut batches = blobs.keys_before("translated", before, 500);
+    while let Some(batch) = batches.next().await {
+        let batch = batch?;
+        let jobs: Vec<Uuid> = batch.iter().filter_map(|key| translated_job(key)).collect();
+        let gone: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT j FROM unnest($1::uuid[]) j
+             WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = j AND deleted_at IS NULL)",
+        )
+        .bind(&jobs)
+        .fetch_all(pool)
+        .await?;
+        for key in batch.iter().filter(|key| translated_job(key).is_some_and(|j| gone.contains(&j))) {
+            blobs.delete(key).await?;
+            removed += 1;
+        }
+    }
     Ok(removed)
+}
+
+/// Pure: the job a translated file's key (or its kept refusal's) belongs to.
+fn translated_job(key: &str) -> Option<Uuid> {
+    let name = key.strip_prefix("translated/")?;
+    name.strip_suffix(".refused").unwrap_or(name).parse().ok()
 }
 
 /// The keys among `keys` that no job needs (none names them, or only jobs that let them go).
