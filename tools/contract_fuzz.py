@@ -35,8 +35,6 @@ def main():
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
     email = f"fuzz-{random.getrandbits(48):x}@example.com"
     post_form(opener, base, "/api/sign_up", {"email": email, "password": "fuzzing password 123"})
-    # With addresses verified by mail a sign-up logs nobody in: log in with the password.
-    post_form(opener, base, "/api/log_in", {"email": email, "password": "fuzzing password 123"})
     token = post_form(opener, base, "/api/create_token", {"name": "schemathesis"})["secret"]
     server = os.environ.get("SLUICE_SERVER_BIN")
     if server:

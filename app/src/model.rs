@@ -18,16 +18,6 @@ pub struct UserInfo {
     pub max_in_flight: i32,
 }
 
-/// What a sign-up answers. With addresses verified by mail (the default) it is the same
-/// whether or not the address already had an account: `check_mail`, nobody logged in (the
-/// mailed link logs the new account in; the owner of a taken address is mailed instead).
-/// Without verification the new account is logged in at once (`user`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SignUpAnswer {
-    pub check_mail: bool,
-    pub user: Option<UserInfo>,
-}
-
 /// Which notices also come by e-mail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MailChoicesInfo {

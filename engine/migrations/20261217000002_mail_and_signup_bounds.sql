@@ -16,8 +16,20 @@ CREATE TABLE signup_grants (
 -- Unverified accounts expire (their address freed): found by age.
 CREATE INDEX users_unverified_by_age ON users (created_at) WHERE email_verified_at IS NULL AND deleted_at IS NULL;
 
--- A sign-up with an address that has an account answers as for a new one, and the owner is
--- mailed instead (a mail of the account's own, not a notice).
-ALTER TABLE mail_outbox DROP CONSTRAINT mail_outbox_kind_check,
-    ADD CONSTRAINT mail_outbox_kind_check
-        CHECK (kind IN ('verify', 'reset', 'done', 'failed', 'credits_low', 'signup_taken'));
+-- The grants given before this remembered too (the same folding as `users::mailbox_of`), so an
+-- existing account's `+tag` twin or its re-sign-up after a deletion gets none either.
+INSERT INTO signup_grants (mailbox, user_id)
+SELECT DISTINCT ON (mailbox) mailbox, user_id FROM (
+    SELECT encode(sha256(convert_to(
+               CASE WHEN domain IN ('gmail.com', 'googlemail.com') THEN replace(local, '.', '') || '@gmail.com'
+                    ELSE local || '@' || domain END, 'UTF8')), 'hex') AS mailbox,
+           user_id
+    FROM (SELECT u.id AS user_id,
+                 split_part(split_part(lower(trim(u.email)), '@', 1), '+', 1) AS local,
+                 split_part(lower(trim(u.email)), '@', 2) AS domain
+          FROM users u
+          WHERE u.deleted_at IS NULL AND position('@' IN u.email) > 0
+            AND EXISTS (SELECT 1 FROM ledger l WHERE l.user_id = u.id AND l.kind = 'grant' AND l.note = 'sign-up grant')) parts
+) folded
+ORDER BY mailbox, user_id
+ON CONFLICT (mailbox) DO NOTHING;

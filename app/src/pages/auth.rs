@@ -89,34 +89,17 @@ pub fn LoginPage() -> impl IntoView {
 pub fn SignupPage() -> impl IntoView {
     let action = ServerAction::<SignUp>::new();
     let terms = LocalResource::new(crate::server::account::terms);
-    // Logged in at once (no verification asked): on to the jobs, as a log-in does.
-    let logged_in = Signal::derive(move || match action.value().get() {
-        Some(Ok(answer)) => answer.user.map(Ok),
-        Some(Err(e)) => Some(Err(e)),
-        None => None,
-    });
-    let check_mail = move || matches!(action.value().get(), Some(Ok(answer)) if answer.check_mail);
     view! {
         <section class="auth card">
             <h1>"Create your account"</h1>
-            <Show
-                when=check_mail
-                fallback=move || view! {
-                    <ActionForm action=action>
-                        <Fields value=logged_in new_password=true/>
-                        <p class="hint">
-                            "At least 8 characters."
-                            {move || terms.get().and_then(|r| r.ok()).map(|t| signup_grant_text(t.signup_grant, t.verify_email))}
-                        </p>
-                        <button class="button primary" type="submit" disabled=move || action.pending().get()>"Sign up"</button>
-                    </ActionForm>
-                }
-            >
-                <p class="ok-text" role="status" data-testid="check-mail">
-                    "Check your mail: a link to confirm your address is on its way. It logs you in, and your free "
-                    "credits come with it. If the address already has an account, the mail says so instead."
+            <ActionForm action=action>
+                <Fields value=action.value() new_password=true/>
+                <p class="hint">
+                    "At least 8 characters."
+                    {move || terms.get().and_then(|r| r.ok()).map(|t| signup_grant_text(t.signup_grant, t.verify_email))}
                 </p>
-            </Show>
+                <button class="button primary" type="submit" disabled=move || action.pending().get()>"Sign up"</button>
+            </ActionForm>
             <p class="switch">"Have an account? " <a href="/login">"Log in"</a></p>
         </section>
     }
@@ -209,7 +192,7 @@ pub fn VerifyPage() -> impl IntoView {
             {move || match action.value().get() {
                 Some(Ok(user)) => view! {
                     <p class="ok-text" role="status" data-testid="verified">
-                        {format!("{} is confirmed, and you are logged in. Your balance is {} credits.", user.email, user.balance)}
+                        {format!("{} is confirmed. Your balance is {} credits.", user.email, user.balance)}
                     </p>
                     <p><a class="button primary" href="/upload">"Upload documents"</a></p>
                 }.into_any(),

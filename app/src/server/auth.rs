@@ -3,7 +3,7 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{SignUpAnswer, UserInfo};
+use crate::model::UserInfo;
 #[cfg(feature = "ssr")]
 use crate::server::session::{
     answer, client_address, context, device_token, end_session, keep_device_token, require_user, session, session_user,
@@ -12,30 +12,22 @@ use crate::server::session::{
 #[cfg(feature = "ssr")]
 use engine::accounts::recovery;
 
-/// Create an account (throttled per address and overall). When addresses must be verified
-/// (the default), the answer is "check your mail" whether or not the address had an account:
-/// the mailed link proves it, gives the sign-up grant and logs the account in, and the owner
-/// of a taken address is mailed instead. Without verification the account is logged in at
-/// once with its grant, and a taken address is 409.
+/// Create an account and log it in (throttled per address and overall). The sign-up grant
+/// comes with it, or, when addresses must be verified, with the link mailed to it.
 #[server(endpoint = "sign_up")]
-pub async fn sign_up(email: String, password: String) -> Result<SignUpAnswer, AppError> {
-    use engine::accounts::signup::SignUp;
+pub async fn sign_up(email: String, password: String) -> Result<UserInfo, AppError> {
     answer(async move {
         let ctx = context()?;
         let settings = &ctx.settings;
         let client = client_address(&settings.trusted_proxies).await;
         let (grant, limits, verify) =
             (settings.signup_grant, settings.signup_limits, settings.require_email_verification);
-        match engine::accounts::signup::sign_up(&ctx.pool, &email, &password, grant, &client, limits, verify).await? {
-            SignUp::Created(_) | SignUp::Taken if verify => Ok(SignUpAnswer { check_mail: true, user: None }),
-            SignUp::Taken => Err(AppError::EmailTaken),
-            SignUp::Created(user) => {
-                start_session(&session().await?, &user).await?;
-                let device = engine::accounts::login::issue_device_token(&ctx.pool, user.id).await?;
-                keep_device_token(&device, settings.secure_cookies);
-                Ok(SignUpAnswer { check_mail: false, user: Some(user.into()) })
-            }
-        }
+        let user =
+            engine::accounts::signup::sign_up(&ctx.pool, &email, &password, grant, &client, limits, verify).await?;
+        start_session(&session().await?, &user).await?;
+        let device = engine::accounts::login::issue_device_token(&ctx.pool, user.id).await?;
+        keep_device_token(&device, settings.secure_cookies);
+        Ok(user.into())
     })
     .await
 }
@@ -104,17 +96,12 @@ pub async fn reset_password(token: String, password: String) -> Result<UserInfo,
     .await
 }
 
-/// Prove the address with the link mailed at sign-up: the sign-up grant is given (once), and
-/// this browser is logged in (the link reached the address's owner, as a reset link does).
+/// Prove the address with the link mailed at sign-up: the sign-up grant is given (once).
 #[server(endpoint = "verify_email")]
 pub async fn verify_email(token: String) -> Result<UserInfo, AppError> {
     answer(async move {
         let ctx = context()?;
-        let user = recovery::verify(&ctx.pool, &token, ctx.settings.signup_grant).await?;
-        start_session(&session().await?, &user).await?;
-        let device = engine::accounts::login::issue_device_token(&ctx.pool, user.id).await?;
-        keep_device_token(&device, ctx.settings.secure_cookies);
-        Ok(user.into())
+        Ok(recovery::verify(&ctx.pool, &token, ctx.settings.signup_grant).await?.into())
     })
     .await
 }

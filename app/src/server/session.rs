@@ -132,8 +132,7 @@ impl ServerContext {
     /// progress (429) or every estimate slot is taken (503). Never an upload's slot.
     pub fn begin_estimate(&self, user_id: i64) -> Result<UserEstimate, crate::errors::AppError> {
         let mut counts = self.estimates_by_user.lock().unwrap_or_else(|e| e.into_inner());
-        let mine = counts.entry(user_id).or_default();
-        if *mine >= ESTIMATES_PER_USER {
+        if counts.get(&user_id).copied().unwrap_or(0) >= ESTIMATES_PER_USER {
             return Err(crate::errors::AppError::RateLimited { retry_after_secs: 1 });
         }
         let slot = self
@@ -141,7 +140,7 @@ impl ServerContext {
             .clone()
             .try_acquire_owned()
             .map_err(|_| crate::errors::AppError::Overloaded { retry_after_secs: 1 })?;
-        *mine += 1;
+        *counts.entry(user_id).or_default() += 1;
         Ok(UserEstimate { user_id, counts: self.estimates_by_user.clone(), _slot: slot })
     }
 

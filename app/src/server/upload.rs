@@ -255,12 +255,13 @@ where
         return Err(AppError::store_full());
     }
     // Its own small rate and slots: estimates never hold uploads' slots or crowd them out.
-    // (Per account, not per address: many honest accounts share an office's address, and an
-    // estimate costs little now that it reads one counter.)
+    // A slot first (a refusal for want of one does not spend the rate), then the rate: per
+    // account, not per address (many honest accounts share an office's address, and an
+    // estimate costs little now that it reads one counter).
+    let _turn = ctx.begin_estimate(user.id)?;
     let key = format!("estimate:user:{}", user.id);
     engine::accounts::throttle::take(&ctx.pool, &key, super::session::ESTIMATES_PER_MINUTE, Duration::from_secs(60))
         .await?;
-    let _turn = ctx.begin_estimate(user.id)?;
     if let Some(refusal) = refusal_unread(ctx, user, headers).await? {
         return Err(refusal.into());
     }

@@ -252,7 +252,7 @@ pub async fn unsubscribe(pool: &PgPool, user_id: i64, key: &str, kind: MailKind)
         MailKind::Done => "mail_done",
         MailKind::Failed => "mail_failed",
         MailKind::CreditsLow => "mail_credits_low",
-        MailKind::Verify | MailKind::Reset | MailKind::SignupTaken => return Err(EngineError::NotFound),
+        MailKind::Verify | MailKind::Reset => return Err(EngineError::NotFound),
     };
     let key = uuid::Uuid::parse_str(key).map_err(|_| EngineError::NotFound)?;
     let done = sqlx::query(&format!("UPDATE users SET {column} = false WHERE id = $1 AND mail_key = $2"))

@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use super::users::{check_password_rules, get, give_signup_grant, insert_user, normalize_email, Role, User};
 use super::{recovery, throttle};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
 /// How many accounts may be made, per client address, per network and in all, within a window.
 #[derive(Clone, Copy, Debug)]
@@ -27,23 +27,10 @@ impl Default for SignupLimits {
     }
 }
 
-/// What a sign-up came to.
-#[derive(Debug)]
-pub enum SignUp {
-    /// A new account.
-    Created(User),
-    /// The address has an account already. With verification asked for, its owner was
-    /// mailed (throttled), and the caller answers as for a new account: a stranger learns
-    /// nothing of who has an account.
-    Taken,
-}
-
 /// Sign a stranger up: the input is checked first (free), then the throttles per client
 /// address and overall are taken (atomically), then the account is made. With `verify`, the
 /// address must be proved first: a verification mail is queued with the account and the
 /// `grant` waits for its link ([`super::recovery::verify`]); without, it is given at once.
-/// The password is hashed whether or not the address is taken, so the answer's time tells
-/// nothing either.
 pub async fn sign_up(
     pool: &PgPool,
     email: &str,
@@ -52,7 +39,7 @@ pub async fn sign_up(
     client: &str,
     limits: SignupLimits,
     verify: bool,
-) -> Result<SignUp> {
+) -> Result<User> {
     normalize_email(email)?;
     check_password_rules(password)?;
     let windows = [
@@ -62,51 +49,14 @@ pub async fn sign_up(
     ];
     throttle::take_all(pool, &windows, limits.window).await?;
     let mut tx = pool.begin().await?;
-    let id = match insert_user(&mut tx, email, password, Role::User, 0, !verify).await {
-        Ok(id) => id,
-        Err(EngineError::EmailTaken) => {
-            drop(tx);
-            if verify {
-                tell_the_owner(pool, email).await?;
-            }
-            return Ok(SignUp::Taken);
-        }
-        Err(e) => return Err(e),
-    };
+    let id = insert_user(&mut tx, email, password, Role::User, 0, !verify).await?;
     if verify {
         recovery::start_verification(&mut tx, id).await?;
     } else {
         give_signup_grant(&mut tx, id, email, grant).await?;
     }
     tx.commit().await?;
-    Ok(SignUp::Created(get(pool, id).await?))
-}
-
-/// Mails to one address's owner about sign-ups with it, per hour; past it nothing is mailed
-/// (the answer stays the same): its inbox is not a target.
-const TAKEN_MAILS_PER_HOUR: i64 = 3;
-
-/// Mail the owner of `email` that someone tried to sign up with it (at most
-/// [`TAKEN_MAILS_PER_HOUR`] an hour).
-async fn tell_the_owner(pool: &PgPool, email: &str) -> Result<()> {
-    // A deleted account's address is erased (`deleted-user-N`): no deleted one is found here.
-    let owner = match super::users::find_by_email(pool, email).await {
-        Ok(user) => user,
-        Err(EngineError::NotFound) => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let window = Duration::from_secs(3600);
-    match throttle::take(pool, &format!("signup-taken:account:{}", owner.id), TAKEN_MAILS_PER_HOUR, window).await {
-        Ok(_) => {}
-        Err(EngineError::RateLimited { .. }) => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    let mut tx = pool.begin().await?;
-    let key = format!("signup-taken:{}:{}", owner.id, uuid::Uuid::new_v4());
-    let detail = crate::mail::compose::Detail::default();
-    crate::mail::outbox::enqueue(&mut tx, owner.id, crate::mail::MailKind::SignupTaken, &key, &detail).await?;
-    tx.commit().await?;
-    Ok(())
+    get(pool, id).await
 }
 
 /// How long an account may stay unverified before it is deleted and its address freed (the

@@ -18,9 +18,6 @@ pub enum MailKind {
     Failed,
     /// The balance fell below [`LOW_CREDITS`].
     CreditsLow,
-    /// Someone tried to sign up with the address, which has an account: the sign-up answered
-    /// as for a new one, and the owner is told here instead.
-    SignupTaken,
 }
 
 /// Below this balance a user who chose it is told by mail (once per fall below it).
@@ -33,14 +30,8 @@ pub fn fell_low(before: i64, after: i64) -> bool {
 }
 
 impl MailKind {
-    pub const ALL: [MailKind; 6] = [
-        MailKind::Verify,
-        MailKind::Reset,
-        MailKind::Done,
-        MailKind::Failed,
-        MailKind::CreditsLow,
-        MailKind::SignupTaken,
-    ];
+    pub const ALL: [MailKind; 5] =
+        [MailKind::Verify, MailKind::Reset, MailKind::Done, MailKind::Failed, MailKind::CreditsLow];
 
     /// The name stored in the outbox and used in unsubscribe links.
     pub fn as_str(self) -> &'static str {
@@ -50,7 +41,6 @@ impl MailKind {
             MailKind::Done => "done",
             MailKind::Failed => "failed",
             MailKind::CreditsLow => "credits_low",
-            MailKind::SignupTaken => "signup_taken",
         }
     }
 
@@ -163,14 +153,6 @@ pub fn compose(kind: MailKind, detail: &Detail, site: &str, to: &Recipient) -> O
                 ),
             )
         }
-        MailKind::SignupTaken => (
-            "Someone tried to make a Sluice account with your address".to_string(),
-            format!(
-                "Someone (we hope you) tried to create a Sluice account with this address, which already has \
-                 one. Nothing was changed.\n\nIf it was you, log in here:\n\n{site}/login\n\nor, if you forgot \
-                 your password, ask for a new one here:\n\n{site}/forgot\n\nIf it was not you, ignore this mail.\n"
-            ),
-        ),
         MailKind::Done => (
             "Your document is ready".to_string(),
             format!(
@@ -230,12 +212,9 @@ mod tests {
 
     #[test]
     fn a_letter_without_what_its_kind_needs_is_not_made() {
-        // A sign-up with a taken address needs nothing but the site: it is always made.
-        for kind in MailKind::ALL.into_iter().filter(|k| *k != MailKind::SignupTaken) {
+        for kind in MailKind::ALL {
             assert_eq!(compose(kind, &Detail::default(), "https://s.example", &to()), None, "{kind:?}");
         }
-        let told = compose(MailKind::SignupTaken, &Detail::default(), "https://s.example", &to()).unwrap();
-        assert!(told.text.contains("https://s.example/forgot") && !told.text.contains("token"), "{}", told.text);
     }
 
     #[test]

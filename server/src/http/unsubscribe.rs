@@ -31,7 +31,7 @@ fn notice_words(kind: MailKind) -> Option<&'static str> {
         MailKind::Done => Some("a document is done"),
         MailKind::Failed => Some("a document failed"),
         MailKind::CreditsLow => Some("your credits run low"),
-        MailKind::Verify | MailKind::Reset | MailKind::SignupTaken => None,
+        MailKind::Verify | MailKind::Reset => None,
     }
 }
 
