@@ -419,9 +419,14 @@ pub async fn client_address(trusted_proxies: &[IpAddr]) -> String {
 
 /// The client's throttle subject, from the peer and the request's headers.
 pub fn client_of(peer: std::net::SocketAddr, headers: &http::HeaderMap, trusted_proxies: &[IpAddr]) -> String {
+    throttle_subject(client_ip_of(peer, headers, trusted_proxies))
+}
+
+/// The client's address, from the peer and the request's `X-Forwarded-For` (see [`client_ip`]).
+pub fn client_ip_of(peer: std::net::SocketAddr, headers: &http::HeaderMap, trusted_proxies: &[IpAddr]) -> IpAddr {
     let values: Vec<&str> = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
     let forwarded = (!values.is_empty()).then(|| values.join(","));
-    throttle_subject(client_ip(peer.ip(), forwarded.as_deref(), trusted_proxies))
+    client_ip(peer.ip(), forwarded.as_deref(), trusted_proxies)
 }
 
 /// Pure: the name the throttles count a client under: an IPv4 address, or an IPv6 /64 (one

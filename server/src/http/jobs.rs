@@ -624,15 +624,21 @@ pub async fn get_parts_so_far(
         return Err(AppError::Deleted.into());
     }
     audit_if_not_the_owner(&state, &caller, &job, "read_parts").await?;
-    // Read parts are paid for: a failure after this keeps their share, even one that is ours.
-    if !engine::queue::parts::mark_parts_read(&state.ctx.pool, job.id).await? {
-        let message = "nothing to download: the document was refunded in full, so its parts are not served".into();
-        return Err(AppError::CannotDownload { message }.into());
-    }
     let so_far = engine::queue::parts::answered_so_far(&state.ctx.pool, job.id).await?;
     if so_far.answered.is_empty() {
         let why = if so_far.total == 0 { "it is not done in parts" } else { "no part is done yet" };
         return Err(AppError::CannotDownload { message: format!("nothing to download: {why}") }.into());
+    }
+    // Parts the owner reads are paid for: a failure after this keeps their share, even one
+    // that is ours. Staff reading a user's parts (audited above) charge the owner nothing.
+    let served = if caller.id == job.owner_id {
+        engine::queue::parts::mark_parts_read(&state.ctx.pool, job.id).await?
+    } else {
+        engine::settlement::answered_parts_served(i64::from(job.cost), job.refunded)
+    };
+    if !served {
+        let message = "nothing to download: the document was refunded in full, so its parts are not served".into();
+        return Err(AppError::CannotDownload { message }.into());
     }
     let stem = name_stem(document_of(&job).ok().and_then(|d| d.name));
     Ok(download("text/markdown; charset=utf-8", &format!("{stem}-parts-so-far.md"), so_far.markdown().into_bytes()))

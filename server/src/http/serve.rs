@@ -195,7 +195,7 @@ pub async fn serve(
             let held = match &forwarded {
                 None => Ok(None),
                 Some((shares, trusted)) => {
-                    let client = forwarded_client(peer, request.headers(), trusted);
+                    let client = app::server::session::client_ip_of(peer, request.headers(), trusted);
                     shares.take_all(connection_shares(client, per_address)).map(Some).ok_or(())
                 }
             };
@@ -284,14 +284,6 @@ fn holding_while_sent(body: axum::body::Body, held: Vec<AddressShare>) -> axum::
         let _still_held = &held;
         chunk
     }))
-}
-
-/// The client a trusted proxy's request was forwarded for (the proxy itself without a
-/// believable `X-Forwarded-For`).
-fn forwarded_client(peer: std::net::SocketAddr, headers: &axum::http::HeaderMap, trusted: &[IpAddr]) -> IpAddr {
-    let values: Vec<&str> = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
-    let forwarded = (!values.is_empty()).then(|| values.join(","));
-    app::server::session::client_ip(peer.ip(), forwarded.as_deref(), trusted)
 }
 
 /// The answer to a request over a connection cap.

@@ -242,8 +242,28 @@ async fn the_parts_answered_so_far_download_in_order_with_the_rest_marked(pool: 
     .execute(&app.pool)
     .await
     .unwrap();
+    // Staff reading a user's parts (audited) charge the owner nothing; nor did the owner's
+    // look before any part was done. Only the owner's reading counts the parts as had.
+    let admin = engine::accounts::users::create_user(
+        &app.pool,
+        "ops@example.com",
+        "password123",
+        engine::accounts::Role::Admin,
+        0,
+    );
+    let (_, staff) = engine::accounts::tokens::create(&app.pool, admin.await.unwrap().id, "ops").await.unwrap();
+    assert_eq!(client.get(app.url(&path)).bearer_auth(&staff).send().await.unwrap().status(), StatusCode::OK);
+    let read = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM parts_read WHERE job_id = $1")
+            .bind(id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(read().await, 0, "neither staff nor an early look counts as the owner's reading");
     let so_far = client.get(app.url(&path)).bearer_auth(&token).send().await.unwrap();
     assert_eq!(so_far.status(), StatusCode::OK);
+    assert_eq!(read().await, 1);
     assert!(so_far.headers()["content-disposition"].to_str().unwrap().contains("-parts-so-far.md"));
     assert_eq!(
         so_far.text().await.unwrap(),
