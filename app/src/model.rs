@@ -118,6 +118,11 @@ pub struct JobStatus {
     /// While running: what the job is doing right now, and since when (RFC 3339).
     #[serde(default)]
     pub stage: Option<JobStage>,
+    /// While its answer streams: about how many tokens are written, of how many expected.
+    #[serde(default)]
+    pub written_tokens: Option<i64>,
+    #[serde(default)]
+    pub expected_tokens: Option<i64>,
     #[serde(default)]
     pub stage_since: Option<String>,
     /// The document's pages, once read (PDFs).
@@ -312,6 +317,8 @@ mod convert {
                 jobs_ahead: None,
                 starts_in_secs: None,
                 stage: j.current_stage().map(|(stage, _)| stage),
+                written_tokens: j.written_tokens.filter(|_| j.current_stage().is_some()),
+                expected_tokens: j.expected_tokens.filter(|_| j.current_stage().is_some()),
                 stage_since: j.current_stage().map(|(_, since)| time(since)),
                 pages: j.stage_pages,
                 refunded: j.refunded,

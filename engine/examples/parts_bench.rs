@@ -124,6 +124,8 @@ impl Bench {
                 max_tokens: MAX_OUTPUT,
                 timeout: Duration::from_secs(300),
                 timeout_per_100k_tokens: Duration::ZERO,
+                stream: true,
+                stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
             }),
             sandbox: Arc::new(SandboxConfig::new(self.extractor.clone(), Vec::new())),
             stages: queue::stages::StageLog::new(self.pool.clone()),
@@ -132,6 +134,8 @@ impl Bench {
             parts: PartStore::new(self.pool.clone()),
             max_document_tokens: None,
             settle_held: None,
+            token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+            writing: Default::default(),
         };
         let mut small = Vec::new();
         if backlog {

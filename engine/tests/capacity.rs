@@ -69,6 +69,8 @@ fn workers(pool: &PgPool, docs: &TempBlobs, fake: &FakeProvider, budget: Budget,
             max_tokens: 64,
             timeout: Duration::from_secs(5),
             timeout_per_100k_tokens: Duration::ZERO,
+            stream: true,
+            stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
         }),
         sandbox: Arc::new(SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new())),
         stages: queue::stages::StageLog::disabled(),
@@ -77,6 +79,8 @@ fn workers(pool: &PgPool, docs: &TempBlobs, fake: &FakeProvider, budget: Budget,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     let mut config = fast_worker("capacity", concurrency);
     config.policy.max_delay = Duration::from_secs(3);

@@ -52,6 +52,8 @@ fn task() -> Task {
         pages: None,
         part: None,
         prompt_tokens: None,
+        answer_tokens: None,
+        on_written: None,
     }
 }
 
@@ -68,6 +70,8 @@ fn provider(kind: ProviderKind, fake: &FakeProvider, timeout: Duration) -> Arc<d
         max_tokens: 256,
         timeout,
         timeout_per_100k_tokens: Duration::ZERO,
+        stream: true,
+        stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
     })
 }
 
@@ -80,6 +84,8 @@ async fn a_calls_timeout_grows_with_its_tokens() {
         api_key: Some("test-key".into()),
         timeout: Duration::from_millis(800),
         timeout_per_100k_tokens: Duration::from_secs(4),
+        stream: true,
+        stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
         ..Default::default()
     };
     assert_eq!(config.call_timeout(50_000, 0), Duration::from_millis(2_800));
@@ -227,6 +233,8 @@ fn workers(s: &Setup) -> WorkerPool {
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -366,6 +374,8 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     let job = claimed_pdf(&key, "key_facts");
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
@@ -425,6 +435,8 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();

@@ -128,6 +128,8 @@ async fn run_until_ended(pool: &PgPool, blobs: &Blobs, jobs: i64) -> bool {
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));

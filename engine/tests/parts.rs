@@ -86,6 +86,8 @@ fn processor(
         parts: PartStore::new(pool.clone()),
         max_document_tokens: Some(2_000_000),
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     }
 }
 
@@ -98,6 +100,8 @@ fn fake_config(fake: &FakeProvider) -> ProviderConfig {
         max_tokens: 64,
         timeout: Duration::from_secs(10),
         timeout_per_100k_tokens: Duration::ZERO,
+        stream: true,
+        stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
     }
 }
 

@@ -68,6 +68,17 @@ pub enum Reply {
     EndlessBody,
     /// 401 whose message quotes part of the key, as OpenAI's does.
     Unauthorized,
+    /// 400 refusing a prompt past the context, each vendor's way.
+    TooLong { counted: u64, maximum: u64 },
+    /// This status, headers and body, verbatim (a vendor's documented answer, replayed).
+    Raw { status: u16, headers: Vec<(String, String)>, body: String },
+    /// 200 `text/event-stream` with these events verbatim (each a whole `event:`/`data:`
+    /// block), `gap_ms` apart; then, with `stall_ms`, nothing more for that long before the
+    /// body ends (a stream that stalls).
+    RawStream { events: Vec<String>, gap_ms: u64, stall_ms: u64 },
+    /// 200 with this text, stop reason and usage, in the request's API and mode (streamed
+    /// when it asked to stream).
+    Finished { text: String, stop_reason: String, input_tokens: u64, output_tokens: u64 },
     /// What the hosted model answers (not scripted: made by [`HostedModel`]), after `delay_ms`.
     Modelled {
         text: String,
@@ -102,6 +113,12 @@ pub struct HostedModel {
     /// Only for prompts holding this text (which it then answers before any script): a
     /// browser flow's own document beside other flows' scripts on one shared fake.
     pub only_for: Option<String>,
+    /// How many times `o200k_base`'s count its tokenizer counts (1.15: 15 % more, as
+    /// Anthropic's counts English prose); its usage reports its own count.
+    pub token_inflation: f64,
+    /// The most input tokens a prompt may have by its count (0: no limit); past it the
+    /// request is refused the vendor's way ("prompt is too long", `context_length_exceeded`).
+    pub context_tokens: u64,
 }
 
 impl Default for HostedModel {
@@ -114,6 +131,8 @@ impl Default for HostedModel {
             output_tokens_per_min: 0,
             translation_growth: 1,
             only_for: None,
+            token_inflation: 1.0,
+            context_tokens: 0,
         }
     }
 }
@@ -133,6 +152,11 @@ pub struct ModelReport {
     pub cut: u64,
     /// Requests refused by a bucket (429).
     pub refused: u64,
+    /// Prompts refused as longer than its context.
+    pub too_long: u64,
+    /// The answer sizes asked for (`max_tokens`/`max_completion_tokens`): in all, and the largest.
+    pub asked_tokens: u64,
+    pub largest_ask: u64,
 }
 
 struct Model {
@@ -180,6 +204,8 @@ struct Script {
     /// Requests being answered now, and the most at once so far (every kind of reply).
     answering: u64,
     most_answering: u64,
+    /// Until then every request is refused for a spent quota.
+    quota_spent_until: Option<Instant>,
 }
 
 /// Counts a request while it is answered; a client that hangs up ends it (its handler is dropped).
@@ -254,12 +280,20 @@ pub fn count_tokens(text: &str) -> u64 {
     bpe_openai::o200k_base().count(text) as u64
 }
 
-/// The prompt of a request: its messages' text.
+/// The prompt of a request: its messages' text (a message's content is a string, or text
+/// blocks, as Anthropic's cacheable prefix is sent).
 fn prompt_of(body: &serde_json::Value) -> String {
-    body["messages"]
-        .as_array()
-        .map(|messages| messages.iter().filter_map(|m| m["content"].as_str()).collect::<Vec<_>>().join("\n"))
-        .unwrap_or_default()
+    let content = |m: &serde_json::Value| match &m["content"] {
+        serde_json::Value::String(text) => Some(text.clone()),
+        serde_json::Value::Array(blocks) => Some(blocks.iter().filter_map(|b| b["text"].as_str()).collect::<String>()),
+        _ => None,
+    };
+    body["messages"].as_array().map(|messages| messages.iter().filter_map(content).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+}
+
+/// The answer size a request asked for (`max_completion_tokens` for reasoning models).
+fn asked_of(body: &serde_json::Value) -> u64 {
+    body["max_tokens"].as_u64().or_else(|| body["max_completion_tokens"].as_u64()).unwrap_or(4_096)
 }
 
 /// What a hosted model answers to `prompt`: a translation is the document itself with each
@@ -394,6 +428,12 @@ impl FakeProvider {
         self.script.lock().unwrap().report_of(None)
     }
 
+    /// Refuse every request for a spent quota (OpenAI's 429 `insufficient_quota`, Anthropic's
+    /// spend limit) for `how_long` from now.
+    pub fn spend_quota_for(&self, how_long: Duration) {
+        self.script.lock().unwrap().quota_spent_until = Some(Instant::now() + how_long);
+    }
+
     /// What the limit let through and refused so far.
     pub fn limit_report(&self) -> LimitReport {
         let s = self.script.lock().unwrap();
@@ -411,10 +451,13 @@ fn next_reply(script: &Shared, body: serde_json::Value) -> (Reply, Option<u64>) 
     s.calls += 1;
     let prompt = prompt_of(&body);
     let tokens = count_tokens(&prompt);
-    let max_tokens = body["max_tokens"].as_u64().unwrap_or(4_096);
+    let max_tokens = asked_of(&body);
     s.last_request = Some(body);
     if s.prompts.len() < 10_000 {
         s.prompts.push(prompt.clone());
+    }
+    if s.quota_spent_until.is_some_and(|until| Instant::now() < until) {
+        return (Reply::SpendLimit, None);
     }
     let mut remaining = None;
     if let Some(bucket) = s.limit.as_mut() {
@@ -464,6 +507,15 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
             let wait = -output.level / output.per_sec + 1.0;
             return refuse(model, wait);
         }
+    }
+    // Its own tokenizer's count of the prompt.
+    let tokens = (tokens as f64 * model.behaviour.token_inflation.max(0.01)).round() as u64;
+    let r = &mut model.report;
+    r.asked_tokens += max_tokens;
+    r.largest_ask = r.largest_ask.max(max_tokens);
+    if model.behaviour.context_tokens > 0 && tokens > model.behaviour.context_tokens {
+        model.report.too_long += 1;
+        return (Reply::TooLong { counted: tokens, maximum: model.behaviour.context_tokens }, None);
     }
     if let Some(input) = model.input.as_mut() {
         if let Err(wait) = input.take(tokens) {
@@ -555,19 +607,85 @@ fn error(shape: Shape, status: u16, kind: &str, message: &str) -> Response {
     (StatusCode::from_u16(status).unwrap(), Json(body)).into_response()
 }
 
-async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
+/// A successful answer's parts, rendered in either API, whole or streamed.
+struct Done<'a> {
+    text: &'a str,
+    /// The stop reason as the vendor words it.
+    stop: &'a str,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+/// Each vendor's words for a whole or a cut answer.
+fn stop_word(shape: Shape, cut: bool) -> &'static str {
+    match (shape, cut) {
+        (Shape::Anthropic, false) => "end_turn",
+        (Shape::Anthropic, true) => "max_tokens",
+        (Shape::OpenAi, false) => "stop",
+        (Shape::OpenAi, true) => "length",
+    }
+}
+
+async fn answer(script: &Shared, shape: Shape, stream: bool, reply: Reply) -> Response {
+    let render = |done: Done, writing: Option<Writing>, pace: Duration| {
+        if stream {
+            streamed(shape, &done, writing, pace)
+        } else {
+            success(shape, &done)
+        }
+    };
     match reply {
-        Reply::Success { text, input_tokens, output_tokens } => {
-            success(shape, &text, input_tokens, output_tokens, false)
+        Reply::Success { text, input_tokens, output_tokens } => render(
+            Done { text: &text, stop: stop_word(shape, false), input_tokens, output_tokens },
+            None,
+            Duration::ZERO,
+        ),
+        Reply::Finished { text, stop_reason, input_tokens, output_tokens } => {
+            render(Done { text: &text, stop: &stop_reason, input_tokens, output_tokens }, None, Duration::ZERO)
         }
         Reply::Modelled { text, input_tokens, output_tokens, cut, delay_ms, model } => {
-            let _writing = Writing::start(script, model);
+            let writing = Writing::start(script, model);
+            let done = Done { text: &text, stop: stop_word(shape, cut), input_tokens, output_tokens };
+            if stream {
+                // Written as it goes: the answer's time is spent between its events.
+                return render(done, Some(writing), Duration::from_millis(delay_ms));
+            }
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-            success(shape, &text, input_tokens, output_tokens, cut)
+            render(done, Some(writing), Duration::ZERO)
         }
         Reply::Hang { millis } => {
             tokio::time::sleep(Duration::from_millis(millis)).await;
-            success(shape, "late", 1, 1, false)
+            render(Done { text: "late", stop: stop_word(shape, false), input_tokens: 1, output_tokens: 1 }, None, Duration::ZERO)
+        }
+        Reply::TooLong { counted, maximum } => match shape {
+            Shape::Anthropic => error(
+                shape,
+                400,
+                "invalid_request_error",
+                &format!("prompt is too long: {counted} tokens > {maximum} maximum"),
+            ),
+            Shape::OpenAi => error(
+                shape,
+                400,
+                "context_length_exceeded",
+                &format!(
+                    "This model's maximum context length is {maximum} tokens. However, your messages resulted in {counted} tokens. Please reduce the length of the messages."
+                ),
+            ),
+        },
+        Reply::Raw { status, headers, body } => {
+            let mut response = (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body).into_response();
+            for (name, value) in headers {
+                if let (Ok(name), Ok(value)) =
+                    (axum::http::HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value))
+                {
+                    response.headers_mut().insert(name, value);
+                }
+            }
+            response
+        }
+        Reply::RawStream { events, gap_ms, stall_ms } => {
+            event_stream(events, Duration::from_millis(gap_ms), Duration::from_millis(stall_ms), None)
         }
         Reply::RateLimitedSeconds { seconds } => {
             with_retry_after(error(shape, 429, "rate_limit_error", "rate limited"), seconds.to_string())
@@ -603,7 +721,7 @@ async fn answer(script: &Shared, shape: Shape, reply: Reply) -> Response {
         }
         Reply::Later { delay_ms, then } => {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-            Box::pin(answer(script, shape, *then)).await
+            Box::pin(answer(script, shape, stream, *then)).await
         }
         Reply::ContentPolicy { delay_ms } => {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
@@ -627,8 +745,80 @@ fn with_retry_after(mut response: Response, value: String) -> Response {
     response
 }
 
-/// 200 with the answer; `cut`: it stopped at `max_tokens`, said the provider's way.
-fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64, cut: bool) -> Response {
+/// 200 `text/event-stream`: `events` (whole blocks) with `gap` between them, then `stall`
+/// of nothing before the body ends; `writing` is held until the last event is sent.
+fn event_stream(events: Vec<String>, gap: Duration, stall: Duration, writing: Option<Writing>) -> Response {
+    let state = (events.into_iter(), gap, stall, writing, true);
+    let body = futures::stream::unfold(state, |(mut events, gap, stall, writing, first)| async move {
+        if !first && !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        match events.next() {
+            Some(event) => Some((Ok::<_, std::io::Error>(event), (events, gap, stall, writing, false))),
+            None => {
+                drop(writing);
+                if !stall.is_zero() {
+                    tokio::time::sleep(stall).await;
+                }
+                None
+            }
+        }
+    });
+    let mut response = (StatusCode::OK, axum::body::Body::from_stream(body)).into_response();
+    response.headers_mut().insert("content-type", HeaderValue::from_static("text/event-stream"));
+    response
+}
+
+/// The answer as each vendor streams it, its text in pieces `pace` spread over the events
+/// (the vendors' documented event shapes: Anthropic's `message_start` ... `message_stop`;
+/// OpenAI's chunks, the usage in the last, then `[DONE]`).
+fn streamed(shape: Shape, done: &Done, writing: Option<Writing>, pace: Duration) -> Response {
+    let chars: Vec<char> = done.text.chars().collect();
+    let pieces: Vec<String> = chars.chunks(chars.len().div_ceil(64).max(16)).map(|c| c.iter().collect()).collect();
+    let sse = |name: Option<&str>, data: serde_json::Value| match name {
+        Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    };
+    let mut events = Vec::new();
+    match shape {
+        Shape::Anthropic => {
+            events.push(sse(Some("message_start"), serde_json::json!({ "type": "message_start", "message": {
+                "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake", "content": [],
+                "stop_reason": null, "usage": { "input_tokens": done.input_tokens, "output_tokens": 1 } } })));
+            events.push(sse(Some("content_block_start"), serde_json::json!({ "type": "content_block_start", "index": 0,
+                "content_block": { "type": "text", "text": "" } })));
+            events.push(sse(Some("ping"), serde_json::json!({ "type": "ping" })));
+            for piece in &pieces {
+                events.push(sse(Some("content_block_delta"), serde_json::json!({ "type": "content_block_delta", "index": 0,
+                    "delta": { "type": "text_delta", "text": piece } })));
+            }
+            events.push(sse(Some("content_block_stop"), serde_json::json!({ "type": "content_block_stop", "index": 0 })));
+            events.push(sse(Some("message_delta"), serde_json::json!({ "type": "message_delta",
+                "delta": { "stop_reason": done.stop, "stop_sequence": null }, "usage": { "output_tokens": done.output_tokens } })));
+            events.push(sse(Some("message_stop"), serde_json::json!({ "type": "message_stop" })));
+        }
+        Shape::OpenAi => {
+            let chunk = |delta: serde_json::Value, finish: Option<&str>| serde_json::json!({
+                "id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": "fake",
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] });
+            events.push(sse(None, chunk(serde_json::json!({ "role": "assistant", "content": "" }), None)));
+            for piece in &pieces {
+                events.push(sse(None, chunk(serde_json::json!({ "content": piece }), None)));
+            }
+            events.push(sse(None, chunk(serde_json::json!({}), Some(done.stop))));
+            events.push(sse(None, serde_json::json!({ "id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                "model": "fake", "choices": [], "usage": { "prompt_tokens": done.input_tokens,
+                "completion_tokens": done.output_tokens, "total_tokens": done.input_tokens + done.output_tokens } })));
+            events.push("data: [DONE]\n\n".to_string());
+        }
+    }
+    let gap = pace / (events.len() as u32).max(1);
+    event_stream(events, gap, Duration::ZERO, writing)
+}
+
+/// 200 with the whole answer, its stop reason the vendor's.
+fn success(shape: Shape, done: &Done) -> Response {
+    let Done { text, stop, input_tokens, output_tokens } = *done;
     match shape {
         Shape::Anthropic => {
             let mut headers = HeaderMap::new();
@@ -637,14 +827,14 @@ fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64, cut:
             let body = serde_json::json!({
                 "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake",
                 "content": [{ "type": "text", "text": text }],
-                "stop_reason": if cut { "max_tokens" } else { "end_turn" },
+                "stop_reason": stop,
                 "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
             });
             (headers, Json(body)).into_response()
         }
         Shape::OpenAi => Json(serde_json::json!({
             "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake",
-            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": if cut { "length" } else { "stop" } }],
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": stop }],
             "usage": { "prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens },
         }))
         .into_response(),
@@ -652,15 +842,30 @@ fn success(shape: Shape, text: &str, input_tokens: u64, output_tokens: u64, cut:
 }
 
 async fn anthropic(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
-    let _answering = Answering::start(&script);
-    let (reply, remaining) = next_reply(&script, body);
-    with_remaining(answer(&script, Shape::Anthropic, reply).await, remaining)
+    respond(script, Shape::Anthropic, body).await
 }
 
 async fn openai(State(script): State<Shared>, Json(body): Json<serde_json::Value>) -> Response {
-    let _answering = Answering::start(&script);
+    respond(script, Shape::OpenAi, body).await
+}
+
+async fn respond(script: Shared, shape: Shape, body: serde_json::Value) -> Response {
+    let answering = Answering::start(&script);
+    let stream = body["stream"].as_bool().unwrap_or(false);
     let (reply, remaining) = next_reply(&script, body);
-    with_remaining(answer(&script, Shape::OpenAi, reply).await, remaining)
+    holding(with_remaining(answer(&script, shape, stream, reply).await, remaining), answering)
+}
+
+/// `response`, with `guard` held until its body is sent (a stream is answered long after its
+/// handler returns) or its client hangs up.
+fn holding<T: Send + 'static>(response: Response, guard: T) -> Response {
+    use futures::StreamExt;
+    let (parts, body) = response.into_parts();
+    let guarded = futures::stream::unfold((body.into_data_stream(), Some(guard)), |(mut body, guard)| async move {
+        let item = body.next().await?;
+        Some((item, (body, guard)))
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(guarded))
 }
 
 async fn set_script(State(script): State<Shared>, Json(replies): Json<Vec<Reply>>) -> StatusCode {

@@ -175,6 +175,8 @@ async fn main() {
             max_tokens: 0,
             timeout: Duration::from_secs(60),
             timeout_per_100k_tokens: Duration::ZERO,
+            stream: true,
+            stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
         }),
         sandbox: Arc::new(SandboxConfig::new(extractor, Vec::new())),
         stages: engine::queue::stages::StageLog::new(pool.clone()),
@@ -183,6 +185,8 @@ async fn main() {
         parts: engine::queue::parts::PartStore::new(pool.clone()),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     let workers = WorkerConfig { name: "busy-bench".into(), concurrency: 70, ..WorkerConfig::default() };
     let pool_handle = WorkerPool::start(pool.clone(), workers, Arc::new(processor), Arc::new(SluiceHooks));

@@ -92,8 +92,13 @@ impl Application {
                 .context("connecting to Postgres and running migrations")?;
             let hooks = Arc::new(engine::hooks::SluiceHooks);
             let blobs = config.blobs()?;
-            let provider = engine::documents::providers::build(&config.provider.provider_config());
+            let provider_config = config.provider.provider_config();
+            let provider = engine::documents::providers::build(&provider_config);
             tracing::info!(provider = provider.name(), "documents go to this provider");
+            let token_ratio = match provider_config.kind {
+                engine::documents::providers::ProviderKind::Local => engine::documents::ratio::TokenRatio::fixed(1.0),
+                kind => engine::documents::ratio::TokenRatio::load(&pool, kind, provider.name(), provider.model()).await,
+            };
             let sandbox = Arc::new(config.documents.sandbox_config()?);
             let capacity = config.provider.capacity_config();
             // The processes that call the provider own its limits: a web process started
@@ -114,6 +119,8 @@ impl Application {
                     pool: pool.clone(),
                     prices: config.admission.prices.clone(),
                 }),
+                token_ratio,
+                writing: Default::default(),
             });
             let worker_config =
                 WorkerConfig { role: if role == Role::All { "all" } else { "worker" }, ..config.worker_config() };

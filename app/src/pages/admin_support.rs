@@ -26,6 +26,7 @@ pub fn rule_label(rule: &str) -> &'static str {
         "provider_failures" => "The provider is failing",
         "reconciliation_drift" => "The books do not add up",
         "store_full" => "The document store is full",
+        "provider_held" => "The provider's quota is spent",
         _ => "Alert",
     }
 }
@@ -37,6 +38,7 @@ pub fn alert_value_text(rule: &str, value: f64) -> String {
         "not_draining" => format!("{value:.0} min"),
         "provider_failures" => format!("{:.0} %", value * 100.0),
         "store_full" => crate::format::size_text(value.max(0.0) as u64),
+        "provider_held" => (if value > 0.0 { "held" } else { "taking calls" }).to_string(),
         _ => format!("{value:.0}"),
     }
 }

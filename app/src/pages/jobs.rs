@@ -77,7 +77,9 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             let in_stage = job.stage_since.as_deref().map(|s| seconds_between(parse_ms(s), now.get()));
             let stage_started = job.stage_since.as_deref().map(local_time);
-            running_text(job.stage, job.pages, stage_started.as_deref(), in_stage, seconds_between(since, now.get()))
+            let running =
+                running_text(job.stage, job.pages, stage_started.as_deref(), in_stage, seconds_between(since, now.get()));
+            format!("{running}{}", writing_text(job.written_tokens, job.expected_tokens))
         }
         JobState::Retrying => {
             let wait = seconds_between(now.get(), parse_ms(&job.run_at));
@@ -307,6 +309,16 @@ pub fn running_text(
         (Some(stage @ (JobStage::Reading | JobStage::Writing)), _, _) => format!("{}…", stage.label()),
         (Some(JobStage::WaitingForProvider), _, _) => format!("{pages_read}Waiting for the provider."),
         (None, _, _) => format!("Running for {}.", duration_text(running_secs)),
+    }
+}
+
+/// Pure: how far the answers being written (streamed) are: " About 2,100 of 8,000 tokens
+/// written." (nothing before the first token).
+pub fn writing_text(written: Option<i64>, expected: Option<i64>) -> String {
+    match (written.filter(|w| *w > 0), expected.filter(|e| *e > 0)) {
+        (Some(w), Some(e)) => format!(" About {} of {} tokens written.", sluice_types::thousands(w), sluice_types::thousands(e.max(w))),
+        (Some(w), None) => format!(" About {} tokens written.", sluice_types::thousands(w)),
+        _ => String::new(),
     }
 }
 
@@ -651,7 +663,7 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{cost_text, queued_text, running_text};
+    use super::{cost_text, queued_text, running_text, writing_text};
     use crate::model::JobStage;
 
     #[test]
@@ -695,6 +707,15 @@ mod tests {
             "Read 1 page. Waiting for the provider since 14:02:10 (3 s)."
         );
         assert_eq!(running_text(Some(JobStage::Writing), None, None, None, 9), "Writing the result…");
+    }
+
+    #[test]
+    fn a_streaming_answer_says_how_far_it_is_written() {
+        assert_eq!(writing_text(Some(2_100), Some(8_000)), " About 2,100 of 8,000 tokens written.");
+        assert_eq!(writing_text(Some(9_000), Some(8_000)), " About 9,000 of 9,000 tokens written.", "never past all");
+        assert_eq!(writing_text(Some(40), None), " About 40 tokens written.");
+        assert_eq!(writing_text(Some(0), Some(8_000)), "", "nothing before the first token");
+        assert_eq!(writing_text(None, None), "");
     }
 
     #[test]

@@ -34,7 +34,8 @@ impl Default for AlertConfig {
 pub const EVALUATOR_LOCK: i64 = 0x51CE_A1E4;
 
 /// Calls that fail because of the provider (not the document, not a crashed worker).
-const PROVIDER_FAILURES: &str = "('rate_limited', 'overloaded', 'server_error', 'timeout', 'connection', 'rejected')";
+const PROVIDER_FAILURES: &str =
+    "('rate_limited', 'overloaded', 'server_error', 'timeout', 'connection', 'rejected', 'unfinished', 'quota_exhausted')";
 
 /// Read what the rules look at.
 pub async fn observe(pool: &PgPool) -> Result<Observation> {
@@ -50,9 +51,12 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         drift: Option<i32>,
         store_free_bytes: Option<i64>,
         store_full: Option<bool>,
+        provider_held: bool,
     }
     let row: Row = sqlx::query_as(&format!(
         "SELECT (SELECT processing_enabled FROM queue_settings WHERE id = 1) AS processing_enabled,
+                (SELECT NOT processing_enabled AND processing_changed_by = $1 FROM queue_settings WHERE id = 1)
+                    AS provider_held,
                 extract(epoch FROM now() - greatest(
                     (SELECT max(finished_at) FROM jobs WHERE finished_at IS NOT NULL),
                     (SELECT max(resumed_at) FROM processing_pauses),
@@ -68,6 +72,7 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
                       count(*) FILTER (WHERE error_class IN {PROVIDER_FAILURES}) AS failures
                FROM attempt_history WHERE finished_at > now() - interval '15 minutes') a"
     ))
+    .bind(crate::queue::switches::PROVIDER_HOLD_ACTOR)
     .fetch_one(pool)
     .await?;
     Ok(Observation {
@@ -82,6 +87,7 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         drift: row.drift.map(i64::from),
         store_free_bytes: row.store_free_bytes,
         store_full: row.store_full.unwrap_or(false),
+        provider_held: row.provider_held,
     })
 }
 

@@ -22,10 +22,13 @@ pub enum Rule {
     ReconciliationDrift,
     /// The document store refused a write for want of room, or has little room left.
     StoreFull,
+    /// The provider said its quota or spend limit is reached: processing is held (nobody's
+    /// document fails) until it takes calls again; the operator has to raise the limit.
+    ProviderHeld,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 7] = [
+    pub const ALL: [Rule; 8] = [
         Rule::OldestWait,
         Rule::NotDraining,
         Rule::DlqDepth,
@@ -33,6 +36,7 @@ impl Rule {
         Rule::ProviderFailures,
         Rule::ReconciliationDrift,
         Rule::StoreFull,
+        Rule::ProviderHeld,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,6 +48,7 @@ impl Rule {
             Rule::ProviderFailures => "provider_failures",
             Rule::ReconciliationDrift => "reconciliation_drift",
             Rule::StoreFull => "store_full",
+            Rule::ProviderHeld => "provider_held",
         }
     }
 
@@ -112,6 +117,8 @@ pub struct Observation {
     /// and whether a write found it full since it last had room.
     pub store_free_bytes: Option<i64>,
     pub store_full: bool,
+    /// Processing is held because the provider's quota or spend limit is reached.
+    pub provider_held: bool,
 }
 
 /// One rule's verdict.
@@ -192,6 +199,15 @@ pub fn evaluate(obs: &Observation, t: &Thresholds) -> Vec<Reading> {
                 (false, None) => "the document store's free space is not known".to_string(),
             },
         ),
+        reading(
+            Rule::ProviderHeld,
+            obs.provider_held,
+            f64::from(u8::from(obs.provider_held)),
+            0.0,
+            "the provider refuses calls for its quota or spend limit: processing is held and documents wait \
+             (none fail); raise the limit with the provider"
+                .to_string(),
+        ),
     ]
 }
 
@@ -241,7 +257,7 @@ mod tests {
 
     #[test]
     fn each_rule_fires_past_its_threshold_only() {
-        let cases: [(Rule, Observation, Observation); 8] = [
+        let cases: [(Rule, Observation, Observation); 9] = [
             (
                 Rule::OldestWait,
                 Observation { backlog: 1, oldest_wait_secs: Some(900.0), ..quiet() },
@@ -277,6 +293,11 @@ mod tests {
                 Rule::StoreFull,
                 Observation { store_free_bytes: None, ..quiet() },
                 Observation { store_free_bytes: None, store_full: true, ..quiet() },
+            ),
+            (
+                Rule::ProviderHeld,
+                Observation { processing_enabled: false, ..quiet() },
+                Observation { processing_enabled: false, provider_held: true, ..quiet() },
             ),
         ];
         for (rule, below, above) in cases {

@@ -17,6 +17,7 @@ pub mod payload;
 pub mod pieces;
 pub mod processor;
 pub mod providers;
+pub mod ratio;
 pub mod render;
 pub mod sandbox;
 pub mod sniff;

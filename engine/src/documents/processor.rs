@@ -2,6 +2,7 @@
 //! return the result with its token usage.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,8 @@ use tracing::Instrument;
 use super::blobs::Blobs;
 use super::calls::{calls_for, joins, CallLimits, Calls, PART_PROMPT_TOKENS};
 use super::payload::{size_kind, DocumentJob};
-use super::providers::{self, PartOf, Provider, ProviderOutput, Task};
+use super::providers::{self, vendor, OnWritten, PartOf, Provider, ProviderOutput, Task};
+use super::ratio::TokenRatio;
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::split;
 use super::tokens;
@@ -47,7 +49,38 @@ pub struct DocumentProcessor {
     /// once read. None: they are not settled (the engine's own tests), and one needing parts is
     /// refused past its hold factor times its size's estimate.
     pub settle_held: Option<HoldSettlement>,
+    /// What the provider's tokenizer counts against ours, learned from its usage: parts are
+    /// planned by the provider's count.
+    pub token_ratio: TokenRatio,
+    /// The answers being written, per attempt, for the job page.
+    pub writing: WritingBoard,
 }
+
+/// About how much of the answers each attempt's calls are writing is written (streamed),
+/// written to `job_writing` every few seconds while it changes.
+#[derive(Clone, Default)]
+pub struct WritingBoard(Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, Arc<Writing>>>>);
+
+/// One attempt's answers being written: tokens written so far and expected, over its calls in
+/// flight.
+#[derive(Default)]
+pub struct Writing {
+    written: AtomicU64,
+    expected: AtomicU64,
+}
+
+impl WritingBoard {
+    fn of(&self, lease: uuid::Uuid) -> Arc<Writing> {
+        self.0.lock().unwrap().entry(lease).or_default().clone()
+    }
+
+    fn end(&self, lease: uuid::Uuid) {
+        self.0.lock().unwrap().remove(&lease);
+    }
+}
+
+/// How often the answers' progress is written while it changes.
+const WRITING_EVERY: Duration = Duration::from_secs(2);
 
 /// The price table, and where a held document's settled price is recorded.
 #[derive(Clone, Debug)]
@@ -173,7 +206,11 @@ impl DocumentProcessor {
     async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
+        let writing = self.writing.of(job.lease_token);
+        let reporter = tokio::spawn(report_writing(self.stages.clone(), job.clone(), writing));
         let outcome = self.attempt(&job, &mut held).await;
+        reporter.abort();
+        self.writing.end(job.lease_token);
         match &outcome {
             Err(e) => self.give_back_unless_counted(e, held).await,
             Ok(_) => self.budget.correct(-held.input, -held.output).await,
@@ -221,6 +258,8 @@ impl DocumentProcessor {
             pages: extracted.pages,
             part: None,
             prompt_tokens: None,
+            answer_tokens: None,
+            on_written: None,
         };
         let estimated = count_prompt(&mut task).await;
         let kind = size_kind(spec.document.doc_type);
@@ -324,11 +363,23 @@ impl DocumentProcessor {
         &self,
         job: &ClaimedJob,
         spec: &DocumentJob,
-        task: Task,
+        mut task: Task,
         estimated: i64,
         held: &mut Held,
     ) -> Result<JobOutput, JobError> {
-        let output = self.call(job, &task, estimated, held).await?;
+        let output = match self.call(job, &mut task, estimated, held).await {
+            Err(e) if e.class == ErrorClass::TooLong && self.parts.is_enabled() => {
+                // The provider counts more than we do: the document goes in parts planned by
+                // its count (learned from the refusal), no attempt used, nothing more charged.
+                let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits()) {
+                    Calls::Parts { part_tokens } => part_tokens,
+                    Calls::Whole => (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS,
+                };
+                tracing::info!(job = %job.id, estimated, limit, "the provider counted the prompt past its context; the document goes in parts");
+                return self.split_and_run(job, spec, task.text, limit, held).await;
+            }
+            other => other.map_err(too_long_in_words)?,
+        };
         if output.cut {
             // The answer stopped at its limit: never a success. The text goes in parts of half
             // its size (each a whole answer), at no extra charge to the user.
@@ -459,7 +510,10 @@ impl DocumentProcessor {
                     // The claim reserved the job's estimate: the first part's own replaces it
                     // before any other part is granted, or a grant would count on tokens this
                     // call is about to spend (two calls over the provider's bucket at once).
-                    let held = Held { input: part.est_tokens, output: self.expected_output(spec, part.est_tokens) };
+                    let held = Held {
+                        input: part.est_tokens,
+                        output: self.expected_output(spec.preset, spec.language.as_deref(), part.est_tokens),
+                    };
                     self.budget.reserve_anew((claimed.input, claimed.output), (held.input, held.output)).await;
                     running.start(self, job, spec, part, held, false);
                     continue;
@@ -467,7 +521,7 @@ impl DocumentProcessor {
                 let wants: Vec<(i64, i64)> = waiting
                     .iter()
                     .take(room)
-                    .map(|p| (p.est_tokens, self.expected_output(spec, p.est_tokens)))
+                    .map(|p| (p.est_tokens, self.expected_output(spec.preset, spec.language.as_deref(), p.est_tokens)))
                     .collect();
                 let grant = self.parts.calls(job, running.len(), &wants).await.map_err(database_error)?;
                 go_on = grant.go_on;
@@ -521,6 +575,14 @@ impl DocumentProcessor {
                         }
                     }
                 }
+                Err(mut e) if e.class == ErrorClass::QuotaExhausted => {
+                    // Nobody's failure: no part counts it; the job waits while processing is
+                    // held, its parts kept.
+                    e.message = format!("{place}: {}", e.message);
+                    go_on = false;
+                    let most = failed.as_ref().map_or(job.attempt, |(_, n)| (*n).max(job.attempt));
+                    failed = Some((e, most));
+                }
                 Err(mut e) if e.class.is_transient() => {
                     let failures = with_db_retries("a part's failure", || {
                         self.parts.part_failed(job, part.level, part.idx, reserved)
@@ -529,7 +591,9 @@ impl DocumentProcessor {
                     .unwrap_or(1);
                     e.message = format!("{place}: {}", e.message);
                     let most = failed.as_ref().map_or(0, |(_, n)| *n).max(failures);
-                    failed = Some((e, most));
+                    // A spent quota stays the reason: nobody fails for it.
+                    let quota = failed.as_ref().is_some_and(|(f, _)| f.class == ErrorClass::QuotaExhausted);
+                    failed = Some(if quota { (failed.take().unwrap().0, most) } else { (e, most) });
                 }
                 Err(mut e) => {
                     e.message = format!("{place}: {}", e.message);
@@ -584,32 +648,47 @@ impl DocumentProcessor {
                 pages: None,
                 part: Some(of),
                 prompt_tokens: None,
+                answer_tokens: None,
+                on_written: None,
             };
             let estimated = count_prompt(&mut task).await;
-            let output = self.call(job, &task, estimated, held).await?;
-            // What the provider says it used, as far as believable (the budget's bounds).
-            let most_out = self.provider.max_output_tokens().map_or(i64::MAX / 4, |n| n.min(i64::MAX as u64) as i64);
-            let mut usage = Usage {
-                input: output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated)),
-                output: output.output_tokens.unwrap_or(0).clamp(0, most_out),
-            };
-            if !output.cut {
-                return Ok(Answer { text: output.text, usage });
+            let mut usage = Usage::default();
+            match self.call(job, &mut task, estimated, held).await {
+                Ok(output) => {
+                    // What the provider says it used, as far as believable (the budget's bounds).
+                    let most_out =
+                        self.provider.max_output_tokens().map_or(i64::MAX / 4, |n| n.min(i64::MAX as u64) as i64);
+                    usage = Usage {
+                        input: output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated)),
+                        output: output.output_tokens.unwrap_or(0).clamp(0, most_out.saturating_mul(2)),
+                    };
+                    if !output.cut {
+                        return Ok(Answer { text: output.text, usage });
+                    }
+                    // Only a translation is redone in halves (its answer is its text's); a
+                    // summary cut at its limit rambles, and halves would too, at the
+                    // provider's price.
+                    let level = task.part.as_ref().map_or(0, |p| p.level);
+                    if !joins(spec.preset) || level > 0 || halvings >= MAX_HALVINGS || !self.may_halve(estimated) {
+                        return Err(self.cut_error());
+                    }
+                    tracing::info!(job = %job.id, estimated, "answer cut at its limit; the part is redone in halves");
+                }
+                // The provider counts more than we do: the part is redone in halves (the ratio
+                // learned from the refusal plans the parts after it), no attempt used.
+                Err(e) if e.class == ErrorClass::TooLong && halvings < MAX_HALVINGS => {
+                    tracing::info!(job = %job.id, estimated, "the provider counted the part past its context; it is redone in halves");
+                }
+                Err(e) => return Err(too_long_in_words(e)),
             }
             let Task { text, part: Some(of), .. } = task else { unreachable!("a part's task") };
-            // Only a translation is redone in halves (its answer is its text's); a summary cut
-            // at its limit rambles, and halves would too, at the provider's price.
-            if !joins(spec.preset) || of.level > 0 || halvings >= MAX_HALVINGS || !self.may_halve(estimated) {
-                return Err(self.cut_error());
-            }
-            tracing::info!(job = %job.id, part = of.number, estimated, "answer cut at its limit; the part is redone in halves");
             let chars = text.chars().count();
             let halves = split::split(&text, chars.div_ceil(2).max(1), 0);
             let mut answers = Vec::with_capacity(halves.len());
             for half in &halves {
                 let body = half.body(&text).to_string();
                 let tokens = tokens::count(&body) as i64 + PART_PROMPT_TOKENS as i64;
-                let mut half_held = Held { input: tokens, output: self.expected_output(spec, tokens) };
+                let mut half_held = Held { input: tokens, output: self.expected_output(spec.preset, spec.language.as_deref(), tokens) };
                 self.budget.correct(half_held.input, half_held.output).await;
                 let result = self.answer(job, spec, body, of.clone(), &mut half_held, halvings + 1).await;
                 if let Err(e) = &result {
@@ -658,11 +737,17 @@ impl DocumentProcessor {
         }
     }
 
-    /// Output tokens a call of `input_tokens` is expected to write, reserved from the budget: a
+    /// Output tokens a call of `input_tokens` asks for (`max_tokens`), reserved from the budget
+    /// until its usage is known: its expected answer with room, never the model's maximum
+    /// ([`vendor::answer_tokens_to_ask`]). A provider without a limit (the local one): a
     /// translation's answer is about as long as its text; others are short.
-    fn expected_output(&self, spec: &DocumentJob, input_tokens: i64) -> i64 {
-        let cap = self.provider.max_output_tokens().map_or(i64::MAX, |n| n.min(i64::MAX as u64) as i64);
-        if joins(spec.preset) {
+    fn expected_output(&self, preset: Preset, language: Option<&str>, input_tokens: i64) -> i64 {
+        if let Some(max) = self.provider.max_output_tokens() {
+            let ask = vendor::answer_tokens_to_ask(preset, language, input_tokens.max(0) as u64, max, self.provider.reasons());
+            return ask.min(i64::MAX as u64) as i64;
+        }
+        let cap = i64::MAX;
+        if joins(preset) {
             // About as long as its text, with room for a language that takes more tokens; the
             // usage corrects it once known.
             input_tokens.saturating_mul(5).saturating_div(4).min(cap)
@@ -672,15 +757,55 @@ impl DocumentProcessor {
     }
 
     /// What one call to this processor's provider can carry.
+    /// The context is counted in the provider's tokens: by ours it holds that divided by the
+    /// ratio learned.
     fn call_limits(&self) -> CallLimits {
-        CallLimits { context_tokens: self.context_tokens, max_output_tokens: self.provider.max_output_tokens() }
+        let ratio = self.token_ratio.get();
+        CallLimits {
+            context_tokens: self.context_tokens.map(|c| (c as f64 / ratio).max(1.0) as u64),
+            max_output_tokens: self.provider.max_output_tokens(),
+        }
     }
 
-    /// One provider call for `task`, with the budget settled by what the provider counted.
+    /// One provider call for `task`, asking for its answer's size ([`Self::expected_output`]),
+    /// with the budget settled by what the provider counted. An answer cut at a size asked
+    /// below the model's maximum is asked again once at the maximum (both calls' usage counts).
     async fn call(
         &self,
         job: &ClaimedJob,
-        task: &Task,
+        task: &mut Task,
+        estimated: i64,
+        held: &mut Held,
+    ) -> Result<ProviderOutput, JobError> {
+        let max = self.provider.max_output_tokens();
+        if task.answer_tokens.is_none() && max.is_some() {
+            let ask = self.expected_output(task.preset, task.language.as_deref(), estimated);
+            task.answer_tokens = Some(ask.clamp(1, i64::from(u32::MAX)) as u32);
+        }
+        let first = self.call_once(job, task, estimated, held).await?;
+        let asked = task.answer_tokens.map_or(u64::MAX, u64::from);
+        let Some(max) = max.filter(|max| first.cut && asked < *max) else { return Ok(first) };
+        tracing::info!(job = %job.id, asked, max, "answer cut at the size asked; asked again at the model's maximum");
+        task.answer_tokens = Some(max.min(u64::from(u32::MAX)) as u32);
+        let mut again = Held { input: estimated, output: max.min(i64::MAX as u64) as i64 };
+        self.budget.correct(again.input, again.output).await;
+        let second = self.call_once(job, task, estimated, &mut again).await;
+        if let Err(e) = &second {
+            self.give_back_unless_counted(e, again).await;
+        }
+        let mut second = second?;
+        let sum = |a: Option<i64>, b: Option<i64>| a.or(Some(0)).zip(b).map(|(a, b)| a.saturating_add(b));
+        second.input_tokens = sum(first.input_tokens.or(Some(estimated)), second.input_tokens);
+        second.output_tokens = sum(first.output_tokens, second.output_tokens);
+        Ok(second)
+    }
+
+    /// One provider call: the budget reserves what it asks for and settles to its usage; its
+    /// answer's progress is reported as it streams; its input's count teaches the ratio.
+    async fn call_once(
+        &self,
+        job: &ClaimedJob,
+        task: &mut Task,
         estimated: i64,
         held: &mut Held,
     ) -> Result<ProviderOutput, JobError> {
@@ -691,26 +816,55 @@ impl DocumentProcessor {
             self.budget.reserve_anew((held.input, 0), (estimated, 0)).await;
         }
         held.input = estimated;
+        if let Some(asked) = task.answer_tokens.map(i64::from).filter(|a| *a != held.output) {
+            self.budget.correct(0, asked - held.output).await;
+            held.output = asked;
+        }
         self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
+        let writing = self.writing.of(job.lease_token);
+        let expected = vendor::expected_answer_tokens(task.preset, task.language.as_deref(), estimated.max(0) as u64);
+        writing.expected.fetch_add(expected, Ordering::Relaxed);
+        let mine = Arc::new(AtomicU64::new(0));
+        task.on_written = Some(OnWritten(Arc::new({
+            let (writing, mine) = (writing.clone(), mine.clone());
+            // An answer only grows as it streams.
+            move |now: u64| {
+                let before = mine.fetch_max(now, Ordering::Relaxed);
+                writing.written.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+            }
+        })));
         let span = tracing::info_span!(
             "provider call",
             provider = self.provider.name(),
             preset = ?task.preset,
             estimated_input_tokens = estimated,
+            asked_output_tokens = task.answer_tokens,
             input_tokens = tracing::field::Empty,
             output_tokens = tracing::field::Empty,
             error = tracing::field::Empty,
             provider_status = tracing::field::Empty,
         );
         let output = self.provider.run(task).instrument(span.clone()).await;
+        task.on_written = None;
+        // This call's answer is no longer being written.
+        let _ = writing.written.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+            Some(w.saturating_sub(mine.load(Ordering::Relaxed)))
+        });
+        let _ = writing.expected.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| Some(e.saturating_sub(expected)));
         match &output {
             Ok(output) => {
                 span.record("input_tokens", output.input_tokens);
                 span.record("output_tokens", output.output_tokens);
+                if let Some(reported) = output.input_tokens {
+                    self.token_ratio.observe(reported, estimated);
+                }
             }
             Err(e) => {
                 span.record("error", e.message.as_str());
                 span.record("provider_status", e.provider_status.map(u64::from));
+                if let Some(counted) = e.provider_counted_tokens.filter(|_| e.class == ErrorClass::TooLong) {
+                    self.token_ratio.at_least(counted, estimated);
+                }
             }
         }
         let output = output?;
@@ -726,6 +880,29 @@ impl DocumentProcessor {
         self.stages.enter(job, JobStage::Writing, None).await?;
         Ok(output)
     }
+}
+
+/// Write an attempt's answers' progress every few seconds while it changes (for the job page),
+/// until the attempt ends (the task is aborted then).
+async fn report_writing(stages: StageLog, job: ClaimedJob, writing: Arc<Writing>) {
+    let mut last = (0, 0);
+    loop {
+        tokio::time::sleep(WRITING_EVERY).await;
+        let now = (writing.written.load(Ordering::Relaxed), writing.expected.load(Ordering::Relaxed));
+        if now != last {
+            stages.writing(&job, now.0, now.1).await;
+            last = now;
+        }
+    }
+}
+
+/// A prompt the provider still counted past its context however it was split: the words a
+/// user reads.
+fn too_long_in_words(mut e: JobError) -> JobError {
+    if e.class == ErrorClass::TooLong {
+        e.message = "the provider counted the text past its context however it was split; it was not kept".into();
+    }
+    e
 }
 
 /// Count `task`'s prompt once, off the async runtime, and keep the count on it (the client's

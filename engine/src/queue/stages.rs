@@ -45,6 +45,29 @@ impl StageLog {
     }
 }
 
+impl StageLog {
+    /// Record about how many tokens of the answers `job`'s attempt is writing are written, of
+    /// how many expected (for display: a failure is only logged).
+    pub async fn writing(&self, job: &ClaimedJob, written: u64, expected: u64) {
+        let Some(pool) = &self.pool else { return };
+        let result = sqlx::query(
+            "INSERT INTO job_writing (job_id, lease_token, written_tokens, expected_tokens)
+             SELECT id, lease_token, $3, $4 FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'running'
+             ON CONFLICT (job_id) DO UPDATE SET lease_token = excluded.lease_token,
+                 written_tokens = excluded.written_tokens, expected_tokens = excluded.expected_tokens, updated_at = now()",
+        )
+        .bind(job.id)
+        .bind(job.lease_token)
+        .bind(written.min(i64::MAX as u64) as i64)
+        .bind(expected.min(i64::MAX as u64) as i64)
+        .execute(pool)
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(job = %job.id, error = %e, "could not record the answer's progress");
+        }
+    }
+}
+
 /// What [`set_stage`] found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StageWritten {

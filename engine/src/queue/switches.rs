@@ -1,5 +1,7 @@
 //! The kill switch and the global concurrency gate: one persisted row, audited, announced.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -89,9 +91,27 @@ pub async fn pause_for(pool: &PgPool, minutes: u32, actor: &str) -> Result<Queue
             "processing is already paused without an end (by {by}); resume it first to pause for a while"
         )));
     }
-    change(&mut tx, false, Some(minutes), actor).await?;
+    change(&mut tx, false, Some(Duration::from_secs(u64::from(minutes) * 60)), actor).await?;
     tx.commit().await?;
     read(pool).await
+}
+
+/// Who holds processing after a provider refused for its quota or spend limit.
+pub const PROVIDER_HOLD_ACTOR: &str = "provider (its quota or spend limit is reached)";
+
+/// The provider is out of quota: hold processing for `hold` in the caller's transaction (a
+/// timed pause; when it ends a call tries again, and another refusal holds it again), unless
+/// an operator paused it without an end (their pause stays theirs). The alert rule
+/// `provider_held` tells the operator.
+pub async fn hold_for_provider(tx: &mut sqlx::PgConnection, hold: Duration) -> Result<()> {
+    let (enabled, resume_at): (bool, Option<DateTime<Utc>>) =
+        sqlx::query_as("SELECT processing_enabled, resume_at FROM queue_settings WHERE id = 1 FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await?;
+    if !enabled && resume_at.is_none() {
+        return Ok(());
+    }
+    change(tx, false, Some(hold.max(Duration::from_secs(1))), PROVIDER_HOLD_ACTOR).await
 }
 
 /// Resume processing if a timed pause has run out; true if it did. Cheap (one indexed row),
@@ -120,21 +140,21 @@ pub async fn resume_if_due(pool: &PgPool) -> Result<bool> {
     Ok(still)
 }
 
-async fn switch(pool: &PgPool, enabled: bool, minutes: Option<u32>, actor: &str) -> Result<QueueSettings> {
+async fn switch(pool: &PgPool, enabled: bool, pause: Option<Duration>, actor: &str) -> Result<QueueSettings> {
     let mut tx = pool.begin().await?;
-    change(&mut tx, enabled, minutes, actor).await?;
+    change(&mut tx, enabled, pause, actor).await?;
     tx.commit().await?;
     read(pool).await
 }
 
 /// The switch's change in the caller's transaction: the flag, its end, the pause record, the
 /// audit entry and the workers' wake-up.
-async fn change(tx: &mut sqlx::PgConnection, enabled: bool, minutes: Option<u32>, actor: &str) -> Result<()> {
+async fn change(tx: &mut sqlx::PgConnection, enabled: bool, pause: Option<Duration>, actor: &str) -> Result<()> {
     let old: bool = sqlx::query_scalar("SELECT processing_enabled FROM queue_settings WHERE id = 1 FOR UPDATE")
         .fetch_one(&mut *tx)
         .await?;
-    sqlx::query("UPDATE queue_settings SET resume_at = now() + make_interval(mins => $1::int) WHERE id = 1")
-        .bind(minutes.map(|m| m as i32))
+    sqlx::query("UPDATE queue_settings SET resume_at = now() + make_interval(secs => $1::float8) WHERE id = 1")
+        .bind(pause.map(|p| p.as_secs_f64()))
         .execute(&mut *tx)
         .await?;
     if old != enabled {
@@ -154,8 +174,9 @@ async fn change(tx: &mut sqlx::PgConnection, enabled: bool, minutes: Option<u32>
         };
         sqlx::query(pause).execute(&mut *tx).await?;
     }
-    let new = match minutes {
-        Some(m) => format!("off for {m} min"),
+    let new = match pause {
+        Some(p) if p.as_secs() % 60 == 0 => format!("off for {} min", p.as_secs() / 60),
+        Some(p) => format!("off for {} s", p.as_secs()),
         None => on_off(enabled).to_string(),
     };
     audit(&mut *tx, actor, "processing", None, on_off(old), &new).await?;

@@ -47,6 +47,10 @@ pub struct JobError {
     /// cancel asked for meanwhile does not turn it into a free cancel.
     #[serde(default)]
     pub unreadable: bool,
+    /// With [`ErrorClass::TooLong`]: the prompt's tokens as the provider counted them, when
+    /// it said (the processor learns its tokenizer's ratio to ours from it).
+    #[serde(default)]
+    pub provider_counted_tokens: Option<u64>,
 }
 
 impl JobError {
@@ -59,6 +63,7 @@ impl JobError {
             retry_after: None,
             detail: None,
             unreadable: false,
+            provider_counted_tokens: None,
         }
     }
 
@@ -360,6 +365,10 @@ pub async fn fail(
     let Some(running) = running else {
         return Ok(Recorded::Stale);
     };
+    if error.class == ErrorClass::QuotaExhausted {
+        // The operator's problem, not the document's: hold processing and fail nobody.
+        super::switches::hold_for_provider(&mut tx, policy.quota_hold).await?;
+    }
     let decision = policy.decide(&running.failure(error.class, error.retry_after), running.now, rand::random::<f64>());
     let recorded = apply_failure(&mut tx, hooks, &running, error, decision).await?;
     tx.commit().await?;

@@ -62,6 +62,12 @@ pub struct JobView {
     /// Its owner deleted its document and result (the job stays in their credit history).
     #[sqlx(default)]
     pub deleted_at: Option<DateTime<Utc>>,
+    /// While running: about how many tokens of the answers its calls are writing are written
+    /// so far, and how many are expected (streamed answers).
+    #[sqlx(default)]
+    pub written_tokens: Option<i64>,
+    #[sqlx(default)]
+    pub expected_tokens: Option<i64>,
 }
 
 impl JobView {
@@ -84,9 +90,11 @@ macro_rules! select_jobs {
     ($extra:literal, $rest:literal) => {
         concat!(
             "SELECT jobs.*, coalesce((SELECT sum(amount) FROM ledger
-                    WHERE ledger.job_id = jobs.id AND ledger.kind = 'refund'), 0)::bigint AS refunded",
+                    WHERE ledger.job_id = jobs.id AND ledger.kind = 'refund'), 0)::bigint AS refunded,
+                    w.written_tokens, w.expected_tokens",
             $extra,
-            " FROM jobs ",
+            " FROM jobs LEFT JOIN job_writing w ON w.job_id = jobs.id AND w.lease_token = jobs.lease_token
+                         AND jobs.state = 'running' ",
             $rest
         )
     };

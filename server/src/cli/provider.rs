@@ -76,6 +76,13 @@ pub struct ProviderArgs {
     /// between a claim and its request).
     #[arg(long, env = "SLUICE_PROVIDER_LIMIT_SHARE", default_value_t = 0.95, global = true)]
     pub provider_limit_share: f64,
+    /// Stream answers as they are written (server-sent events; both APIs): `false` for a
+    /// server that cannot.
+    #[arg(long, env = "SLUICE_PROVIDER_STREAM", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    pub provider_stream: bool,
+    /// Seconds a streamed answer may write nothing before its call is given up (and retried).
+    #[arg(long, env = "SLUICE_PROVIDER_STALL_SECS", default_value_t = 90.0, global = true)]
+    pub provider_stall_secs: f64,
     /// The most input tokens one request may carry: longer documents are processed in parts
     /// that each fit. 0 = no limit.
     #[arg(long, env = "SLUICE_PROVIDER_CONTEXT_TOKENS", default_value_t = 200_000, global = true)]
@@ -166,6 +173,8 @@ impl ProviderArgs {
             max_tokens: self.max_output_tokens(),
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
             timeout_per_100k_tokens: self.per_100k_tokens(),
+            stream: self.provider_stream,
+            stall_timeout: Duration::from_secs_f64(self.provider_stall_secs.clamp(1.0, 3600.0)),
         }
     }
 

@@ -37,6 +37,10 @@ pub struct WorkerArgs {
     /// Attempts in all, the first included.
     #[arg(long, env = "SLUICE_MAX_ATTEMPTS", default_value_t = 3, global = true)]
     pub max_attempts: u32,
+    /// Seconds processing is held after the provider says its quota or spend limit is reached,
+    /// before one call tries again (documents wait meanwhile; none fails).
+    #[arg(long, env = "SLUICE_QUOTA_HOLD_SECS", default_value_t = 60.0, global = true)]
+    pub quota_hold_secs: f64,
 }
 
 impl WorkerArgs {
@@ -47,6 +51,7 @@ impl WorkerArgs {
             delays: self.retry_delays.iter().map(|s| Duration::from_secs_f64(s.max(0.0))).collect(),
             max_delay: Duration::from_secs_f64(self.retry_max_delay.max(0.0)),
             total_budget: Duration::from_secs_f64(self.retry_budget_hours.max(0.0) * 3600.0),
+            quota_hold: Duration::from_secs_f64(self.quota_hold_secs.clamp(1.0, 86_400.0)),
             ..RetryPolicy::default()
         }
     }

@@ -165,6 +165,8 @@ pub async fn work_with(
         parts: engine::queue::parts::PartStore::new(app.pool.clone()),
         max_document_tokens: None,
         settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
     };
     let config = engine::testing::fast_worker("hooks", jobs);
     let hooks = std::sync::Arc::new(engine::hooks::SluiceHooks);

@@ -47,6 +47,9 @@ impl Provider for LocalProvider {
                 remaining: Default::default(),
                 // An extract of a few sentences: never longer than an answer may be.
                 cut: false,
+                cached_input_tokens: None,
+                reasoning_tokens: None,
+                asked_tokens: None,
             })
         })
     }

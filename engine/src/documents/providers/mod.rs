@@ -4,6 +4,8 @@
 
 mod http;
 pub mod local;
+mod sse;
+pub mod vendor;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use crate::queue::capacity::RateRemaining;
 use crate::queue::JobError;
 pub use crate::Preset;
 
-pub use http::{classify_http_failure, AnthropicProvider, OpenAiProvider};
+pub use http::{classify_http_failure, HttpProvider};
 
 /// A document's text and what to do with it.
 #[derive(Clone, Debug)]
@@ -31,6 +33,21 @@ pub struct Task {
     /// The prompt's tokens, once counted (the processor counts each prompt once, off the async
     /// runtime; the client's timeout reuses the count).
     pub prompt_tokens: Option<i64>,
+    /// The answer's size to ask for (`max_tokens`), when the processor sized it; else the
+    /// model's maximum.
+    pub answer_tokens: Option<u32>,
+    /// Told about how many tokens of the answer are written so far, as it streams.
+    pub on_written: Option<OnWritten>,
+}
+
+/// Called with about how many tokens of an answer are written so far.
+#[derive(Clone)]
+pub struct OnWritten(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for OnWritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnWritten")
+    }
 }
 
 /// Which part of a document a task's text is.
@@ -58,10 +75,12 @@ impl ProviderConfig {
         ))
     }
 
-    /// The timeout of a call for `task`.
+    /// The timeout of a call for `task` (a ceiling: a streamed answer is given up sooner when
+    /// nothing new comes for [`ProviderConfig::stall_timeout`]).
     pub fn task_timeout(&self, task: &Task) -> Duration {
         let input = task.estimated_tokens();
-        let output = if task.preset.answer_grows_with_input() { input.min(i64::from(self.max_tokens)) } else { 0 };
+        let asked = i64::from(task.answer_tokens.unwrap_or(self.max_tokens).min(self.max_tokens));
+        let output = if task.preset.answer_grows_with_input() { input.min(asked) } else { 0 };
         self.call_timeout(input, output)
     }
 }
@@ -90,6 +109,16 @@ pub struct ProviderOutput {
     /// `stop_reason: "max_tokens"`): it is not the whole answer, and never a success.
     #[serde(default)]
     pub cut: bool,
+    /// Of `input_tokens`, those read from the provider's prompt cache (Anthropic
+    /// `cache_read_input_tokens`, OpenAI `prompt_tokens_details.cached_tokens`).
+    #[serde(default)]
+    pub cached_input_tokens: Option<i64>,
+    /// Of `output_tokens`, a reasoning model's hidden reasoning (billed as output).
+    #[serde(default)]
+    pub reasoning_tokens: Option<i64>,
+    /// The `max_tokens` the call asked for.
+    #[serde(default)]
+    pub asked_tokens: Option<i64>,
 }
 
 /// An AI provider: one call per attempt, no retries of its own.
@@ -101,6 +130,15 @@ pub trait Provider: Send + Sync + 'static {
     /// The most output tokens an answer may have (`max_tokens`), when the provider caps it.
     fn max_output_tokens(&self) -> Option<u64> {
         None
+    }
+    /// Whether its model reasons before answering (its reasoning is billed as output, and an
+    /// answer needs room for it).
+    fn reasons(&self) -> bool {
+        false
+    }
+    /// Its model's name, for what is learned of its tokenizer.
+    fn model(&self) -> &str {
+        ""
     }
     /// Run the task; a failure is classified so the engine's retry policy can decide.
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>>;
@@ -129,6 +167,10 @@ pub struct ProviderConfig {
     /// carries (a long part takes the model longer).
     pub timeout: Duration,
     pub timeout_per_100k_tokens: Duration,
+    /// Stream answers (server-sent events) as they are written: a long answer is not one
+    /// silent request, and a call that writes nothing for `stall_timeout` is given up.
+    pub stream: bool,
+    pub stall_timeout: Duration,
 }
 
 impl std::fmt::Debug for ProviderConfig {
@@ -141,6 +183,8 @@ impl std::fmt::Debug for ProviderConfig {
             .field("max_tokens", &self.max_tokens)
             .field("timeout", &self.timeout)
             .field("timeout_per_100k_tokens", &self.timeout_per_100k_tokens)
+            .field("stream", &self.stream)
+            .field("stall_timeout", &self.stall_timeout)
             .finish()
     }
 }
@@ -155,9 +199,15 @@ impl Default for ProviderConfig {
             max_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             timeout: Duration::from_secs(120),
             timeout_per_100k_tokens: Duration::ZERO,
+            stream: true,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
+
+/// How long a streamed answer may write nothing before the call is given up as stalled (a
+/// transient failure): long enough for a long prompt's first token.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The slowest pace a hosted model writes at that a call's timeout allows for (tokens a second).
 pub const SLOW_OUTPUT_TOKENS_PER_SEC: f64 = 40.0;
@@ -188,8 +238,13 @@ pub fn documented_max_output_tokens(kind: ProviderKind, model: &str) -> u32 {
         ("claude-3-haiku", 4_096),
         ("gpt-4.1", 32_768),
         ("gpt-4o", 16_384),
-        // Reasoning models (o1, o3, gpt-5) take `max_completion_tokens`, not `max_tokens`:
-        // not listed, so they get the conservative default.
+        // Reasoning models: asked with `max_completion_tokens`, their reasoning included.
+        ("gpt-5", 128_000),
+        ("o1-preview", 32_768),
+        ("o1-mini", 65_536),
+        ("o1", 100_000),
+        ("o3", 100_000),
+        ("o4-mini", 100_000),
     ];
     KNOWN.iter().find(|(prefix, _)| model.starts_with(prefix)).map_or(DEFAULT_MAX_OUTPUT_TOKENS, |(_, n)| *n)
 }
@@ -198,13 +253,20 @@ pub fn documented_max_output_tokens(kind: ProviderKind, model: &str) -> u32 {
 pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
     match config.kind {
         ProviderKind::Local => Arc::new(local::LocalProvider),
-        ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(config)),
-        ProviderKind::Openai => Arc::new(OpenAiProvider::new(config)),
+        ProviderKind::Anthropic | ProviderKind::Openai => Arc::new(HttpProvider::new(config)),
     }
 }
 
 /// The instruction sent to a language model for a task.
 pub fn prompt(task: &Task) -> String {
+    let (instruction, rest) = prompt_parts(task);
+    instruction + &rest
+}
+
+/// The prompt in two: the instruction every call for the document repeats (a cacheable
+/// prefix: Anthropic's `cache_control`; OpenAI caches repeated prefixes itself), and the rest
+/// (the part's place and its text).
+pub fn prompt_parts(task: &Task) -> (String, String) {
     let ask = match task.preset {
         Preset::Summarize => {
             "Summarize the document below in a short title and a few paragraphs, in Markdown.".to_string()
@@ -221,8 +283,8 @@ pub fn prompt(task: &Task) -> String {
                 .to_string()
         }
     };
-    match &task.part {
-        None => format!("{ask}\n\n<document>\n{}\n</document>", task.text),
+    let rest = match &task.part {
+        None => format!("\n<document>\n{}\n</document>", task.text),
         Some(part) if part.level == 0 => {
             let (note, context) = if part.overlap.is_empty() {
                 (String::new(), String::new())
@@ -234,15 +296,16 @@ pub fn prompt(task: &Task) -> String {
                 )
             };
             format!(
-                "{ask}\nThe document is long: below is part {} of {}.{note}\n\n{context}<document>\n{}\n</document>",
+                "The document is long: below is part {} of {}.{note}\n\n{context}<document>\n{}\n</document>",
                 part.number, part.count, task.text
             )
         }
         Some(part) => format!(
-            "{ask}\nThe document was too long to read at once: below, between <document> tags, are the answers for its \
+            "The document was too long to read at once: below, between <document> tags, are the answers for its \
              consecutive parts ({} of {} at this step). Combine them into one answer for the whole document.\n\n\
              <document>\n{}\n</document>",
             part.number, part.count, task.text
         ),
-    }
+    };
+    (format!("{ask}\n"), rest)
 }

@@ -27,13 +27,23 @@ pub enum ErrorClass {
     LeaseExpired,
     /// The document cannot be processed (encrypted, no text, ...).
     InvalidInput,
-    /// The provider refused permanently (400/401/403/404, spend limit reached).
+    /// The provider refused permanently (400/401/403/404).
     Rejected,
+    /// The provider answered, but not a whole answer: empty, or ended for a reason nobody
+    /// documented. Tried once more, then the job fails (refunded: not the document's doing).
+    Unfinished,
+    /// The provider counted the prompt past its context. The processor splits the text and
+    /// redoes it (no attempt used); one that reaches the policy could not be split.
+    TooLong,
+    /// The provider's account is out of quota or at its spend limit: the operator's problem,
+    /// not the document's. Processing is held (and the operator alerted) and the job waits,
+    /// its attempt not used, until the provider takes calls again.
+    QuotaExhausted,
 }
 
 impl ErrorClass {
     /// Every class.
-    pub const ALL: [ErrorClass; 8] = [
+    pub const ALL: [ErrorClass; 11] = [
         ErrorClass::RateLimited,
         ErrorClass::Overloaded,
         ErrorClass::ServerError,
@@ -42,11 +52,15 @@ impl ErrorClass {
         ErrorClass::LeaseExpired,
         ErrorClass::InvalidInput,
         ErrorClass::Rejected,
+        ErrorClass::Unfinished,
+        ErrorClass::TooLong,
+        ErrorClass::QuotaExhausted,
     ];
 
-    /// Whether another attempt may succeed (everything but bad input and refusals).
+    /// Whether another attempt may succeed (everything but bad input, refusals and a prompt
+    /// that could not be split to fit).
     pub fn is_transient(self) -> bool {
-        !matches!(self, ErrorClass::InvalidInput | ErrorClass::Rejected)
+        !matches!(self, ErrorClass::InvalidInput | ErrorClass::Rejected | ErrorClass::TooLong)
     }
 
     /// The snake_case name, as stored on attempt rows.
@@ -60,6 +74,9 @@ impl ErrorClass {
             ErrorClass::LeaseExpired => "lease_expired",
             ErrorClass::InvalidInput => "invalid_input",
             ErrorClass::Rejected => "rejected",
+            ErrorClass::Unfinished => "unfinished",
+            ErrorClass::TooLong => "too_long",
+            ErrorClass::QuotaExhausted => "quota_exhausted",
         }
     }
 }
@@ -77,6 +94,12 @@ pub struct RetryPolicy {
     pub max_jitter: Duration,
     /// A provider's `Retry-After` is honoured up to this; a larger one is hostile or broken.
     pub max_retry_after: Duration,
+    /// Attempts in all for an unfinished answer (empty, or an unknown stop reason): one more
+    /// try, then the job fails in words rather than spending every attempt on a broken answer.
+    pub unfinished_attempts: u32,
+    /// How long processing is held after the provider says its quota or spend limit is
+    /// reached, before one call tries again (each refusal holds it again).
+    pub quota_hold: Duration,
     /// A job that would still be retrying this long after it was accepted fails as
     /// `retries_exhausted` (and is refunded) instead of holding the user's in-flight slot.
     pub total_budget: Duration,
@@ -90,6 +113,8 @@ impl Default for RetryPolicy {
             max_delay: Duration::from_secs(120),
             max_jitter: Duration::from_secs(2),
             max_retry_after: MAX_RETRY_AFTER,
+            unfinished_attempts: 2,
+            quota_hold: QUOTA_HOLD,
             total_budget: Duration::from_secs(6 * 3600),
         }
     }
@@ -132,14 +157,20 @@ impl RetryPolicy {
     pub fn decide(&self, failure: &Failure, now: DateTime<Utc>, jitter: f64) -> Decision {
         if !failure.class.is_transient() {
             return Decision::Fail(match failure.class {
-                ErrorClass::InvalidInput => FailureKind::InvalidInput,
+                ErrorClass::InvalidInput | ErrorClass::TooLong => FailureKind::InvalidInput,
                 _ => FailureKind::ProviderRejected,
             });
         }
-        if !failure.processing_enabled {
+        // A provider out of quota fails nobody: the job waits, its attempt unused, while
+        // processing is held.
+        if !failure.processing_enabled || failure.class == ErrorClass::QuotaExhausted {
             return Decision::Requeue;
         }
-        if failure.attempt >= self.max_attempts {
+        let most = match failure.class {
+            ErrorClass::Unfinished => self.unfinished_attempts.clamp(1, self.max_attempts.max(1)),
+            _ => self.max_attempts,
+        };
+        if failure.attempt >= most {
             return Decision::Fail(match failure.class {
                 ErrorClass::LeaseExpired => FailureKind::TimedOut,
                 _ => FailureKind::RetriesExhausted,
@@ -156,6 +187,9 @@ impl RetryPolicy {
         Decision::Retry { at, delay }
     }
 }
+
+/// How long processing is held after a quota or spend-limit refusal before a call tries again.
+pub const QUOTA_HOLD: Duration = Duration::from_secs(60);
 
 /// The longest `Retry-After` honoured (an hour): more is a hostile or broken answer.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
@@ -268,6 +302,22 @@ mod tests {
     }
 
     #[test]
+    fn an_unfinished_answer_is_tried_once_more_and_a_spent_quota_fails_nobody() {
+        let p = no_jitter();
+        let now = Utc::now();
+        assert!(matches!(p.decide(&failure(1, ErrorClass::Unfinished), now, 0.0), Decision::Retry { .. }));
+        assert_eq!(
+            p.decide(&failure(2, ErrorClass::Unfinished), now, 0.0),
+            Decision::Fail(FailureKind::RetriesExhausted),
+            "refunded: the provider's doing"
+        );
+        for attempt in [1, 3, 9] {
+            assert_eq!(p.decide(&failure(attempt, ErrorClass::QuotaExhausted), now, 0.0), Decision::Requeue);
+        }
+        assert_eq!(p.decide(&failure(1, ErrorClass::TooLong), now, 0.0), Decision::Fail(FailureKind::InvalidInput));
+    }
+
+    #[test]
     fn expired_lease_on_the_last_attempt_is_timed_out() {
         assert_eq!(
             no_jitter().decide(&failure(3, ErrorClass::LeaseExpired), Utc::now(), 0.0),
@@ -332,8 +382,10 @@ mod tests {
                     prop_assert!(delay <= base + p.max_jitter);
                     prop_assert!(base >= Duration::from_secs(retry_after.unwrap_or(0)));
                 }
-                Decision::Fail(_) => prop_assert!(!class.is_transient()),
-                Decision::Requeue => prop_assert!(false, "not paused"),
+                Decision::Fail(_) => prop_assert!(
+                    !class.is_transient() || (class == ErrorClass::Unfinished && attempt >= p.unfinished_attempts)
+                ),
+                Decision::Requeue => prop_assert_eq!(class, ErrorClass::QuotaExhausted, "not paused"),
             }
         }
 
@@ -341,7 +393,7 @@ mod tests {
         fn never_more_than_max_attempts(max in 1u32..6, attempt in 1u32..10, class in any_class()) {
             let p = RetryPolicy { max_attempts: max, ..RetryPolicy::default() };
             let f = Failure { attempt, class, retry_after: None, processing_enabled: true, age: Duration::ZERO };
-            if attempt >= max {
+            if attempt >= max && class != ErrorClass::QuotaExhausted {
                 prop_assert!(matches!(p.decide(&f, Utc::now(), 0.5), Decision::Fail(_)));
             }
         }
