@@ -110,7 +110,7 @@ async fn http_providers_classify_every_scripted_answer() {
         assert_eq!((ok.text.as_str(), ok.input_tokens, ok.output_tokens), ("# Done", Some(321), Some(45)), "{kind:?}");
         let sent = fake.last_request().unwrap();
         assert_eq!(sent["model"], "test-model");
-        assert!(sent["messages"][0]["content"].as_str().unwrap().contains("Some text to summarize."));
+        assert!(sent["messages"][0]["content"].to_string().contains("Some text to summarize."));
         if kind == ProviderKind::Anthropic {
             assert_eq!(ok.data["rate_limits"]["anthropic-ratelimit-requests-remaining"], "49");
         }
@@ -122,7 +122,7 @@ async fn http_providers_classify_every_scripted_answer() {
             (Reply::ServerError, ErrorClass::ServerError, Some(500)),
             (Reply::Hang { millis: 2000 }, ErrorClass::Timeout, None),
             (Reply::BadRequest, ErrorClass::Rejected, Some(400)),
-            (Reply::SpendLimit, ErrorClass::Rejected, Some(429)),
+            (Reply::SpendLimit, ErrorClass::QuotaExhausted, Some(429)),
         ];
         for (reply, class, status) in cases {
             fake.push([reply.clone()]);

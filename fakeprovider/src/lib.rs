@@ -813,7 +813,19 @@ fn streamed(shape: Shape, done: &Done, writing: Option<Writing>, pace: Duration)
         }
     }
     let gap = pace / (events.len() as u32).max(1);
-    event_stream(events, gap, Duration::ZERO, writing)
+    let mut response = event_stream(events, gap, Duration::ZERO, writing);
+    if let Shape::Anthropic = shape {
+        response.headers_mut().extend(anthropic_limits());
+    }
+    response
+}
+
+/// The rate-limit headers Anthropic sends with an answer.
+fn anthropic_limits() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("anthropic-ratelimit-requests-remaining", HeaderValue::from_static("49"));
+    headers.insert("anthropic-ratelimit-tokens-remaining", HeaderValue::from_static("39000"));
+    headers
 }
 
 /// 200 with the whole answer, its stop reason the vendor's.
@@ -821,9 +833,7 @@ fn success(shape: Shape, done: &Done) -> Response {
     let Done { text, stop, input_tokens, output_tokens } = *done;
     match shape {
         Shape::Anthropic => {
-            let mut headers = HeaderMap::new();
-            headers.insert("anthropic-ratelimit-requests-remaining", HeaderValue::from_static("49"));
-            headers.insert("anthropic-ratelimit-tokens-remaining", HeaderValue::from_static("39000"));
+            let headers = anthropic_limits();
             let body = serde_json::json!({
                 "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake",
                 "content": [{ "type": "text", "text": text }],

@@ -325,6 +325,8 @@ struct Answer {
     model: Value,
     /// The stream's last event came (`message_stop`, `[DONE]`).
     ended: bool,
+    /// OpenAI's `refusal` came instead of content (its finish reason still says `stop`).
+    refused: bool,
 }
 
 /// A number in `json` at `pointer`, when it is one.
@@ -377,6 +379,7 @@ impl Answer {
             stop_reason: json.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_string),
             model: json["model"].clone(),
             ended: true,
+            refused: json.pointer("/choices/0/message/refusal").is_some_and(|r| !r.is_null()),
             ..Answer::default()
         };
         answer.read_openai_usage(&json["usage"]);
@@ -432,6 +435,9 @@ impl Answer {
         if let Some(text) = json.pointer("/choices/0/delta/content").and_then(Value::as_str) {
             self.push_text(text)?;
         }
+        if json.pointer("/choices/0/delta/refusal").is_some_and(|r| !r.is_null()) {
+            self.refused = true;
+        }
         if let Some(reason) = json.pointer("/choices/0/finish_reason").and_then(Value::as_str) {
             self.stop_reason = Some(reason.to_string());
         }
@@ -466,6 +472,7 @@ impl Answer {
             Api::ChatCompletions => vendor::openai_stop(self.stop_reason.as_deref()),
         };
         let cut = match stop {
+            _ if self.refused => return Err(declined()),
             Stop::Declined => return Err(declined()),
             Stop::Unknown(reason) => {
                 return Err(JobError::new(
