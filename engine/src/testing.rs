@@ -166,6 +166,7 @@ pub fn fast_worker(name: &str, concurrency: usize) -> WorkerConfig {
             delays: vec![Duration::from_millis(200), Duration::from_millis(400)],
             max_delay: Duration::from_secs(2),
             max_jitter: Duration::ZERO,
+            quota_hold: Duration::from_secs(1),
             ..RetryPolicy::default()
         },
     }

@@ -106,7 +106,10 @@ async fn anthropic_whole_answers_are_judged_by_their_documented_stop_reasons() {
     let fake = FakeProvider::start().await;
     let p = provider(ProviderKind::Anthropic, &fake, "claude-sonnet-4-5", false);
     let ok = run(&p, &fake, message("end_turn", "Le contrat lie les deux parties.")).await.unwrap();
-    assert_eq!((ok.text.as_str(), ok.cut, ok.input_tokens, ok.output_tokens), ("Le contrat lie les deux parties.", false, Some(2095), Some(503)));
+    assert_eq!(
+        (ok.text.as_str(), ok.cut, ok.input_tokens, ok.output_tokens),
+        ("Le contrat lie les deux parties.", false, Some(2095), Some(503))
+    );
     assert!(run(&p, &fake, message("stop_sequence", "x")).await.is_ok());
     assert!(run(&p, &fake, message("max_tokens", "Le contrat")).await.unwrap().cut, "cut");
     let refused = run(&p, &fake, message("refusal", "")).await.unwrap_err();
@@ -118,7 +121,10 @@ async fn anthropic_whole_answers_are_judged_by_their_documented_stop_reasons() {
     }
     for empty in ["", "  \n\t "] {
         let e = run(&p, &fake, message("end_turn", empty)).await.unwrap_err();
-        assert_eq!((e.class, e.message.as_str()), (ErrorClass::Unfinished, "the provider's answer was empty, so it was not kept"));
+        assert_eq!(
+            (e.class, e.message.as_str()),
+            (ErrorClass::Unfinished, "the provider's answer was empty, so it was not kept")
+        );
     }
 }
 
@@ -130,15 +136,23 @@ async fn anthropic_errors_as_documented_with_their_headers() {
     assert_eq!(run(&p, &fake, raw(529, &[], overloaded)).await.unwrap_err().class, ErrorClass::Overloaded);
     // A rate limit: `retry-after`, and the spent limit's reset (RFC 3339) when it is missing.
     let limited = r#"{"type":"error","error":{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization of 40,000 input tokens per minute."}}"#;
-    let e = run(&p, &fake, raw(429, &[("retry-after", "13"), ("anthropic-ratelimit-input-tokens-remaining", "0")], limited))
-        .await
-        .unwrap_err();
+    let e = run(
+        &p,
+        &fake,
+        raw(429, &[("retry-after", "13"), ("anthropic-ratelimit-input-tokens-remaining", "0")], limited),
+    )
+    .await
+    .unwrap_err();
     assert_eq!((e.class, e.retry_after), (ErrorClass::RateLimited, Some(Duration::from_secs(13))));
     let reset = (chrono::Utc::now() + chrono::Duration::seconds(20)).to_rfc3339();
     let e = run(
         &p,
         &fake,
-        raw(429, &[("anthropic-ratelimit-input-tokens-remaining", "0"), ("anthropic-ratelimit-input-tokens-reset", &reset)], limited),
+        raw(
+            429,
+            &[("anthropic-ratelimit-input-tokens-remaining", "0"), ("anthropic-ratelimit-input-tokens-reset", &reset)],
+            limited,
+        ),
     )
     .await
     .unwrap_err();
@@ -161,7 +175,12 @@ async fn anthropic_streams_are_read_to_their_end_with_cached_usage_and_progress(
     let p = provider(ProviderKind::Anthropic, &fake, "claude-sonnet-4-5", true);
     let written = Arc::new(AtomicU64::new(0));
     let seen = written.clone();
-    let t = Task { on_written: Some(OnWritten(Arc::new(move |n| { seen.fetch_max(n, Ordering::Relaxed); }))), ..task() };
+    let t = Task {
+        on_written: Some(OnWritten(Arc::new(move |n| {
+            seen.fetch_max(n, Ordering::Relaxed);
+        }))),
+        ..task()
+    };
     fake.push([stream_of(message_events("end_turn", &["Le contrat ", "lie les deux ", "parties."]), 20, 0)]);
     let ok = p.run(&t).await.unwrap();
     assert_eq!(ok.text, "Le contrat lie les deux parties.");
@@ -172,10 +191,17 @@ async fn anthropic_streams_are_read_to_their_end_with_cached_usage_and_progress(
     let sent = fake.last_request().unwrap();
     assert_eq!((sent["max_tokens"].as_u64(), sent["stream"].as_bool()), (Some(700), Some(true)));
     assert_eq!(sent["messages"][0]["content"][0]["cache_control"]["type"], "ephemeral");
-    assert!(sent["messages"][0]["content"][0]["text"].as_str().unwrap().starts_with("Translate the document below into French"));
+    assert!(sent["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Translate the document below into French"));
     assert!(sent["messages"][0]["content"][1]["text"].as_str().unwrap().contains("The contract binds both parties."));
 
-    for (stop, class) in [("pause_turn", Some(ErrorClass::Unfinished)), ("refusal", Some(ErrorClass::InvalidInput)), ("max_tokens", None)] {
+    for (stop, class) in [
+        ("pause_turn", Some(ErrorClass::Unfinished)),
+        ("refusal", Some(ErrorClass::InvalidInput)),
+        ("max_tokens", None),
+    ] {
         fake.push([stream_of(message_events(stop, &["Le contrat"]), 0, 0)]);
         match (p.run(&task()).await, class) {
             (Err(e), Some(class)) => assert_eq!(e.class, class, "{stop}"),
@@ -188,8 +214,11 @@ async fn anthropic_streams_are_read_to_their_end_with_cached_usage_and_progress(
     // An error event mid-answer (a 200 whose stream then fails), as documented.
     let mut broken = message_events("end_turn", &["Le contrat"]);
     broken.truncate(4);
-    broken.push(r#"event: error
-data: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#.to_string());
+    broken.push(
+        r#"event: error
+data: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#
+            .to_string(),
+    );
     fake.push([stream_of(broken, 0, 0)]);
     assert_eq!(p.run(&task()).await.unwrap_err().class, ErrorClass::Overloaded);
 }
@@ -214,7 +243,10 @@ async fn a_stream_that_stalls_is_given_up_at_the_stall_timeout_and_one_that_brea
         // The same start, then the connection ends without the stream's end.
         fake.push([stream_of(start, 0, 0)]);
         let e = p.run(&task()).await.unwrap_err();
-        assert_eq!((e.class, e.message.as_str()), (ErrorClass::Connection, "the provider's answer broke off before its end"));
+        assert_eq!(
+            (e.class, e.message.as_str()),
+            (ErrorClass::Connection, "the provider's answer broke off before its end")
+        );
     }
 }
 
@@ -261,15 +293,28 @@ async fn openai_whole_answers_are_judged_by_their_documented_finish_reasons() {
     assert_eq!((ok.text.as_str(), ok.cut), ("Le contrat lie les deux parties.", false));
     assert_eq!((ok.input_tokens, ok.cached_input_tokens, ok.output_tokens), (Some(1117), Some(1024), Some(46)));
     assert!(run(&p, &fake, completion("length", Some("Le contrat"), None, 0)).await.unwrap().cut);
-    assert_eq!(run(&p, &fake, completion("content_filter", Some(""), None, 0)).await.unwrap_err().class, ErrorClass::InvalidInput);
+    assert_eq!(
+        run(&p, &fake, completion("content_filter", Some(""), None, 0)).await.unwrap_err().class,
+        ErrorClass::InvalidInput
+    );
     // A refusal comes as `refusal`, its finish reason still `stop`.
-    let e = run(&p, &fake, completion("stop", None, Some("I'm sorry, I cannot assist with that request."), 0)).await.unwrap_err();
+    let e = run(&p, &fake, completion("stop", None, Some("I'm sorry, I cannot assist with that request."), 0))
+        .await
+        .unwrap_err();
     assert_eq!(e.class, ErrorClass::InvalidInput);
     for reason in ["tool_calls", "function_call", "eos"] {
-        assert_eq!(run(&p, &fake, completion(reason, Some("Le"), None, 0)).await.unwrap_err().class, ErrorClass::Unfinished, "{reason}");
+        assert_eq!(
+            run(&p, &fake, completion(reason, Some("Le"), None, 0)).await.unwrap_err().class,
+            ErrorClass::Unfinished,
+            "{reason}"
+        );
     }
     for empty in [None, Some(""), Some("\n\n")] {
-        assert_eq!(run(&p, &fake, completion("stop", empty, None, 0)).await.unwrap_err().class, ErrorClass::Unfinished, "{empty:?}");
+        assert_eq!(
+            run(&p, &fake, completion("stop", empty, None, 0)).await.unwrap_err().class,
+            ErrorClass::Unfinished,
+            "{empty:?}"
+        );
     }
     let sent = fake.last_request().unwrap();
     assert_eq!((sent["max_tokens"].as_u64(), sent.get("max_completion_tokens")), (Some(700), None));
@@ -281,7 +326,10 @@ async fn openai_errors_as_documented_with_their_headers() {
     let p = provider(ProviderKind::Openai, &fake, "gpt-4o", true);
     let quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
     let e = run(&p, &fake, raw(429, &[], quota)).await.unwrap_err();
-    assert_eq!((e.class, e.message.as_str()), (ErrorClass::QuotaExhausted, "the provider's quota or spend limit is reached"));
+    assert_eq!(
+        (e.class, e.message.as_str()),
+        (ErrorClass::QuotaExhausted, "the provider's quota or spend limit is reached")
+    );
     // A rate limit without `retry-after`: the spent limit's reset says how long.
     let limited = r#"{"error":{"message":"Rate limit reached for gpt-4o in organization org-abc on tokens per min (TPM): Limit 30000, Used 29500, Requested 1200. Please try again in 1.4s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
     let headers = [
@@ -355,7 +403,10 @@ async fn hostile_streams_are_bounded() {
     // Text past the answer's bound, in small events.
     let piece = "y".repeat(60_000);
     let many: Vec<String> = (0..200)
-        .map(|_| format!(r#"data: {{"choices":[{{"index":0,"delta":{{"content":"{piece}"}},"finish_reason":null}}]}}"#) + "\n\n")
+        .map(|_| {
+            format!(r#"data: {{"choices":[{{"index":0,"delta":{{"content":"{piece}"}},"finish_reason":null}}]}}"#)
+                + "\n\n"
+        })
         .collect();
     fake.push([Reply::RawStream { events: many, gap_ms: 0, stall_ms: 0 }]);
     let e = p.run(&task()).await.unwrap_err();

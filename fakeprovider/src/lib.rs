@@ -288,7 +288,10 @@ fn prompt_of(body: &serde_json::Value) -> String {
         serde_json::Value::Array(blocks) => Some(blocks.iter().filter_map(|b| b["text"].as_str()).collect::<String>()),
         _ => None,
     };
-    body["messages"].as_array().map(|messages| messages.iter().filter_map(content).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+    body["messages"]
+        .as_array()
+        .map(|messages| messages.iter().filter_map(content).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
 }
 
 /// The answer size a request asked for (`max_completion_tokens` for reasoning models).
@@ -782,33 +785,48 @@ fn streamed(shape: Shape, done: &Done, writing: Option<Writing>, pace: Duration)
     let mut events = Vec::new();
     match shape {
         Shape::Anthropic => {
-            events.push(sse(Some("message_start"), serde_json::json!({ "type": "message_start", "message": {
+            events.push(sse(
+                Some("message_start"),
+                serde_json::json!({ "type": "message_start", "message": {
                 "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake", "content": [],
-                "stop_reason": null, "usage": { "input_tokens": done.input_tokens, "output_tokens": 1 } } })));
-            events.push(sse(Some("content_block_start"), serde_json::json!({ "type": "content_block_start", "index": 0,
-                "content_block": { "type": "text", "text": "" } })));
+                "stop_reason": null, "usage": { "input_tokens": done.input_tokens, "output_tokens": 1 } } }),
+            ));
+            events.push(sse(
+                Some("content_block_start"),
+                serde_json::json!({ "type": "content_block_start", "index": 0,
+                "content_block": { "type": "text", "text": "" } }),
+            ));
             events.push(sse(Some("ping"), serde_json::json!({ "type": "ping" })));
             for piece in &pieces {
-                events.push(sse(Some("content_block_delta"), serde_json::json!({ "type": "content_block_delta", "index": 0,
-                    "delta": { "type": "text_delta", "text": piece } })));
+                events.push(sse(
+                    Some("content_block_delta"),
+                    serde_json::json!({ "type": "content_block_delta", "index": 0,
+                    "delta": { "type": "text_delta", "text": piece } }),
+                ));
             }
-            events.push(sse(Some("content_block_stop"), serde_json::json!({ "type": "content_block_stop", "index": 0 })));
+            events
+                .push(sse(Some("content_block_stop"), serde_json::json!({ "type": "content_block_stop", "index": 0 })));
             events.push(sse(Some("message_delta"), serde_json::json!({ "type": "message_delta",
                 "delta": { "stop_reason": done.stop, "stop_sequence": null }, "usage": { "output_tokens": done.output_tokens } })));
             events.push(sse(Some("message_stop"), serde_json::json!({ "type": "message_stop" })));
         }
         Shape::OpenAi => {
-            let chunk = |delta: serde_json::Value, finish: Option<&str>| serde_json::json!({
+            let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+                serde_json::json!({
                 "id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": "fake",
-                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] });
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] })
+            };
             events.push(sse(None, chunk(serde_json::json!({ "role": "assistant", "content": "" }), None)));
             for piece in &pieces {
                 events.push(sse(None, chunk(serde_json::json!({ "content": piece }), None)));
             }
             events.push(sse(None, chunk(serde_json::json!({}), Some(done.stop))));
-            events.push(sse(None, serde_json::json!({ "id": "chatcmpl-fake", "object": "chat.completion.chunk",
+            events.push(sse(
+                None,
+                serde_json::json!({ "id": "chatcmpl-fake", "object": "chat.completion.chunk",
                 "model": "fake", "choices": [], "usage": { "prompt_tokens": done.input_tokens,
-                "completion_tokens": done.output_tokens, "total_tokens": done.input_tokens + done.output_tokens } })));
+                "completion_tokens": done.output_tokens, "total_tokens": done.input_tokens + done.output_tokens } }),
+            ));
             events.push("data: [DONE]\n\n".to_string());
         }
     }

@@ -97,7 +97,9 @@ impl Application {
             tracing::info!(provider = provider.name(), "documents go to this provider");
             let token_ratio = match provider_config.kind {
                 engine::documents::providers::ProviderKind::Local => engine::documents::ratio::TokenRatio::fixed(1.0),
-                kind => engine::documents::ratio::TokenRatio::load(&pool, kind, provider.name(), provider.model()).await,
+                kind => {
+                    engine::documents::ratio::TokenRatio::load(&pool, kind, provider.name(), provider.model()).await
+                }
             };
             let sandbox = Arc::new(config.documents.sandbox_config()?);
             let capacity = config.provider.capacity_config();

@@ -77,8 +77,13 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             let since = job.started_at.as_deref().map(parse_ms).unwrap_or(now.get());
             let in_stage = job.stage_since.as_deref().map(|s| seconds_between(parse_ms(s), now.get()));
             let stage_started = job.stage_since.as_deref().map(local_time);
-            let running =
-                running_text(job.stage, job.pages, stage_started.as_deref(), in_stage, seconds_between(since, now.get()));
+            let running = running_text(
+                job.stage,
+                job.pages,
+                stage_started.as_deref(),
+                in_stage,
+                seconds_between(since, now.get()),
+            );
             format!("{running}{}", writing_text(job.written_tokens, job.expected_tokens))
         }
         JobState::Retrying => {
@@ -316,7 +321,9 @@ pub fn running_text(
 /// written." (nothing before the first token).
 pub fn writing_text(written: Option<i64>, expected: Option<i64>) -> String {
     match (written.filter(|w| *w > 0), expected.filter(|e| *e > 0)) {
-        (Some(w), Some(e)) => format!(" About {} of {} tokens written.", sluice_types::thousands(w), sluice_types::thousands(e.max(w))),
+        (Some(w), Some(e)) => {
+            format!(" About {} of {} tokens written.", sluice_types::thousands(w), sluice_types::thousands(e.max(w)))
+        }
         (Some(w), None) => format!(" About {} tokens written.", sluice_types::thousands(w)),
         _ => String::new(),
     }

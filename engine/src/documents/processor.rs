@@ -688,7 +688,8 @@ impl DocumentProcessor {
             for half in &halves {
                 let body = half.body(&text).to_string();
                 let tokens = tokens::count(&body) as i64 + PART_PROMPT_TOKENS as i64;
-                let mut half_held = Held { input: tokens, output: self.expected_output(spec.preset, spec.language.as_deref(), tokens) };
+                let mut half_held =
+                    Held { input: tokens, output: self.expected_output(spec.preset, spec.language.as_deref(), tokens) };
                 self.budget.correct(half_held.input, half_held.output).await;
                 let result = self.answer(job, spec, body, of.clone(), &mut half_held, halvings + 1).await;
                 if let Err(e) = &result {
@@ -743,7 +744,13 @@ impl DocumentProcessor {
     /// translation's answer is about as long as its text; others are short.
     fn expected_output(&self, preset: Preset, language: Option<&str>, input_tokens: i64) -> i64 {
         if let Some(max) = self.provider.max_output_tokens() {
-            let ask = vendor::answer_tokens_to_ask(preset, language, input_tokens.max(0) as u64, max, self.provider.reasons());
+            let ask = vendor::answer_tokens_to_ask(
+                preset,
+                language,
+                input_tokens.max(0) as u64,
+                max,
+                self.provider.reasons(),
+            );
             return ask.min(i64::MAX as u64) as i64;
         }
         let cap = i64::MAX;
@@ -850,7 +857,8 @@ impl DocumentProcessor {
         let _ = writing.written.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
             Some(w.saturating_sub(mine.load(Ordering::Relaxed)))
         });
-        let _ = writing.expected.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| Some(e.saturating_sub(expected)));
+        let _ =
+            writing.expected.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| Some(e.saturating_sub(expected)));
         match &output {
             Ok(output) => {
                 span.record("input_tokens", output.input_tokens);

@@ -229,7 +229,8 @@ impl HttpProvider {
 
     async fn call(&self, task: &Task) -> Result<ProviderOutput, JobError> {
         let asked = task.answer_tokens.unwrap_or(self.max_tokens).clamp(1, self.max_tokens.max(1));
-        let mut request = self.client.post(&self.url).timeout(self.config.task_timeout(task)).json(&self.body(task, asked));
+        let mut request =
+            self.client.post(&self.url).timeout(self.config.task_timeout(task)).json(&self.body(task, asked));
         request = match (self.api, &self.api_key) {
             (Api::Messages, key) => request
                 .header("x-api-key", key.as_deref().unwrap_or_default())
@@ -338,8 +339,11 @@ impl Answer {
     /// Anthropic's usage: `input_tokens` leaves out the tokens written to and read from the
     /// cache, which are input all the same.
     fn read_anthropic_usage(&mut self, usage: &Value) {
-        let (fresh, written, read) =
-            (int(usage, "/input_tokens"), int(usage, "/cache_creation_input_tokens"), int(usage, "/cache_read_input_tokens"));
+        let (fresh, written, read) = (
+            int(usage, "/input_tokens"),
+            int(usage, "/cache_creation_input_tokens"),
+            int(usage, "/cache_read_input_tokens"),
+        );
         if fresh.is_some() || written.is_some() || read.is_some() {
             let total = [fresh, written, read].iter().flatten().fold(0i64, |a, b| a.saturating_add(*b));
             self.input_tokens = Some(total);
@@ -524,12 +528,17 @@ impl Answer {
 /// An error event inside a stream (a 200 whose answer then fails): Anthropic's
 /// `overloaded_error`, `rate_limit_error`, `api_error`; OpenAI's `error` object.
 fn stream_error(json: &Value) -> JobError {
-    let kind = json.pointer("/error/type").or_else(|| json.pointer("/error/code")).and_then(Value::as_str).unwrap_or("");
+    let kind =
+        json.pointer("/error/type").or_else(|| json.pointer("/error/code")).and_then(Value::as_str).unwrap_or("");
     let message = json.pointer("/error/message").and_then(Value::as_str).unwrap_or(kind);
     let error = match kind {
         "overloaded_error" => JobError::new(ErrorClass::Overloaded, "the provider is overloaded"),
-        "rate_limit_error" | "rate_limit_exceeded" => JobError::new(ErrorClass::RateLimited, "the provider is rate limiting us"),
-        "insufficient_quota" => JobError::new(ErrorClass::QuotaExhausted, "the provider's quota or spend limit is reached"),
+        "rate_limit_error" | "rate_limit_exceeded" => {
+            JobError::new(ErrorClass::RateLimited, "the provider is rate limiting us")
+        }
+        "insufficient_quota" => {
+            JobError::new(ErrorClass::QuotaExhausted, "the provider's quota or spend limit is reached")
+        }
         _ => JobError::new(ErrorClass::ServerError, "the provider had an error while answering"),
     };
     error.with_detail(message)
@@ -577,11 +586,17 @@ mod tests {
         assert_eq!(c(429, r#"{"error":{"message":"You have reached your spend limit"}}"#), ErrorClass::QuotaExhausted);
         assert_eq!(c(429, r#"{"error":{"code":"insufficient_quota"}}"#), ErrorClass::QuotaExhausted);
         assert_eq!(
-            c(400, r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#),
+            c(
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#
+            ),
             ErrorClass::QuotaExhausted
         );
         assert_eq!(
-            c(400, r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 201000 tokens > 200000 maximum"}}"#),
+            c(
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 201000 tokens > 200000 maximum"}}"#
+            ),
             ErrorClass::TooLong
         );
         assert_eq!(c(529, "{}"), ErrorClass::Overloaded);

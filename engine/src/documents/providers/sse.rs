@@ -74,7 +74,8 @@ mod tests {
 
     #[test]
     fn events_are_read_across_chunks_and_line_endings() {
-        let stream = "event: message_start\r\ndata: {\"a\":1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\ndata: [DONE]\n\n";
+        let stream =
+            "event: message_start\r\ndata: {\"a\":1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\ndata: [DONE]\n\n";
         let mut reader = EventReader::default();
         let mut events = Vec::new();
         for chunk in stream.as_bytes().chunks(3) {

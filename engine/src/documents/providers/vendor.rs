@@ -141,7 +141,11 @@ pub fn reset_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 fn rfc3339(value: &str) -> Option<SystemTime> {
     let at = chrono::DateTime::parse_from_rfc3339(value).ok()?;
     let secs = u64::try_from(at.timestamp()).ok()?;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(u64::from(at.timestamp_subsec_nanos())))
+    Some(
+        SystemTime::UNIX_EPOCH
+            + Duration::from_secs(secs)
+            + Duration::from_nanos(u64::from(at.timestamp_subsec_nanos())),
+    )
 }
 
 /// A duration as OpenAI writes it: `1h2m3.5s`, `6m0s`, `20ms`; anything else is `None`.
@@ -189,9 +193,34 @@ const REASONING_ROOM: u64 = 8_192;
 /// the tokenizer packs less densely than Latin ones take more.
 pub fn translation_expansion(language: Option<&str>) -> f64 {
     const DENSE: &[&str] = &[
-        "chinese", "japanese", "korean", "thai", "hindi", "bengali", "tamil", "telugu", "marathi", "arabic", "persian",
-        "farsi", "urdu", "hebrew", "greek", "russian", "ukrainian", "bulgarian", "serbian", "georgian", "armenian",
-        "amharic", "burmese", "khmer", "vietnamese", "中文", "日本語", "한국어",
+        "chinese",
+        "japanese",
+        "korean",
+        "thai",
+        "hindi",
+        "bengali",
+        "tamil",
+        "telugu",
+        "marathi",
+        "arabic",
+        "persian",
+        "farsi",
+        "urdu",
+        "hebrew",
+        "greek",
+        "russian",
+        "ukrainian",
+        "bulgarian",
+        "serbian",
+        "georgian",
+        "armenian",
+        "amharic",
+        "burmese",
+        "khmer",
+        "vietnamese",
+        "中文",
+        "日本語",
+        "한국어",
     ];
     let language = language.unwrap_or("english").to_lowercase();
     if DENSE.iter().any(|d| language.contains(d)) {
@@ -264,8 +293,14 @@ mod tests {
         assert_eq!(prompt_too_long(400, openai), Some(TooLong { counted: Some(130_512), maximum: Some(128_000) }));
         let older = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 8500 tokens (500 in the messages, 8000 in the completion).","code":"context_length_exceeded"}}"#;
         assert_eq!(prompt_too_long(400, older), Some(TooLong { counted: Some(500), maximum: Some(8_192) }));
-        assert_eq!(prompt_too_long(400, r#"{"error":{"code":"context_length_exceeded"}}"#), Some(TooLong { counted: None, maximum: None }));
-        assert_eq!(prompt_too_long(400, r#"{"error":{"message":"messages: text content blocks must be non-empty"}}"#), None);
+        assert_eq!(
+            prompt_too_long(400, r#"{"error":{"code":"context_length_exceeded"}}"#),
+            Some(TooLong { counted: None, maximum: None })
+        );
+        assert_eq!(
+            prompt_too_long(400, r#"{"error":{"message":"messages: text content blocks must be non-empty"}}"#),
+            None
+        );
         assert_eq!(prompt_too_long(429, anthropic), None, "only a refused request");
     }
 
