@@ -13,7 +13,14 @@
 //! figure (1.0: as fast as the provider allows). For the backlog rows, the small documents'
 //! p95 wait for their first claim is set against the same backlog without the big document.
 //!
-//! Prints `RESULT ...` lines and a table for the README. Needs `sluice-extract` built beside
+//! Then the same two documents, alone, to a provider that counts 15 % more tokens than
+//! `o200k_base` (as Anthropic's tokenizer counts English prose) and refuses a prompt past its
+//! 200K context ("prompt is too long"), with Sluice starting from a ratio of 1.0 (it knows
+//! nothing of that tokenizer yet): both must end `done`, whole, with no attempt used by a
+//! refusal. A second table gives the answer sizes asked for (`max_tokens`) against the 64,000
+//! every call asked for before issue 56.
+//!
+//! Prints `RESULT ...` lines and tables for the README. Needs `sluice-extract` built beside
 //! this example (`cargo build --release -p engine --bin sluice-extract`; the xtask does it).
 
 use std::sync::Arc;
@@ -64,6 +71,16 @@ struct Bench {
     extractor: std::path::PathBuf,
 }
 
+/// How the hosted model counts tokens: its tokenizer against ours, and its context (0: none).
+#[derive(Clone, Copy)]
+struct Tokenizer {
+    inflation: f64,
+    context: u64,
+}
+
+const OURS: Tokenizer = Tokenizer { inflation: 1.0, context: 0 };
+const COUNTS_MORE: Tokenizer = Tokenizer { inflation: 1.15, context: CONTEXT };
+
 /// What one run measured.
 struct Run {
     big_secs: Option<f64>,
@@ -71,6 +88,8 @@ struct Run {
     parts: i32,
     small_waits: Vec<f64>,
     report: fakeprovider::ModelReport,
+    /// The big document's attempts that did not succeed.
+    failed_attempts: i64,
 }
 
 impl Bench {
@@ -92,7 +111,7 @@ impl Bench {
 
     /// One run: optionally a big document (`preset`, `tokens`) from owner 1, optionally the
     /// small documents' backlog; until everything ends.
-    async fn run(&self, big: Option<(&str, usize)>, backlog: bool) -> Run {
+    async fn run(&self, big: Option<(&str, usize)>, backlog: bool, tokenizer: Tokenizer) -> Run {
         sqlx::query("TRUNCATE jobs CASCADE").execute(&self.pool).await.unwrap();
         let fake = FakeProvider::start().await;
         fake.behave_like(HostedModel {
@@ -101,6 +120,8 @@ impl Bench {
             output_tokens_per_sec: OUTPUT_PER_SEC,
             input_tokens_per_min: INPUT_PER_MIN,
             output_tokens_per_min: OUTPUT_PER_MIN,
+            token_inflation: tokenizer.inflation,
+            context_tokens: tokenizer.context,
             ..HostedModel::default()
         });
         let config = CapacityConfig {
@@ -134,7 +155,8 @@ impl Bench {
             parts: PartStore::new(self.pool.clone()),
             max_document_tokens: None,
             settle_held: None,
-            token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+            // Nothing known of the provider's tokenizer: it is learned as the run goes.
+            token_ratio: engine::documents::ratio::TokenRatio::in_memory(1.0),
             writing: Default::default(),
         };
         let mut small = Vec::new();
@@ -146,9 +168,10 @@ impl Bench {
                 }
             }
         }
-        let big_id = match big {
-            Some((preset, tokens)) => Some(self.enqueue(1, &text_of(tokens, "the long document"), preset).await),
-            None => None,
+        let big_text = big.map(|(_, tokens)| text_of(tokens, "the long document"));
+        let big_id = match (big, &big_text) {
+            (Some((preset, _)), Some(text)) => Some(self.enqueue(1, text, preset).await),
+            _ => None,
         };
         let started = Instant::now();
         let workers = WorkerConfig {
@@ -165,6 +188,16 @@ impl Bench {
                 if view.state.is_terminal() {
                     assert_eq!(view.state, queue::JobState::Done, "{view:?}");
                     big_secs = Some(started.elapsed().as_secs_f64());
+                    if big.is_some_and(|(preset, _)| preset == "translate") {
+                        // Whole: every clause came back, in order.
+                        let markdown = view.result.as_ref().unwrap()["markdown"].as_str().unwrap().to_string();
+                        let clauses = |t: &str| t.matches("Clause ").count();
+                        assert_eq!(
+                            clauses(&markdown),
+                            clauses(big_text.as_deref().unwrap()),
+                            "the translation is whole"
+                        );
+                    }
                 }
             }
             let open: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state NOT IN ('done', 'failed')")
@@ -201,7 +234,17 @@ impl Bench {
             + report.largest_answer as f64 / OUTPUT_PER_SEC;
         let ideal_secs =
             over(report.input_tokens, INPUT_PER_MIN).max(over(report.output_tokens, OUTPUT_PER_MIN)).max(latency);
-        Run { big_secs, ideal_secs, parts, small_waits, report }
+        let failed_attempts = match big_id {
+            Some(id) => {
+                sqlx::query_scalar("SELECT count(*) FROM attempt_history WHERE job_id = $1 AND outcome <> 'succeeded'")
+                    .bind(id)
+                    .fetch_one(&self.pool)
+                    .await
+                    .unwrap()
+            }
+            None => 0,
+        };
+        Run { big_secs, ideal_secs, parts, small_waits, report, failed_attempts }
     }
 }
 
@@ -224,18 +267,21 @@ async fn main() {
         "| row | time to result | ideal (same run) | ratio | parts, most calls at once | 429s | small documents' p95 wait |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let baseline = bench.run(None, true).await;
+    let baseline = bench.run(None, true, OURS).await;
     let base_p95 = p95(&baseline.small_waits);
     println!(
         "| backlog alone: {} small documents from {SMALL_OWNERS} users | | | | | {} | {base_p95:.2} s |",
         baseline.small_waits.len(),
         baseline.report.refused
     );
-    for (label, preset, tokens) in
-        [("129K-token translation", "translate", 129_000), ("492K-token summary", "summarize", 492_000)]
-    {
+    let documents = [("129K-token translation", "translate", 129_000), ("492K-token summary", "summarize", 492_000)];
+    let mut asks = Vec::new();
+    for (label, preset, tokens) in documents {
         for backlog in [false, true] {
-            let run = bench.run(Some((preset, tokens)), backlog).await;
+            let run = bench.run(Some((preset, tokens)), backlog, OURS).await;
+            if !backlog {
+                asks.push((label.to_string(), run.report.clone()));
+            }
             let secs = run.big_secs.unwrap_or(f64::NAN);
             let ratio = run.ideal_secs / secs;
             let (waits, wait_ratio) = if backlog {
@@ -255,6 +301,31 @@ async fn main() {
                 println!("RESULT parts_{key}_small_wait_p95_vs_alone={wait_ratio:.3}");
             }
         }
+    }
+    println!();
+    println!("| row (a provider counting 15 % more tokens, 200K context) | time to result | ideal (same run) | ratio | parts | refused as too long | attempts failed |");
+    println!("|---|---|---|---|---|---|---|");
+    for (label, preset, tokens) in documents {
+        let run = bench.run(Some((preset, tokens)), false, COUNTS_MORE).await;
+        let secs = run.big_secs.unwrap_or(f64::NAN);
+        let ratio = run.ideal_secs / secs;
+        println!(
+            "| {label} | {secs:.1} s | {:.1} s | **{ratio:.2}** | {} | {} | {} |",
+            run.ideal_secs, run.parts, run.report.too_long, run.failed_attempts
+        );
+        assert_eq!(run.failed_attempts, 0, "no attempt is used by a refusal");
+        println!("RESULT parts_{preset}_counts_more_ratio={ratio:.3}");
+        asks.push((format!("{label}, counting 15 % more"), run.report));
+    }
+    println!();
+    println!("| document | calls | answer size asked, largest | asked in all | before issue 56 (64,000 a call) | written in all |");
+    println!("|---|---|---|---|---|---|");
+    for (label, report) in asks {
+        let before = report.calls * u64::from(MAX_OUTPUT);
+        println!(
+            "| {label} | {} | {} | {} | {} | {} |",
+            report.calls, report.largest_ask, report.asked_tokens, before, report.output_tokens
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,7 +44,10 @@ async fn noop(_job: ClaimedJob) -> Result<JobOutput, JobError> {
 }
 
 async fn reset(pool: &PgPool) {
-    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, reviews").execute(pool).await.unwrap();
+    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews")
+        .execute(pool)
+        .await
+        .unwrap();
     sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
 }
 

@@ -513,9 +513,6 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     }
     // Its own tokenizer's count of the prompt.
     let tokens = (tokens as f64 * model.behaviour.token_inflation.max(0.01)).round() as u64;
-    let r = &mut model.report;
-    r.asked_tokens += max_tokens;
-    r.largest_ask = r.largest_ask.max(max_tokens);
     if model.behaviour.context_tokens > 0 && tokens > model.behaviour.context_tokens {
         model.report.too_long += 1;
         return (Reply::TooLong { counted: tokens, maximum: model.behaviour.context_tokens }, None);
@@ -540,6 +537,8 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     let delay_ms = b.first_token_ms + (secs * 1000.0) as u64;
     let r = &mut model.report;
     r.calls += 1;
+    r.asked_tokens += max_tokens;
+    r.largest_ask = r.largest_ask.max(max_tokens);
     r.input_tokens += tokens;
     r.output_tokens += written;
     r.largest_prompt = r.largest_prompt.max(tokens);
