@@ -21,3 +21,15 @@ CREATE TABLE job_writing (
     expected_tokens bigint NOT NULL CHECK (expected_tokens >= 0),
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
+
+-- Input tokens the provider read from its prompt cache, per call (Anthropic
+-- `cache_read_input_tokens`, OpenAI `cached_tokens`): the console prices them at the cached
+-- rate. Kept apart from the jobs (the money was spent whatever becomes of the job), pruned
+-- with the other evidence.
+CREATE TABLE provider_cache_reads (
+    id                  bigserial PRIMARY KEY,
+    job_id              uuid NOT NULL,
+    at                  timestamptz NOT NULL DEFAULT now(),
+    cached_input_tokens bigint NOT NULL CHECK (cached_input_tokens > 0)
+);
+CREATE INDEX provider_cache_reads_at ON provider_cache_reads (at);

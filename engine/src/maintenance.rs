@@ -193,7 +193,8 @@ const PRUNE: &str = "retention";
 const RECONCILE: &str = "reconciliation";
 const UPKEEP: &str = "account_upkeep";
 
-/// Reconciliation reports and resolved alert firings older than `keep` are deleted (the
+/// Reconciliation reports, resolved alert firings and provider cache reads older than `keep`
+/// are deleted (the
 /// newest report is always kept: the admin page and the drift alert read it).
 pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Result<u64> {
     let reports = sqlx::query(
@@ -212,5 +213,10 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
     .execute(pool)
     .await?
     .rows_affected();
-    Ok(reports + alerts)
+    let cache_reads = sqlx::query("DELETE FROM provider_cache_reads WHERE at < now() - make_interval(secs => $1)")
+        .bind(keep.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(reports + alerts + cache_reads)
 }

@@ -406,6 +406,12 @@ async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
         .await
         .unwrap();
     }
+    // Of the input, 400 tokens this hour were read from the provider's prompt cache.
+    sqlx::query("INSERT INTO provider_cache_reads (job_id, cached_input_tokens) VALUES ($1, 250), ($1, 150)")
+        .bind(now_jobs[0])
+        .execute(&pool)
+        .await
+        .unwrap();
     // Close to the top of an hour the "now" rows could straddle two hours: compare totals too.
     let hours = outcomes::read(&pool, Period::Hour, 3).await.unwrap();
     assert_eq!(hours.len(), 3);
@@ -418,6 +424,7 @@ async fn outcomes_and_cost_add_up_per_hour_and_per_day(pool: PgPool) {
     assert_eq!((hours[2].failed, hours[2].credits_charged), (1, 7), "two hours ago");
     assert_eq!(hours[1].done + hours[1].failed, 0, "an empty hour still has its row");
     assert_eq!(outcomes::failure_share(this_hour.done, this_hour.failed), Some(0.25));
+    assert_eq!((this_hour.cached_input_tokens, hours[2].cached_input_tokens), (400, 0));
 
     let days = outcomes::read(&pool, Period::Day, 2).await.unwrap();
     let total = |f: fn(&outcomes::Outcomes) -> i64| days.iter().map(f).sum::<i64>();

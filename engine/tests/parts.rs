@@ -1067,3 +1067,31 @@ async fn a_streamed_answer_shows_how_far_it_is_written_while_it_runs(pool: PgPoo
     let done = queue::get(&pool, job).await.unwrap();
     assert_eq!((done.written_tokens, done.expected_tokens), (None, None), "an ended job shows none");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn cached_input_and_reasoning_are_read_and_the_cached_input_recorded_for_the_cost(pool: PgPool) {
+    let docs = docs("cache");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "cache@example.com", "password123", Role::User, 50).await.unwrap();
+    let processor = processor(
+        &pool,
+        &docs,
+        ProviderConfig { max_tokens: 4_000, ..fake_config(&fake) },
+        200_000,
+        Budget::disabled(),
+    );
+    let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
+    // Anthropic's documented usage: fresh input, cache writes and cache reads apart.
+    fake.push([Reply::Raw {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Summary: the report."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":50,"cache_creation_input_tokens":0,"cache_read_input_tokens":1200,"output_tokens":30}}"#.into(),
+    }]);
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert_eq!((view.input_tokens, view.output_tokens), (Some(1250), Some(30)), "cached input is input");
+    assert_eq!(view.result.unwrap()["details"]["cached_input_tokens"], 1200);
+    let recorded: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT job_id, cached_input_tokens FROM provider_cache_reads").fetch_all(&pool).await.unwrap();
+    assert_eq!(recorded, vec![(job, 1200)]);
+}

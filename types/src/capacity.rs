@@ -89,13 +89,20 @@ pub fn billed_tokens(preset: crate::Preset, input_tokens: u64) -> u64 {
 pub struct ProviderPrices {
     pub input_usd_per_mtok: f64,
     pub output_usd_per_mtok: f64,
+    /// Input read from the provider's prompt cache (Anthropic: a tenth of input; OpenAI: a
+    /// half to a tenth, by model).
+    pub cached_input_usd_per_mtok: f64,
 }
 
 impl ProviderPrices {
-    /// The cost of these tokens in US dollars.
-    pub fn cost_usd(&self, input_tokens: i64, output_tokens: i64) -> f64 {
+    /// The cost of these tokens in US dollars; `cached` of the input tokens were read from the
+    /// prompt cache (at most all of them).
+    pub fn cost_usd(&self, input_tokens: i64, cached: i64, output_tokens: i64) -> f64 {
         let per = |tokens: i64, price: f64| tokens.max(0) as f64 / 1_000_000.0 * price.max(0.0);
-        per(input_tokens, self.input_usd_per_mtok) + per(output_tokens, self.output_usd_per_mtok)
+        let cached = cached.clamp(0, input_tokens.max(0));
+        per(input_tokens - cached, self.input_usd_per_mtok)
+            + per(cached, self.cached_input_usd_per_mtok)
+            + per(output_tokens, self.output_usd_per_mtok)
     }
 }
 
@@ -486,9 +493,13 @@ mod tests {
         assert_eq!(table.price(billed_tokens(Preset::Summarize, 20_000)), 1);
         assert_eq!(table.price(billed_tokens(Preset::Translate, 20_000)), 2, "its answer is billed too");
         assert_eq!(billed_tokens(Preset::Translate, u64::MAX), u64::MAX, "no overflow");
-        let prices = ProviderPrices { input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0 };
-        assert!((prices.cost_usd(1_000_000, 100_000) - 4.5).abs() < 1e-9);
-        assert_eq!(prices.cost_usd(-5, -5), 0.0);
+        let prices =
+            ProviderPrices { input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0, cached_input_usd_per_mtok: 0.3 };
+        assert!((prices.cost_usd(1_000_000, 0, 100_000) - 4.5).abs() < 1e-9);
+        // Cached input at its own rate: 600K fresh at 3, 400K cached at 0.3.
+        assert!((prices.cost_usd(1_000_000, 400_000, 100_000) - (1.8 + 0.12 + 1.5)).abs() < 1e-9);
+        assert!((prices.cost_usd(1_000, 5_000, 0) - 0.0003).abs() < 1e-12, "never more cached than input");
+        assert_eq!(prices.cost_usd(-5, -5, -5), 0.0);
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub async fn outcomes(period: String) -> Result<Vec<OutcomeRow>, AppError> {
                 cost_usd: ctx.settings.provider_prices.map(|p| {
                     p.cost_usd(
                         o.input_tokens_succeeded.saturating_add(o.input_tokens_failed),
+                        o.cached_input_tokens,
                         o.output_tokens_succeeded.saturating_add(o.output_tokens_failed),
                     )
                 }),

@@ -866,6 +866,9 @@ impl DocumentProcessor {
                 if let Some(reported) = output.input_tokens {
                     self.token_ratio.observe(reported, estimated);
                 }
+                if let Some(cached) = output.cached_input_tokens {
+                    self.stages.cache_read(job, cached).await;
+                }
             }
             Err(e) => {
                 span.record("error", e.message.as_str());

@@ -46,6 +46,9 @@ pub struct Outcomes {
     pub output_tokens_succeeded: i64,
     pub input_tokens_failed: i64,
     pub output_tokens_failed: i64,
+    /// Of the input tokens, those read from the provider's prompt cache (cheaper).
+    #[sqlx(default)]
+    pub cached_input_tokens: i64,
 }
 
 /// Pure: the share of ended jobs that failed, none when nothing ended.
@@ -85,15 +88,21 @@ pub async fn read(pool: &PgPool, period: Period, count: u32) -> Result<Vec<Outco
                     coalesce(sum(input_tokens) FILTER (WHERE outcome <> 'succeeded'), 0) AS in_failed,
                     coalesce(sum(output_tokens) FILTER (WHERE outcome <> 'succeeded'), 0) AS out_failed
              FROM attempt_history WHERE finished_at >= (SELECT at FROM since) GROUP BY 1
+         ),
+         cached AS (
+             SELECT date_trunc($1, at, 'UTC') AS start, sum(cached_input_tokens) AS tokens
+             FROM provider_cache_reads WHERE at >= (SELECT at FROM since) GROUP BY 1
          )
          SELECT p.start, coalesce(e.done, 0) AS done, coalesce(e.failed, 0) AS failed,
                 coalesce(m.charged, 0)::int8 AS credits_charged, coalesce(m.refunded, 0)::int8 AS credits_refunded,
                 coalesce(t.in_ok, 0)::int8 AS input_tokens_succeeded, coalesce(t.out_ok, 0)::int8 AS output_tokens_succeeded,
-                coalesce(t.in_failed, 0)::int8 AS input_tokens_failed, coalesce(t.out_failed, 0)::int8 AS output_tokens_failed
+                coalesce(t.in_failed, 0)::int8 AS input_tokens_failed, coalesce(t.out_failed, 0)::int8 AS output_tokens_failed,
+                coalesce(c.tokens, 0)::int8 AS cached_input_tokens
          FROM periods p
          LEFT JOIN ended e ON e.start = p.start
          LEFT JOIN money m ON m.start = p.start
          LEFT JOIN tokens t ON t.start = p.start
+         LEFT JOIN cached c ON c.start = p.start
          ORDER BY p.start DESC",
     )
     .bind(period.unit())

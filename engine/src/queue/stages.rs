@@ -68,6 +68,22 @@ impl StageLog {
     }
 }
 
+impl StageLog {
+    /// Record that a call of `job`'s read `cached` input tokens from the provider's prompt
+    /// cache (priced at the cached rate in the console's costs). A failure is only logged.
+    pub async fn cache_read(&self, job: &ClaimedJob, cached: i64) {
+        let Some(pool) = &self.pool.as_ref().filter(|_| cached > 0) else { return };
+        let result = sqlx::query("INSERT INTO provider_cache_reads (job_id, cached_input_tokens) VALUES ($1, $2)")
+            .bind(job.id)
+            .bind(cached)
+            .execute(*pool)
+            .await;
+        if let Err(e) = result {
+            tracing::debug!(job = %job.id, error = %e, "could not record the cached input");
+        }
+    }
+}
+
 /// What [`set_stage`] found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StageWritten {

@@ -53,6 +53,10 @@ pub struct ProviderArgs {
     /// What the provider charges per million output tokens, in US dollars.
     #[arg(long, env = "SLUICE_PROVIDER_OUTPUT_USD_PER_MTOK", global = true)]
     pub provider_output_usd_per_mtok: Option<f64>,
+    /// What the provider charges per million input tokens read from its prompt cache (unset: a
+    /// tenth of input for Anthropic, a half for OpenAI).
+    #[arg(long, env = "SLUICE_PROVIDER_CACHED_INPUT_USD_PER_MTOK", global = true)]
+    pub provider_cached_input_usd_per_mtok: Option<f64>,
     /// Seconds before a provider call counts as timed out (plus the allowance per 100K tokens).
     #[arg(long, env = "SLUICE_PROVIDER_TIMEOUT_SECS", default_value_t = 120.0, global = true)]
     pub provider_timeout_secs: f64,
@@ -140,9 +144,14 @@ impl ProviderArgs {
     pub fn provider_prices(&self) -> Option<ProviderPrices> {
         let price = |v: Option<f64>| v.filter(|p| p.is_finite() && *p >= 0.0);
         let (input, output) = (price(self.provider_input_usd_per_mtok), price(self.provider_output_usd_per_mtok));
+        // Unset, cached input is at the vendor's documented share of input: Anthropic's cache
+        // reads a tenth; OpenAI's a half (gpt-4o; newer models less: set it).
+        let cached_share = if self.provider_kind() == ProviderKind::Anthropic { 0.1 } else { 0.5 };
+        let cached = price(self.provider_cached_input_usd_per_mtok).unwrap_or(input.unwrap_or(0.0) * cached_share);
         (input.is_some() || output.is_some()).then(|| ProviderPrices {
             input_usd_per_mtok: input.unwrap_or(0.0),
             output_usd_per_mtok: output.unwrap_or(0.0),
+            cached_input_usd_per_mtok: cached,
         })
     }
 
