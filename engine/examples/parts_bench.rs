@@ -183,6 +183,11 @@ impl Bench {
         let pool_handle = WorkerPool::start(self.pool.clone(), workers, Arc::new(processor), Arc::new(NoHooks));
         let mut big_secs = None;
         loop {
+            // Counted before the big document is looked at: when nothing is open, it has ended.
+            let open: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state NOT IN ('done', 'failed')")
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
             if let (Some(id), None) = (big_id, big_secs) {
                 let view = queue::get(&self.pool, id).await.unwrap();
                 if view.state.is_terminal() {
@@ -200,10 +205,6 @@ impl Bench {
                     }
                 }
             }
-            let open: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state NOT IN ('done', 'failed')")
-                .fetch_one(&self.pool)
-                .await
-                .unwrap();
             if open == 0 {
                 break;
             }

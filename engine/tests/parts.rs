@@ -289,6 +289,7 @@ async fn a_summary_whose_answer_stays_cut_fails_in_words_and_is_refunded(pool: P
         cut: true,
         delay_ms: 0,
         model: None,
+        unused_ask: 0,
     };
     fake.push((0..20).map(|_| rambling()));
     let processor = processor(&pool, &docs, fake_config(&fake), 200_000, Budget::disabled());
@@ -734,6 +735,7 @@ async fn a_document_that_fails_at_its_last_part_keeps_the_share_of_parts_answere
         cut: true,
         delay_ms: 2_000,
         model: None,
+        unused_ask: 0,
     };
     fake.push_matching("part 1 of", [cut]);
     let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());

@@ -89,6 +89,9 @@ pub enum Reply {
         /// The model's `only_for` (none: the default model).
         #[serde(default)]
         model: Option<String>,
+        /// Output tokens asked of its bucket and not written: given back when the answer ends.
+        #[serde(default)]
+        unused_ask: u64,
     },
 }
 
@@ -104,8 +107,9 @@ pub struct HostedModel {
     pub output_tokens_per_sec: f64,
     /// Input tokens per minute (0: no limit); the bucket holds a minute's worth.
     pub input_tokens_per_min: u64,
-    /// Output tokens per minute (0: no limit); a request is refused while the bucket is empty,
-    /// and its answer is taken from it.
+    /// Output tokens per minute (0: no limit). As Anthropic and OpenAI document it, a request
+    /// counts its `max_tokens` against the limit when it comes (refused while the bucket holds
+    /// less), and what it did not write is given back when its answer ends.
     pub output_tokens_per_min: u64,
     /// How many times its text a translation's paragraph comes back (1: as long as its input;
     /// more: a language that takes more tokens, so answers meet `max_tokens` sooner).
@@ -504,10 +508,12 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
         model.report.refused += 1;
         (Reply::RateLimitedSeconds { seconds: wait.ceil().max(1.0) as u64 }, None)
     };
+    let mut asked_of_bucket = 0.0;
     if let Some(output) = model.output.as_mut() {
         output.refill();
-        if output.level <= 0.0 {
-            let wait = -output.level / output.per_sec + 1.0;
+        asked_of_bucket = (max_tokens as f64).min(output.capacity);
+        if output.level < asked_of_bucket {
+            let wait = (asked_of_bucket - output.level) / output.per_sec;
             return refuse(model, wait);
         }
     }
@@ -529,9 +535,13 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     } else {
         (answer, whole, false)
     };
-    if let Some(output) = model.output.as_mut() {
-        output.level -= written as f64;
-    }
+    // The ask is held until the answer ends; what was not written comes back then.
+    let unused_ask = if let Some(output) = model.output.as_mut() {
+        output.level -= asked_of_bucket;
+        (asked_of_bucket - written as f64).max(0.0) as u64
+    } else {
+        0
+    };
     let b = &model.behaviour;
     let secs = tokens as f64 / b.prefill_tokens_per_sec.max(1.0) + written as f64 / b.output_tokens_per_sec.max(1.0);
     let delay_ms = b.first_token_ms + (secs * 1000.0) as u64;
@@ -545,20 +555,21 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     r.largest_answer = r.largest_answer.max(written);
     r.cut += u64::from(cut);
     let model = model.behaviour.only_for.clone();
-    (Reply::Modelled { text, input_tokens: tokens, output_tokens: written, cut, delay_ms, model }, None)
+    (Reply::Modelled { text, input_tokens: tokens, output_tokens: written, cut, delay_ms, model, unused_ask }, None)
 }
 
-/// Counts the hosted model's calls in progress while it writes an answer.
-struct Writing(Shared, Option<String>);
+/// Counts the hosted model's calls in progress while it writes an answer, and gives back the
+/// output tokens its request asked of the bucket and did not write when it ends.
+struct Writing(Shared, Option<String>, u64);
 
 impl Writing {
-    fn start(script: &Shared, key: Option<String>) -> Writing {
+    fn start(script: &Shared, key: Option<String>, unused_ask: u64) -> Writing {
         let mut s = script.lock().unwrap();
         if let Some(model) = s.model_mut(key.as_deref()) {
             model.at_once += 1;
             model.report.most_at_once = model.report.most_at_once.max(model.at_once);
         }
-        Writing(script.clone(), key)
+        Writing(script.clone(), key, unused_ask)
     }
 }
 
@@ -566,6 +577,10 @@ impl Drop for Writing {
     fn drop(&mut self) {
         if let Some(model) = self.0.lock().unwrap().model_mut(self.1.as_deref()) {
             model.at_once = model.at_once.saturating_sub(1);
+            if let Some(output) = model.output.as_mut() {
+                output.refill();
+                output.level = (output.level + self.2 as f64).min(output.capacity);
+            }
         }
     }
 }
@@ -645,8 +660,8 @@ async fn answer(script: &Shared, shape: Shape, stream: bool, reply: Reply) -> Re
         Reply::Finished { text, stop_reason, input_tokens, output_tokens } => {
             render(Done { text: &text, stop: &stop_reason, input_tokens, output_tokens }, None, Duration::ZERO)
         }
-        Reply::Modelled { text, input_tokens, output_tokens, cut, delay_ms, model } => {
-            let writing = Writing::start(script, model);
+        Reply::Modelled { text, input_tokens, output_tokens, cut, delay_ms, model, unused_ask } => {
+            let writing = Writing::start(script, model, unused_ask);
             let done = Done { text: &text, stop: stop_word(shape, cut), input_tokens, output_tokens };
             if stream {
                 // Written as it goes: the answer's time is spent between its events.
