@@ -827,6 +827,26 @@ async fn parts_read_before_a_failure_that_is_ours_keep_their_share(pool: PgPool)
 // Real providers (issue 56): their tokenizers, their stop reasons, their quotas, the answer
 // sizes asked for, and answers streamed as they are written.
 
+/// A fake provider (behaving like `model`, when given), a user with credits, and a processor
+/// calling the fake with answers of at most `max_tokens` and a context of `context`.
+async fn hosted(
+    pool: &PgPool,
+    name: &str,
+    model: Option<HostedModel>,
+    max_tokens: u32,
+    context: u64,
+) -> (TempBlobs, FakeProvider, users::User, DocumentProcessor) {
+    let docs = docs(name);
+    let fake = FakeProvider::start().await;
+    if let Some(model) = model {
+        fake.behave_like(model);
+    }
+    let user = users::create_user(pool, &format!("{name}@example.com"), "password123", Role::User, 50).await.unwrap();
+    let processor =
+        processor(pool, &docs, ProviderConfig { max_tokens, ..fake_config(&fake) }, context, Budget::disabled());
+    (docs, fake, user, processor)
+}
+
 /// A processor that learns the provider's tokenizer ratio in memory, from `start`.
 fn learning(processor: DocumentProcessor, start: f64) -> DocumentProcessor {
     DocumentProcessor { token_ratio: engine::documents::ratio::TokenRatio::in_memory(start), ..processor }
@@ -846,13 +866,10 @@ async fn attempts_of(pool: &PgPool, job: Uuid) -> (i64, i64) {
 async fn a_provider_counting_more_tokens_than_ours_costs_no_attempt_and_its_ratio_plans_the_next_document(
     pool: PgPool,
 ) {
-    let docs = docs("too-long");
-    let fake = FakeProvider::start().await;
     // Its tokenizer counts 25 % more than o200k, and it refuses a prompt past 4K by its count.
-    fake.behave_like(HostedModel { token_inflation: 1.25, context_tokens: 4_000, ..instant_model() });
-    let user = users::create_user(&pool, "tl@example.com", "password123", Role::User, 50).await.unwrap();
-    let config = ProviderConfig { max_tokens: 4_000, ..fake_config(&fake) };
-    let processor = learning(processor(&pool, &docs, config, 4_000, Budget::disabled()), 1.0);
+    let model = HostedModel { token_inflation: 1.25, context_tokens: 4_000, ..instant_model() };
+    let (docs, fake, user, processor) = hosted(&pool, "too-long", Some(model), 4_000, 4_000).await;
+    let processor = learning(processor, 1.0);
     // Parts planned at 90 % of 4K by our count (cut a little short of it) are over 4K by the
     // provider's.
     let text = report(300);
@@ -873,14 +890,15 @@ async fn a_provider_counting_more_tokens_than_ours_costs_no_attempt_and_its_rati
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_whole_document_refused_as_too_long_goes_in_parts_without_an_attempt(pool: PgPool) {
-    let docs = docs("too-long-whole");
-    let fake = FakeProvider::start().await;
-    fake.behave_like(HostedModel { token_inflation: 1.3, context_tokens: 4_000, ..instant_model() });
-    let user = users::create_user(&pool, "tlw@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = learning(
-        processor(&pool, &docs, ProviderConfig { max_tokens: 4_000, ..fake_config(&fake) }, 4_000, Budget::disabled()),
-        1.0,
-    );
+    let (docs, fake, user, processor) = hosted(
+        &pool,
+        "too-long-whole",
+        Some(HostedModel { token_inflation: 1.3, context_tokens: 4_000, ..instant_model() }),
+        4_000,
+        4_000,
+    )
+    .await;
+    let processor = learning(processor, 1.0);
     // About 3.4K tokens by our count: one call by our plan, 4.4K by the provider's.
     let job = submit(&pool, &docs, user.id, &report(105), "summarize", 200_000).await;
     let view = drive(&pool, &processor, job).await;
@@ -892,16 +910,7 @@ async fn a_whole_document_refused_as_too_long_goes_in_parts_without_an_attempt(p
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn an_empty_answer_or_an_unknown_stop_reason_is_never_done_and_is_tried_once_more(pool: PgPool) {
-    let docs = docs("unfinished");
-    let fake = FakeProvider::start().await;
-    let user = users::create_user(&pool, "un@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = processor(
-        &pool,
-        &docs,
-        ProviderConfig { max_tokens: 4_000, ..fake_config(&fake) },
-        200_000,
-        Budget::disabled(),
-    );
+    let (docs, fake, user, processor) = hosted(&pool, "unfinished", None, 4_000, 200_000).await;
     let finished = |text: &str, stop: &str| Reply::Finished {
         text: text.into(),
         stop_reason: stop.into(),
@@ -930,17 +939,7 @@ async fn an_empty_answer_or_an_unknown_stop_reason_is_never_done_and_is_tried_on
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_spent_quota_holds_processing_alerts_the_operator_and_fails_nobody(pool: PgPool) {
-    let docs = docs("quota");
-    let fake = FakeProvider::start().await;
-    fake.behave_like(instant_model());
-    let user = users::create_user(&pool, "q@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = processor(
-        &pool,
-        &docs,
-        ProviderConfig { max_tokens: 4_000, ..fake_config(&fake) },
-        200_000,
-        Budget::disabled(),
-    );
+    let (docs, fake, user, processor) = hosted(&pool, "quota", Some(instant_model()), 4_000, 200_000).await;
     let text = report(4);
     let mut jobs = Vec::new();
     for _ in 0..4 {
@@ -985,17 +984,7 @@ async fn a_spent_quota_holds_processing_alerts_the_operator_and_fails_nobody(poo
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_call_asks_for_its_answer_not_the_models_maximum(pool: PgPool) {
-    let docs = docs("asks");
-    let fake = FakeProvider::start().await;
-    fake.behave_like(instant_model());
-    let user = users::create_user(&pool, "ask@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = processor(
-        &pool,
-        &docs,
-        ProviderConfig { max_tokens: 64_000, ..fake_config(&fake) },
-        200_000,
-        Budget::disabled(),
-    );
+    let (docs, fake, user, processor) = hosted(&pool, "asks", Some(instant_model()), 64_000, 200_000).await;
     let text = report(400);
     let job = submit(&pool, &docs, user.id, &text, "translate", 200_000).await;
     let view = drive(&pool, &processor, job).await;
@@ -1011,18 +1000,9 @@ async fn a_call_asks_for_its_answer_not_the_models_maximum(pool: PgPool) {
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn an_answer_cut_at_the_size_asked_is_asked_again_at_the_models_maximum(pool: PgPool) {
-    let docs = docs("ask-again");
-    let fake = FakeProvider::start().await;
-    // A language that takes three times the tokens: the size asked (× 1.2 with room) is short.
-    fake.behave_like(HostedModel { translation_growth: 3, ..instant_model() });
-    let user = users::create_user(&pool, "again@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = processor(
-        &pool,
-        &docs,
-        ProviderConfig { max_tokens: 8_000, ..fake_config(&fake) },
-        200_000,
-        Budget::disabled(),
-    );
+    let (docs, fake, user, processor) =
+        hosted(&pool, "ask-again", Some(HostedModel { translation_growth: 3, ..instant_model() }), 8_000, 200_000)
+            .await;
     let job = submit(&pool, &docs, user.id, &report(40), "translate", 200_000).await;
     let view = drive(&pool, &processor, job).await;
     assert_eq!(view.state, JobState::Done, "{view:?}");
@@ -1034,18 +1014,14 @@ async fn an_answer_cut_at_the_size_asked_is_asked_again_at_the_models_maximum(po
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_streamed_answer_shows_how_far_it_is_written_while_it_runs(pool: PgPool) {
-    let docs = docs("progress");
-    let fake = FakeProvider::start().await;
-    // About 2,000 tokens written at 300 a second: seven seconds of writing.
-    fake.behave_like(HostedModel { output_tokens_per_sec: 300.0, ..instant_model() });
-    let user = users::create_user(&pool, "pr@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = processor(
+    let (docs, fake, user, processor) = hosted(
         &pool,
-        &docs,
-        ProviderConfig { max_tokens: 8_000, ..fake_config(&fake) },
+        "progress",
+        Some(HostedModel { output_tokens_per_sec: 300.0, ..instant_model() }),
+        8_000,
         200_000,
-        Budget::disabled(),
-    );
+    )
+    .await;
     let job = submit(&pool, &docs, user.id, &report(40), "translate", 200_000).await;
     let work = tokio::spawn({
         let (pool, processor) = (pool.clone(), processor.clone());
@@ -1072,16 +1048,7 @@ async fn a_streamed_answer_shows_how_far_it_is_written_while_it_runs(pool: PgPoo
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn cached_input_and_reasoning_are_read_and_the_cached_input_recorded_for_the_cost(pool: PgPool) {
-    let docs = docs("cache");
-    let fake = FakeProvider::start().await;
-    let user = users::create_user(&pool, "cache@example.com", "password123", Role::User, 50).await.unwrap();
-    let processor = processor(
-        &pool,
-        &docs,
-        ProviderConfig { max_tokens: 4_000, ..fake_config(&fake) },
-        200_000,
-        Budget::disabled(),
-    );
+    let (docs, fake, user, processor) = hosted(&pool, "cache", None, 4_000, 200_000).await;
     let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
     // Anthropic's documented usage: fresh input, cache writes and cache reads apart.
     fake.push([Reply::Raw {
