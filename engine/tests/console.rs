@@ -318,6 +318,39 @@ async fn retry_now_makes_a_waiting_retry_due_without_an_extra_attempt_or_passing
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_providers_quota_hold_only_ever_lengthens_an_operators_pause(pool: PgPool) {
+    let hold = |secs: u64| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            switches::hold_for_provider(&mut tx, Duration::from_secs(secs)).await.unwrap();
+            tx.commit().await.unwrap();
+            switches::read(&pool).await.unwrap()
+        }
+    };
+    // Running: held for a minute, by the provider.
+    let held = hold(60).await;
+    assert!(!held.processing_enabled);
+    assert_eq!(held.processing_changed_by, switches::PROVIDER_HOLD_ACTOR);
+    assert!((55.0..=60.0).contains(&held.resume_in_secs.unwrap()), "{held:?}");
+    // An operator's pause for ten minutes is not shortened by a hold of one.
+    switches::set_processing(&pool, true, "ops").await.unwrap();
+    switches::pause_for(&pool, 10, "ops").await.unwrap();
+    let kept = hold(60).await;
+    assert!(kept.resume_in_secs.unwrap() > 590.0, "{kept:?}");
+    assert_eq!(kept.processing_changed_by, "ops");
+    // Nor is a pause without an end given one.
+    switches::set_processing(&pool, true, "ops").await.unwrap();
+    switches::set_processing(&pool, false, "ops").await.unwrap();
+    let kept = hold(60).await;
+    assert_eq!((kept.processing_enabled, kept.resume_at), (false, None));
+    // A shorter timed pause is lengthened to the hold.
+    switches::set_processing(&pool, true, "ops").await.unwrap();
+    switches::pause_for(&pool, 1, "ops").await.unwrap();
+    assert!(hold(300).await.resume_in_secs.unwrap() > 290.0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_timed_pause_resumes_by_itself_after_a_restart_and_a_manual_resume_ends_it_early(pool: PgPool) {
     assert!(switches::pause_for(&pool, 0, "ops").await.is_err());
     let paused = switches::pause_for(&pool, 10, "ops@example.com").await.unwrap();

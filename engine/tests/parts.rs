@@ -995,7 +995,7 @@ async fn a_call_asks_for_its_answer_not_the_models_maximum(pool: PgPool) {
     assert!(model.largest_ask <= 8_200 * 6 / 5 * 5 / 4 + 512, "{model:?}");
     assert!(model.largest_ask >= model.largest_answer, "{model:?}");
     assert_eq!(model.cut, 0, "{model:?}");
-    assert_eq!(words(&view.result.unwrap()["markdown"].as_str().unwrap().to_string()), words(&text));
+    assert_eq!(words(view.result.unwrap()["markdown"].as_str().unwrap()), words(&text));
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -1014,7 +1014,7 @@ async fn an_answer_cut_at_the_size_asked_is_asked_again_at_the_models_maximum(po
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_streamed_answer_shows_how_far_it_is_written_while_it_runs(pool: PgPool) {
-    let (docs, fake, user, processor) = hosted(
+    let (docs, _fake, user, processor) = hosted(
         &pool,
         "progress",
         Some(HostedModel { output_tokens_per_sec: 300.0, ..instant_model() }),

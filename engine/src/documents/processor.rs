@@ -206,11 +206,8 @@ impl DocumentProcessor {
     async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
-        let writing = self.writing.of(job.lease_token);
-        let reporter = tokio::spawn(report_writing(self.stages.clone(), job.clone(), writing));
+        let _writing = WritingReport::start(self, &job);
         let outcome = self.attempt(&job, &mut held).await;
-        reporter.abort();
-        self.writing.end(job.lease_token);
         match &outcome {
             Err(e) => self.give_back_unless_counted(e, held).await,
             Ok(_) => self.budget.correct(-held.input, -held.output).await,
@@ -890,6 +887,29 @@ impl DocumentProcessor {
         self.budget.observe(&output.remaining).await;
         self.stages.enter(job, JobStage::Writing, None).await?;
         Ok(output)
+    }
+}
+
+/// An attempt's answers' progress, reported while the attempt runs and gone when it ends,
+/// however it ends (a panic included).
+struct WritingReport {
+    board: WritingBoard,
+    lease: uuid::Uuid,
+    reporter: tokio::task::JoinHandle<()>,
+}
+
+impl WritingReport {
+    fn start(processor: &DocumentProcessor, job: &ClaimedJob) -> WritingReport {
+        let writing = processor.writing.of(job.lease_token);
+        let reporter = tokio::spawn(report_writing(processor.stages.clone(), job.clone(), writing));
+        WritingReport { board: processor.writing.clone(), lease: job.lease_token, reporter }
+    }
+}
+
+impl Drop for WritingReport {
+    fn drop(&mut self) {
+        self.reporter.abort();
+        self.board.end(self.lease);
     }
 }
 

@@ -101,17 +101,22 @@ pub const PROVIDER_HOLD_ACTOR: &str = "provider (its quota or spend limit is rea
 
 /// The provider is out of quota: hold processing for `hold` in the caller's transaction (a
 /// timed pause; when it ends a call tries again, and another refusal holds it again), unless
-/// an operator paused it without an end (their pause stays theirs). The alert rule
-/// `provider_held` tells the operator.
+/// an operator paused it without an end or for longer (their pause stays theirs: a hold only
+/// ever lengthens a pause). The alert rule `provider_held` tells the operator.
 pub async fn hold_for_provider(tx: &mut sqlx::PgConnection, hold: Duration) -> Result<()> {
-    let (enabled, resume_at): (bool, Option<DateTime<Utc>>) =
-        sqlx::query_as("SELECT processing_enabled, resume_at FROM queue_settings WHERE id = 1 FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await?;
-    if !enabled && resume_at.is_none() {
+    let hold = hold.max(Duration::from_secs(1));
+    let (enabled, ends_later): (bool, Option<bool>) = sqlx::query_as(
+        "SELECT processing_enabled, resume_at > now() + make_interval(secs => $1) FROM queue_settings WHERE id = 1
+         FOR UPDATE",
+    )
+    .bind(hold.as_secs_f64())
+    .fetch_one(&mut *tx)
+    .await?;
+    // Paused without an end (`resume_at` null), or until later than the hold would: kept.
+    if !enabled && ends_later.is_none_or(|later| later) {
         return Ok(());
     }
-    change(tx, false, Some(hold.max(Duration::from_secs(1))), PROVIDER_HOLD_ACTOR).await
+    change(tx, false, Some(hold), PROVIDER_HOLD_ACTOR).await
 }
 
 /// Resume processing if a timed pause has run out; true if it did. Cheap (one indexed row),

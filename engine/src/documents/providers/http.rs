@@ -407,10 +407,8 @@ impl Answer {
                     self.push_text(text)?;
                 }
             }
-            "content_block_delta" => {
-                if json.pointer("/delta/type").and_then(Value::as_str) == Some("text_delta") {
-                    self.push_text(json.pointer("/delta/text").and_then(Value::as_str).unwrap_or_default())?;
-                }
+            "content_block_delta" if json.pointer("/delta/type").and_then(Value::as_str) == Some("text_delta") => {
+                self.push_text(json.pointer("/delta/text").and_then(Value::as_str).unwrap_or_default())?;
             }
             "message_delta" => {
                 if let Some(reason) = json.pointer("/delta/stop_reason").and_then(Value::as_str) {

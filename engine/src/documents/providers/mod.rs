@@ -79,8 +79,10 @@ impl ProviderConfig {
     /// nothing new comes for [`ProviderConfig::stall_timeout`]).
     pub fn task_timeout(&self, task: &Task) -> Duration {
         let input = task.estimated_tokens();
+        // The most it may write: a translation about its text; anything else what it asks for
+        // (a streamed call that stalls is given up long before this, at the stall timeout).
         let asked = i64::from(task.answer_tokens.unwrap_or(self.max_tokens).min(self.max_tokens));
-        let output = if task.preset.answer_grows_with_input() { input.min(asked) } else { 0 };
+        let output = if task.preset.answer_grows_with_input() { input.min(asked) } else { asked };
         self.call_timeout(input, output)
     }
 }
