@@ -287,6 +287,28 @@ test('a multi-page text translated comes back whole, every paragraph in order, i
   expect(report.most_at_once).toBeGreaterThan(1);
 });
 
+test('a translation being written says how far it is as it streams', async ({ page }) => {
+  await signUp(page, 'streamed');
+  // About 1,800 tokens, one call (under a part's size), written at 100 tokens a second: the
+  // answer streams for some 18 s, and the page says how far it is.
+  const marker = `streamed-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  await hostedModel({ first_token_ms: 200, prefill_tokens_per_sec: 200000, output_tokens_per_sec: 100, only_for: marker });
+  const text = Array.from({ length: 60 }, (_, i) =>
+    `Paragraph ${i + 1} ${marker}: the supplier delivers the goods named in schedule A.`).join('\n\n');
+  await open(page, '/upload');
+  await page.locator('#preset').selectOption('translate');
+  await page.locator('#language').fill('German');
+  await uploadFiles(page, { name: 'streamed.txt', mimeType: 'text/plain', buffer: Buffer.from(text) });
+  const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'ok');
+  await row.getByRole('link', { name: 'View the job' }).click();
+  const detail = page.locator('.job-state .state-detail');
+  await expect(detail).toHaveText(/Waiting for the provider since .+\. About [\d,]+ of [\d,]+ tokens written\.$/, { timeout: 15_000 });
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 45_000 });
+  await expect(detail).not.toContainText('tokens written');
+  await expect(page.locator('article.result-rendered')).toContainText('[translated] Paragraph 60');
+});
+
 test('a Word contract is priced and timed before it is confirmed, translated, and comes back as a Word file with every paragraph in place', async ({ page }) => {
   await signUp(page, 'word');
   const marker = `word-${Date.now()}-${Math.random().toString(36).slice(2)}`;

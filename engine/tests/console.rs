@@ -328,11 +328,21 @@ async fn a_providers_quota_hold_only_ever_lengthens_an_operators_pause(pool: PgP
             switches::read(&pool).await.unwrap()
         }
     };
-    // Running: held for a minute, by the provider.
+    // Running: held for a minute, by the provider; the other calls refused in the same moment
+    // leave the hold as it is (one audit entry, not one per call).
     let held = hold(60).await;
     assert!(!held.processing_enabled);
     assert_eq!(held.processing_changed_by, switches::PROVIDER_HOLD_ACTOR);
     assert!((55.0..=60.0).contains(&held.resume_in_secs.unwrap()), "{held:?}");
+    hold(90).await;
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = $1")
+        .bind(switches::PROVIDER_HOLD_ACTOR)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 1);
+    // An operator pausing over the hold makes the pause theirs (the alert reads who paused).
+    assert_eq!(switches::set_processing(&pool, false, "ops").await.unwrap().processing_changed_by, "ops");
     // An operator's pause for ten minutes is not shortened by a hold of one.
     switches::set_processing(&pool, true, "ops").await.unwrap();
     switches::pause_for(&pool, 10, "ops").await.unwrap();

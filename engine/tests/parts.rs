@@ -1064,3 +1064,20 @@ async fn cached_input_and_reasoning_are_read_and_the_cached_input_recorded_for_t
         sqlx::query_as("SELECT job_id, cached_input_tokens FROM provider_cache_reads").fetch_all(&pool).await.unwrap();
     assert_eq!(recorded, vec![(job, 1200)]);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_answer_asks_no_more_than_its_prompt_leaves_of_the_context(pool: PgPool) {
+    // A 64,000-token answer limit in a 4K context: a 3.4K prompt leaves some 400 to ask for.
+    let model = HostedModel { context_tokens: 4_000, ..instant_model() };
+    let (docs, fake, user, processor) = hosted(&pool, "room", Some(model), 64_000, 4_000).await;
+    let job = submit(&pool, &docs, user.id, &report(105), "summarize", 200_000).await;
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?} {:?}", fake.model_report());
+    let model = fake.model_report();
+    assert!(model.largest_call <= 4_000, "every call's prompt and ask fit the context: {model:?}");
+    // The whole document's prompt left too little room for its summary: cut there, it went
+    // in parts (no attempt used).
+    assert_eq!(model.cut, 1, "{model:?}");
+    assert!(view.parts_total.unwrap_or(0) >= 2, "{view:?}");
+    assert_eq!(attempts_of(&pool, job).await.1, 0);
+}

@@ -340,6 +340,10 @@ async fn openai_errors_as_documented_with_their_headers() {
     let too_long = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
     let e = run(&p, &fake, raw(400, &[], too_long)).await.unwrap_err();
     assert_eq!((e.class, e.provider_counted_tokens), (ErrorClass::TooLong, Some(130_512)));
+    // A 402 is a spent balance whatever its words (OpenRouter's "Insufficient credits").
+    let broke =
+        r#"{"error":{"message":"Insufficient credits. Add more using https://openrouter.ai/credits","code":402}}"#;
+    assert_eq!(run(&p, &fake, raw(402, &[], broke)).await.unwrap_err().class, ErrorClass::QuotaExhausted);
     let policy = r#"{"error":{"message":"Your request was rejected as a result of our safety system.","type":"invalid_request_error","param":null,"code":"content_policy_violation"}}"#;
     assert_eq!(run(&p, &fake, raw(400, &[], policy)).await.unwrap_err().class, ErrorClass::InvalidInput);
     let server = r#"{"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}"#;
@@ -406,7 +410,14 @@ async fn hostile_streams_are_bounded() {
         .collect();
     fake.push([Reply::RawStream { events: many, gap_ms: 0, stall_ms: 0 }]);
     let e = p.run(&task()).await.unwrap_err();
-    assert_eq!((e.class, e.message.as_str()), (ErrorClass::ServerError, "the provider's answer was too large"));
+    assert_eq!((e.class, e.message.as_str()), (ErrorClass::Unfinished, "the provider's answer was too large"));
+    // A long answer in one-token events, as OpenAI streams: its framing is many times its text
+    // (10 MB on the wire for 40K characters), and it is read whole; an `"error": null` is none.
+    let chunk = r#"data: {"id":"chatcmpl-123","object":"chat.completion.chunk","created":1694268190,"model":"gpt-4o-mini","system_fingerprint":"fp_44709d6fcb","error":null,"choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}]}"#;
+    let mut tokens: Vec<String> = (0..40_000).map(|_| format!("{chunk}\n\n")).collect();
+    tokens.extend(completion_events("stop", &[], "").into_iter().skip(1).map(|e| format!("{e}\n\n")));
+    fake.push([Reply::RawStream { events: tokens, gap_ms: 0, stall_ms: 0 }]);
+    assert_eq!(p.run(&task()).await.unwrap().text.len(), 40_000);
     // Garbage instead of JSON.
     fake.push([events(&["data: {not json"], 0)]);
     assert_eq!(p.run(&task()).await.unwrap_err().class, ErrorClass::ServerError);

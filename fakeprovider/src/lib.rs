@@ -161,6 +161,8 @@ pub struct ModelReport {
     /// The answer sizes asked for (`max_tokens`/`max_completion_tokens`): in all, and the largest.
     pub asked_tokens: u64,
     pub largest_ask: u64,
+    /// The most a call's prompt and its ask came to together (what a context must hold).
+    pub largest_call: u64,
 }
 
 struct Model {
@@ -549,6 +551,7 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
     r.calls += 1;
     r.asked_tokens += max_tokens;
     r.largest_ask = r.largest_ask.max(max_tokens);
+    r.largest_call = r.largest_call.max(tokens + max_tokens);
     r.input_tokens += tokens;
     r.output_tokens += written;
     r.largest_prompt = r.largest_prompt.max(tokens);

@@ -67,6 +67,8 @@ pub struct WritingBoard(Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uui
 pub struct Writing {
     written: AtomicU64,
     expected: AtomicU64,
+    /// Its progress was written to `job_writing` (the row is removed when the attempt ends).
+    reported: std::sync::atomic::AtomicBool,
 }
 
 impl WritingBoard {
@@ -206,8 +208,11 @@ impl DocumentProcessor {
     async fn run(&self, job: ClaimedJob) -> Result<JobOutput, JobError> {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
-        let _writing = WritingReport::start(self, &job);
+        let writing = WritingReport::start(self, &job);
         let outcome = self.attempt(&job, &mut held).await;
+        if writing.stop() {
+            self.stages.writing_ended(&job).await;
+        }
         match &outcome {
             Err(e) => self.give_back_unless_counted(e, held).await,
             Ok(_) => self.budget.correct(-held.input, -held.output).await,
@@ -672,9 +677,12 @@ impl DocumentProcessor {
                     tracing::info!(job = %job.id, estimated, "answer cut at its limit; the part is redone in halves");
                 }
                 // The provider counts more than we do: the part is redone in halves (the ratio
-                // learned from the refusal plans the parts after it), no attempt used.
+                // learned from the refusal plans the parts after it), no attempt used; the
+                // refused call used nothing of the budget.
                 Err(e) if e.class == ErrorClass::TooLong && halvings < MAX_HALVINGS => {
                     tracing::info!(job = %job.id, estimated, "the provider counted the part past its context; it is redone in halves");
+                    let refused = std::mem::take(held);
+                    self.budget.correct(-refused.input, -refused.output).await;
                 }
                 Err(e) => return Err(too_long_in_words(e)),
             }
@@ -723,12 +731,17 @@ impl DocumentProcessor {
     }
 
     /// A failed call gives back what it reserved, unless the provider may have counted the
-    /// request (a 429/529, a timeout or a server error): keeping it spent brings the budget
-    /// back under the provider's own count.
+    /// request (a 429/529, a timeout, a server error, an unfinished or broken-off answer it
+    /// wrote): keeping it spent brings the budget back under the provider's own count.
     async fn give_back_unless_counted(&self, error: &JobError, held: Held) {
         let counted = matches!(
             error.class,
-            ErrorClass::RateLimited | ErrorClass::Overloaded | ErrorClass::Timeout | ErrorClass::ServerError
+            ErrorClass::RateLimited
+                | ErrorClass::Overloaded
+                | ErrorClass::Timeout
+                | ErrorClass::ServerError
+                | ErrorClass::Unfinished
+                | ErrorClass::Connection
         );
         if !counted {
             self.budget.correct(-held.input, -held.output).await;
@@ -741,23 +754,34 @@ impl DocumentProcessor {
     /// translation's answer is about as long as its text; others are short.
     fn expected_output(&self, preset: Preset, language: Option<&str>, input_tokens: i64) -> i64 {
         if let Some(max) = self.provider.max_output_tokens() {
-            let ask = vendor::answer_tokens_to_ask(
-                preset,
-                language,
-                input_tokens.max(0) as u64,
-                max,
-                self.provider.reasons(),
-            );
+            // Counted as the provider counts: its tokenizer's answer is as much longer as its
+            // prompt is.
+            let theirs = self.theirs(input_tokens);
+            let ask = vendor::answer_tokens_to_ask(preset, language, theirs, max, self.provider.reasons());
             return ask.min(i64::MAX as u64) as i64;
         }
-        let cap = i64::MAX;
         if joins(preset) {
             // About as long as its text, with room for a language that takes more tokens; the
             // usage corrects it once known.
-            input_tokens.saturating_mul(5).saturating_div(4).min(cap)
+            input_tokens.saturating_mul(5).saturating_div(4)
         } else {
-            self.budget.output_reserve.min(cap)
+            self.budget.output_reserve
         }
+    }
+
+    /// `tokens` of ours as the provider counts them (the ratio learned).
+    fn theirs(&self, tokens: i64) -> u64 {
+        (tokens.max(0) as f64 * self.token_ratio.get()).ceil() as u64
+    }
+
+    /// The most an answer to a prompt of `estimated` tokens may ask for: what the context
+    /// leaves beside the prompt as the provider counts it (a provider counts `max_tokens`
+    /// against its context), with a margin.
+    fn answer_room(&self, estimated: i64) -> u64 {
+        self.context_tokens.map_or(u64::MAX, |context| {
+            let prompt = self.theirs(estimated).saturating_mul(21) / 20;
+            context.saturating_sub(prompt).saturating_sub(256).max(256)
+        })
     }
 
     /// What one call to this processor's provider can carry.
@@ -781,12 +805,22 @@ impl DocumentProcessor {
         estimated: i64,
         held: &mut Held,
     ) -> Result<ProviderOutput, JobError> {
-        let max = self.provider.max_output_tokens();
+        let room = self.answer_room(estimated);
+        let model_max = self.provider.max_output_tokens();
+        let max = model_max.map(|max| max.min(room));
         if task.answer_tokens.is_none() && max.is_some() {
             let ask = self.expected_output(task.preset, task.language.as_deref(), estimated);
-            task.answer_tokens = Some(ask.clamp(1, i64::from(u32::MAX)) as u32);
+            task.answer_tokens = Some((ask.max(1) as u64).min(room).min(u64::from(u32::MAX)) as u32);
         }
+        // Cut having asked all the room the prompt left, less than the model may write: the
+        // prompt is too long for its answer, and the text goes in smaller pieces.
+        let cut_by_room = |output: &ProviderOutput, asked: Option<u32>| {
+            output.cut && asked.map_or(0, u64::from) >= room && model_max.is_some_and(|m| room < m)
+        };
         let first = self.call_once(job, task, estimated, held).await?;
+        if cut_by_room(&first, task.answer_tokens) {
+            return Err(no_room_for_the_answer());
+        }
         let asked = task.answer_tokens.map_or(u64::MAX, u64::from);
         let Some(max) = max.filter(|max| first.cut && asked < *max) else { return Ok(first) };
         tracing::info!(job = %job.id, asked, max, "answer cut at the size asked; asked again at the model's maximum");
@@ -798,9 +832,14 @@ impl DocumentProcessor {
             self.give_back_unless_counted(e, again).await;
         }
         let mut second = second?;
-        let sum = |a: Option<i64>, b: Option<i64>| a.or(Some(0)).zip(b).map(|(a, b)| a.saturating_add(b));
-        second.input_tokens = sum(first.input_tokens.or(Some(estimated)), second.input_tokens);
-        second.output_tokens = sum(first.output_tokens, second.output_tokens);
+        if cut_by_room(&second, task.answer_tokens) {
+            return Err(no_room_for_the_answer());
+        }
+        let sum = |a: Option<i64>, b: Option<i64>, unknown: i64| {
+            Some(a.unwrap_or(unknown).saturating_add(b.unwrap_or(unknown)))
+        };
+        second.input_tokens = sum(first.input_tokens, second.input_tokens, estimated);
+        second.output_tokens = sum(first.output_tokens, second.output_tokens, 0);
         Ok(second)
     }
 
@@ -863,9 +902,6 @@ impl DocumentProcessor {
                 if let Some(reported) = output.input_tokens {
                     self.token_ratio.observe(reported, estimated);
                 }
-                if let Some(cached) = output.cached_input_tokens {
-                    self.stages.cache_read(job, cached).await;
-                }
             }
             Err(e) => {
                 span.record("error", e.message.as_str());
@@ -880,6 +916,9 @@ impl DocumentProcessor {
         // far as it is believable (tokenizers differ from our count, but not fourfold; an
         // answer is never longer than the `max_tokens` asked for).
         let used_in = output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated));
+        if let Some(cached) = output.cached_input_tokens {
+            self.stages.cache_read(job, cached.min(used_in)).await;
+        }
         let most_out = self.provider.max_output_tokens().map_or(held.output, |n| n.min(i64::MAX as u64) as i64);
         let used_out = output.output_tokens.unwrap_or(held.output).clamp(0, most_out.max(held.output).max(0));
         let reserved = std::mem::replace(held, Held { input: 0, output: 0 });
@@ -896,13 +935,20 @@ struct WritingReport {
     board: WritingBoard,
     lease: uuid::Uuid,
     reporter: tokio::task::JoinHandle<()>,
+    writing: Arc<Writing>,
 }
 
 impl WritingReport {
     fn start(processor: &DocumentProcessor, job: &ClaimedJob) -> WritingReport {
         let writing = processor.writing.of(job.lease_token);
-        let reporter = tokio::spawn(report_writing(processor.stages.clone(), job.clone(), writing));
-        WritingReport { board: processor.writing.clone(), lease: job.lease_token, reporter }
+        let reporter = tokio::spawn(report_writing(processor.stages.clone(), job.clone(), writing.clone()));
+        WritingReport { board: processor.writing.clone(), lease: job.lease_token, reporter, writing }
+    }
+
+    /// Stop reporting; whether anything was written to `job_writing` for the attempt.
+    fn stop(&self) -> bool {
+        self.reporter.abort();
+        self.writing.reported.load(Ordering::Relaxed)
     }
 }
 
@@ -921,10 +967,17 @@ async fn report_writing(stages: StageLog, job: ClaimedJob, writing: Arc<Writing>
         tokio::time::sleep(WRITING_EVERY).await;
         let now = (writing.written.load(Ordering::Relaxed), writing.expected.load(Ordering::Relaxed));
         if now != last {
+            writing.reported.store(true, Ordering::Relaxed);
             stages.writing(&job, now.0, now.1).await;
             last = now;
         }
     }
+}
+
+/// An answer cut where the context ran out: its prompt must be smaller (split, as a prompt the
+/// provider refused as too long is).
+fn no_room_for_the_answer() -> JobError {
+    JobError::new(ErrorClass::TooLong, "the prompt left too little of the context for its answer")
 }
 
 /// A prompt the provider still counted past its context however it was split: the words a

@@ -69,6 +69,19 @@ impl StageLog {
 }
 
 impl StageLog {
+    /// The attempt's answers are no longer being written: its progress row goes.
+    pub async fn writing_ended(&self, job: &ClaimedJob) {
+        let Some(pool) = &self.pool else { return };
+        let result = sqlx::query("DELETE FROM job_writing WHERE job_id = $1 AND lease_token = $2")
+            .bind(job.id)
+            .bind(job.lease_token)
+            .execute(pool)
+            .await;
+        if let Err(e) = result {
+            tracing::debug!(job = %job.id, error = %e, "could not remove the answer's progress");
+        }
+    }
+
     /// Record that a call of `job`'s read `cached` input tokens from the provider's prompt
     /// cache (priced at the cached rate in the console's costs). A failure is only logged.
     pub async fn cache_read(&self, job: &ClaimedJob, cached: i64) {

@@ -105,15 +105,18 @@ pub const PROVIDER_HOLD_ACTOR: &str = "provider (its quota or spend limit is rea
 /// ever lengthens a pause). The alert rule `provider_held` tells the operator.
 pub async fn hold_for_provider(tx: &mut sqlx::PgConnection, hold: Duration) -> Result<()> {
     let hold = hold.max(Duration::from_secs(1));
-    let (enabled, ends_later): (bool, Option<bool>) = sqlx::query_as(
-        "SELECT processing_enabled, resume_at > now() + make_interval(secs => $1) FROM queue_settings WHERE id = 1
-         FOR UPDATE",
+    let (enabled, ends_later, held_already): (bool, Option<bool>, bool) = sqlx::query_as(
+        "SELECT processing_enabled, resume_at > now() + make_interval(secs => $1),
+                processing_changed_by = $2 AND resume_at > now()
+         FROM queue_settings WHERE id = 1 FOR UPDATE",
     )
     .bind(hold.as_secs_f64())
+    .bind(PROVIDER_HOLD_ACTOR)
     .fetch_one(&mut *tx)
     .await?;
-    // Paused without an end (`resume_at` null), or until later than the hold would: kept.
-    if !enabled && ends_later.is_none_or(|later| later) {
+    // Paused without an end (`resume_at` null), or until later than the hold would, or held
+    // for the provider already (the other calls refused in the same moment): kept as it is.
+    if !enabled && (ends_later.is_none_or(|later| later) || held_already) {
         return Ok(());
     }
     change(tx, false, Some(hold), PROVIDER_HOLD_ACTOR).await
@@ -162,6 +165,14 @@ async fn change(tx: &mut sqlx::PgConnection, enabled: bool, pause: Option<Durati
         .bind(pause.map(|p| p.as_secs_f64()))
         .execute(&mut *tx)
         .await?;
+    if old == enabled && !enabled {
+        // Paused already: the pause is now this actor's (an operator's pause over a provider's
+        // hold is the operator's, and the `provider_held` alert reads who paused).
+        sqlx::query("UPDATE queue_settings SET processing_changed_by = $1 WHERE id = 1")
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+    }
     if old != enabled {
         sqlx::query(
             "UPDATE queue_settings SET processing_enabled = $1, processing_changed_at = now(),

@@ -428,8 +428,9 @@ async fn run_attempt(shared: Arc<Shared>, job: ClaimedJob, slot: Slot, completio
             if recording.catch_unwind().await.is_err() {
                 tracing::error!(job = %job.id, "recording a failure panicked");
             }
-            if matches!(error.class, ErrorClass::RateLimited | ErrorClass::Overloaded) {
-                // The provider says "fewer at once": the adaptive gate.
+            if matches!(error.class, ErrorClass::RateLimited | ErrorClass::Overloaded | ErrorClass::QuotaExhausted) {
+                // The provider says "fewer at once": the adaptive gate. A spent quota too:
+                // when its hold ends, a few calls try again, not the whole gate.
                 let cut = queue::capacity::provider_refused(&shared.pool, error.provider_status);
                 if let Err(e) = cut.await {
                     tracing::warn!(error = %e, "could not cut the gate");

@@ -183,7 +183,7 @@ impl ProviderArgs {
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
             timeout_per_100k_tokens: self.per_100k_tokens(),
             stream: self.provider_stream,
-            stall_timeout: Duration::from_secs_f64(self.provider_stall_secs.clamp(1.0, 3600.0)),
+            stall_timeout: Duration::from_secs_f64(self.provider_stall_secs.max(1.0).min(3600.0)),
         }
     }
 

@@ -51,7 +51,8 @@ impl WorkerArgs {
             delays: self.retry_delays.iter().map(|s| Duration::from_secs_f64(s.max(0.0))).collect(),
             max_delay: Duration::from_secs_f64(self.retry_max_delay.max(0.0)),
             total_budget: Duration::from_secs_f64(self.retry_budget_hours.max(0.0) * 3600.0),
-            quota_hold: Duration::from_secs_f64(self.quota_hold_secs.clamp(1.0, 86_400.0)),
+            // `max` first: it turns NaN into the floor.
+            quota_hold: Duration::from_secs_f64(self.quota_hold_secs.max(1.0).min(86_400.0)),
             ..RetryPolicy::default()
         }
     }

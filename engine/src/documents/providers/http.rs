@@ -43,7 +43,9 @@ pub fn classify_http_failure(status: u16, body: &str, headers: &HeaderMap, now: 
     ]
     .iter()
     .any(|needle| lower.contains(needle));
-    if quota && matches!(status, 400 | 402 | 403 | 429) {
+    // A 402 (Payment Required) says the same whatever its words (OpenRouter: "Insufficient
+    // credits").
+    if status == 402 || (quota && matches!(status, 400 | 403 | 429)) {
         return JobError::new(ErrorClass::QuotaExhausted, "the provider's quota or spend limit is reached")
             .with_status(status)
             .with_detail(&message);
@@ -270,19 +272,25 @@ impl HttpProvider {
         let mut bytes = 0usize;
         let mut told = 0u64;
         loop {
-            let chunk = tokio::time::timeout(self.config.stall_timeout, response.chunk()).await.map_err(|_| {
+            // A reasoning model may send nothing while it reasons: until its first words, only
+            // the call's own ceiling bounds it.
+            let stall = if self.reasoning && answer.text.is_empty() {
+                self.config.task_timeout(task)
+            } else {
+                self.config.stall_timeout
+            };
+            let chunk = tokio::time::timeout(stall, response.chunk()).await.map_err(|_| {
                 JobError::new(
                     ErrorClass::Timeout,
-                    format!(
-                        "the provider wrote nothing for {} s, and the call was given up",
-                        self.config.stall_timeout.as_secs()
-                    ),
+                    format!("the provider wrote nothing for {} s, and the call was given up", stall.as_secs()),
                 )
             })?;
             let Some(chunk) = chunk.map_err(|e| transport_failure(&e))? else { break };
+            // The events' framing is many times their text (a token's event is some 250
+            // bytes): the wire is bounded apart from the answer.
             bytes += chunk.len();
-            if bytes > MAX_ANSWER_BYTES {
-                return Err(JobError::new(ErrorClass::ServerError, "the provider's answer was too large"));
+            if bytes > MAX_STREAM_BYTES {
+                return Err(too_large());
             }
             let events = reader.feed(&chunk).map_err(|_| unreadable_answer(200))?;
             for event in events {
@@ -307,6 +315,14 @@ impl HttpProvider {
         }
         Ok(answer)
     }
+}
+
+/// The most bytes of a stream read for one answer (its framing included).
+pub const MAX_STREAM_BYTES: usize = 64 << 20;
+
+/// A streamed answer past its bounds: broken or hostile, tried once more, never kept.
+fn too_large() -> JobError {
+    JobError::new(ErrorClass::Unfinished, "the provider's answer was too large")
 }
 
 fn unreadable_answer(status: u16) -> JobError {
@@ -383,7 +399,10 @@ impl Answer {
             stop_reason: json.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_string),
             model: json["model"].clone(),
             ended: true,
-            refused: json.pointer("/choices/0/message/refusal").is_some_and(|r| !r.is_null()),
+            refused: json
+                .pointer("/choices/0/message/refusal")
+                .and_then(Value::as_str)
+                .is_some_and(|r| !r.trim().is_empty()),
             ..Answer::default()
         };
         answer.read_openai_usage(&json["usage"]);
@@ -431,13 +450,13 @@ impl Answer {
             return Ok(());
         }
         let json: Value = serde_json::from_str(&event.data).map_err(|_| unreadable_answer(200))?;
-        if json.get("error").is_some() {
+        if json.get("error").is_some_and(|e| !e.is_null()) {
             return Err(stream_error(&json));
         }
         if let Some(text) = json.pointer("/choices/0/delta/content").and_then(Value::as_str) {
             self.push_text(text)?;
         }
-        if json.pointer("/choices/0/delta/refusal").is_some_and(|r| !r.is_null()) {
+        if json.pointer("/choices/0/delta/refusal").and_then(Value::as_str).is_some_and(|r| !r.trim().is_empty()) {
             self.refused = true;
         }
         if let Some(reason) = json.pointer("/choices/0/finish_reason").and_then(Value::as_str) {
@@ -454,7 +473,7 @@ impl Answer {
 
     fn push_text(&mut self, text: &str) -> Result<(), JobError> {
         if self.text.len() + text.len() > MAX_ANSWER_BYTES {
-            return Err(JobError::new(ErrorClass::ServerError, "the provider's answer was too large"));
+            return Err(too_large());
         }
         self.text.push_str(text);
         Ok(())

@@ -79,10 +79,10 @@ impl ProviderConfig {
     /// nothing new comes for [`ProviderConfig::stall_timeout`]).
     pub fn task_timeout(&self, task: &Task) -> Duration {
         let input = task.estimated_tokens();
-        // The most it may write: a translation about its text; anything else what it asks for
-        // (a streamed call that stalls is given up long before this, at the stall timeout).
+        // A translation writes about its text (at most what it asks for); anything else a
+        // short answer.
         let asked = i64::from(task.answer_tokens.unwrap_or(self.max_tokens).min(self.max_tokens));
-        let output = if task.preset.answer_grows_with_input() { input.min(asked) } else { asked };
+        let output = if task.preset.answer_grows_with_input() { input.min(asked) } else { 0 };
         self.call_timeout(input, output)
     }
 }
@@ -224,6 +224,8 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 8_192;
 /// [`DEFAULT_MAX_OUTPUT_TOKENS`].
 pub fn documented_max_output_tokens(kind: ProviderKind, model: &str) -> u32 {
     let model = model.trim().to_ascii_lowercase();
+    // A router's `vendor/model` names the model after its slash.
+    let model = model.rsplit('/').next().unwrap_or_default().to_string();
     let model = match (kind, model.as_str()) {
         (ProviderKind::Anthropic, "") => "claude-sonnet-4-5",
         (ProviderKind::Openai, "") => "gpt-4o-mini",
@@ -241,6 +243,7 @@ pub fn documented_max_output_tokens(kind: ProviderKind, model: &str) -> u32 {
         ("gpt-4.1", 32_768),
         ("gpt-4o", 16_384),
         // Reasoning models: asked with `max_completion_tokens`, their reasoning included.
+        ("gpt-5-chat", 16_384),
         ("gpt-5", 128_000),
         ("o1-preview", 32_768),
         ("o1-mini", 65_536),
@@ -310,4 +313,23 @@ pub fn prompt_parts(task: &Task) -> (String, String) {
         ),
     };
     (format!("{ask}\n"), rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_model_gets_its_makers_answer_limit() {
+        let max = |kind, model| documented_max_output_tokens(kind, model);
+        assert_eq!(max(ProviderKind::Anthropic, ""), 64_000);
+        assert_eq!(max(ProviderKind::Anthropic, "claude-opus-4-1"), 32_000);
+        assert_eq!(max(ProviderKind::Openai, "gpt-4o-mini"), 16_384);
+        assert_eq!(max(ProviderKind::Openai, "gpt-5"), 128_000);
+        assert_eq!(max(ProviderKind::Openai, "openai/gpt-5-mini"), 128_000, "a router's name");
+        assert_eq!(max(ProviderKind::Openai, "gpt-5-chat-latest"), 16_384, "the chat model");
+        assert_eq!(max(ProviderKind::Openai, "o3-mini"), 100_000);
+        assert_eq!(max(ProviderKind::Openai, "o1-mini"), 65_536);
+        assert_eq!(max(ProviderKind::Openai, "llama3.1:8b"), DEFAULT_MAX_OUTPUT_TOKENS);
+    }
 }

@@ -73,8 +73,13 @@ pub fn prompt_too_long(status: u16, body: &str) -> Option<TooLong> {
     }
     let lower = body.to_ascii_lowercase();
     if let Some(at) = lower.find("prompt is too long") {
-        let numbers = numbers_in(&lower[at..]);
+        let numbers = numbers_in(&lower.as_bytes()[at..]);
         return Some(TooLong { counted: numbers.first().copied(), maximum: numbers.get(1).copied() });
+    }
+    // Anthropic: "input length and `max_tokens` exceed context limit: 188000 + 15512 > 200000".
+    if let Some(at) = lower.find("exceed context limit") {
+        let numbers = numbers_in(&lower.as_bytes()[at..]);
+        return Some(TooLong { counted: numbers.first().copied(), maximum: numbers.get(2).copied() });
     }
     if lower.contains("context_length_exceeded") || lower.contains("maximum context length") {
         let maximum = number_after(&lower, "maximum context length is");
@@ -84,14 +89,15 @@ pub fn prompt_too_long(status: u16, body: &str) -> Option<TooLong> {
     None
 }
 
-/// The numbers in `text` (digits, with thousands' commas), the first eight.
-fn numbers_in(text: &str) -> Vec<u64> {
+/// The numbers in `text` (digits, with thousands' commas), the first eight. Read byte by byte
+/// (digits are ASCII): a window cut inside a multi-byte character reads the same.
+fn numbers_in(text: &[u8]) -> Vec<u64> {
     let mut numbers = Vec::new();
     let mut current = String::new();
-    for c in text.chars().chain(std::iter::once(' ')) {
-        if c.is_ascii_digit() {
-            current.push(c);
-        } else if c == ',' && !current.is_empty() {
+    for &b in text.iter().chain(std::iter::once(&b' ')) {
+        if b.is_ascii_digit() {
+            current.push(char::from(b));
+        } else if b == b',' && !current.is_empty() {
         } else if !current.is_empty() {
             numbers.push(current.parse().unwrap_or(u64::MAX));
             current.clear();
@@ -105,12 +111,12 @@ fn numbers_in(text: &str) -> Vec<u64> {
 
 fn number_after(text: &str, marker: &str) -> Option<u64> {
     let at = text.find(marker)? + marker.len();
-    numbers_in(&text[at..text.len().min(at + 40)]).first().copied()
+    numbers_in(&text.as_bytes()[at..text.len().min(at + 40)]).first().copied()
 }
 
 fn number_before(text: &str, marker: &str) -> Option<u64> {
     let at = text.find(marker)?;
-    numbers_in(&text[at.saturating_sub(24)..at]).last().copied()
+    numbers_in(&text.as_bytes()[at.saturating_sub(24)..at]).last().copied()
 }
 
 /// How long until a rate limit that is spent resets, from the headers that say so when
@@ -180,7 +186,8 @@ pub fn is_reasoning_model(kind: ProviderKind, model: &str) -> bool {
     let model = model.rsplit('/').next().unwrap_or(&model);
     kind == ProviderKind::Openai
         && (["o1", "o3", "o4"].iter().any(|p| model == *p || model.starts_with(&format!("{p}-")))
-            || model.starts_with("gpt-5"))
+            // `gpt-5-chat-latest` is the chat model, not a reasoning one.
+            || (model.starts_with("gpt-5") && !model.starts_with("gpt-5-chat")))
 }
 
 /// A summary's or a list's answer at least and at most, in tokens (a tenth of its text between).
@@ -302,6 +309,11 @@ mod tests {
             None
         );
         assert_eq!(prompt_too_long(429, anthropic), None, "only a refused request");
+        let with_ask = r#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 188000 + 15512 > 200000, decrease input length or `max_tokens` and try again"}}"#;
+        assert_eq!(prompt_too_long(400, with_ask), Some(TooLong { counted: Some(188_000), maximum: Some(200_000) }));
+        // A window that cuts a multi-byte character reads as well.
+        let accented = "{\"error\":{\"code\":\"context_length_exceeded\",\"message\":\"maximum context length is éééééééééééééééééééé 8192 ééé 12 in the messages\"}}";
+        assert_eq!(prompt_too_long(400, accented).map(|t| t.counted), Some(Some(12)));
     }
 
     #[test]
@@ -333,7 +345,7 @@ mod tests {
         for m in ["o1", "o1-mini", "o3-2025-04-16", "o4-mini", "gpt-5", "gpt-5-mini", "openai/gpt-5-nano"] {
             assert!(is_reasoning_model(ProviderKind::Openai, m), "{m}");
         }
-        for m in ["gpt-4o", "gpt-4.1-mini", "llama3", "o10-custom", "octo"] {
+        for m in ["gpt-4o", "gpt-4.1-mini", "llama3", "o10-custom", "octo", "gpt-5-chat-latest"] {
             assert!(!is_reasoning_model(ProviderKind::Openai, m), "{m}");
         }
         assert!(!is_reasoning_model(ProviderKind::Anthropic, "o3"));
@@ -366,6 +378,7 @@ mod tests {
         fn reading_hostile_bodies_never_panics(body in ".{0,300}", status in 0u16..600) {
             let _ = prompt_too_long(status, &body);
             let _ = prompt_too_long(400, &format!("prompt is too long: {body}"));
+            let _ = prompt_too_long(400, &format!("maximum context length is {body} in the messages {body}"));
             let _ = go_duration(&body);
         }
     }
