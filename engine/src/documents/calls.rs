@@ -17,6 +17,10 @@ const MAX_TRANSLATION_PART_TOKENS: u64 = 8_000;
 const PACE_PARTS: u64 = 8;
 /// Parts no smaller than this (each call repeats the instruction, and a part needs context).
 const MIN_PART_TOKENS: u64 = 4_000;
+/// A translation's answer, as asked for, against its text: the language's growth with room
+/// (`providers::vendor::answer_tokens_to_ask`). A provider counts the answer asked for against
+/// its context, so a translation's part leaves it that share.
+const TRANSLATION_ANSWER_SHARE: f64 = 1.5;
 
 /// What one provider call can carry: its context and the longest answer it writes (`None`:
 /// unlimited, as with the local provider).
@@ -28,10 +32,12 @@ pub struct CallLimits {
 
 impl CallLimits {
     /// The most tokens one call's prompt may carry, if limited: the provider's context (less
-    /// the planning margin: the provider's tokenizer is not ours); for a translation also no
-    /// more than its answer can hold (an answer as long as its text, with room to grow).
+    /// the planning margin: the provider's tokenizer is not ours), which for a translation
+    /// holds its answer too; for a translation also no more than its answer can hold (an
+    /// answer as long as its text, with room to grow).
     pub fn part_tokens(&self, preset: Preset) -> Option<u64> {
-        let context = self.context_tokens.map(|c| (c as f64 * PLANNING_MARGIN) as u64);
+        let share = if joins(preset) { 1.0 + TRANSLATION_ANSWER_SHARE } else { 1.0 };
+        let context = self.context_tokens.map(|c| (c as f64 * PLANNING_MARGIN / share) as u64);
         let answer = self
             .max_output_tokens
             .filter(|_| joins(preset))
@@ -107,6 +113,10 @@ mod tests {
     fn a_translation_is_cut_where_its_answer_fits_and_for_pace() {
         // Seed 000: a 50K-token text under one context must not be one call cut at max_tokens.
         assert_eq!(HOSTED.part_tokens(Preset::Translate), Some(6_144 + PART_PROMPT_TOKENS));
+        // In a small context a translation's part leaves room for its answer beside it.
+        let small = CallLimits { context_tokens: Some(10_000), max_output_tokens: Some(64_000) };
+        assert_eq!(small.part_tokens(Preset::Translate), Some(3_600));
+        assert_eq!(small.part_tokens(Preset::Summarize), Some(9_000));
         assert_eq!(expected_parts(Preset::Translate, 50_000, HOSTED), 9);
         // A short one is one call; one past a pace part goes in parts though it fits.
         assert_eq!(calls_for(Preset::Translate, 3_900, HOSTED), Calls::Whole);
