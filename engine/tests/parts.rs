@@ -1081,3 +1081,34 @@ async fn an_answer_asks_no_more_than_its_prompt_leaves_of_the_context(pool: PgPo
     assert!(view.parts_total.unwrap_or(0) >= 2, "{view:?}");
     assert_eq!(attempts_of(&pool, job).await.1, 0);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_learned_ratio_is_kept_per_provider_and_model_for_the_next_start(pool: PgPool) {
+    use engine::documents::ratio::TokenRatio;
+    let kept = |model: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT samples FROM provider_token_ratios WHERE model = $1")
+                .bind(model)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    // Nothing learned yet: the vendor's safe start.
+    let ratio = TokenRatio::load(&pool, ProviderKind::Anthropic, "anthropic", "claude-sonnet-4-5").await;
+    assert_eq!(ratio.get(), 1.25);
+    for _ in 0..6 {
+        ratio.observe(11_500, 10_000);
+    }
+    assert!(wait_for(Duration::from_secs(5), || async { kept("claude-sonnet-4-5").await == Some(6) }).await);
+    // The next start begins where it left off; another model starts afresh.
+    let again = TokenRatio::load(&pool, ProviderKind::Anthropic, "anthropic", "claude-sonnet-4-5").await;
+    assert!((again.get() - ratio.get()).abs() < 1e-9 && again.get() < 1.2, "{}", again.get());
+    assert_eq!(TokenRatio::load(&pool, ProviderKind::Anthropic, "anthropic", "claude-haiku-4-5").await.get(), 1.25);
+    // A late write from fewer samples does not undo a newer one.
+    sqlx::query("UPDATE provider_token_ratios SET samples = 100, ratio = 1.15").execute(&pool).await.unwrap();
+    ratio.observe(30_000, 10_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(kept("claude-sonnet-4-5").await, Some(100));
+}

@@ -120,13 +120,15 @@ impl TokenRatio {
         self.keep(ratio, samples);
     }
 
-    /// Keep it for the next start (off the call's path; a failure only loses a sample).
+    /// Keep it for the next start (off the call's path; a failure only loses a sample). Writes
+    /// may land out of order: one from fewer samples than the row's is older, and left out.
     fn keep(&self, ratio: f64, samples: i64) {
         let Some((pool, provider, model)) = self.store.clone() else { return };
         tokio::spawn(async move {
             let kept = sqlx::query(
                 "INSERT INTO provider_token_ratios (provider, model, ratio, samples) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (provider, model) DO UPDATE SET ratio = $3, samples = $4, updated_at = now()",
+                 ON CONFLICT (provider, model) DO UPDATE SET ratio = $3, samples = $4, updated_at = now()
+                 WHERE provider_token_ratios.samples <= excluded.samples",
             )
             .bind(provider)
             .bind(model)
