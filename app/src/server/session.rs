@@ -211,6 +211,9 @@ pub struct WebSettings {
     pub time_limits: sluice_types::capacity::TimeLimits,
     /// What one provider call carries, for an upload's estimate of its parts.
     pub call_limits: engine::documents::calls::CallLimits,
+    /// Whose tokenizer ratio, learned by the workers, the estimate plans parts by (none: the
+    /// local provider, which counts as we do).
+    pub tokenizer: Option<engine::documents::ratio::Tokenizer>,
     /// What the provider charges per million tokens, if the operator said (outcomes in money).
     pub provider_prices: Option<sluice_types::capacity::ProviderPrices>,
     /// A request's headers must arrive within this (also the longest a kept-alive connection
@@ -259,6 +262,7 @@ impl Default for WebSettings {
             session_renew_after: std::time::Duration::from_secs(24 * 3600),
             time_limits: Default::default(),
             call_limits: Default::default(),
+            tokenizer: None,
             provider_prices: None,
             header_read_timeout: std::time::Duration::from_secs(10),
             max_connections: 4096,

@@ -269,9 +269,14 @@ where
     let form = paced_multipart(headers, body)?;
     let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
     let upload = upload.checked().clone();
+    // Parts planned as the workers plan them: by the provider's count of tokens, learned.
+    let ratio = match &settings.tokenizer {
+        Some(tokenizer) => engine::documents::ratio::learned(&ctx.pool, tokenizer).await?.0,
+        None => 1.0,
+    };
     let estimate_settings = engine::documents::estimate::EstimateSettings {
         admission: &settings.admission,
-        calls: settings.call_limits,
+        calls: settings.call_limits.in_our_tokens(ratio),
         time_limits: settings.time_limits,
         paces: &ctx.paces,
     };

@@ -49,6 +49,15 @@ impl CallLimits {
     }
 }
 
+impl CallLimits {
+    /// The limits in our tokens, for a provider whose tokenizer counts `ratio` times as many
+    /// (its context holds that many fewer of ours; an answer's limit is its own).
+    pub fn in_our_tokens(self, ratio: f64) -> CallLimits {
+        let ratio = if ratio.is_finite() && ratio > 0.0 { ratio } else { 1.0 };
+        CallLimits { context_tokens: self.context_tokens.map(|c| (c as f64 / ratio).max(1.0) as u64), ..self }
+    }
+}
+
 /// Whether a preset's parts are combined by joining them in order (a translation), rather than
 /// by a summary of their answers.
 pub fn joins(preset: Preset) -> bool {
@@ -117,6 +126,9 @@ mod tests {
         let small = CallLimits { context_tokens: Some(10_000), max_output_tokens: Some(64_000) };
         assert_eq!(small.part_tokens(Preset::Translate), Some(3_600));
         assert_eq!(small.part_tokens(Preset::Summarize), Some(9_000));
+        // A provider counting twice our tokens holds half as many of ours.
+        assert_eq!(small.in_our_tokens(2.0).part_tokens(Preset::Summarize), Some(4_500));
+        assert_eq!(small.in_our_tokens(f64::NAN), small);
         assert_eq!(expected_parts(Preset::Translate, 50_000, HOSTED), 9);
         // A short one is one call; one past a pace part goes in parts though it fits.
         assert_eq!(calls_for(Preset::Translate, 3_900, HOSTED), Calls::Whole);

@@ -788,11 +788,8 @@ impl DocumentProcessor {
     /// The context is counted in the provider's tokens: by ours it holds that divided by the
     /// ratio learned.
     fn call_limits(&self) -> CallLimits {
-        let ratio = self.token_ratio.get();
-        CallLimits {
-            context_tokens: self.context_tokens.map(|c| (c as f64 / ratio).max(1.0) as u64),
-            max_output_tokens: self.provider.max_output_tokens(),
-        }
+        CallLimits { context_tokens: self.context_tokens, max_output_tokens: self.provider.max_output_tokens() }
+            .in_our_tokens(self.token_ratio.get())
     }
 
     /// One provider call for `task`, asking for its answer's size ([`Self::expected_output`]),

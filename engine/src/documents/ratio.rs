@@ -38,6 +38,25 @@ pub fn learn(current: f64, samples: i64, observed: f64) -> f64 {
     (current + (observed - current) * weight).clamp(BELIEVABLE.0, BELIEVABLE.1)
 }
 
+/// Which learned ratio applies: the provider's and model's names, and the vendor's start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tokenizer {
+    pub provider: String,
+    pub model: String,
+    pub start: f64,
+}
+
+/// The ratio learned for `tokenizer` and its samples, or its start when none is.
+pub async fn learned(pool: &PgPool, tokenizer: &Tokenizer) -> crate::error::Result<(f64, i64)> {
+    let row: Option<(f64, i64)> =
+        sqlx::query_as("SELECT ratio, samples FROM provider_token_ratios WHERE provider = $1 AND model = $2")
+            .bind(&tokenizer.provider)
+            .bind(&tokenizer.model)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.unwrap_or((tokenizer.start, 0)))
+}
+
 #[derive(Debug)]
 struct Learned {
     ratio: f64,
@@ -67,17 +86,11 @@ impl TokenRatio {
 
     /// The ratio learned for this provider and model, or its vendor's starting one.
     pub async fn load(pool: &PgPool, kind: ProviderKind, provider: &str, model: &str) -> TokenRatio {
-        let row: Option<(f64, i64)> =
-            sqlx::query_as("SELECT ratio, samples FROM provider_token_ratios WHERE provider = $1 AND model = $2")
-                .bind(provider)
-                .bind(model)
-                .fetch_optional(pool)
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "could not read the provider's token ratio; starting afresh");
-                    None
-                });
-        let (ratio, samples) = row.unwrap_or((starting_ratio(kind), 0));
+        let tokenizer = Tokenizer { provider: provider.into(), model: model.into(), start: starting_ratio(kind) };
+        let (ratio, samples) = learned(pool, &tokenizer).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read the provider's token ratio; starting afresh");
+            (tokenizer.start, 0)
+        });
         TokenRatio {
             learned: Arc::new(Mutex::new(Learned { ratio, samples, learns: true })),
             store: Some((pool.clone(), provider.to_string(), model.to_string())),

@@ -294,6 +294,7 @@ impl Config {
             auth_cache_lifetime: accounts.auth_cache_lifetime(),
             time_limits: self.provider.time_limits(self.workers.attempt_deadline()),
             call_limits: self.provider.call_limits(),
+            tokenizer: self.provider.tokenizer(),
             provider_prices: self.provider.provider_prices(),
             presets: self.provider.presets(),
             ..WebSettings::default()

@@ -201,6 +201,18 @@ impl ProviderArgs {
         }
     }
 
+    /// Whose learned tokenizer ratio applies (none for the local provider): the names the
+    /// workers keep it under.
+    pub fn tokenizer(&self) -> Option<engine::documents::ratio::Tokenizer> {
+        let kind = self.provider_kind();
+        let provider = providers::build(&self.provider_config());
+        (kind != ProviderKind::Local).then(|| engine::documents::ratio::Tokenizer {
+            provider: provider.name().to_string(),
+            model: provider.model().to_string(),
+            start: engine::documents::ratio::starting_ratio(kind),
+        })
+    }
+
     /// The presets this provider can do.
     pub fn presets(&self) -> Vec<Preset> {
         let provider = providers::build(&self.provider_config());

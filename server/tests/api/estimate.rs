@@ -188,3 +188,27 @@ async fn estimates_have_their_own_rate_and_never_take_an_uploads_slot(pool: PgPo
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "uploads waited for an estimate's slot");
     drop(slow);
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn parts_are_estimated_by_the_providers_count_of_tokens_as_learned(pool: PgPool) {
+    let tokenizer = engine::documents::ratio::Tokenizer {
+        provider: "anthropic".into(),
+        model: "claude-sonnet-4-5".into(),
+        start: 1.0,
+    };
+    let settings = WebSettings { tokenizer: Some(tokenizer), ..hosted() };
+    let app = TestApp::spawn(pool.clone(), settings).await;
+    let (_, token) = app.user_with_token("ratio@example.com", 1_000, 10).await;
+    // 150K tokens by our count fit one call of a 200K context...
+    let summary = [("preset", "summarize")];
+    let (status, said) = estimate(&app, &token, "long.txt", text(4, 150_000), &summary).await;
+    assert_eq!((status, said["parts"].as_u64()), (StatusCode::OK, Some(1)), "{said}");
+    // ...not once the workers have learned that this provider counts 1.5 times as many.
+    sqlx::query("INSERT INTO provider_token_ratios (provider, model, ratio, samples) VALUES ('anthropic', 'claude-sonnet-4-5', 1.5, 20)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, said) = estimate(&app, &token, "long.txt", text(4, 150_000), &summary).await;
+    assert_eq!(status, StatusCode::OK, "{said}");
+    assert!(said["parts"].as_u64().unwrap() >= 2, "planned by the provider's count: {said}");
+}
