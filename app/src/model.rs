@@ -84,6 +84,9 @@ pub struct Estimate {
     pub done_in_secs: Option<u64>,
     /// An operator has paused processing: it waits until they resume.
     pub processing_paused: bool,
+    /// With a `due_by`: whether it should be done by then, given the line and the provider's
+    /// pace (none while its start cannot be told).
+    pub meets_deadline: Option<bool>,
 }
 
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.

@@ -33,6 +33,10 @@ pub struct JobOpts {
     pub failure: Option<(FailureKind, String)>,
     /// What its claim reserves from the token budget (and what fairness weighs it by).
     pub est_input_tokens: i64,
+    /// In the bulk lane (a large document's); by default the urgent lane, as small work is.
+    pub bulk: bool,
+    /// Its deadline, in seconds from now, and its latest start (seconds from now).
+    pub due_in: Option<(f64, f64)>,
 }
 
 impl Default for JobOpts {
@@ -48,6 +52,8 @@ impl Default for JobOpts {
             finished_ago: None,
             est_input_tokens: 0,
             failure: None,
+            bulk: false,
+            due_in: None,
         }
     }
 }
@@ -63,10 +69,12 @@ pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
     let lease = (opts.state == JobState::Running).then(|| Uuid::from_u128(rand::random()));
     sqlx::query_scalar(
         "INSERT INTO jobs (owner_id, state, payload, cost, attempts, accepted_at, run_at, finished_at,
-                           failure_kind, failure_reason, lease_token, lease_expires_at, est_input_tokens)
+                           failure_kind, failure_reason, lease_token, lease_expires_at, est_input_tokens,
+                           urgent, due_by, latest_start)
          VALUES ($1, $2, $3, $4, $5, now() - make_interval(secs => $6), now() - make_interval(secs => $7),
                  now() - make_interval(secs => $8), $9, $10, $11, CASE WHEN $11::uuid IS NULL THEN NULL
-                 ELSE now() + interval '1 hour' END, $12)
+                 ELSE now() + interval '1 hour' END, $12, $13,
+                 now() + make_interval(secs => $14), now() + make_interval(secs => $15))
          RETURNING id",
     )
     .bind(opts.owner_id)
@@ -81,6 +89,9 @@ pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
     .bind(failure.map(|(_, reason)| reason))
     .bind(lease)
     .bind(opts.est_input_tokens)
+    .bind(!opts.bulk)
+    .bind(opts.due_in.map(|d| d.0))
+    .bind(opts.due_in.map(|d| d.1))
     .fetch_one(pool)
     .await
     .expect("insert a job")
@@ -91,6 +102,7 @@ pub async fn job(pool: &PgPool, opts: &JobOpts) -> Uuid {
 pub fn one_credit_document(user_id: i64, key: &str) -> crate::accounts::admission::Submission {
     crate::accounts::admission::Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,

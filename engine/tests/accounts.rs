@@ -18,6 +18,7 @@ async fn a_refund_raced_from_many_transactions_happens_once(pool: PgPool) {
     let user = users::create_user(&pool, "race@example.com", "password123", Role::User, 5).await.unwrap();
     let submission = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -68,6 +69,7 @@ async fn monthly_totals_add_up_charges_refunds_and_tokens_per_month(pool: PgPool
     for n in 0..3 {
         let submission = Submission {
             price_by_size: None,
+            lane: Default::default(),
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -229,6 +231,7 @@ async fn a_long_pause_does_not_turn_into_refusing_uploads(pool: PgPool) {
     sqlx::query("UPDATE processing_pauses SET paused_at = now() - interval '45 minutes'").execute(&pool).await.unwrap();
     let submission = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -277,6 +280,7 @@ async fn cancel_racing_claim_and_complete_keeps_money_and_jobs_exact(pool: PgPoo
     for n in 0..40 {
         let s = Submission {
             price_by_size: None,
+            lane: Default::default(),
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -357,6 +361,7 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
     for n in 0..3 {
         let s = Submission {
             price_by_size: None,
+            lane: Default::default(),
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -406,6 +411,7 @@ async fn a_cancel_before_the_provider_call_is_free_and_one_after_it_started_is_c
     // The same document uploaded again after a cancel is a new job (the key is free again).
     let again = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -432,6 +438,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
         blobs.put(&key, bytes::Bytes::from_static(b"text")).await.unwrap();
         let s = Submission {
             price_by_size: None,
+            lane: Default::default(),
             shared_document: None,
             cost: 1,
             est_input_tokens: 0,
@@ -450,6 +457,7 @@ async fn reconciliation_reports_what_does_not_add_up_and_fixes_nothing(pool: PgP
     // A job that failed (refunded), was replayed (free) and then finished is in order.
     let extra = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -563,6 +571,7 @@ async fn counter_repair_sets_balances_to_ledgers_and_in_flight_to_open_jobs_on_t
             tokio::spawn(async move {
                 let s = Submission {
                     price_by_size: None,
+                    lane: Default::default(),
                     shared_document: None,
                     cost: 1,
                     est_input_tokens: 0,

@@ -202,6 +202,7 @@ async fn submit_pdf(s: &Setup) -> uuid::Uuid {
     });
     let submission = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,
@@ -315,6 +316,7 @@ async fn an_encrypted_pdf_fails_at_once_as_invalid_input_without_calling_the_pro
     });
     let submission = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: 1,
         est_input_tokens: 0,

@@ -448,3 +448,141 @@ async fn a_document_between_parts_gives_its_slot_back_when_the_gate_is_full_and_
     let running = parts.calls(&doc, 1, &[(4_000, 100)]).await.unwrap();
     assert_eq!((running.granted, running.go_on), (0, true));
 }
+
+/// Lanes (issue 58): the caps the claim and the part grants use are the policy's.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_lane_caps_in_the_database_are_the_policys(pool: PgPool) {
+    use engine::queue::policy::lanes::{caps, part_share, LaneShares};
+    let mut rng = StdRng::seed_from_u64(58);
+    for _ in 0..300 {
+        let gate = rng.random_range(0..=70i64);
+        let shares = LaneShares { urgent_share: rng.random_range(0.0..=0.9), bulk_floor: rng.random_range(0.0..=0.9) };
+        let demand = rng.random_range(0..=80i64);
+        let (urgent, bulk): (i64, i64) = sqlx::query_as("SELECT * FROM sluice_lane_caps($1, $2, $3, $4)")
+            .bind(gate)
+            .bind(shares.urgent_share)
+            .bind(shares.bulk_floor)
+            .bind(demand)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let expected = caps(gate, shares, demand);
+        assert_eq!((urgent, bulk), (expected.urgent, expected.bulk), "gate {gate}, {shares:?}, demand {demand}");
+        let owners = rng.random_range(0..=30i64);
+        let share: i64 = sqlx::query_scalar("SELECT sluice_part_share($1, $2)")
+            .bind(bulk)
+            .bind(owners)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(share, part_share(bulk, owners));
+    }
+}
+
+async fn set_lanes(pool: &PgPool, urgent_share: f64, bulk_floor: f64) {
+    let shares = engine::queue::policy::lanes::LaneShares { urgent_share, bulk_floor };
+    let config = engine::queue::lanes::LaneConfig { shares, ..Default::default() };
+    engine::queue::lanes::configure(pool, &config).await.unwrap();
+}
+
+/// A large document alone takes all it may of the gate, and still leaves the urgent lane its
+/// reserve: 20 small documents arriving after it start six at once. Without the reserve
+/// (share 0, as before lanes) it takes every slot and they start none.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_large_document_in_parts_leaves_the_urgent_lanes_reserve_to_small_ones(pool: PgPool) {
+    use engine::queue::parts::PartStore;
+    queue::switches::set_gate_size(&pool, 24, "test").await.unwrap();
+    let parts = PartStore::new(pool.clone());
+    for (share, small_started) in [(0.25, 6), (0.0, 0)] {
+        sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&pool).await.unwrap();
+        set_lanes(&pool, share, 0.25).await;
+        job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 10_000, bulk: true, ..Default::default() }).await;
+        let big = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap().remove(0);
+        let grant = parts.calls(&big, 1, &[(10_000, 12_000); 30]).await.unwrap();
+        assert_eq!(grant.granted, 23 - small_started, "urgent share {share}");
+        for owner in 2..22 {
+            job(&pool, &JobOpts { owner_id: owner, est_input_tokens: 2_000, ..Default::default() }).await;
+        }
+        let small = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(small.len(), small_started as usize, "urgent share {share}");
+    }
+}
+
+/// Small documents in a burst leave large ones their floor: a large document waiting behind
+/// 30 small ones (its tag after theirs) is claimed in the same claim, not after them all.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_bulk_lane_keeps_its_floor_under_a_burst_of_small_documents(pool: PgPool) {
+    queue::switches::set_gate_size(&pool, 24, "test").await.unwrap();
+    for (floor, big_claimed) in [(0.25, true), (0.0, false)] {
+        sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&pool).await.unwrap();
+        set_lanes(&pool, 0.25, floor).await;
+        for owner in 1..=30 {
+            job(
+                &pool,
+                &JobOpts { owner_id: owner, est_input_tokens: 2_000, run_at_ago: Some(60.0), ..Default::default() },
+            )
+            .await;
+        }
+        let big =
+            job(&pool, &JobOpts { owner_id: 99, est_input_tokens: 10_000, bulk: true, ..Default::default() }).await;
+        let claimed = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(claimed.len(), 24);
+        assert_eq!(claimed.iter().any(|j| j.id == big), big_claimed, "bulk floor {floor}");
+    }
+}
+
+/// Two owners' documents in parts share the bulk lane's part slots, whoever asked first, and
+/// every part granted moves its owner's finish tag (its next job is tagged behind them).
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn two_owners_documents_in_parts_share_the_lane_and_every_part_is_charged(pool: PgPool) {
+    use engine::queue::parts::PartStore;
+    queue::switches::set_gate_size(&pool, 24, "test").await.unwrap();
+    let parts = PartStore::new(pool.clone());
+    job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 10_000, bulk: true, ..Default::default() }).await;
+    job(&pool, &JobOpts { owner_id: 2, est_input_tokens: 10_000, bulk: true, ..Default::default() }).await;
+    let docs = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(docs.len(), 2);
+    let finish = |owner: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT finish_tag FROM owner_lines WHERE owner_id = $1")
+                .bind(owner)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let before = finish(docs[0].owner_id).await;
+    // The first asks for 30 parts at once: it gets its share of the 18 bulk slots, not all.
+    let first = parts.calls(&docs[0], 1, &[(10_000, 12_000); 30]).await.unwrap();
+    assert_eq!(first.granted, 8, "9 calls: half the lane");
+    assert_eq!(finish(docs[0].owner_id).await, before + 8, "each 10K-token part weighs one");
+    let second = parts.calls(&docs[1], 1, &[(10_000, 12_000); 30]).await.unwrap();
+    assert_eq!(second.granted, 8);
+    // The owner's next document is tagged behind the parts it was granted.
+    let next = job(&pool, &JobOpts { owner_id: docs[0].owner_id, est_input_tokens: 2_000, ..Default::default() }).await;
+    assert!(tag_of(&pool, next).await >= (before + 8) as u64);
+}
+
+/// Within fairness, work whose deadline is near is claimed first, nearest first; a deadline
+/// does not lift work whose owner has taken far more than its share.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_near_deadline_is_claimed_first_within_fairness(pool: PgPool) {
+    queue::switches::set_gate_size(&pool, 1, "test").await.unwrap();
+    let plain = job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 2_000, ..Default::default() }).await;
+    let later = job(&pool, &JobOpts { owner_id: 2, due_in: Some((600.0, 200.0)), ..Default::default() }).await;
+    let sooner = job(&pool, &JobOpts { owner_id: 3, due_in: Some((300.0, 100.0)), ..Default::default() }).await;
+    let relaxed = job(&pool, &JobOpts { owner_id: 4, due_in: Some((7_200.0, 7_000.0)), ..Default::default() }).await;
+    // An owner far ahead of its share: 20 weights (500K tokens) already served to it.
+    sqlx::query("INSERT INTO owner_lines (owner_id, finish_tag) VALUES (5, 20)").execute(&pool).await.unwrap();
+    let greedy = job(&pool, &JobOpts { owner_id: 5, due_in: Some((60.0, 10.0)), ..Default::default() }).await;
+    let mut order = Vec::new();
+    for _ in 0..5 {
+        let claimed = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+        order.push(claimed.id);
+        queue::complete(&pool, &NoHooks, &claimed, &JobOutput::default()).await.unwrap();
+    }
+    assert_eq!(order[..2], [sooner, later], "near deadlines first, nearest first");
+    assert_eq!(order[2..4].iter().collect::<HashSet<_>>(), [plain, relaxed].iter().collect(), "then the line's order");
+    assert_eq!(order[4], greedy, "a deadline buys no more than the fair window");
+}

@@ -153,6 +153,7 @@ async fn submit(pool: &PgPool, blobs: &Blobs, user_id: i64, name: &str, bytes: &
         client_key: None,
         admission: &AdmissionConfig::default(),
         callback: None,
+        expected_run: std::time::Duration::ZERO,
     };
     match intake::submit(pool, blobs, intake).await.unwrap() {
         Admission::Accepted { job_id } => job_id,

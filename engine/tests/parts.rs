@@ -53,6 +53,7 @@ async fn submit(pool: &PgPool, docs: &TempBlobs, user: i64, text: &str, preset: 
     });
     let submission = Submission {
         price_by_size: None,
+        lane: Default::default(),
         shared_document: None,
         cost: PriceTable::default().price(tokens),
         est_input_tokens: tokens.min(call_tokens) as i64,
@@ -564,6 +565,7 @@ async fn submit_held(
     });
     let submission = Submission {
         price_by_size: Some(by_size),
+        lane: Default::default(),
         shared_document: None,
         cost: hold,
         est_input_tokens: 100,

@@ -107,6 +107,9 @@ impl Application {
             // without them must not switch the workers' budget off.
             if config.workers.workers > 0 && role != Role::Web {
                 engine::queue::capacity::configure(&pool, &capacity).await.context("storing the provider's limits")?;
+                engine::queue::lanes::configure(&pool, &config.lanes.lane_config())
+                    .await
+                    .context("storing the lanes")?;
             }
             let processor = Arc::new(DocumentProcessor {
                 blobs: blobs.clone(),

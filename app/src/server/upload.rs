@@ -174,7 +174,24 @@ where
     };
     let price = intake::price(&settings.admission, &stored.upload, options.preset);
     let keyed = client_key.clone();
-    let submission = Intake { user_id: user.id, stored, options, client_key, admission: &settings.admission, callback };
+    // A deadline is kept by when the work must start: its expected run time before it.
+    let expected_run = match options.due_by {
+        Some(_) => {
+            let tokens = intake::document_price(&settings.admission, stored.upload.size(), options.preset).0;
+            let settings = estimate_settings(ctx).await?;
+            engine::documents::estimate::expected_run(&ctx.pool, &settings, tokens, options.preset).await?
+        }
+        None => Duration::ZERO,
+    };
+    let submission = Intake {
+        user_id: user.id,
+        stored,
+        options,
+        client_key,
+        admission: &settings.admission,
+        callback,
+        expected_run,
+    };
     let lifetime = settings.admission.client_key_lifetime;
     // Whatever admission answers, the stored file is its business now (kept by the job, or
     // deleted by the intake).
@@ -269,20 +286,28 @@ where
     let form = paced_multipart(headers, body)?;
     let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
     let upload = upload.checked().clone();
-    // Parts planned as the workers plan them: by the provider's count of tokens, learned.
+    let estimate_settings = estimate_settings(ctx).await?;
+    let estimate =
+        engine::documents::estimate::estimate(&ctx.pool, estimate_settings, user.id, &upload, options.preset).await?;
+    let estimate = estimate.map_err(AppError::from)?;
+    let meets_deadline = options.due_by.and_then(|due| estimate.meets(due, chrono::Utc::now()));
+    Ok(crate::model::Estimate { meets_deadline, ..crate::model::Estimate::from(estimate) })
+}
+
+/// What an estimate goes by: parts planned as the workers plan them (by the provider's count of
+/// tokens, learned), the provider's time limits and the pace of recent attempts.
+async fn estimate_settings(ctx: &ServerContext) -> Result<engine::documents::estimate::EstimateSettings<'_>, AppError> {
+    let settings = &ctx.settings;
     let ratio = match &settings.tokenizer {
         Some(tokenizer) => engine::documents::ratio::learned(&ctx.pool, tokenizer).await?.0,
         None => 1.0,
     };
-    let estimate_settings = engine::documents::estimate::EstimateSettings {
+    Ok(engine::documents::estimate::EstimateSettings {
         admission: &settings.admission,
         calls: settings.call_limits.in_our_tokens(ratio),
         time_limits: settings.time_limits,
         paces: &ctx.paces,
-    };
-    let estimate =
-        engine::documents::estimate::estimate(&ctx.pool, estimate_settings, user.id, &upload, options.preset).await?;
-    Ok(crate::model::Estimate::from(estimate.map_err(AppError::from)?))
+    })
 }
 
 impl From<engine::documents::estimate::UploadEstimate> for crate::model::Estimate {
@@ -308,6 +333,7 @@ impl From<engine::documents::estimate::UploadEstimate> for crate::model::Estimat
             run_time_basis: basis.to_string(),
             done_in_secs: e.done_in().map(secs),
             processing_paused: !e.processing_enabled,
+            meets_deadline: None,
         }
     }
 }
@@ -336,7 +362,7 @@ pub async fn run_again(
             Some(l) => intake::parse_language(l)?,
             None => spec.as_ref().and_then(|s| s.language.clone()),
         },
-        callback_url: None,
+        ..UploadOptions::default()
     };
     options.complete(&ctx.settings.presets)?;
     // What this run costs: its own preset's price (a translation's answer is billed too).
@@ -587,10 +613,18 @@ async fn read_form(
                     let max = engine::webhooks::target::MAX_URL_LEN;
                     options.callback_url = Some(gate.reading(read_short_field(field, idle, max)).await?);
                 }
+                Some("due_by") => {
+                    let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
+                    options.due_by = intake::parse_due_by(&value, chrono::Utc::now())?;
+                }
+                Some("urgent") => {
+                    let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
+                    options.urgent = intake::parse_flag("urgent", &value)?;
+                }
                 other => {
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(AppError::invalid(format!(
-                        "unknown form field {name:?}; send `file`, `preset`, `language` and `callback_url`"
+                        "unknown form field {name:?}; send `file`, `preset`, `language`, `due_by`, `urgent` and `callback_url`"
                     )));
                 }
             }

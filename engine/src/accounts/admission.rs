@@ -95,6 +95,8 @@ pub struct Submission {
     /// What it costs if it is never settled to its text, when that is less than `cost` (a
     /// PDF's price by size: its cost is a hold). None: its cost is its price.
     pub price_by_size: Option<i64>,
+    /// Its lane and deadline.
+    pub lane: queue::LaneRequest,
 }
 
 /// Why a document was not admitted; nothing was stored.
@@ -445,6 +447,7 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
         max_attempts: config.max_attempts,
         client_key: s.client_key.clone(),
         request_fingerprint: Some(s.fingerprint.clone()),
+        lane: s.lane.clone(),
     };
     let job_id = queue::enqueue(&mut tx, &job).await?;
     if let Some(price) = s.price_by_size.filter(|p| *p < s.cost) {

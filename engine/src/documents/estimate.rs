@@ -60,6 +60,13 @@ impl UploadEstimate {
         };
         self.starts_in.map(|start| start + run)
     }
+
+    /// Pure: would it be done by `due_by`, admitted at `now`? `None` while its start cannot be
+    /// told (paused, or nothing finished lately).
+    pub fn meets(&self, due_by: chrono::DateTime<chrono::Utc>, now: chrono::DateTime<chrono::Utc>) -> Option<bool> {
+        let done_in = chrono::TimeDelta::from_std(self.done_in()?).unwrap_or(chrono::TimeDelta::MAX);
+        Some(now.checked_add_signed(done_in).is_some_and(|done| done <= due_by))
+    }
 }
 
 /// Estimate `upload` for `user_id` as `preset` would do it: `Err(refusal)` where its upload
@@ -77,8 +84,7 @@ pub async fn estimate(
     }
     let held = size_kind(upload.doc_type).priced_once_read();
     let place = place_for_new_job(pool, user_id).await?;
-    let pace = settings.paces.pace(pool, preset).await?;
-    let deadline = settings.time_limits.attempt_secs(input_tokens as f64);
+    let run = expected_run_time(pool, &settings, input_tokens, preset).await?;
     Ok(Ok(UploadEstimate {
         doc_type: upload.doc_type,
         bytes: upload.size,
@@ -90,9 +96,33 @@ pub async fn estimate(
         parts: expected_parts(preset, input_tokens, settings.calls),
         jobs_ahead: place.ahead,
         starts_in: place.starts_in,
-        run_time: run_time(input_tokens, pace, deadline),
+        run_time: run,
         processing_enabled: place.processing_enabled,
     }))
+}
+
+/// How long a document of `input_tokens` should run once started, as its estimate says.
+async fn expected_run_time(
+    pool: &PgPool,
+    settings: &EstimateSettings<'_>,
+    input_tokens: u64,
+    preset: Preset,
+) -> Result<RunTime> {
+    let pace = settings.paces.pace(pool, preset).await?;
+    Ok(run_time(input_tokens, pace, settings.time_limits.attempt_secs(input_tokens as f64)))
+}
+
+/// How long an upload should run once started, for its deadline: it must start this long
+/// before it is due (the measured pace, or with none the most its attempt may take).
+pub async fn expected_run(
+    pool: &PgPool,
+    settings: &EstimateSettings<'_>,
+    input_tokens: u64,
+    preset: Preset,
+) -> Result<Duration> {
+    Ok(match expected_run_time(pool, settings, input_tokens, preset).await? {
+        RunTime::Measured(d) | RunTime::AtMost(d) => d,
+    })
 }
 
 /// The median successful attempts of the last day, per preset, read at most once a minute

@@ -207,11 +207,48 @@ pub struct UploadOptions {
     /// Where to report the job's ending (checked by [`crate::webhooks::completion::for_upload`];
     /// not part of the idempotency key: it says where to tell, not what to do).
     pub callback_url: Option<String>,
+    /// When the user needs it done (not part of the idempotency key either: the same work).
+    pub due_by: Option<chrono::DateTime<chrono::Utc>>,
+    /// The user asked for the urgent lane.
+    pub urgent: bool,
 }
 
 impl Default for UploadOptions {
     fn default() -> Self {
-        UploadOptions { preset: Preset::Summarize, language: None, callback_url: None }
+        UploadOptions { preset: Preset::Summarize, language: None, callback_url: None, due_by: None, urgent: false }
+    }
+}
+
+/// How far ahead a deadline may be (a year: further is a typo, not a plan).
+pub const MAX_DUE_AHEAD: chrono::TimeDelta = chrono::TimeDelta::days(366);
+
+/// Pure: a deadline in RFC 3339 (`2026-12-05T17:00:00Z`, or with an offset): none when empty,
+/// else after `now` and within [`MAX_DUE_AHEAD`].
+pub fn parse_due_by(value: &str, now: chrono::DateTime<chrono::Utc>) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let due = chrono::DateTime::parse_from_rfc3339(value)
+        .map_err(|_| {
+            EngineError::Invalid("due_by should be a date and time with its zone, like \"2026-12-05T17:00:00Z\"".into())
+        })?
+        .with_timezone(&chrono::Utc);
+    if due <= now {
+        return Err(EngineError::Invalid("due_by is in the past; give a time still to come".into()));
+    }
+    if due - now > MAX_DUE_AHEAD {
+        return Err(EngineError::Invalid("due_by is more than a year ahead".into()));
+    }
+    Ok(Some(due))
+}
+
+/// Pure: a yes or no of a form (`true`/`false`, `1`/`0`, `on`/`off`, or empty for no).
+pub fn parse_flag(name: &str, value: &str) -> Result<bool> {
+    match value.trim() {
+        "true" | "1" | "on" | "yes" => Ok(true),
+        "" | "false" | "0" | "off" | "no" => Ok(false),
+        _ => Err(EngineError::Invalid(format!("{name} should be true or false"))),
     }
 }
 
@@ -371,6 +408,20 @@ pub struct Intake<'a> {
     pub admission: &'a AdmissionConfig,
     /// Where to report the job's ending, already checked.
     pub callback: Option<Callback>,
+    /// How long it should run once started (for its deadline: see [`super::estimate::expected_run`]).
+    pub expected_run: std::time::Duration,
+}
+
+impl UploadOptions {
+    /// Its lane and deadline, for a document of `tokens` expected to run `expected_run`.
+    pub fn lane(&self, tokens: u64, expected_run: std::time::Duration) -> crate::queue::LaneRequest {
+        crate::queue::LaneRequest {
+            urgent: self.urgent,
+            document_tokens: tokens.min(i64::MAX as u64) as i64,
+            due_by: self.due_by,
+            expected_run,
+        }
+    }
 }
 
 /// Admit a stored upload. A refused, failed or duplicate upload's blob is deleted.
@@ -403,6 +454,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         cost: price(intake.admission, &upload, intake.options.preset),
         est_input_tokens: first_claim_tokens(intake.admission, upload.estimated_tokens()),
         price_by_size: Some(document_price_by_size(intake.admission, upload.size(), intake.options.preset)),
+        lane: intake.options.lane(upload.estimated_tokens(), intake.expected_run),
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
     if !matches!(admitted, Ok(Admission::Accepted { .. })) {
@@ -448,6 +500,7 @@ pub async fn run_again(
         est_input_tokens: first_claim_tokens(admission, tokens),
         shared_document: Some(key),
         price_by_size: Some(document_price_by_size(admission, again.document.size_for_price(), again.preset)),
+        lane: options.lane(tokens, std::time::Duration::ZERO),
     };
     admission::submit(pool, admission, &submission).await
 }

@@ -1,5 +1,8 @@
 //! Putting a job in the queue, inside the caller's transaction.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -22,6 +25,21 @@ pub struct NewJob {
     /// A REST client's `Idempotency-Key`, and the fingerprint of the request it came with.
     pub client_key: Option<String>,
     pub request_fingerprint: Option<String>,
+    pub lane: LaneRequest,
+}
+
+/// What decides a job's lane, and its deadline (DESIGN: deadlines and lanes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaneRequest {
+    /// The upload asked for the urgent lane.
+    pub urgent: bool,
+    /// The whole document's tokens: at most the operator's `urgent_max_tokens` is urgent work
+    /// (0: unknown, small).
+    pub document_tokens: i64,
+    /// When the user needs it done.
+    pub due_by: Option<DateTime<Utc>>,
+    /// How long it should run once started: it must start this long before `due_by`.
+    pub expected_run: Duration,
 }
 
 impl NewJob {
@@ -37,17 +55,24 @@ impl NewJob {
             max_attempts: 3,
             client_key: None,
             request_fingerprint: None,
+            lane: LaneRequest::default(),
         }
     }
 }
 
 /// Insert a job inside the caller's transaction (admission debits credits in the same one).
-/// Workers are woken by a trigger when the transaction commits.
+/// Workers are woken by a trigger when the transaction commits. Its lane is decided here, by
+/// the operator's settings at admission: asked for, small enough, or its owner's account.
 pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
+    let lane = &job.lane;
     Ok(sqlx::query_scalar(
         "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint,
-                           est_input_tokens, trace_parent)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+                           est_input_tokens, trace_parent, urgent, due_by, latest_start)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                 $11 OR $12 <= (SELECT q.urgent_max_tokens FROM queue_settings q WHERE q.id = 1)
+                     OR coalesce((SELECT u.urgent_lane FROM users u WHERE u.id = $1), false),
+                 $13, $13 - make_interval(secs => $14))
+         RETURNING id",
     )
     .bind(job.owner_id)
     .bind(&job.kind)
@@ -60,6 +85,10 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     .bind(job.est_input_tokens.max(0))
     // The request's trace, when traces are exported: the job's attempts join it.
     .bind(crate::telemetry::current_trace_parent())
+    .bind(lane.urgent)
+    .bind(lane.document_tokens.max(0))
+    .bind(lane.due_by)
+    .bind(lane.expected_run.as_secs_f64().min(1e9))
     .fetch_one(conn)
     .await?)
 }

@@ -9,6 +9,7 @@ mod claim;
 pub mod dlq;
 mod enqueue;
 pub mod hooks;
+pub mod lanes;
 pub mod outcomes;
 pub mod parts;
 pub mod policy;
@@ -27,7 +28,7 @@ pub mod worker;
 
 pub use cancel::{cancel, Canceled};
 pub use claim::{claim, claim_batch, heartbeat, next_due, Batch, ClaimedJob};
-pub use enqueue::{enqueue, lock_line, NewJob};
+pub use enqueue::{enqueue, lock_line, LaneRequest, NewJob};
 pub use retry_now::{retry_now, RetriedNow};
 pub use sluice_types::{FailureKind, JobStage, JobState};
 pub use transitions::{complete, complete_many, fail, hand_back, unclaim, JobError, JobOutput, Recorded};

@@ -16,6 +16,7 @@ mod accounts;
 mod admission;
 mod alerts;
 mod documents;
+mod lanes;
 mod mail;
 mod provider;
 mod retention;
@@ -28,6 +29,7 @@ pub use accounts::AccountArgs;
 pub use admission::AdmissionArgs;
 pub use alerts::AlertArgs;
 pub use documents::DocumentArgs;
+pub use lanes::LaneArgs;
 pub use mail::MailArgs;
 pub use provider::{ProviderArgs, ProviderChoice};
 pub use retention::RetentionArgs;
@@ -227,6 +229,8 @@ pub struct Config {
     pub server: ServerArgs,
     #[command(flatten)]
     pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub lanes: LaneArgs,
     #[command(flatten)]
     pub provider: ProviderArgs,
     #[command(flatten)]

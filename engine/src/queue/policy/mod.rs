@@ -3,5 +3,6 @@
 pub mod adaptive;
 pub mod drain;
 pub mod fair_tags;
+pub mod lanes;
 pub mod position;
 pub mod retry;
