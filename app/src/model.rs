@@ -158,6 +158,40 @@ pub struct JobStatus {
     /// that format (`/api/v1/jobs/{id}/translated`), with this extension.
     #[serde(default)]
     pub translated_file: Option<String>,
+    /// When its owner needs it done (RFC 3339), and where that stands.
+    #[serde(default)]
+    pub due_by: Option<String>,
+    #[serde(default)]
+    pub deadline: Option<DeadlineStanding>,
+    /// In the urgent lane (small, asked for, or the account's).
+    #[serde(default)]
+    pub urgent: bool,
+}
+
+/// Where a job's deadline stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DeadlineStanding {
+    /// Waiting or running with time to spare.
+    OnTrack,
+    /// Still waiting near when it must start to be done in time: the operator is alerted.
+    AtRisk,
+    Met,
+    /// Done late, ended without a result, or not done at its deadline.
+    Missed,
+}
+
+impl DeadlineStanding {
+    /// In words, for the job's page.
+    pub fn words(self) -> &'static str {
+        match self {
+            DeadlineStanding::OnTrack => "on track",
+            DeadlineStanding::AtRisk => "at risk",
+            DeadlineStanding::Met => "met",
+            DeadlineStanding::Missed => "missed",
+        }
+    }
 }
 
 /// How far a document done in parts is.
@@ -297,6 +331,10 @@ mod convert {
         }
     }
 
+    /// A waiting job is at risk this long before its latest start (the workers' default lead).
+    const DEADLINE_LEAD: chrono::TimeDelta =
+        chrono::TimeDelta::seconds(engine::queue::lanes::DEFAULT_DEADLINE_LEAD.as_secs() as i64);
+
     impl From<&engine::queue::JobView> for JobStatus {
         fn from(j: &engine::queue::JobView) -> Self {
             let text = |key: &str| j.payload.pointer(key).and_then(|v| v.as_str()).map(str::to_string);
@@ -345,6 +383,17 @@ mod convert {
                     });
                     PartsProgress { done: j.parts_done, total, combining, left_secs: left.map(|d| d.as_secs() as i64) }
                 }),
+                due_by: j.due_by.map(time),
+                deadline: j.deadline(Utc::now(), DEADLINE_LEAD).map(|standing| {
+                    use engine::queue::policy::deadline::Standing;
+                    match standing {
+                        Standing::OnTrack => DeadlineStanding::OnTrack,
+                        Standing::AtRisk => DeadlineStanding::AtRisk,
+                        Standing::Met => DeadlineStanding::Met,
+                        Standing::Missed => DeadlineStanding::Missed,
+                    }
+                }),
+                urgent: j.urgent,
             }
         }
     }

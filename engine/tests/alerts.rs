@@ -92,6 +92,20 @@ fn scripts() -> Vec<(Rule, Vec<&'static str>, Vec<&'static str>)> {
             vec!["UPDATE job_attempts SET finished_at = now() - interval '1 hour'"],
         ),
         (
+            Rule::DeadlineAtRisk,
+            vec![
+                // Due in an hour, must start within the hour: not at risk yet.
+                "INSERT INTO jobs (owner_id, payload, accepted_at, run_at, due_by, latest_start)
+                 VALUES (1, '{}', now(), now(), now() + interval '1 hour', now() + interval '50 minutes')",
+                // Must start within two minutes (inside the five-minute lead): at risk.
+                "INSERT INTO jobs (owner_id, payload, accepted_at, run_at, due_by, latest_start)
+                 VALUES (1, '{}', now(), now(), now() + interval '10 minutes', now() + interval '2 minutes')",
+            ],
+            // Started: no longer waiting, so no longer at risk of not starting in time.
+            vec!["UPDATE jobs SET state = 'running', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour',
+                  started_at = now() WHERE due_by IS NOT NULL"],
+        ),
+        (
             Rule::ReconciliationDrift,
             vec!["INSERT INTO reconciliation_reports (started_at, actor, checks, discrepancies, found)
                   VALUES (now(), 'test', '[]', '[]', 3)"],
@@ -145,7 +159,7 @@ async fn each_rule_fires_once_and_resolves_once_with_a_signed_webhook_each_time(
         assert!(resolved["alert"]["resolved_at"].is_string());
     }
     let history = alerts::recent(&pool, 20).await.unwrap();
-    assert_eq!(history.len(), 6);
+    assert_eq!(history.len(), 7);
     assert!(history.iter().all(|f| f.resolved_at.is_some()));
 }
 

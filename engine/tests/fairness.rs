@@ -586,3 +586,35 @@ async fn a_near_deadline_is_claimed_first_within_fairness(pool: PgPool) {
     assert_eq!(order[2..4].iter().collect::<HashSet<_>>(), [plain, relaxed].iter().collect(), "then the line's order");
     assert_eq!(order[4], greedy, "a deadline buys no more than the fair window");
 }
+
+/// A job's lane is decided when it is admitted: by its document's size against the operator's
+/// threshold, by the upload's flag, or by its owner's account.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_jobs_lane_is_its_size_its_uploads_flag_or_its_accounts(pool: PgPool) {
+    use engine::accounts::{users, Role};
+    use engine::queue::{LaneRequest, NewJob};
+    let plain = users::create_user(&pool, "plain@example.com", "password123", Role::User, 10).await.unwrap();
+    let vip = users::create_user(&pool, "vip@example.com", "password123", Role::User, 10).await.unwrap();
+    assert!(engine::queue::lanes::set_account_urgent(&pool, vip.id, true).await.unwrap());
+    let lane_of = |owner: i64, lane: LaneRequest| {
+        let pool = pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            let id =
+                queue::enqueue(&mut conn, &NewJob { lane, ..NewJob::new(owner, serde_json::json!({})) }).await.unwrap();
+            sqlx::query_scalar::<_, bool>("SELECT urgent FROM jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let sized = |tokens: i64| LaneRequest { document_tokens: tokens, ..Default::default() };
+    assert!(lane_of(plain.id, sized(16_000)).await, "at the threshold: urgent");
+    assert!(!lane_of(plain.id, sized(16_001)).await, "past it: bulk");
+    assert!(lane_of(plain.id, LaneRequest { urgent: true, ..sized(400_000) }).await, "asked for");
+    assert!(lane_of(vip.id, sized(400_000)).await, "the account's lane");
+    let config = engine::queue::lanes::LaneConfig { urgent_max_tokens: 1_000, ..Default::default() };
+    engine::queue::lanes::configure(&pool, &config).await.unwrap();
+    assert!(!lane_of(plain.id, sized(2_000)).await, "the operator's threshold");
+}

@@ -102,6 +102,12 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             let user = engine::accounts::staff::set_role(&pool, user.id, role, "cli").await?;
             println!("{} is now {}", user.email, user.role.as_str());
         }
+        Command::SetLane { email, urgent } => {
+            let user = users::find_by_email(&pool, &email).await.with_context(|| format!("no user {email}"))?;
+            engine::queue::lanes::set_account_urgent(&pool, user.id, urgent).await?;
+            let lane = if urgent { "the urgent lane" } else { "the lane their size gives" };
+            println!("{}'s next documents go in {lane}", user.email);
+        }
         Command::ListUsers => {
             println!("{:>6}  {:<40} {:<8} {:>8} {:>9}", "id", "email", "role", "balance", "in flight");
             for u in users::list(&pool).await? {

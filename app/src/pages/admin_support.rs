@@ -27,6 +27,7 @@ pub fn rule_label(rule: &str) -> &'static str {
         "reconciliation_drift" => "The books do not add up",
         "store_full" => "The document store is full",
         "provider_held" => "The provider's quota is spent",
+        "deadline_at_risk" => "Deadlines are at risk",
         _ => "Alert",
     }
 }
@@ -39,6 +40,7 @@ pub fn alert_value_text(rule: &str, value: f64) -> String {
         "provider_failures" => format!("{:.0} %", value * 100.0),
         "store_full" => crate::format::size_text(value.max(0.0) as u64),
         "provider_held" => (if value > 0.0 { "held" } else { "taking calls" }).to_string(),
+        "deadline_at_risk" => format!("{value:.0} documents"),
         _ => format!("{value:.0}"),
     }
 }

@@ -52,6 +52,8 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         store_free_bytes: Option<i64>,
         store_full: Option<bool>,
         provider_held: bool,
+        deadlines_at_risk: i64,
+        nearest_latest_start_secs: Option<f64>,
     }
     let row: Row = sqlx::query_as(&format!(
         "SELECT (SELECT processing_enabled FROM queue_settings WHERE id = 1) AS processing_enabled,
@@ -65,8 +67,13 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
                     AS dlq_added_last_hour,
                 a.calls AS provider_calls, a.failures AS provider_failures,
                 (SELECT found FROM reconciliation_reports ORDER BY finished_at DESC, id DESC LIMIT 1) AS drift,
-                s.free_bytes AS store_free_bytes, s.full_at > now() - interval '90 seconds' AS store_full
+                s.free_bytes AS store_free_bytes, s.full_at > now() - interval '90 seconds' AS store_full,
+                d.at_risk AS deadlines_at_risk, d.nearest AS nearest_latest_start_secs
          FROM (SELECT NULL) one
+         CROSS JOIN (SELECT count(*) AS at_risk, extract(epoch FROM min(w.latest_start) - now())::float8 AS nearest
+                     FROM waiting_jobs w, queue_settings q
+                     WHERE q.id = 1 AND w.latest_start IS NOT NULL AND w.due_by >= now()
+                       AND w.latest_start <= now() + make_interval(secs => q.deadline_lead_secs)) d
          LEFT JOIN blob_store_space s ON s.checked_at > now() - interval '5 minutes'
          CROSS JOIN (SELECT count(*) FILTER (WHERE outcome = 'succeeded' OR error_class IN {PROVIDER_FAILURES}) AS calls,
                       count(*) FILTER (WHERE error_class IN {PROVIDER_FAILURES}) AS failures
@@ -88,6 +95,8 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         store_free_bytes: row.store_free_bytes,
         store_full: row.store_full.unwrap_or(false),
         provider_held: row.provider_held,
+        deadlines_at_risk: row.deadlines_at_risk,
+        nearest_latest_start_secs: row.nearest_latest_start_secs,
     })
 }
 

@@ -25,10 +25,13 @@ pub enum Rule {
     /// The provider said its quota or spend limit is reached: processing is held (nobody's
     /// document fails) until it takes calls again; the operator has to raise the limit.
     ProviderHeld,
+    /// Documents with a deadline are still waiting within the lead of when they must start to
+    /// be done in time: the operator can still act (raise the gate, move work, tell the user).
+    DeadlineAtRisk,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 8] = [
+    pub const ALL: [Rule; 9] = [
         Rule::OldestWait,
         Rule::NotDraining,
         Rule::DlqDepth,
@@ -37,6 +40,7 @@ impl Rule {
         Rule::ReconciliationDrift,
         Rule::StoreFull,
         Rule::ProviderHeld,
+        Rule::DeadlineAtRisk,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -49,6 +53,7 @@ impl Rule {
             Rule::ReconciliationDrift => "reconciliation_drift",
             Rule::StoreFull => "store_full",
             Rule::ProviderHeld => "provider_held",
+            Rule::DeadlineAtRisk => "deadline_at_risk",
         }
     }
 
@@ -119,6 +124,10 @@ pub struct Observation {
     pub store_full: bool,
     /// Processing is held because the provider's quota or spend limit is reached.
     pub provider_held: bool,
+    /// Waiting documents whose deadline is at risk, and the seconds until the nearest one's
+    /// latest start (negative: it should have started already).
+    pub deadlines_at_risk: i64,
+    pub nearest_latest_start_secs: Option<f64>,
 }
 
 /// One rule's verdict.
@@ -207,6 +216,26 @@ pub fn evaluate(obs: &Observation, t: &Thresholds) -> Vec<Reading> {
             "the provider refuses calls for its quota or spend limit: processing is held and documents wait \
              (none fail); raise the limit with the provider"
                 .to_string(),
+        ),
+        reading(
+            Rule::DeadlineAtRisk,
+            obs.deadlines_at_risk > 0,
+            obs.deadlines_at_risk as f64,
+            0.0,
+            match obs.nearest_latest_start_secs {
+                Some(secs) if secs >= 0.0 => format!(
+                    "{} documents with a deadline are still waiting; the nearest must start within {} min to be \
+                     done in time",
+                    obs.deadlines_at_risk,
+                    (secs / 60.0).ceil()
+                ),
+                Some(secs) => format!(
+                    "{} documents with a deadline are still waiting; the nearest should have started {} min ago",
+                    obs.deadlines_at_risk,
+                    (-secs / 60.0).ceil()
+                ),
+                None => "no document with a deadline is at risk".to_string(),
+            },
         ),
     ]
 }

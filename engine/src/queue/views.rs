@@ -68,9 +68,30 @@ pub struct JobView {
     pub written_tokens: Option<i64>,
     #[sqlx(default)]
     pub expected_tokens: Option<i64>,
+    /// When its owner needs it done, and when it must start for that.
+    #[sqlx(default)]
+    pub due_by: Option<DateTime<Utc>>,
+    #[sqlx(default)]
+    pub latest_start: Option<DateTime<Utc>>,
+    /// In the urgent lane.
+    #[sqlx(default)]
+    pub urgent: bool,
 }
 
 impl JobView {
+    /// Where its deadline stands at `now`, if it has one.
+    pub fn deadline(&self, now: DateTime<Utc>, lead: chrono::TimeDelta) -> Option<super::policy::deadline::Standing> {
+        use super::policy::deadline::{standing, DeadlineFacts};
+        let facts = DeadlineFacts {
+            due_by: self.due_by?,
+            latest_start: self.latest_start.or(self.due_by)?,
+            waiting: matches!(self.state, JobState::Queued | JobState::Retrying),
+            done_at: self.finished_at.filter(|_| self.state == JobState::Done),
+            ended_without_result: self.state.is_terminal() && self.state != JobState::Done,
+        };
+        Some(standing(facts, now, lead))
+    }
+
     /// What the current attempt is doing, while running: a stage left by an earlier attempt
     /// (older than this attempt's start) does not count.
     pub fn current_stage(&self) -> Option<(JobStage, DateTime<Utc>)> {

@@ -152,6 +152,14 @@ pub enum Command {
         #[arg(long, value_parser = parse_role)]
         role: engine::accounts::Role,
     },
+    /// Put an account's documents in the urgent lane (`--urgent true`), whatever their size, or
+    /// back to the lane their size gives (`--urgent false`), from its next upload on.
+    SetLane {
+        #[arg(long)]
+        email: String,
+        #[arg(long, action = clap::ArgAction::Set)]
+        urgent: bool,
+    },
     /// List users with their balance and jobs in flight.
     ListUsers,
     /// The sandboxed document reader the workers start (document on stdin, text on stdout).
@@ -360,7 +368,7 @@ mod tests {
             by_heading.entry(heading).or_default().push((format!("--{long}"), env.to_string_lossy().into_owned()));
         }
         assert!(!by_heading.contains_key("(none)"), "settings outside any section: {:?}", by_heading.get("(none)"));
-        assert_eq!(by_heading.len(), 11, "{:?}", by_heading.keys());
+        assert_eq!(by_heading.len(), 12, "{:?}", by_heading.keys());
         let help = command.clone().render_long_help().to_string();
         for heading in by_heading.keys() {
             assert!(help.contains(&format!("{heading}:")), "`server --help` has no section {heading:?}");

@@ -34,6 +34,14 @@ pub struct UploadForm {
     language: Option<String>,
     #[schema(schema_with = callback_url)]
     callback_url: Option<String>,
+    /// When it is needed: RFC 3339 with its zone, still to come and at most a year ahead.
+    /// Within fairness, work near its deadline is taken first, and the operator is alerted
+    /// while there is still time to act; the estimate says whether it can be met.
+    #[schema(format = DateTime)]
+    due_by: Option<String>,
+    /// Put it in the urgent lane, whose share of the gate large documents never take (small
+    /// documents are there anyway).
+    urgent: Option<bool>,
 }
 
 /// The document: PDF, Word (.docx), OpenDocument text (.odt), a web page, Markdown or plain

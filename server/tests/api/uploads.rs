@@ -301,3 +301,84 @@ async fn terminal_hooks_settle_in_flight_refunds_and_notices_exactly_once(pool: 
         engine::accounts::notices::list(&app.pool, user, 10).await.unwrap().into_iter().map(|n| n.kind).collect();
     assert_eq!(kinds, ["replayed", "refund"], "told of the replay; no second refund notice");
 }
+
+async fn upload_with(app: &TestApp, token: &str, n: usize, fields: &[(&str, String)]) -> reqwest::Response {
+    let mut form =
+        reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(doc(n)).file_name("doc.txt"));
+    for (name, value) in fields {
+        form = form.text(name.to_string(), value.clone());
+    }
+    reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
+}
+
+/// Issue 58: an upload may carry a deadline and ask for the urgent lane; the job says both and
+/// where the deadline stands, the estimate says whether it can be met, and a deadline past,
+/// unreadable or a year away, or a flag that is not yes or no, is refused with nothing stored.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_deadline_and_the_urgent_lane_are_asked_for_with_the_upload_and_shown_on_the_job(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone(), WebSettings::default()).await;
+    let (user, token) = app.user_with_token("due@example.com", 10, 5).await;
+    let due = chrono::Utc::now() + chrono::TimeDelta::hours(2);
+    let due_text = due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let accepted = upload_with(&app, &token, 1, &[("due_by", due_text.clone()), ("urgent", "true".into())]).await;
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED, "{:?}", accepted.text().await);
+    let id = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let job: serde_json::Value = reqwest::Client::new()
+        .get(app.url(&format!("/api/v1/jobs/{id}")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shown = chrono::DateTime::parse_from_rfc3339(job["due_by"].as_str().unwrap()).unwrap();
+    assert_eq!(shown.timestamp(), due.timestamp());
+    assert_eq!(job["deadline"], "on_track");
+    assert_eq!(job["urgent"], true);
+    let (latest_start, due_by): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT latest_start, due_by FROM jobs WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(latest_start < due_by, "it must start before it is due, by its expected run time");
+
+    // The estimate: two hours is enough for a small text in an idle queue; a minute is not
+    // enough when nothing was measured yet (its run time is then the most an attempt may take).
+    for (due_in, meets) in [(chrono::TimeDelta::hours(2), true), (chrono::TimeDelta::seconds(1), false)] {
+        let form = reqwest::multipart::Form::new()
+            .part("file", reqwest::multipart::Part::bytes(doc(2)).file_name("doc.txt"))
+            .text("due_by", (chrono::Utc::now() + due_in).to_rfc3339());
+        let estimate: serde_json::Value = reqwest::Client::new()
+            .post(app.url("/api/v1/estimate"))
+            .bearer_auth(&token)
+            .multipart(form)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(estimate["meets_deadline"], meets, "due in {due_in}: {estimate}");
+    }
+
+    let before = app.user_state(user).await;
+    let stored = app.stored_blobs();
+    let past = (chrono::Utc::now() - chrono::TimeDelta::minutes(5)).to_rfc3339();
+    let far = (chrono::Utc::now() + chrono::TimeDelta::days(400)).to_rfc3339();
+    for (field, value, says) in [
+        ("due_by", past, "in the past"),
+        ("due_by", "tomorrow at five".to_string(), "date and time with its zone"),
+        ("due_by", "2026-12-05T17:00:00".to_string(), "date and time with its zone"),
+        ("due_by", far, "more than a year"),
+        ("urgent", "maybe".to_string(), "urgent should be true or false"),
+    ] {
+        let refused = upload_with(&app, &token, 3, &[(field, value.clone())]).await;
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY, "{field}={value}");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(body["message"].as_str().unwrap().contains(says), "{field}={value}: {body}");
+    }
+    assert_eq!(app.user_state(user).await, before, "refused uploads charge nothing");
+    assert_eq!(app.stored_blobs(), stored, "refused uploads store nothing");
+}
