@@ -348,3 +348,37 @@ test('a Word contract is priced and timed before it is confirmed, translated, an
   const texts = [...xml.matchAll(/<w:t[^>]*>([^<]*)<\/w:t>/g)].map((m) => m[1]).filter((t) => t.trim());
   expect(texts).toEqual(['[translated] Service agreement', ...clauses.map((c) => `[translated] ${c}`)]);
 });
+
+test('a document needed by a time says so before it is sent and on its job, and goes in the urgent lane when asked', async ({ page, browser }) => {
+  await signUp(page, 'deadline');
+  const admin = await newPage(browser);
+  await logInAsAdmin(admin);
+  await setProcessing(admin, false);
+  try {
+    await page.getByRole('link', { name: 'Upload documents' }).click();
+    // Two hours from now, as the browser's local date and time (what the picker gives).
+    const due = new Date(Date.now() + 2 * 3600 * 1000);
+    const pad = (n: number) => String(n).padStart(2, '0');
+    const local = `${due.getFullYear()}-${pad(due.getMonth() + 1)}-${pad(due.getDate())}T${pad(due.getHours())}:${pad(due.getMinutes())}`;
+    await page.getByTestId('due-by').fill(local);
+    await page.getByTestId('urgent').check();
+    const sent = page.waitForRequest((r) => r.method() === 'POST' && new URL(r.url()).pathname === '/api/upload_document');
+    await uploadFiles(page, uniqueText('needed-soon.txt'));
+    // The form carries the deadline in UTC with its zone, and the urgent flag.
+    const body = (await sent).postData() ?? '';
+    expect(body).toContain(`${due.toISOString().slice(0, 16)}`);
+    expect(body).toMatch(/name="urgent"\r\n\r\ntrue/);
+    const row = page.locator('.upload').first();
+    await expect(row).toHaveAttribute('data-outcome', 'ok');
+    await row.getByRole('link', { name: 'View the job' }).click();
+    // Waiting (processing is paused), with two hours to spare: on track, shown in local time.
+    const deadline = page.getByTestId('deadline');
+    await expect(deadline).toHaveText(`Needed by ${local.replace('T', ' ')}: on track`);
+    await expect(deadline).toHaveAttribute('data-standing', 'on track');
+  } finally {
+    await setProcessing(admin, true);
+  }
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 15_000 });
+  await expect(page.getByTestId('deadline')).toHaveAttribute('data-standing', 'met');
+  await admin.close();
+});

@@ -126,10 +126,20 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             </span>
         }
     });
+    let deadline = job.due_by.as_deref().map(|due| {
+        let standing = job.deadline.unwrap_or(crate::model::DeadlineStanding::OnTrack);
+        let when = crate::pages::clock::local_date_time(due);
+        view! {
+            <span class="deadline" data-testid="deadline" data-standing=standing.words()>
+                {format!("Needed by {when}: {}", standing.words())}
+            </span>
+        }
+    });
     view! {
         <span class=format!("badge {}", state.as_str()) data-state=state.as_str()>{state_label(state)}</span>
         <span class="state-detail" data-stage=stage>{detail}</span>
         {parts}
+        {deadline}
     }
 }
 

@@ -158,6 +158,11 @@ pub fn estimate_text(e: &Estimate) -> EstimateText {
         }
         None => format!("It starts once the {} documents ahead of it are done, then takes up to {runs}.", e.jobs_ahead),
     };
+    let time = match e.meets_deadline {
+        Some(true) => format!("{time} It should be done before it is needed."),
+        Some(false) => format!("{time} It may not be done by the time you need it."),
+        None => time,
+    };
     EstimateText { price, size, time }
 }
 
@@ -181,6 +186,11 @@ struct UploadRow {
     /// What it is to be done as, chosen with it (its estimate is for this).
     preset: String,
     language: Option<String>,
+    /// When it is needed (RFC 3339), and whether it goes in the urgent lane.
+    #[cfg(feature = "hydrate")]
+    due_by: Option<String>,
+    #[cfg(feature = "hydrate")]
+    urgent: bool,
     /// Reading progress of the estimate, then of the upload.
     progress: RwSignal<f64>,
     estimate: RwSignal<Option<Estimate>>,
@@ -218,6 +228,9 @@ pub fn UploadPage() -> impl IntoView {
     let preset = RwSignal::new("summarize".to_string());
     // A translation needs its target language.
     let language = RwSignal::new("German".to_string());
+    // "Needed by", as the browser's local date and time (empty: no deadline), and "urgent".
+    let needed_by = RwSignal::new(String::new());
+    let urgent = RwSignal::new(false);
     let rows = RwSignal::new(Vec::<UploadRow>::new());
     let dragging = RwSignal::new(false);
     #[cfg(feature = "hydrate")]
@@ -237,6 +250,8 @@ pub fn UploadPage() -> impl IntoView {
                         .then(|| language.get_untracked().trim().to_string())
                         .filter(|l| !l.is_empty()),
                     preset: chosen,
+                    due_by: local_time_as_rfc3339(&needed_by.get_untracked()),
+                    urgent: urgent.get_untracked(),
                     progress: RwSignal::new(0.0),
                     estimate: RwSignal::new(None),
                     sent: RwSignal::new(false),
@@ -306,6 +321,25 @@ pub fn UploadPage() -> impl IntoView {
                     on:input=move |ev| language.set(event_target_value(&ev))
                 />
             </Show>
+            <div class="when">
+                <label for="due-by">"Needed by (optional)"</label>
+                <input
+                    id="due-by"
+                    data-testid="due-by"
+                    type="datetime-local"
+                    prop:value=move || needed_by.get()
+                    on:input=move |ev| needed_by.set(event_target_value(&ev))
+                />
+                <label class="check">
+                    <input
+                        type="checkbox"
+                        data-testid="urgent"
+                        prop:checked=move || urgent.get()
+                        on:change=move |ev| urgent.set(event_target_checked(&ev))
+                    />
+                    " Urgent: keep it out of the line behind long documents"
+                </label>
+            </div>
             <div
                 class="dropzone"
                 class:dragging=move || dragging.get()
@@ -430,6 +464,20 @@ fn preset_words(preset: &str, language: Option<&str>) -> String {
     }
 }
 
+/// The browser's local date and time of a `datetime-local` field as RFC 3339 in UTC (the
+/// server wants the zone); none when empty or not a time.
+#[cfg(feature = "hydrate")]
+fn local_time_as_rfc3339(local: &str) -> Option<String> {
+    if local.trim().is_empty() {
+        return None;
+    }
+    let date = js_sys::Date::new(&wasm_bindgen::JsValue::from_str(local));
+    if date.get_time().is_nan() {
+        return None;
+    }
+    date.to_iso_string().as_string()
+}
+
 /// Where the upload page sends files: the `upload_document` server function.
 pub const UPLOAD_URL: &str = "/api/upload_document";
 /// Where it asks a file's estimate before the user confirms (the REST API's dry run).
@@ -451,6 +499,12 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     let _ = form.append_with_str("preset", &row.preset);
     if let Some(language) = &row.language {
         let _ = form.append_with_str("language", language);
+    }
+    if let Some(due_by) = &row.due_by {
+        let _ = form.append_with_str("due_by", due_by);
+    }
+    if row.urgent {
+        let _ = form.append_with_str("urgent", "true");
     }
     let _ = xhr.open("POST", url);
 
@@ -529,6 +583,7 @@ mod tests {
             run_time_basis: "measured".into(),
             done_in_secs: Some(95),
             processing_paused: false,
+            meets_deadline: None,
         }
     }
 
@@ -564,6 +619,10 @@ mod tests {
         );
         let paused = Estimate { processing_paused: true, ..estimate() };
         assert!(estimate_text(&paused).time.starts_with("Processing is paused"));
+        let late = Estimate { meets_deadline: Some(false), ..estimate() };
+        assert!(estimate_text(&late).time.ends_with("It may not be done by the time you need it."));
+        let in_time = Estimate { meets_deadline: Some(true), ..estimate() };
+        assert!(estimate_text(&in_time).time.ends_with("It should be done before it is needed."));
         assert_eq!(confirm_summary(&[estimate()]), "1 document: 7 credits. Nothing is charged until you upload.");
         assert_eq!(
             confirm_summary(&[estimate(), word]),
