@@ -20,6 +20,11 @@
 //! refusal. A second table gives the answer sizes asked for (`max_tokens`) against the 64,000
 //! every call asked for before issue 56.
 //!
+//! With `lanes` (`cargo xtask bench lanes`), issue 58's cases instead: one 250K-token
+//! translation and 20 other users' 2K-token ones a second later, with and without lanes; and
+//! two 492K-token summaries with 20 small documents due in 60 s (deadlines missed, the small
+//! ones' p95 wait to start, the large ones' slowdown against their time by themselves).
+//!
 //! Prints `RESULT ...` lines and tables for the README. Needs `sluice-extract` built beside
 //! this example (`cargo build --release -p engine --bin sluice-extract`; the xtask does it).
 
@@ -33,6 +38,7 @@ use engine::documents::sandbox::SandboxConfig;
 use engine::queue::capacity::{self, Budget, CapacityConfig, ProviderLimits};
 use engine::queue::hooks::NoHooks;
 use engine::queue::parts::PartStore;
+use engine::queue::policy::lanes::LaneShares;
 use engine::queue::worker::{WorkerConfig, WorkerPool};
 use engine::queue::{self, NewJob};
 use fakeprovider::{FakeProvider, HostedModel};
@@ -94,6 +100,17 @@ struct Run {
 
 impl Bench {
     async fn enqueue(&self, owner: i64, text: &str, preset: &str) -> Uuid {
+        self.enqueue_due(owner, text, preset, None).await
+    }
+
+    /// Enqueue as admission does: its lane by its size, and its deadline, if any.
+    async fn enqueue_due(
+        &self,
+        owner: i64,
+        text: &str,
+        preset: &str,
+        due_by: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Uuid {
         let key = Blobs::new_key();
         self.blobs.put(&key, text.as_bytes().to_vec().into()).await.unwrap();
         let payload = serde_json::json!({
@@ -103,7 +120,16 @@ impl Bench {
         });
         let tokens = engine::documents::tokens::count(text) as i64;
         let mut tx = self.pool.begin().await.unwrap();
-        let job = NewJob { est_input_tokens: tokens.min(CONTEXT as i64), ..NewJob::new(owner, payload) };
+        let lane = queue::LaneRequest {
+            document_tokens: tokens,
+            due_by,
+            // A small document's run at the model's pace: first token, prompt, answer.
+            expected_run: Duration::from_secs_f64(
+                FIRST_TOKEN_MS as f64 / 1000.0 + tokens as f64 / PREFILL_PER_SEC + tokens as f64 * 1.2 / OUTPUT_PER_SEC,
+            ),
+            ..Default::default()
+        };
+        let job = NewJob { est_input_tokens: tokens.min(CONTEXT as i64), lane, ..NewJob::new(owner, payload) };
         let id = queue::enqueue(&mut tx, &job).await.unwrap();
         tx.commit().await.unwrap();
         id
@@ -113,52 +139,7 @@ impl Bench {
     /// small documents' backlog; until everything ends.
     async fn run(&self, big: Option<(&str, usize)>, backlog: bool, tokenizer: Tokenizer) -> Run {
         sqlx::query("TRUNCATE jobs CASCADE").execute(&self.pool).await.unwrap();
-        let fake = FakeProvider::start().await;
-        fake.behave_like(HostedModel {
-            first_token_ms: FIRST_TOKEN_MS,
-            prefill_tokens_per_sec: PREFILL_PER_SEC,
-            output_tokens_per_sec: OUTPUT_PER_SEC,
-            input_tokens_per_min: INPUT_PER_MIN,
-            output_tokens_per_min: OUTPUT_PER_MIN,
-            token_inflation: tokenizer.inflation,
-            context_tokens: tokenizer.context,
-            ..HostedModel::default()
-        });
-        let config = CapacityConfig {
-            limits: ProviderLimits {
-                input_tokens_per_min: Some(INPUT_PER_MIN),
-                output_tokens_per_min: Some(OUTPUT_PER_MIN),
-                ..Default::default()
-            },
-            burst: BURST,
-            output_reserve: 4_096,
-            ..CapacityConfig::default()
-        };
-        capacity::configure(&self.pool, &config).await.unwrap();
-        let processor = DocumentProcessor {
-            blobs: self.blobs.clone(),
-            provider: providers::build(&ProviderConfig {
-                kind: ProviderKind::Anthropic,
-                base_url: fake.base_url(),
-                api_key: Some("bench".into()),
-                model: "claude-sonnet-4-5".into(),
-                max_tokens: MAX_OUTPUT,
-                timeout: Duration::from_secs(300),
-                timeout_per_100k_tokens: Duration::ZERO,
-                stream: true,
-                stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
-            }),
-            sandbox: Arc::new(SandboxConfig::new(self.extractor.clone(), Vec::new())),
-            stages: queue::stages::StageLog::new(self.pool.clone()),
-            budget: Budget::new(self.pool.clone(), &config),
-            context_tokens: Some(CONTEXT),
-            parts: PartStore::new(self.pool.clone()),
-            max_document_tokens: None,
-            settle_held: None,
-            // Nothing known of the provider's tokenizer: it is learned as the run goes.
-            token_ratio: engine::documents::ratio::TokenRatio::in_memory(1.0),
-            writing: Default::default(),
-        };
+        let (fake, processor) = self.hosted(tokenizer).await;
         let mut small = Vec::new();
         if backlog {
             let text = text_of(SMALL_TOKENS, "a small contract");
@@ -174,13 +155,7 @@ impl Bench {
             _ => None,
         };
         let started = Instant::now();
-        let workers = WorkerConfig {
-            name: "parts-bench".into(),
-            concurrency: 70,
-            attempt_deadline: Duration::from_secs(900),
-            ..WorkerConfig::default()
-        };
-        let pool_handle = WorkerPool::start(self.pool.clone(), workers, Arc::new(processor), Arc::new(NoHooks));
+        let pool_handle = self.workers(processor);
         let mut big_secs = None;
         loop {
             // Counted before the big document is looked at: when nothing is open, it has ended.
@@ -247,6 +222,195 @@ impl Bench {
         };
         Run { big_secs, ideal_secs, parts, small_waits, report, failed_attempts }
     }
+
+    fn workers(&self, processor: DocumentProcessor) -> WorkerPool {
+        let workers = WorkerConfig {
+            name: "parts-bench".into(),
+            concurrency: 70,
+            attempt_deadline: Duration::from_secs(900),
+            ..WorkerConfig::default()
+        };
+        WorkerPool::start(self.pool.clone(), workers, Arc::new(processor), Arc::new(NoHooks))
+    }
+
+    /// Issue 58's mix: large documents (`bigs`: preset and tokens, each its own owner) at once,
+    /// then after `small_after` 20 other owners' 2K-token translations, due `due_in` after
+    /// they arrive, under `shares` of a 24-slot gate. Until everything ends.
+    async fn lanes_run(
+        &self,
+        bigs: &[(&str, usize)],
+        smalls: bool,
+        small_after: Duration,
+        due_in: Option<Duration>,
+        shares: LaneShares,
+    ) -> MixRun {
+        sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&self.pool).await.unwrap();
+        queue::switches::set_gate_size(&self.pool, 24, "bench").await.unwrap();
+        let config = engine::queue::lanes::LaneConfig { shares, ..Default::default() };
+        engine::queue::lanes::configure(&self.pool, &config).await.unwrap();
+        let (_fake, processor) = self.hosted(OURS).await;
+        let workers = self.workers(processor);
+        let started = Instant::now();
+        let mut big_ids = Vec::new();
+        for (n, (preset, tokens)) in bigs.iter().enumerate() {
+            big_ids.push(self.enqueue(1 + n as i64, &text_of(*tokens, "the long document"), preset).await);
+        }
+        let mut small_ids = Vec::new();
+        if smalls {
+            tokio::time::sleep(small_after.saturating_sub(started.elapsed())).await;
+            let due_by = due_in.map(|d| chrono::Utc::now() + chrono::TimeDelta::from_std(d).unwrap());
+            let text = text_of(SMALL_TOKENS, "a short letter");
+            for owner in 0..SMALL_OWNERS {
+                small_ids.push(self.enqueue_due(100 + owner, &text, "translate", due_by).await);
+            }
+        }
+        loop {
+            let open: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state NOT IN ('done', 'failed')")
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            if open == 0 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(900), "the run ends within 15 minutes");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        workers.shutdown().await;
+        let secs = |ids: &[Uuid], what: &'static str| {
+            let pool = self.pool.clone();
+            let ids = ids.to_vec();
+            async move {
+                sqlx::query_scalar::<_, f64>(&format!(
+                    "SELECT extract(epoch FROM {what})::float8 FROM jobs WHERE id = ANY($1) AND state = 'done'"
+                ))
+                .bind(&ids)
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+            }
+        };
+        let misses: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE id = ANY($1) AND (state <> 'done' OR finished_at > due_by)",
+        )
+        .bind(&small_ids)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        MixRun {
+            big_secs: secs(&big_ids, "finished_at - accepted_at").await,
+            small_done: secs(&small_ids, "finished_at - accepted_at").await,
+            small_start: secs(&small_ids, "started_at - accepted_at").await,
+            misses: if due_in.is_some() { misses } else { 0 },
+        }
+    }
+
+    /// The hosted model and a processor that calls it as a real deployment would.
+    async fn hosted(&self, tokenizer: Tokenizer) -> (FakeProvider, DocumentProcessor) {
+        let fake = FakeProvider::start().await;
+        fake.behave_like(HostedModel {
+            first_token_ms: FIRST_TOKEN_MS,
+            prefill_tokens_per_sec: PREFILL_PER_SEC,
+            output_tokens_per_sec: OUTPUT_PER_SEC,
+            input_tokens_per_min: INPUT_PER_MIN,
+            output_tokens_per_min: OUTPUT_PER_MIN,
+            token_inflation: tokenizer.inflation,
+            context_tokens: tokenizer.context,
+            ..HostedModel::default()
+        });
+        let config = CapacityConfig {
+            limits: ProviderLimits {
+                input_tokens_per_min: Some(INPUT_PER_MIN),
+                output_tokens_per_min: Some(OUTPUT_PER_MIN),
+                ..Default::default()
+            },
+            burst: BURST,
+            output_reserve: 4_096,
+            ..CapacityConfig::default()
+        };
+        capacity::configure(&self.pool, &config).await.unwrap();
+        let processor = DocumentProcessor {
+            blobs: self.blobs.clone(),
+            provider: providers::build(&ProviderConfig {
+                kind: ProviderKind::Anthropic,
+                base_url: fake.base_url(),
+                api_key: Some("bench".into()),
+                model: "claude-sonnet-4-5".into(),
+                max_tokens: MAX_OUTPUT,
+                timeout: Duration::from_secs(300),
+                timeout_per_100k_tokens: Duration::ZERO,
+                stream: true,
+                stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
+            }),
+            sandbox: Arc::new(SandboxConfig::new(self.extractor.clone(), Vec::new())),
+            stages: queue::stages::StageLog::new(self.pool.clone()),
+            budget: Budget::new(self.pool.clone(), &config),
+            context_tokens: Some(CONTEXT),
+            parts: PartStore::new(self.pool.clone()),
+            max_document_tokens: None,
+            settle_held: None,
+            // Nothing known of the provider's tokenizer: it is learned as the run goes.
+            token_ratio: engine::documents::ratio::TokenRatio::in_memory(1.0),
+            writing: Default::default(),
+        };
+        (fake, processor)
+    }
+}
+
+/// What a run of issue 58's mix measured (seconds from each document's acceptance).
+struct MixRun {
+    big_secs: Vec<f64>,
+    small_done: Vec<f64>,
+    small_start: Vec<f64>,
+    /// Small documents not done by their deadline.
+    misses: i64,
+}
+
+/// `cargo xtask bench lanes`: issue 58's two cases.
+async fn lanes(bench: &Bench) {
+    let shares = |urgent_share: f64, bulk_floor: f64| LaneShares { urgent_share, bulk_floor };
+    let after = Duration::from_secs(1);
+    println!("| one 250K-token translation, then 20 users' 2K-token ones a second later (gate 24) | small documents' p95 time to done | against them alone | the translation's time |");
+    println!("|---|---|---|---|");
+    let alone = bench.lanes_run(&[], true, after, None, shares(0.25, 0.25)).await;
+    let alone_p95 = p95(&alone.small_done);
+    println!("| the small documents alone | {alone_p95:.1} s | 1.00x | |");
+    for (label, key, lanes) in [
+        ("no lanes (as before issue 58)", "none", shares(0.0, 0.0)),
+        ("lanes at their defaults (urgent share 0.25)", "default", shares(0.25, 0.25)),
+        ("urgent share 0.5", "half", shares(0.5, 0.25)),
+        ("urgent share 0.85 (the burst's 20 slots)", "burst", shares(0.85, 0.1)),
+    ] {
+        let run = bench.lanes_run(&[("translate", 250_000)], true, after, None, lanes).await;
+        let p = p95(&run.small_done);
+        println!(
+            "| {label} | {p:.1} s | **{:.2}x** | {:.1} s |",
+            p / alone_p95.max(0.001),
+            run.big_secs.first().copied().unwrap_or(f64::NAN)
+        );
+        println!("RESULT lanes_{key}_small_p95_vs_alone={:.3}", p / alone_p95.max(0.001));
+    }
+    println!();
+    println!("| two users' 492K-token summaries, then 20 users' 2K-token translations due in 60 s (gate 24) | deadlines missed | small p95 wait to start | large documents' time against them alone |");
+    println!("|---|---|---|---|");
+    let bigs = [("summarize", 492_000), ("summarize", 492_000)];
+    for (label, key, lanes) in
+        [("no lanes", "none", shares(0.0, 0.0)), ("lanes at their defaults", "default", shares(0.25, 0.25))]
+    {
+        let by_themselves = bench.lanes_run(&bigs, false, after, None, lanes).await;
+        let run = bench.lanes_run(&bigs, true, after, Some(Duration::from_secs(60)), lanes).await;
+        let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        let slowdown = slowest(&run.big_secs) / slowest(&by_themselves.big_secs).max(0.001);
+        println!(
+            "| {label} | {} of {} | {:.1} s | {slowdown:.2}x ({:.1} s against {:.1} s) |",
+            run.misses,
+            SMALL_OWNERS,
+            p95(&run.small_start),
+            slowest(&run.big_secs),
+            slowest(&by_themselves.big_secs)
+        );
+        println!("RESULT lanes_{key}_deadline_misses={}", run.misses);
+        println!("RESULT lanes_{key}_big_slowdown={slowdown:.3}");
+    }
 }
 
 fn p95(values: &[f64]) -> f64 {
@@ -263,6 +427,11 @@ async fn main() {
     let dir = std::env::temp_dir().join(format!("sluice-parts-bench-{}", std::process::id()));
     let extractor = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("sluice-extract");
     let bench = Bench { pool, blobs: Blobs::local(&dir).unwrap(), extractor };
+    if std::env::args().nth(1).as_deref() == Some("lanes") {
+        lanes(&bench).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 
     println!(
         "| row | time to result | ideal (same run) | ratio | parts, most calls at once | 429s | small documents' p95 wait |"

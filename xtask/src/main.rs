@@ -574,7 +574,7 @@ fn wait_healthy(port: u16) -> Result {
     Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
-/// `cargo xtask bench [queue|shapes|poll|upload|busy|parts] [-- options]`: release builds against a private Postgres.
+/// `cargo xtask bench [queue|shapes|poll|upload|busy|parts|lanes] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
     survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
@@ -586,19 +586,23 @@ fn bench(args: &[String]) -> Result {
     if which.is_none_or(|w| w == "shapes") {
         storage_shapes(&temp.cluster)?;
     }
-    if which.is_none_or(|w| w == "parts") {
-        temp.cluster.create_database("bench_parts").map_err(|e| e.to_string())?;
-        eprintln!("== parts benchmark: long documents through a fake that behaves like a hosted model");
-        status(
-            cargo().args(["build", "--quiet", "--release", "--package", "engine", "--bin", "sluice-extract"]),
-            "building the document reader",
-        )?;
-        status(
-            cargo()
-                .args(["run", "--quiet", "--release", "--package", "engine", "--example", "parts_bench"])
-                .env("DATABASE_URL", temp.cluster.url("bench_parts")),
-            "parts benchmark",
-        )?;
+    for (name, mode) in [("parts", None), ("lanes", Some("lanes"))] {
+        if which.is_none_or(|w| w == name) {
+            let db = format!("bench_{name}");
+            temp.cluster.create_database(&db).map_err(|e| e.to_string())?;
+            eprintln!("== {name} benchmark: long documents through a fake that behaves like a hosted model");
+            status(
+                cargo().args(["build", "--quiet", "--release", "--package", "engine", "--bin", "sluice-extract"]),
+                "building the document reader",
+            )?;
+            status(
+                cargo()
+                    .args(["run", "--quiet", "--release", "--package", "engine", "--example", "parts_bench", "--"])
+                    .args(mode)
+                    .env("DATABASE_URL", temp.cluster.url(&db)),
+                &format!("{name} benchmark"),
+            )?;
+        }
     }
     for (name, example) in [("poll", "poll_bench"), ("upload", "upload_bench"), ("busy", "busy_bench")] {
         if which.is_none_or(|w| w == name) {
