@@ -103,6 +103,7 @@ test('the provider failing shows retrying with a countdown, then failed with the
 test('the jobs list polls every 2 s while a job can change (without moving the layout), every 10 s while the tab is hidden, and stops when all are final', async ({ page, browser }) => {
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
+  await setProcessing(admin, false);
   try {
     await signUp(page, 'poll');
     await open(page, '/upload');
@@ -352,7 +353,6 @@ test('a document needed by a time says so before it is sent and on its job, and 
   await signUp(page, 'deadline');
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
-  await setProcessing(admin, false);
   try {
     await page.getByRole('link', { name: 'Upload documents' }).click();
     // Two hours from now, as the browser's local date and time (what the picker gives).
@@ -362,6 +362,8 @@ test('a document needed by a time says so before it is sent and on its job, and 
     await page.getByTestId('due-by').fill(local);
     await page.getByTestId('urgent').check();
     await chooseFiles(page, uniqueText('needed-soon.txt'));
+    // The estimate was asked with the deadline: two hours is time enough.
+    await expect(page.getByTestId('eta')).toContainText('It should be done before it is needed.');
     // Held in line while it is looked at.
     await setProcessing(admin, false);
     await page.getByTestId('confirm-upload').click();
