@@ -529,6 +529,11 @@ pub struct QueueStatus {
     pub store_free_bytes: Option<i64>,
     #[serde(default)]
     pub store_full: bool,
+    /// Documents with a deadline at risk now, and deadlines missed in the last day.
+    #[serde(default)]
+    pub deadlines_at_risk: i64,
+    #[serde(default)]
+    pub deadlines_missed_last_day: i64,
     /// "empty", "not draining", or a duration like "3 min".
     pub drain: String,
     /// Per minute over the last hour, oldest first: (intake, completions).
@@ -656,6 +661,9 @@ pub struct ReplayInfo {
     pub replayed: usize,
     /// (this job, the newer job of the same document): left failed, the owner uploaded again.
     pub already_reuploaded: Vec<(String, String)>,
+    /// Left failed: their document was released when its replay window ended.
+    #[serde(default)]
+    pub document_released: Vec<String>,
 }
 
 /// Who acknowledged an alert or a report, when, and what they said.

@@ -52,6 +52,8 @@ CREATE INDEX jobs_waiting_bulk ON jobs (fair_tag, run_at, id) WHERE state IN ('q
 -- Work with a deadline, by when it must start.
 CREATE INDEX jobs_waiting_deadline ON jobs (latest_start, id)
     WHERE state IN ('queued', 'retrying') AND latest_start IS NOT NULL;
+-- Notices are pruned by age with the other evidence (the upkeep's `prune_evidence`).
+CREATE INDEX notices_created ON notices (created_at);
 -- Deadlines at risk or missed, for the vital signs and the alert.
 CREATE INDEX jobs_due_by ON jobs (due_by) WHERE due_by IS NOT NULL;
 
@@ -78,11 +80,11 @@ $$;
 -- claimer's own rows are counted by the claimer.
 CREATE FUNCTION sluice_lane_rooms(p_s queue_settings, p_worker text DEFAULT NULL, p_busy bigint DEFAULT NULL,
                                   OUT gate bigint, OUT others bigint, OUT urgent_used bigint, OUT bulk_used bigint,
-                                  OUT urgent_cap bigint, OUT bulk_cap bigint, OUT bulk_owners bigint, OUT urgent_owners bigint)
+                                  OUT urgent_cap bigint, OUT bulk_cap bigint, OUT bulk_owners bigint, OUT urgent_owners bigint,
+                                  OUT bulk_demand bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_bulk_rows bigint;
-    v_demand bigint;
 BEGIN
     gate := sluice_effective_gate(p_s);
     SELECT count(*) FILTER (WHERE p_busy IS NULL OR j.lease_owner IS DISTINCT FROM p_worker) + coalesce(sum(j.extra_calls), 0),
@@ -94,14 +96,14 @@ BEGIN
     INTO others, urgent_used, bulk_used, v_bulk_rows, bulk_owners, urgent_owners
     FROM jobs j WHERE j.state = 'running';
     IF v_bulk_rows > 0 THEN
-        v_demand := gate;
+        bulk_demand := gate;
     ELSE
-        SELECT count(*) INTO v_demand FROM (
+        SELECT count(*) INTO bulk_demand FROM (
             SELECT 1 FROM jobs j WHERE j.state IN ('queued', 'retrying') AND NOT j.urgent AND j.run_at <= now() LIMIT 70
         ) d;
     END IF;
     SELECT c.urgent_cap, c.bulk_cap INTO urgent_cap, bulk_cap
-    FROM sluice_lane_caps(gate, p_s.urgent_share, p_s.bulk_floor, v_demand) c;
+    FROM sluice_lane_caps(gate, p_s.urgent_share, p_s.bulk_floor, bulk_demand) c;
 END $$;
 
 -- The claim, as in 20261216000001 (an applied migration never changes, so its text repeats
@@ -152,11 +154,12 @@ BEGIN
                             NULL::uuid, NULL::bigint, greatest(v_allowance, 0)::integer, NULL::text WHERE p_busy IS NOT NULL;
         RETURN;
     END IF;
-    -- The lanes' rooms count every running row (the claimer's too): a lane's cap is across
-    -- processes.
+    -- The lanes' rooms count every running row (the claimer's too, its fetched-ahead ones
+    -- included): a lane's cap is across processes. Without large documents running or due
+    -- there is one lane, and short jobs are fetched ahead as before.
     v_urgent_room := greatest(v_r.urgent_cap - v_r.urgent_used, 0);
     v_bulk_room := greatest(v_r.bulk_cap - v_r.bulk_used, 0);
-    v_split := v_urgent_room < v_free OR v_bulk_room < v_free;
+    v_split := v_r.bulk_demand > 0 AND (v_urgent_room < v_free OR v_bulk_room < v_free);
     v_budgeted := coalesce(v_s.limit_requests_per_min, v_s.limit_input_tokens_per_min, v_s.limit_output_tokens_per_min) IS NOT NULL;
     IF v_budgeted THEN
         UPDATE queue_settings q SET

@@ -13,12 +13,26 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// A pooled connection idle longer than this is pinged before use.
 const IDLE_BEFORE_PING: Duration = Duration::from_millis(500);
 
+/// How long the workers and the upkeep wait for a pooled connection.
+pub const WORK_ACQUIRE: Duration = Duration::from_secs(10);
+/// How long a web request waits for one before it is answered 503 with `Retry-After`: a full
+/// pool says "busy" within a second, not after the workers' 10 s.
+pub const REQUEST_ACQUIRE: Duration = Duration::from_secs(1);
+
 /// Connect a pool sized for `connections` and run the migrations.
 pub async fn connect(url: &str, connections: u32) -> Result<PgPool> {
-    let options: PgConnectOptions = url.parse()?;
-    let pool = PgPoolOptions::new()
-        .max_connections(connections)
-        .acquire_timeout(Duration::from_secs(10))
+    let pool = open_pool(url.parse()?, connections, WORK_ACQUIRE).await?;
+    MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}
+
+/// Another pool to the database `options` name (already migrated), of `connections` that are
+/// waited for at most `acquire`: the web requests' own, and the few kept for health checks
+/// and the console, so neither waits behind the workers or the other.
+pub async fn open_pool(options: PgConnectOptions, connections: u32, acquire: Duration) -> Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(connections.max(1))
+        .acquire_timeout(acquire)
         // sqlx pings every connection it hands out by default: a round trip per query (a status
         // poll made three instead of two). Only a connection idle for a while is checked, which
         // still drops the ones a Postgres restart broke (a restart takes longer than that).
@@ -32,9 +46,7 @@ pub async fn connect(url: &str, connections: u32) -> Result<PgPool> {
             })
         })
         .connect_with(options)
-        .await?;
-    MIGRATOR.run(&pool).await?;
-    Ok(pool)
+        .await?)
 }
 
 /// The server's version string, for `/healthz`.

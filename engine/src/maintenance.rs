@@ -193,9 +193,10 @@ const PRUNE: &str = "retention";
 const RECONCILE: &str = "reconciliation";
 const UPKEEP: &str = "account_upkeep";
 
-/// Reconciliation reports, resolved alert firings and provider cache reads older than `keep`
-/// are deleted (the
-/// newest report is always kept: the admin page and the drift alert read it).
+/// Reconciliation reports, resolved alert firings, provider cache reads, audit entries and
+/// users' notices older than `keep` are deleted (the newest report is always kept: the admin
+/// page and the drift alert read it). The audit log and the notices name people and jobs:
+/// they are kept as long as the other evidence, not for ever.
 pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Result<u64> {
     let reports = sqlx::query(
         "DELETE FROM reconciliation_reports
@@ -218,5 +219,15 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
         .execute(pool)
         .await?
         .rows_affected();
-    Ok(reports + alerts + cache_reads)
+    let audit = sqlx::query("DELETE FROM audit_log WHERE at < now() - make_interval(secs => $1)")
+        .bind(keep.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let notices = sqlx::query("DELETE FROM notices WHERE created_at < now() - make_interval(secs => $1)")
+        .bind(keep.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(reports + alerts + cache_reads + audit + notices)
 }

@@ -67,3 +67,108 @@ async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
     assert_eq!(results, 120);
     pool.close().await;
 }
+
+/// Issue 58: a claim and a part grant are durable before the provider is called. Postgres is
+/// killed (`-m immediate`) while a document's parts are being called, with the WAL writer slowed
+/// so an unflushed commit would be lost: after the restart the document ends done, and the
+/// provider was called once per part, never twice (a lost claim would run its parts again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_killed_while_parts_are_called_never_calls_a_part_twice() {
+    use engine::documents::processor::DocumentProcessor;
+    use engine::documents::providers::{self, ProviderConfig, ProviderKind};
+    use engine::documents::sandbox::SandboxConfig;
+    use engine::queue::{self, NewJob};
+    use fakeprovider::{FakeProvider, HostedModel};
+
+    let mut temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-crash-parts"))
+        .await
+        .unwrap()
+        .expect("a private cluster");
+    let url = temp.cluster.url("postgres");
+    let pool = engine::db::connect(&url, 30).await.unwrap();
+    // An asynchronous commit would wait up to 10 s for the WAL writer: a crash loses it.
+    sqlx::query("ALTER SYSTEM SET wal_writer_delay = '10s'").execute(&pool).await.unwrap();
+    sqlx::query("SELECT pg_reload_conf()").execute(&pool).await.unwrap();
+
+    let fake = FakeProvider::start().await;
+    // Each part's answer takes about two seconds: calls are in flight when Postgres dies.
+    fake.behave_like(HostedModel {
+        first_token_ms: 50,
+        prefill_tokens_per_sec: 1e9,
+        output_tokens_per_sec: 150.0,
+        ..HostedModel::default()
+    });
+    let docs = engine::testing::TempBlobs::new("crash-parts");
+    let text: String = (1..=60)
+        .map(|i| format!("Paragraph {i}: the supplier delivers the goods named in schedule A by the agreed date.\n\n"))
+        .collect();
+    let key = engine::documents::blobs::Blobs::new_key();
+    docs.blobs.put(&key, text.as_bytes().to_vec().into()).await.unwrap();
+    let payload = serde_json::json!({
+        "document": { "key": key, "type": "plain_text", "sha256": key, "size": text.len(), "name": "contract.txt" },
+        "preset": "translate",
+        "language": "French",
+    });
+    let mut conn = pool.acquire().await.unwrap();
+    let id = queue::enqueue(&mut conn, &NewJob { est_input_tokens: 300, ..NewJob::new(1, payload) }).await.unwrap();
+    drop(conn);
+    let processor = DocumentProcessor {
+        blobs: docs.blobs.clone(),
+        provider: providers::build(&ProviderConfig {
+            kind: ProviderKind::Anthropic,
+            base_url: fake.base_url(),
+            api_key: Some("k".into()),
+            model: "m".into(),
+            // Small answers: the document goes in parts of a few paragraphs each.
+            max_tokens: 256,
+            timeout: Duration::from_secs(30),
+            timeout_per_100k_tokens: Duration::ZERO,
+            stream: true,
+            stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
+        }),
+        sandbox: Arc::new(SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new())),
+        stages: queue::stages::StageLog::new(pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: Some(200_000),
+        parts: engine::queue::parts::PartStore::new(pool.clone()),
+        max_document_tokens: Some(2_000_000),
+        settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
+    };
+    let mut config = fast_worker("crash-parts", 8);
+    config.lease = Duration::from_secs(20);
+    let workers = WorkerPool::start(pool.clone(), config.clone(), Arc::new(processor), Arc::new(NoHooks));
+    let maintenance = MaintenanceConfig { rescue_every: Duration::from_millis(500), ..Default::default() };
+    let rescue = tokio::spawn(engine::maintenance::run(
+        pool.clone(),
+        Arc::new(NoHooks),
+        config.policy.clone(),
+        maintenance,
+        None,
+    ));
+
+    // Right after the claim and the first grants: parts are being called.
+    assert!(wait_for(Duration::from_secs(20), || async { fake.calls() >= 3 }).await, "parts are called");
+    let _temp = tokio::task::spawn_blocking(move || {
+        temp.cluster.crash().expect("crash Postgres");
+        std::thread::sleep(Duration::from_millis(500));
+        temp.cluster.restart().expect("restart Postgres");
+        temp
+    })
+    .await
+    .unwrap();
+
+    let done = wait_for(Duration::from_secs(90), || async {
+        queue::get(&pool, id).await.map(|j| j.state == JobState::Done).unwrap_or(false)
+    })
+    .await;
+    rescue.abort();
+    workers.shutdown().await;
+    let view = queue::get(&pool, id).await.unwrap();
+    assert!(done, "the document ends done after the restart: {view:?}");
+    let parts = view.parts_total.expect("done in parts") as u64;
+    assert!(parts >= 4, "{parts} parts");
+    assert_eq!(fake.calls(), parts, "the provider was called once per part, none twice");
+    pool.close().await;
+}

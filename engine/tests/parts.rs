@@ -1114,3 +1114,33 @@ async fn the_learned_ratio_is_kept_per_provider_and_model_for_the_next_start(poo
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(kept("claude-sonnet-4-5").await, Some(100));
 }
+
+/// Issue 58: a document in parts that took two attempts counts the tokens of every part, the
+/// ones answered in the attempt that failed too (before, only the last attempt's were kept).
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_documents_tokens_are_every_parts_whichever_attempt_answered_it(pool: PgPool) {
+    let docs = docs("all-tokens");
+    let fake = FakeProvider::start().await;
+    let user = users::create_user(&pool, "tokens@example.com", "password123", Role::User, 20).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(30), "summarize", 500).await;
+    // Part 2 fails once: the first attempt answers the others and fails; the second does part 2.
+    fake.push_matching("part 2 of", [Reply::ServerError]);
+    let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    let (parts_in, parts_out): (i64, i64) =
+        sqlx::query_as("SELECT sum(input_tokens)::int8, sum(output_tokens)::int8 FROM job_parts WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((view.input_tokens, view.output_tokens), (Some(parts_in), Some(parts_out)));
+    let (first_parts,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM job_parts p JOIN job_attempts a ON a.id = p.attempt_id WHERE p.job_id = $1",
+    )
+    .bind(job)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(first_parts >= 2, "parts were answered by the attempt that failed: {first_parts}");
+}

@@ -62,7 +62,7 @@ async fn two_processes_write_one_reconciliation_report_per_interval(pool: PgPool
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn old_reports_and_resolved_alerts_are_pruned_but_the_newest_report_stays(pool: PgPool) {
+async fn old_reports_resolved_alerts_audit_entries_and_notices_are_pruned_but_the_newest_report_stays(pool: PgPool) {
     for days_ago in [200, 100, 95] {
         sqlx::query(
             "INSERT INTO reconciliation_reports (started_at, finished_at, actor, checks, discrepancies, found)
@@ -84,8 +84,39 @@ async fn old_reports_and_resolved_alerts_are_pruned_but_the_newest_report_stays(
         .await
         .unwrap();
     }
+    // The audit log and users' notices go by the same age (issue 58).
+    let user =
+        engine::accounts::users::create_user(&pool, "old@example.com", "password123", engine::accounts::Role::User, 0)
+            .await
+            .unwrap();
+    for days_ago in [120, 10] {
+        sqlx::query(
+            "INSERT INTO audit_log (at, actor, action) VALUES (now() - make_interval(days => $1), 'cli', 'pause')",
+        )
+        .bind(days_ago)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO notices (user_id, kind, message, created_at)
+             VALUES ($1, 'done', 'your document is done', now() - make_interval(days => $2))",
+        )
+        .bind(user.id)
+        .bind(days_ago)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
     let pruned = prune_evidence(&pool, Duration::from_secs(90 * 86_400)).await.unwrap();
-    assert_eq!(pruned, 3, "two old reports and one old resolved alert");
+    assert_eq!(pruned, 5, "two old reports, one old resolved alert, an old audit entry and an old notice");
+    let left: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM audit_log WHERE action = 'pause'),
+                (SELECT count(*) FROM notices WHERE kind = 'done')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, (1, 1), "the recent audit entry and notice stay");
     let kept: Vec<i32> = sqlx::query_scalar(
         "SELECT extract(day FROM now() - finished_at)::int FROM reconciliation_reports ORDER BY finished_at",
     )

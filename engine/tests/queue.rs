@@ -647,7 +647,7 @@ async fn a_huge_retry_after_is_capped_and_never_panics_the_worker(pool: PgPool) 
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
-async fn a_group_replay_skips_documents_uploaded_again_and_requeues_the_rest(pool: PgPool) {
+async fn a_group_replay_skips_documents_uploaded_again_or_released_and_requeues_the_rest(pool: PgPool) {
     let failed = |key: &str| {
         let (pool, key) = (pool.clone(), key.to_string());
         async move {
@@ -664,6 +664,13 @@ async fn a_group_replay_skips_documents_uploaded_again_and_requeues_the_rest(poo
     };
     let reuploaded = failed("doc-a").await;
     let other = failed("doc-b").await;
+    // Its replay window ended and its document was released: nothing to run again.
+    let released = failed("doc-c").await;
+    sqlx::query("UPDATE jobs SET document_released_at = now() WHERE id = $1")
+        .bind(released)
+        .execute(&pool)
+        .await
+        .unwrap();
     // The owner uploaded doc-a again: a live job holds its key now.
     let newer = job(&pool, &JobOpts::default()).await;
     sqlx::query("UPDATE jobs SET idempotency_key = 'doc-a' WHERE id = $1").bind(newer).execute(&pool).await.unwrap();
@@ -672,6 +679,8 @@ async fn a_group_replay_skips_documents_uploaded_again_and_requeues_the_rest(poo
     let replayed = dlq::replay(&pool, &NoHooks, &group, "admin").await.unwrap();
     assert_eq!(replayed.ids, vec![other]);
     assert_eq!(replayed.already_reuploaded, vec![(reuploaded, newer)]);
+    assert_eq!(replayed.document_released, vec![released], "says so instead of failing again");
+    assert_eq!(queue::get(&pool, released).await.unwrap().state, JobState::Failed);
     assert_eq!(queue::get(&pool, reuploaded).await.unwrap().state, JobState::Failed);
     assert_eq!(queue::get(&pool, other).await.unwrap().state, JobState::Queued);
 }

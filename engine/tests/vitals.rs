@@ -120,3 +120,39 @@ async fn a_documents_age_runs_from_its_acceptance_across_its_parts_but_does_not_
     let config = AdmissionConfig { max_oldest_wait: Duration::from_secs(1_800), ..AdmissionConfig::default() };
     assert_eq!(precheck(&pool, &config, user.id, 1, 0).await.unwrap(), None);
 }
+
+/// Issue 58: the vital signs count documents whose deadline is at risk now (still waiting near
+/// their latest start) and deadlines missed in the last day (done late, ended without a result,
+/// or not done at their deadline); met and far deadlines, and older misses, are not counted.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn deadlines_at_risk_and_missed_in_the_last_day_are_counted(pool: PgPool) {
+    let insert = |state: &'static str, due: &'static str, start: &'static str, finished: Option<&'static str>| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(&format!(
+                "INSERT INTO jobs (owner_id, state, payload, accepted_at, run_at, due_by, latest_start, finished_at,
+                                   lease_token, lease_expires_at, failure_kind, failure_reason)
+                 VALUES (1, '{state}', '{{}}', now() - interval '2 days', now() - interval '2 days',
+                         now() + interval '{due}', now() + interval '{start}', {},
+                         CASE WHEN '{state}' = 'running' THEN gen_random_uuid() END,
+                         CASE WHEN '{state}' = 'running' THEN now() + interval '1 hour' END,
+                         CASE WHEN '{state}' = 'failed' THEN 'retries_exhausted' END,
+                         CASE WHEN '{state}' = 'failed' THEN 'provider overloaded' END)",
+                finished.map_or("NULL".to_string(), |f| format!("now() + interval '{f}'"))
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    insert("queued", "10 minutes", "2 minutes", None).await; // at risk
+    insert("queued", "3 hours", "2 hours", None).await; // on track
+    insert("running", "10 minutes", "-1 minute", None).await; // running: not at risk of starting late
+    insert("done", "-1 hour", "-2 hours", Some("-2 hours")).await; // met
+    insert("done", "-3 hours", "-4 hours", Some("-2 hours")).await; // missed: done late
+    insert("failed", "-1 hour", "-2 hours", Some("-3 hours")).await; // missed: no result
+    insert("queued", "-5 minutes", "-20 minutes", None).await; // missed: still waiting
+    insert("done", "-3 days", "-3 days", Some("-2 days")).await; // missed, but not in the last day
+    let v = vitals::read(&pool).await.unwrap();
+    assert_eq!((v.deadlines_at_risk, v.deadlines_missed_last_day), (1, 3));
+}

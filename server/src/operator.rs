@@ -177,9 +177,11 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             let selection = dlq::Selection::Group { kind, reason };
             let replayed = dlq::replay(&pool, &SluiceHooks, &selection, "cli").await?;
             println!(
-                "replayed {} job(s); {} left failed because their owner uploaded the document again",
+                "replayed {} job(s); {} left failed because their owner uploaded the document again; {} because \
+                 their document was released (its replay window ended: the owner has to upload it again)",
                 replayed.ids.len(),
-                replayed.already_reuploaded.len()
+                replayed.already_reuploaded.len(),
+                replayed.document_released.len()
             );
         }
         Command::Reconcile => {

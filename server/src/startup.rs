@@ -86,10 +86,25 @@ impl Application {
     ) -> Result<Application, (anyhow::Error, Database)> {
         let built = async {
             // A worker holds a connection only to write (never across a provider call), so 70
-            // slots do not need 70 connections; Postgres allows 100 in all by default.
-            let pool = engine::db::connect(&database.url, (config.workers.workers.min(24) as u32 + 16).max(20))
+            // slots do not need 70 connections; Postgres allows 100 in all by default. Three
+            // pools: the workers' and the upkeep's (waiting up to 10 s), the web requests'
+            // (a second, then 503), and two connections for health checks and the console.
+            // A process of each role stays within the 40 one process took before.
+            let (work, requests) = match role {
+                Role::Web => (8, 30),
+                Role::Worker => ((config.workers.workers.min(24) as u32 + 14).max(20), 2),
+                Role::All => ((config.workers.workers.min(24) as u32 + 4).max(12), 12),
+            };
+            let pool = engine::db::connect(&database.url, work)
                 .await
                 .context("connecting to Postgres and running migrations")?;
+            let options = (*pool.connect_options()).clone();
+            let request_pool = engine::db::open_pool(options.clone(), requests, engine::db::REQUEST_ACQUIRE)
+                .await
+                .context("connecting the web requests' pool")?;
+            let reserved_pool = engine::db::open_pool(options, 2, engine::db::REQUEST_ACQUIRE)
+                .await
+                .context("connecting the console's pool")?;
             let hooks = Arc::new(engine::hooks::SluiceHooks);
             let blobs = config.blobs()?;
             let provider_config = config.provider.provider_config();
@@ -165,7 +180,7 @@ impl Application {
             // Downloads rebuild with slots of their own: they never hold up the workers' readers.
             let rebuilds = sandbox.with_own_readers(app::server::session::REBUILDS_AT_ONCE);
             let settings = WebSettings { document_reader: Some(Arc::new(rebuilds)), ..config.web_settings() };
-            let ctx = ServerContext::new(pool.clone(), settings, blobs);
+            let ctx = ServerContext::new(request_pool, settings, blobs).with_reserved(reserved_pool);
             let state = AppState { leptos_options: leptos_options(&config.server.site_root, addr), ctx };
             if let Some(bind) = config.telemetry.metrics_bind {
                 let listener =
@@ -244,10 +259,22 @@ pub async fn spawn_web_wrapped(
     blobs: Blobs,
     wrap: impl FnOnce(axum::Router) -> axum::Router,
 ) -> anyhow::Result<SocketAddr> {
+    spawn_web_with_pools(pool.clone(), pool, settings, blobs, wrap).await
+}
+
+/// [`spawn_web_wrapped`] with the web requests' pool and the one kept for health checks and
+/// the console apart, as a served process has them.
+pub async fn spawn_web_with_pools(
+    requests: PgPool,
+    reserved: PgPool,
+    settings: WebSettings,
+    blobs: Blobs,
+    wrap: impl FnOnce(axum::Router) -> axum::Router,
+) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let connections = connection_limits(&settings);
-    let ctx = ServerContext::new(pool, settings, blobs);
+    let ctx = ServerContext::new(requests, settings, blobs).with_reserved(reserved);
     let app = wrap(router(AppState { leptos_options: leptos_options("target/site", addr), ctx }, false).await?);
     tokio::spawn(async move {
         let _ = serve(listener, app, connections, std::future::pending()).await;

@@ -372,6 +372,7 @@ fn VitalsCard(status: QueueStatus) -> impl IntoView {
                 <div><dt>"Time to done p50 / p95"</dt><dd>{format!("{} / {}", secs(o.time_to_done_p50_secs), secs(o.time_to_done_p95_secs))}</dd></div>
                 <div><dt>"Dead letters (jobs)"</dt><dd>{o.dlq_depth}</dd></div>
                 <div><dt>"Drains in"</dt><dd class:warn=o.drain == "not draining">{o.drain.clone()}</dd></div>
+                <div><dt>"Deadlines at risk / missed (last day)"</dt><dd data-testid="deadlines" class:warn={o.deadlines_at_risk + o.deadlines_missed_last_day != 0}>{format!("{} / {}", o.deadlines_at_risk, o.deadlines_missed_last_day)}</dd></div>
                 <div><dt>"Document store free"</dt><dd data-testid="store-free" class:warn=o.store_full>{store_text(o.store_free_bytes, o.store_full)}</dd></div>
             </dl>
             <svg class="chart" viewBox="0 0 600 130" role="img" aria-label="Jobs accepted and finished per minute over the last hour">
@@ -438,13 +439,25 @@ fn DlqCard(
 #[component]
 fn ReplayNote(#[prop(into)] info: Signal<Option<Result<ReplayInfo, AppError>>>) -> impl IntoView {
     move || {
-        let info = info.get().and_then(|r| r.ok()).filter(|i| !i.already_reuploaded.is_empty())?;
+        let info = info
+            .get()
+            .and_then(|r| r.ok())
+            .filter(|i| !i.already_reuploaded.is_empty() || !i.document_released.is_empty())?;
+        let released = (!info.document_released.is_empty()).then(|| {
+            format!(
+                " {} left failed because their document was released when its replay window ended: \
+                 their owners have to upload them again.",
+                info.document_released.len()
+            )
+        });
         Some(view! {
             <p class="hint" data-testid="replay-note">
-                {format!("{} replayed. Already re-uploaded, so left failed: ", info.replayed)}
+                {format!("{} replayed.", info.replayed)}
+                {(!info.already_reuploaded.is_empty()).then(|| " Already re-uploaded, so left failed: ")}
                 {info.already_reuploaded.into_iter().map(|(job, newer)| view! {
                     <a href=format!("/jobs/{newer}")>{format!("job {} (see the newer job)", &job[..8.min(job.len())])}</a>" "
                 }).collect_view()}
+                {released}
             </p>
         })
     }

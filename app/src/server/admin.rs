@@ -22,11 +22,11 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
     answer(async move {
         let ctx = context()?;
         require_permission(&ctx, Permission::SeeConsole).await?;
-        let settings = engine::queue::switches::read(&ctx.pool).await?;
-        let capacity = engine::queue::capacity::status(&ctx.pool).await?;
-        let vitals = engine::queue::vitals::read(&ctx.pool).await?;
-        let history = engine::queue::vitals::history(&ctx.pool, 60).await?;
-        let live = engine::queue::processes::live(&ctx.pool).await?;
+        let settings = engine::queue::switches::read(&ctx.reserved).await?;
+        let capacity = engine::queue::capacity::status(&ctx.reserved).await?;
+        let vitals = engine::queue::vitals::read(&ctx.reserved).await?;
+        let history = engine::queue::vitals::history(&ctx.reserved, 60).await?;
+        let live = engine::queue::processes::live(&ctx.reserved).await?;
         Ok(QueueStatus {
             worker_slots: live.slots,
             worker_processes: live.processes,
@@ -51,6 +51,8 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
             dlq_depth: vitals.dlq_depth,
             store_free_bytes: vitals.store_free_bytes,
             store_full: vitals.store_full,
+            deadlines_at_risk: vitals.deadlines_at_risk,
+            deadlines_missed_last_day: vitals.deadlines_missed_last_day,
             drain: describe_drain(vitals.drain),
             history: history.into_iter().map(|m| (m.intake, m.completions)).collect(),
             resume_at: settings
@@ -102,7 +104,7 @@ pub async fn set_processing(enabled: bool) -> Result<(), AppError> {
     answer(async move {
         let ctx = context()?;
         let admin = require_permission(&ctx, Permission::PauseProcessing).await?;
-        engine::queue::switches::set_processing(&ctx.pool, enabled, &admin.email).await?;
+        engine::queue::switches::set_processing(&ctx.reserved, enabled, &admin.email).await?;
         Ok(())
     })
     .await
@@ -213,6 +215,7 @@ async fn replay(selection: Selection) -> Result<ReplayInfo, AppError> {
     Ok(ReplayInfo {
         replayed: done.ids.len(),
         already_reuploaded: done.already_reuploaded.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
+        document_released: done.document_released.iter().map(|id| id.to_string()).collect(),
     })
 }
 

@@ -23,7 +23,13 @@ use crate::model::JobStatus;
 /// What server functions need from the server, provided as context.
 #[derive(Clone)]
 pub struct ServerContext {
+    /// The web requests' pool: a request that finds it full waits at most a second, then is
+    /// answered 503 with `Retry-After`.
     pub pool: PgPool,
+    /// A few connections of their own for the health check and the console's kill switch and
+    /// overview (their queries; the session is read on the requests' pool), so a full pool of
+    /// requests does not make a live server look dead (by default the requests' pool).
+    pub reserved: PgPool,
     pub settings: Arc<WebSettings>,
     pub blobs: Blobs,
     /// One permit per upload in progress (see [`WebSettings::max_concurrent_uploads`]).
@@ -114,6 +120,7 @@ impl ServerContext {
         let uploads = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_uploads.max(1)));
         let settings_auth_lifetime = settings.auth_cache_lifetime;
         ServerContext {
+            reserved: pool.clone(),
             pool,
             settings: Arc::new(settings),
             blobs,
@@ -126,6 +133,11 @@ impl ServerContext {
             estimates: Arc::new(tokio::sync::Semaphore::new(ESTIMATES_AT_ONCE)),
             estimates_by_user: Arc::default(),
         }
+    }
+
+    /// The health check and the console's kill switch and overview use `reserved`.
+    pub fn with_reserved(self, reserved: PgPool) -> ServerContext {
+        ServerContext { reserved, ..self }
     }
 
     /// Start an estimate of `user_id`'s: none while the user has [`ESTIMATES_PER_USER`] in

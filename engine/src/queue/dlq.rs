@@ -96,6 +96,9 @@ pub struct ReplayCandidate {
     pub idempotency_key: Option<String>,
     /// The owner's live (not failed) job with the same key: the document was uploaded again.
     pub newer: Option<Uuid>,
+    /// Its document was released (its replay window ended): there is nothing to run again.
+    #[sqlx(default)]
+    pub released: bool,
 }
 
 /// What a replay did.
@@ -105,6 +108,9 @@ pub struct Replayed {
     pub ids: Vec<Uuid>,
     /// Left failed because the owner uploaded the document again: (this job, the newer one).
     pub already_reuploaded: Vec<(Uuid, Uuid)>,
+    /// Left failed because their document was released when its replay window ended: the
+    /// owner has to upload it again.
+    pub document_released: Vec<Uuid>,
 }
 
 /// Pure: which candidates to requeue. One with a live twin stays failed (requeueing it would
@@ -114,6 +120,10 @@ pub fn plan_replay(candidates: &[ReplayCandidate]) -> Replayed {
     let mut plan = Replayed::default();
     let mut taken: std::collections::HashMap<(i64, &str), Uuid> = std::collections::HashMap::new();
     for c in candidates {
+        if c.released {
+            plan.document_released.push(c.id);
+            continue;
+        }
         if let Some(newer) = c.newer {
             plan.already_reuploaded.push((c.id, newer));
             continue;
@@ -134,12 +144,13 @@ pub fn plan_replay(candidates: &[ReplayCandidate]) -> Replayed {
 
 /// Replay: attempts reset, back to `queued`, the replayed hook in the same transaction.
 /// Only jobs still failed are touched, so two identical requests at once requeue once. A job
-/// whose document its owner has since uploaded again is left failed and reported.
+/// whose document its owner has since uploaded again, or whose document was released, is left
+/// failed and reported (a released one would only fail again, reading nothing).
 pub async fn replay(pool: &PgPool, hooks: &dyn TerminalHooks, selection: &Selection, actor: &str) -> Result<Replayed> {
     let (id, kind, reason) = selection.parameters();
     let mut tx = pool.begin().await?;
     let candidates: Vec<ReplayCandidate> = sqlx::query_as(
-        "SELECT d.id, d.owner_id, d.idempotency_key, twin.id AS newer
+        "SELECT d.id, d.owner_id, d.idempotency_key, twin.id AS newer, d.document_released_at IS NOT NULL AS released
          FROM dead_letters d
          LEFT JOIN LATERAL (
              SELECT j.id FROM jobs j
@@ -226,6 +237,7 @@ mod tests {
             owner_id: owner,
             idempotency_key: key.map(str::to_string),
             newer: newer.map(Uuid::from_u128),
+            released: false,
         }
     }
 
@@ -237,9 +249,11 @@ mod tests {
             candidate(3, 7, Some("b"), None),
             candidate(4, 8, Some("b"), None),
             candidate(5, 7, None, None),
+            ReplayCandidate { released: true, ..candidate(6, 7, Some("c"), None) },
         ]);
         let id = Uuid::from_u128;
         assert_eq!(plan.ids, vec![id(2), id(4), id(5)]);
         assert_eq!(plan.already_reuploaded, vec![(id(1), id(99)), (id(3), id(2))]);
+        assert_eq!(plan.document_released, vec![id(6)], "a released document is not run again");
     }
 }

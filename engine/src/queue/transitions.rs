@@ -274,8 +274,22 @@ async fn write_results_where(
         sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(&mut *tx).await?;
     }
     let sql = format!(
-        "UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
-             output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
+        "UPDATE jobs j SET state = 'done', result = i.result,
+             -- Every call it took: a document in parts, its parts' (whichever attempt answered
+             -- them); a job tried before, its earlier attempts' too. A first try reads nothing.
+             input_tokens = CASE
+                 WHEN j.parts_total IS NOT NULL THEN
+                     coalesce((SELECT sum(p.input_tokens) FROM job_parts p WHERE p.job_id = j.id), i.input_tokens)
+                 WHEN j.attempts > 1 THEN
+                     i.input_tokens + coalesce((SELECT sum(a.input_tokens) FROM job_attempts a WHERE a.job_id = j.id), 0)
+                 ELSE i.input_tokens END,
+             output_tokens = CASE
+                 WHEN j.parts_total IS NOT NULL THEN
+                     coalesce((SELECT sum(p.output_tokens) FROM job_parts p WHERE p.job_id = j.id), i.output_tokens)
+                 WHEN j.attempts > 1 THEN
+                     i.output_tokens + coalesce((SELECT sum(a.output_tokens) FROM job_attempts a WHERE a.job_id = j.id), 0)
+                 ELSE i.output_tokens END,
+             lease_token = NULL, lease_owner = NULL,
              lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now(),
              done_attempt = i.token, done_worker = i.worker
          FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[], $6::text[])

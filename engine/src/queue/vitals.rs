@@ -37,6 +37,12 @@ pub struct VitalSigns {
     /// found it full since it last had room: as the upkeep last saw them (within 5 minutes).
     pub store_free_bytes: Option<i64>,
     pub store_full: bool,
+    /// Documents with a deadline still waiting within the lead of their latest start (the
+    /// `deadline_at_risk` alert), and those whose deadline passed in the last day unmet.
+    #[serde(default)]
+    pub deadlines_at_risk: i64,
+    #[serde(default)]
+    pub deadlines_missed_last_day: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -105,6 +111,16 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
     .fetch_optional(pool)
     .await?;
     let (store_free_bytes, store_full) = store.unwrap_or((None, false));
+    // Only jobs due from a day ago on (their index).
+    let (deadlines_at_risk, deadlines_missed_last_day): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE j.state IN ('queued', 'retrying') AND j.due_by >= now()
+                                   AND j.latest_start <= now() + make_interval(secs => q.deadline_lead_secs)),
+                count(*) FILTER (WHERE j.due_by < now() AND (j.state <> 'done' OR j.finished_at > j.due_by))
+         FROM jobs j, queue_settings q
+         WHERE q.id = 1 AND j.due_by > now() - interval '1 day'",
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(VitalSigns {
         backlog: waiting.backlog,
         scheduled_retries: waiting.scheduled_retries,
@@ -118,6 +134,8 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
         drain: drain_estimate(waiting.backlog.max(0) as u64, intake.m5, completions.m5),
         store_free_bytes,
         store_full,
+        deadlines_at_risk,
+        deadlines_missed_last_day,
     })
 }
 

@@ -21,8 +21,8 @@ pub struct RetentionArgs {
     /// deleted (the job stays). A canceled job's document is deleted at once.
     #[arg(long, env = "SLUICE_KEEP_FAILED_DOCUMENTS_DAYS", default_value_t = 7.0, global = true)]
     pub keep_failed_documents_days: f64,
-    /// Days reconciliation reports and resolved alert firings are kept (the newest report
-    /// always is).
+    /// Days reconciliation reports, resolved alert firings, audit entries and users' notices
+    /// are kept (the newest report always is).
     #[arg(long, env = "SLUICE_KEEP_EVIDENCE_DAYS", default_value_t = 90.0, global = true)]
     pub keep_evidence_days: f64,
     /// Days delivered and given-up webhook deliveries are kept (they name the job and its file).

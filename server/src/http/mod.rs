@@ -142,7 +142,8 @@ fn metrics_route(state: &AppState) -> Router {
 
 /// 200 with the Postgres version while the database answers, else 503 (no error text).
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    match engine::db::server_version(&state.ctx.pool).await {
+    // Its own connections: a pool full of requests does not make a live server look dead.
+    match engine::db::server_version(&state.ctx.reserved).await {
         Ok(version) => {
             (StatusCode::OK, Json(serde_json::json!({ "status": "ok", "database": "ok", "postgres": version })))
         }

@@ -43,12 +43,24 @@ impl TestApp {
     /// Start the app with `settings`, storing documents in `blob_dir`.
     pub async fn spawn_storing_in(pool: PgPool, settings: WebSettings, blob_dir: std::path::PathBuf) -> TestApp {
         let pool = wider_pool(&pool, 60).await;
+        TestApp::spawn_with_pools(pool.clone(), pool.clone(), pool, settings, blob_dir).await
+    }
+
+    /// Start the app on its own pools for web requests and for health checks and the console
+    /// (`pool` stays the test's own).
+    pub async fn spawn_with_pools(
+        pool: PgPool,
+        requests: PgPool,
+        reserved: PgPool,
+        settings: WebSettings,
+        blob_dir: std::path::PathBuf,
+    ) -> TestApp {
         let blobs = engine::documents::blobs::Blobs::local(&blob_dir).unwrap();
         let contract = server::testing::contract::ContractCheck::default();
-        let addr =
-            server::startup::spawn_web_wrapped(pool.clone(), settings, blobs.clone(), |router| contract.around(router))
-                .await
-                .expect("the app starts");
+        let wrap = |router| contract.around(router);
+        let addr = server::startup::spawn_web_with_pools(requests, reserved, settings, blobs.clone(), wrap)
+            .await
+            .expect("the app starts");
         TestApp { addr, pool, blob_dir, blobs, contract }
     }
 

@@ -11,6 +11,7 @@ mod http_layer;
 mod mail;
 mod metrics;
 mod operator;
+mod pool_full;
 mod pricing;
 mod restart;
 mod sessions;
