@@ -37,10 +37,17 @@ ALTER TABLE users ADD COLUMN urgent_lane boolean NOT NULL DEFAULT false;
 
 -- Rows written without a lane (tests' fixtures, older processes during a rollout) are small
 -- work: urgent, as every job was before lanes.
+-- `fetched_ahead`: claimed into a process's memory beyond its free slots and not known to
+-- have started (the claim sets it; the worker's heartbeat and a document attempt's first step
+-- clear it). When the process dies, such work goes back to the line without using an attempt
+-- and without waiting for its lease, at most `MAX_UNSTARTED_RETURNS` times (a job that kills
+-- its process before its start is known then uses attempts as any other).
 ALTER TABLE jobs
     ADD COLUMN urgent boolean NOT NULL DEFAULT true,
     ADD COLUMN due_by timestamptz,
-    ADD COLUMN latest_start timestamptz;
+    ADD COLUMN latest_start timestamptz,
+    ADD COLUMN fetched_ahead boolean NOT NULL DEFAULT false,
+    ADD COLUMN unstarted_returns integer NOT NULL DEFAULT 0;
 UPDATE jobs SET urgent = est_input_tokens <= 16000 WHERE state IN ('queued', 'retrying', 'running');
 
 -- A view's `*` is what the table had when it was made: again, with the new columns.
@@ -130,6 +137,8 @@ DECLARE
     v_urgent_room bigint;
     v_bulk_room bigint;
     v_split boolean;
+    -- How many of the claimed the claimer starts at once (the rest it fetches ahead).
+    v_start_now bigint;
     -- What the bulk lane leaves in each bucket for the urgent lane.
     v_keep_req float8 := 0;
     v_keep_in float8 := 0;
@@ -154,6 +163,7 @@ BEGIN
                             NULL::uuid, NULL::bigint, greatest(v_allowance, 0)::integer, NULL::text WHERE p_busy IS NOT NULL;
         RETURN;
     END IF;
+    v_start_now := CASE WHEN p_busy IS NULL THEN v_free ELSE greatest(v_allowance - p_busy, 0) END;
     -- The lanes' rooms count every running row (the claimer's too, its fetched-ahead ones
     -- included): a lane's cap is across processes. Without large documents running or due
     -- there is one lane, and short jobs are fetched ahead as before.
@@ -236,9 +246,9 @@ BEGIN
         FROM locked l
     ),
     fitting AS (
-        SELECT l.at FROM locked l WHERE NOT v_budgeted
+        SELECT l.at, l.n FROM locked l WHERE NOT v_budgeted
         UNION ALL
-        SELECT o.at FROM in_order o
+        SELECT o.at, o.n FROM in_order o
         WHERE v_budgeted
           AND (o.n <= v_req - CASE WHEN o.urgent THEN 0 ELSE v_keep_req END OR (o.n = 1 AND v_req_full))
           AND (o.input_upto <= v_in - CASE WHEN o.urgent THEN 0 ELSE v_keep_in END OR (o.n = 1 AND v_in_full))
@@ -250,7 +260,9 @@ BEGIN
         SET state = 'running', attempts = j.attempts + 1, lease_owner = p_worker, extra_calls = 0, extra_tokens = 0,
             lease_token = gen_random_uuid(),
             lease_expires_at = now() + make_interval(secs => p_lease_secs),
-            started_at = coalesce(j.started_at, now()), claimed_at = now(), updated_at = now()
+            started_at = coalesce(j.started_at, now()), claimed_at = now(), updated_at = now(),
+            -- Beyond the claimer's free slots: into its memory, to start later.
+            fetched_ahead = j.ctid = ANY (ARRAY(SELECT f.at FROM fitting f WHERE f.n > v_start_now))
         WHERE j.ctid = ANY (ARRAY(SELECT f.at FROM fitting f))
         RETURNING j.id, j.owner_id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease_token, j.est_input_tokens,
                   j.fair_tag, j.run_at, j.ctid AS place, j.latest_start

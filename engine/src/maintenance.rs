@@ -90,6 +90,9 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = rescue_tick.tick() => {
+                if let Err(e) = crate::queue::rescue::rescue_dead_processes(&pool).await {
+                    tracing::error!(error = %e, "rescue of a dead process's jobs failed");
+                }
                 if let Err(e) = rescue_expired(&pool, hooks.as_ref(), &policy).await {
                     tracing::error!(error = %e, "lease rescue failed");
                 }

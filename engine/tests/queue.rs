@@ -205,7 +205,7 @@ async fn results_are_written_where_the_claim_left_each_row_or_found_by_id_when_i
     }
     let (still, moved, misplaced, stale) = (&jobs[0], &jobs[1], &jobs[2], &jobs[3]);
     // A heartbeat moves a row; a place can be wrong (another job's row); a token can be stale.
-    queue::heartbeat(&pool, &[moved.lease_token], lease).await.unwrap();
+    queue::heartbeat(&pool, &[moved.lease_token], &[], lease).await.unwrap();
     assert_ne!(moved.place.as_deref(), Some(place_of(moved.id).await.as_str()));
     let misplaced = ClaimedJob { place: still.place.clone(), ..misplaced.clone() };
     let stale = ClaimedJob { lease_token: Uuid::new_v4(), ..stale.clone() };
@@ -1160,4 +1160,109 @@ async fn a_result_written_twice_is_caught_by_the_done_log(pool: PgPool) {
     engine::testing::log_done_write(&mut tx, &job).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(engine::testing::jobs_done_twice(&pool).await, 1);
+}
+
+/// Issue 58: a process that stops beating is noticed without waiting for its leases. What it
+/// had fetched ahead and never started goes back to its place in line with no attempt used;
+/// what it started (its heartbeat said so, or a document's attempt recorded it before calling
+/// anyone) is rescued at once with its attempt counted. A job fetched ahead by dying processes
+/// again and again goes back free at most three times.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_dead_processs_work_fetched_ahead_comes_back_unstarted_and_the_rest_is_rescued_at_once(pool: PgPool) {
+    use engine::queue::rescue::{rescue_dead_processes, rescue_expired, MAX_UNSTARTED_RETURNS};
+    switches::set_gate_size(&pool, 24, "test").await.unwrap();
+    let dead = "dead-proc";
+    let stop_beating = |pool: PgPool| async move {
+        sqlx::query(
+            "INSERT INTO worker_processes (name, role, version, slots, running, heartbeat_secs, seen_at)
+             VALUES ($1, 'all', 'test', 4, 3, 1, now() - interval '1 hour')
+             ON CONFLICT (name) DO UPDATE SET seen_at = now() - interval '1 hour'",
+        )
+        .bind("dead-proc")
+        .execute(&pool)
+        .await
+        .unwrap();
+    };
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            job(&pool, &JobOpts { owner_id: 1 + i, run_at_ago: Some(30.0 - i as f64), ..Default::default() }).await,
+        );
+    }
+    let tags: Vec<i64> = sqlx::query_scalar("SELECT fair_tag FROM jobs WHERE id = ANY($1) ORDER BY run_at")
+        .bind(&ids)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    // One slot free in the process (23 busy): the first starts, two are fetched ahead.
+    let batch = queue::claim_batch(&pool, dead, 3, Duration::from_secs(600), 23, 2).await.unwrap();
+    assert_eq!(batch.jobs.len(), 3);
+    let ahead: Vec<bool> = sqlx::query_scalar("SELECT fetched_ahead FROM jobs WHERE id = ANY($1) ORDER BY run_at")
+        .bind(&ids)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ahead, [false, true, true], "the claim knows which it fetched ahead");
+    // The second started, and the heartbeat said so; then the process dies.
+    let tokens: Vec<Uuid> = batch.jobs.iter().map(|j| j.lease_token).collect();
+    queue::heartbeat(&pool, &tokens, &[batch.jobs[1].lease_token], Duration::from_secs(600)).await.unwrap();
+    stop_beating(pool.clone()).await;
+
+    let back = rescue_dead_processes(&pool).await.unwrap();
+    assert_eq!(back.returned_unstarted, vec![batch.jobs[2].id]);
+    assert_eq!(back.leases_ended, 2, "the started ones are rescued now, not in ten minutes");
+    let rescued = rescue_expired(&pool, &NoHooks, &Default::default()).await.unwrap();
+    assert_eq!(rescued.len(), 2);
+    let unstarted = queue::get(&pool, batch.jobs[2].id).await.unwrap();
+    assert_eq!((unstarted.state, unstarted.attempts), (JobState::Queued, 0), "no attempt used");
+    let tag: i64 = sqlx::query_scalar("SELECT fair_tag FROM jobs WHERE id = $1")
+        .bind(unstarted.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tag, tags[2], "back in its place in line");
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts WHERE job_id = $1")
+        .bind(unstarted.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 0, "no attempt row: it never ran");
+    for started in &batch.jobs[..2] {
+        let view = queue::get(&pool, started.id).await.unwrap();
+        assert_eq!((view.state, view.attempts), (JobState::Retrying, 1), "started: the attempt counts");
+    }
+
+    // A claim of two with one slot free: an older job (started at once), then `ahead`, fetched
+    // ahead.
+    let claim_behind_another = |pool: PgPool, owner: i64| async move {
+        job(&pool, &JobOpts { owner_id: owner, run_at_ago: Some(1_000.0), ..Default::default() }).await;
+        let batch = queue::claim_batch(&pool, "dead-proc", 2, Duration::from_secs(600), 23, 1).await.unwrap();
+        assert_eq!(batch.jobs.len(), 2);
+        batch.jobs[1].clone()
+    };
+    // Fetched ahead by dying processes again and again: free three times in all (once above),
+    // then it counts.
+    for round in 1..=MAX_UNSTARTED_RETURNS {
+        let ahead = claim_behind_another(pool.clone(), 100 + i64::from(round)).await;
+        assert_eq!(ahead.id, unstarted.id, "round {round}");
+        stop_beating(pool.clone()).await;
+        let back = rescue_dead_processes(&pool).await.unwrap();
+        rescue_expired(&pool, &NoHooks, &Default::default()).await.unwrap();
+        let view = queue::get(&pool, ahead.id).await.unwrap();
+        if round < MAX_UNSTARTED_RETURNS {
+            assert_eq!(back.returned_unstarted.len(), 1, "round {round}");
+            assert_eq!(view.attempts, 0, "round {round}");
+        } else {
+            assert!(back.returned_unstarted.is_empty(), "round {round}: it counts now");
+            assert_eq!((view.state, view.attempts), (JobState::Retrying, 1));
+        }
+    }
+
+    // A document's attempt records its start before it calls anyone: it is never returned free.
+    let doc = job(&pool, &JobOpts { owner_id: 9, ..Default::default() }).await;
+    let ahead = claim_behind_another(pool.clone(), 200).await;
+    assert_eq!(ahead.id, doc);
+    queue::mark_started(&pool, &ahead).await.unwrap();
+    stop_beating(pool.clone()).await;
+    assert!(rescue_dead_processes(&pool).await.unwrap().returned_unstarted.is_empty());
 }

@@ -209,7 +209,12 @@ impl DocumentProcessor {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
         let writing = WritingReport::start(self, &job);
-        let outcome = self.attempt(&job, &mut held).await;
+        // Before anything that costs: were this process to die from here on, the attempt is
+        // counted, never taken for work fetched ahead and not started.
+        let outcome = match self.stages.started(&job).await {
+            Ok(()) => self.attempt(&job, &mut held).await,
+            Err(e) => Err(e),
+        };
         if writing.stop() {
             self.stages.writing_ended(&job).await;
         }

@@ -122,9 +122,10 @@ pub async fn claim_batch(
     Ok(Batch { jobs: rows.into_iter().filter_map(|r| r.job(worker)).collect(), allowance })
 }
 
-/// Extend the leases of the given attempts (one statement for all of a worker's jobs).
-/// Returns how many leases are still held.
-pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Result<u64> {
+/// Extend the leases of the given attempts (one statement for all of a worker's jobs), and
+/// record that those of `started` have started (no longer work fetched ahead, which would go
+/// back unstarted if this process died). Returns how many leases are still held.
+pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], started: &[Uuid], lease: Duration) -> Result<u64> {
     if tokens.is_empty() {
         return Ok(0);
     }
@@ -132,11 +133,13 @@ pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Resul
     let mut tx = pool.begin().await?;
     sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
     let done = sqlx::query(
-        "UPDATE jobs SET lease_expires_at = now() + make_interval(secs => $2)
+        "UPDATE jobs SET lease_expires_at = now() + make_interval(secs => $2),
+             fetched_ahead = fetched_ahead AND NOT (lease_token = ANY($3))
          WHERE lease_token = ANY($1) AND state = 'running'",
     )
     .bind(tokens)
     .bind(lease.as_secs_f64())
+    .bind(started)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -146,4 +149,16 @@ pub async fn heartbeat(pool: &PgPool, tokens: &[Uuid], lease: Duration) -> Resul
 /// When the next waiting job falls due (for the worker's sleep), if any is waiting.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>> {
     Ok(sqlx::query_scalar("SELECT min(run_at) FROM waiting_jobs").fetch_one(pool).await?)
+}
+
+/// Record that `job`'s attempt has started, durably, before it does anything that costs (a
+/// provider call): were its process to die now, it is rescued with an attempt used, never
+/// returned as work fetched ahead and never started.
+pub async fn mark_started(pool: &PgPool, job: &ClaimedJob) -> Result<()> {
+    sqlx::query("UPDATE jobs SET fetched_ahead = false WHERE id = $1 AND lease_token = $2 AND fetched_ahead")
+        .bind(job.id)
+        .bind(job.lease_token)
+        .execute(pool)
+        .await?;
+    Ok(())
 }

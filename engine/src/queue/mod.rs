@@ -27,7 +27,7 @@ mod waiting_line;
 pub mod worker;
 
 pub use cancel::{cancel, Canceled};
-pub use claim::{claim, claim_batch, heartbeat, next_due, Batch, ClaimedJob};
+pub use claim::{claim, claim_batch, heartbeat, mark_started, next_due, Batch, ClaimedJob};
 pub use enqueue::{enqueue, lock_line, LaneRequest, NewJob};
 pub use retry_now::{retry_now, RetriedNow};
 pub use sluice_types::{FailureKind, JobStage, JobState};

@@ -46,6 +46,15 @@ impl StageLog {
 }
 
 impl StageLog {
+    /// Record, durably, that `job`'s attempt has started (see [`super::mark_started`]): an
+    /// attempt that cannot say so calls nobody, and fails as the database's (retried).
+    pub async fn started(&self, job: &ClaimedJob) -> Result<(), JobError> {
+        let Some(pool) = &self.pool else { return Ok(()) };
+        super::mark_started(pool, job).await.map_err(|e| {
+            JobError::new(ErrorClass::Connection, format!("the database did not answer before the attempt began: {e}"))
+        })
+    }
+
     /// Record about how many tokens of the answers `job`'s attempt is writing are written, of
     /// how many expected (for display: a failure is only logged).
     pub async fn writing(&self, job: &ClaimedJob, written: u64, expected: u64) {

@@ -133,6 +133,8 @@ struct Shared {
     /// Lease tokens of the jobs this process holds: fetched and waiting, running, or with a
     /// result being written (the heartbeat keeps them, shutdown hands back what is left).
     running: Mutex<HashSet<Uuid>>,
+    /// Lease tokens of the attempts whose processor runs: the heartbeat records them started.
+    started: Mutex<HashSet<Uuid>>,
     wake: Notify,
     /// Attempts whose processor runs (or whose failure is being recorded): the slots in use.
     in_flight: AtomicUsize,
@@ -154,6 +156,7 @@ impl Shared {
             processor,
             hooks,
             running: Mutex::new(HashSet::new()),
+            started: Mutex::new(HashSet::new()),
             wake: Notify::new(),
             in_flight: AtomicUsize::new(0),
             queued_locally: AtomicUsize::new(0),
@@ -408,7 +411,9 @@ impl Drop for Slot {
 /// the completer; a failure is recorded here, holding the slot until it is.
 async fn run_attempt(shared: Arc<Shared>, job: ClaimedJob, slot: Slot, completions: mpsc::UnboundedSender<Completion>) {
     let started = Instant::now();
+    shared.started.lock().unwrap().insert(job.lease_token);
     let outcome = run_processor(&shared, &job).await;
+    shared.started.lock().unwrap().remove(&job.lease_token);
     match outcome {
         Ok(output) => {
             // Only successes set the local queue's depth: a burst of instant failures says
@@ -693,7 +698,8 @@ async fn heartbeat(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let tokens: Vec<Uuid> = shared.running.lock().unwrap().iter().copied().collect();
-        if let Err(e) = queue::heartbeat(&shared.pool, &tokens, shared.config.lease).await {
+        let started: Vec<Uuid> = shared.started.lock().unwrap().iter().copied().collect();
+        if let Err(e) = queue::heartbeat(&shared.pool, &tokens, &started, shared.config.lease).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
         let me = queue::processes::Announcement {
