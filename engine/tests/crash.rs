@@ -172,3 +172,43 @@ async fn postgres_killed_while_parts_are_called_never_calls_a_part_twice() {
     assert_eq!(fake.calls(), parts, "the provider was called once per part, none twice");
     pool.close().await;
 }
+
+/// Issue 58: a claim and a part grant are on disk when they return (the WAL flushed past their
+/// commit), even with the WAL writer slowed to 10 s, so a Postgres crash right after cannot
+/// forget them while their provider calls are made. Before, both committed asynchronously.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_and_part_grants_are_flushed_before_they_return() {
+    use engine::queue::parts::PartStore;
+    let temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-durable-claims"))
+        .await
+        .unwrap()
+        .expect("a private cluster");
+    let pool = engine::db::connect(&temp.cluster.url("postgres"), 4).await.unwrap();
+    sqlx::query("ALTER SYSTEM SET wal_writer_delay = '10s'").execute(&pool).await.unwrap();
+    sqlx::query("SELECT pg_reload_conf()").execute(&pool).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The WAL written but not flushed, in bytes.
+    let unflushed = || async {
+        sqlx::query_scalar::<_, f64>("SELECT (pg_current_wal_insert_lsn() - pg_current_wal_flush_lsn())::float8")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    // An asynchronous commit stays unflushed: the check can tell.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await.unwrap();
+    sqlx::query("UPDATE queue_settings SET gate_size = 24").execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(unflushed().await > 0.0, "an asynchronous commit waits for the WAL writer");
+
+    enqueue_many(&pool, 1, 2).await;
+    let claimed = engine::queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(unflushed().await, 0.0, "the claim is on disk when it returns");
+
+    let parts = PartStore::new(pool.clone());
+    let grant = parts.calls(&claimed[0], 1, &[(1_000, 100), (1_000, 100)]).await.unwrap();
+    assert_eq!(grant.granted, 2);
+    assert_eq!(unflushed().await, 0.0, "the grant is on disk when it returns");
+    pool.close().await;
+}
