@@ -10,14 +10,25 @@ use engine::queue::worker::WorkerPool;
 use engine::queue::{ClaimedJob, JobError, JobOutput, JobState};
 use engine::testing::{count_in_state, enqueue_many, fast_worker, wait_for};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
-    let mut temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-crash-test"))
+/// A private cluster (these tests stop it) and a pool on it; `slow_wal_writer`: asynchronous
+/// commits wait 10 s to be flushed, so a crash loses them.
+async fn private_cluster(name: &'static str, slow_wal_writer: bool) -> (pgcluster::TempCluster, sqlx::PgPool) {
+    let temp = tokio::task::spawn_blocking(move || pgcluster::TempCluster::start(name))
         .await
         .unwrap()
         .expect("a private cluster");
-    let url = temp.cluster.url("postgres");
-    let pool = engine::db::connect(&url, 30).await.unwrap();
+    let pool = engine::db::connect(&temp.cluster.url("postgres"), 30).await.unwrap();
+    if slow_wal_writer {
+        sqlx::query("ALTER SYSTEM SET wal_writer_delay = '10s'").execute(&pool).await.unwrap();
+        sqlx::query("SELECT pg_reload_conf()").execute(&pool).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    (temp, pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_mid_run_loses_nothing_and_finishes_each_job_once() {
+    let (mut temp, pool) = private_cluster("sluice-crash-test", false).await;
     enqueue_many(&pool, 1, 60).await;
     enqueue_many(&pool, 2, 60).await;
 
@@ -80,15 +91,8 @@ async fn postgres_killed_while_parts_are_called_never_calls_a_part_twice() {
     use engine::queue::{self, NewJob};
     use fakeprovider::{FakeProvider, HostedModel};
 
-    let mut temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-crash-parts"))
-        .await
-        .unwrap()
-        .expect("a private cluster");
-    let url = temp.cluster.url("postgres");
-    let pool = engine::db::connect(&url, 30).await.unwrap();
     // An asynchronous commit would wait up to 10 s for the WAL writer: a crash loses it.
-    sqlx::query("ALTER SYSTEM SET wal_writer_delay = '10s'").execute(&pool).await.unwrap();
-    sqlx::query("SELECT pg_reload_conf()").execute(&pool).await.unwrap();
+    let (mut temp, pool) = private_cluster("sluice-crash-parts", true).await;
 
     let fake = FakeProvider::start().await;
     // Each part's answer takes about two seconds: calls are in flight when Postgres dies.
@@ -179,14 +183,7 @@ async fn postgres_killed_while_parts_are_called_never_calls_a_part_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_and_part_grants_are_flushed_before_they_return() {
     use engine::queue::parts::PartStore;
-    let temp = tokio::task::spawn_blocking(|| pgcluster::TempCluster::start("sluice-durable-claims"))
-        .await
-        .unwrap()
-        .expect("a private cluster");
-    let pool = engine::db::connect(&temp.cluster.url("postgres"), 4).await.unwrap();
-    sqlx::query("ALTER SYSTEM SET wal_writer_delay = '10s'").execute(&pool).await.unwrap();
-    sqlx::query("SELECT pg_reload_conf()").execute(&pool).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_temp, pool) = private_cluster("sluice-durable-claims", true).await;
     // The WAL written but not flushed, in bytes.
     let unflushed = || async {
         sqlx::query_scalar::<_, f64>("SELECT (pg_current_wal_insert_lsn() - pg_current_wal_flush_lsn())::float8")
