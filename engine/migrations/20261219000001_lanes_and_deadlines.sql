@@ -65,7 +65,7 @@ CREATE INDEX notices_created ON notices (created_at);
 CREATE INDEX jobs_due_by ON jobs (due_by) WHERE due_by IS NOT NULL;
 
 -- How many slots each lane may hold (see the header). `p_bulk_demand`: slots the bulk lane
--- could use now (its running and due jobs; a running job in parts counts as the whole floor).
+-- could use now (its due jobs; a running bulk job, likely in parts, counts as the whole floor).
 CREATE FUNCTION sluice_lane_caps(p_gate bigint, p_urgent_share float8, p_bulk_floor float8, p_bulk_demand bigint,
                                  OUT urgent_cap bigint, OUT bulk_cap bigint)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -163,7 +163,9 @@ BEGIN
                             NULL::uuid, NULL::bigint, greatest(v_allowance, 0)::integer, NULL::text WHERE p_busy IS NOT NULL;
         RETURN;
     END IF;
-    v_start_now := CASE WHEN p_busy IS NULL THEN v_free ELSE greatest(v_allowance - p_busy, 0) END;
+    -- As many as the claimer has slots free now: the gate's room for it, at most its own.
+    v_start_now := CASE WHEN p_busy IS NULL THEN v_free
+                        ELSE greatest(least(v_allowance - p_busy, p_max - greatest(p_prefetch, 0)), 0) END;
     -- The lanes' rooms count every running row (the claimer's too, its fetched-ahead ones
     -- included): a lane's cap is across processes. Without large documents running or due
     -- there is one lane, and short jobs are fetched ahead as before.
@@ -196,7 +198,7 @@ BEGIN
         -- front): an index probe that finds nothing when no deadline is near.
         SELECT j.ctid AS at, j.est_input_tokens, j.fair_tag, j.run_at, j.id, j.urgent, j.latest_start FROM jobs j
         WHERE j.state IN ('queued', 'retrying') AND j.latest_start IS NOT NULL
-          AND j.latest_start <= now() + make_interval(secs => v_s.deadline_lead_secs)
+          AND j.latest_start <= now() + make_interval(secs => v_s.deadline_lead_secs) AND j.due_by > now()
           AND j.run_at <= now() AND j.fair_tag <= v_s.virtual_time + v_s.deadline_fair_window
         ORDER BY j.latest_start, j.id
         LIMIT v_free
@@ -242,13 +244,14 @@ BEGIN
     -- Running sums only under a provider budget (in float8, as the levels are kept). The bulk
     -- lane leaves the urgent lane's share of each bucket.
     in_order AS (
-        SELECT l.at, l.n, l.urgent, sum(l.est_input_tokens::float8) OVER (ORDER BY l.n) AS input_upto
+        SELECT l.at, l.id, l.n, l.urgent, l.latest_start IS NOT NULL AS for_deadline,
+               sum(l.est_input_tokens::float8) OVER (ORDER BY l.n) AS input_upto
         FROM locked l
     ),
     fitting AS (
-        SELECT l.at, l.n FROM locked l WHERE NOT v_budgeted
+        SELECT l.at, l.id, l.n, l.latest_start IS NOT NULL AS for_deadline FROM locked l WHERE NOT v_budgeted
         UNION ALL
-        SELECT o.at, o.n FROM in_order o
+        SELECT o.at, o.id, o.n, o.for_deadline FROM in_order o
         WHERE v_budgeted
           AND (o.n <= v_req - CASE WHEN o.urgent THEN 0 ELSE v_keep_req END OR (o.n = 1 AND v_req_full))
           AND (o.input_upto <= v_in - CASE WHEN o.urgent THEN 0 ELSE v_keep_in END OR (o.n = 1 AND v_in_full))
@@ -265,15 +268,19 @@ BEGIN
             fetched_ahead = j.ctid = ANY (ARRAY(SELECT f.at FROM fitting f WHERE f.n > v_start_now))
         WHERE j.ctid = ANY (ARRAY(SELECT f.at FROM fitting f))
         RETURNING j.id, j.owner_id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease_token, j.est_input_tokens,
-                  j.fair_tag, j.run_at, j.ctid AS place, j.latest_start
+                  j.fair_tag, j.ctid AS place
     ),
-    -- The virtual time moves to the highest tag served by the line (work taken for its
-    -- deadline does not move it); the budget pays for what was claimed.
+    -- Each claimed row with its place in the claim's order and whether its deadline took it.
+    ranked AS (
+        SELECT c.*, f.n, f.for_deadline FROM claimed c
+        JOIN fitting f ON f.id = c.id
+    ),
+    -- The virtual time moves to the highest tag the line served (work taken for its deadline
+    -- does not move it: the line's order did not reach it); the budget pays for what was claimed.
     settled AS (
         UPDATE queue_settings q
-        SET virtual_time = greatest(q.virtual_time, coalesce((SELECT max(c.fair_tag) FROM claimed c
-                                                              WHERE c.latest_start IS NULL
-                                                                 OR c.latest_start > now() + make_interval(secs => q.deadline_lead_secs)), 0)),
+        SET virtual_time = greatest(q.virtual_time, coalesce((SELECT max(r.fair_tag) FROM ranked r
+                                                              WHERE NOT r.for_deadline), 0)),
             level_requests = CASE WHEN v_budgeted THEN q.level_requests - (SELECT count(*) FROM claimed) ELSE q.level_requests END,
             level_input = CASE WHEN v_budgeted THEN q.level_input - (SELECT coalesce(sum(c.est_input_tokens), 0) FROM claimed c)
                                ELSE q.level_input END,
@@ -281,11 +288,11 @@ BEGIN
                                 ELSE q.level_output END
         WHERE q.id = 1 AND EXISTS (SELECT 1 FROM claimed)
     )
-    -- In claim order, so they start in it.
-    SELECT c.id, c.owner_id, c.kind, c.payload, c.attempts, c.max_attempts, c.lease_token, c.est_input_tokens,
-           v_allowance::integer, c.place::text
-    FROM claimed c
-    ORDER BY c.latest_start NULLS LAST, c.fair_tag, c.run_at, c.id;
+    -- In claim order, so they start in it (the first `v_start_now` at once).
+    SELECT r.id, r.owner_id, r.kind, r.payload, r.attempts, r.max_attempts, r.lease_token, r.est_input_tokens,
+           v_allowance::integer, r.place::text
+    FROM ranked r
+    ORDER BY r.n;
     RETURN QUERY SELECT NULL::uuid, NULL::bigint, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
                         NULL::uuid, NULL::bigint, greatest(v_allowance, 0)::integer, NULL::text WHERE p_busy IS NOT NULL;
 END $$;

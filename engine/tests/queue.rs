@@ -1262,7 +1262,14 @@ async fn a_dead_processs_work_fetched_ahead_comes_back_unstarted_and_the_rest_is
     let doc = job(&pool, &JobOpts { owner_id: 9, ..Default::default() }).await;
     let ahead = claim_behind_another(pool.clone(), 200).await;
     assert_eq!(ahead.id, doc);
-    queue::mark_started(&pool, &ahead).await.unwrap();
+    assert!(queue::mark_started(&pool, &ahead).await.unwrap());
     stop_beating(pool.clone()).await;
     assert!(rescue_dead_processes(&pool).await.unwrap().returned_unstarted.is_empty());
+    // A process that was only slow finds the job it had fetched ahead gone: it must not start it.
+    let fetched = job(&pool, &JobOpts { owner_id: 301, ..Default::default() }).await;
+    let slow = claim_behind_another(pool.clone(), 300).await;
+    assert_eq!(slow.id, fetched);
+    stop_beating(pool.clone()).await;
+    assert_eq!(rescue_dead_processes(&pool).await.unwrap().returned_unstarted, vec![slow.id]);
+    assert!(!queue::mark_started(&pool, &slow).await.unwrap(), "its attempt may not begin");
 }

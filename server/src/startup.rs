@@ -89,11 +89,13 @@ impl Application {
             // slots do not need 70 connections; Postgres allows 100 in all by default. Three
             // pools: the workers' and the upkeep's (waiting up to 10 s), the web requests'
             // (a second, then 503), and two connections for health checks and the console.
-            // A process of each role stays within the 40 one process took before.
+            // At most 40 for one process of every role, 32 for a web-only one and 31 for a
+            // worker-only one: one web process and two workers stay within Postgres' default
+            // 100 (97 for clients).
             let (work, requests) = match role {
-                Role::Web => (8, 30),
-                Role::Worker => ((config.workers.workers.min(24) as u32 + 14).max(20), 2),
-                Role::All => ((config.workers.workers.min(24) as u32 + 4).max(12), 12),
+                Role::Web => (6, 24),
+                Role::Worker => ((config.workers.workers.min(24) as u32 + 4).max(12), 1),
+                Role::All => ((config.workers.workers.min(24) as u32 + 4).max(12), 10),
             };
             let pool = engine::db::connect(&database.url, work)
                 .await

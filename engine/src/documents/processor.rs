@@ -431,7 +431,11 @@ impl DocumentProcessor {
         let mut used = Usage::default();
         loop {
             let count = self.parts.count(job.id, level).await.map_err(database_error)? as i32;
-            let end = self.run_level(job, spec, level, count, &mut first, &mut used, started + turn).await?;
+            let end = match self.run_level(job, spec, level, count, &mut first, &mut used, started + turn).await {
+                Ok(end) => end,
+                // What the parts answered before the failure was paid for: its attempt says so.
+                Err(e) => return Err(JobError { usage: Some((used.input, used.output)), ..e }),
+            };
             if let Some(unused) = first.take() {
                 self.budget.correct(-unused.input, -unused.output).await;
             }

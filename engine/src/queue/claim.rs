@@ -153,12 +153,15 @@ pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>> {
 
 /// Record that `job`'s attempt has started, durably, before it does anything that costs (a
 /// provider call): were its process to die now, it is rescued with an attempt used, never
-/// returned as work fetched ahead and never started.
-pub async fn mark_started(pool: &PgPool, job: &ClaimedJob) -> Result<()> {
-    sqlx::query("UPDATE jobs SET fetched_ahead = false WHERE id = $1 AND lease_token = $2 AND fetched_ahead")
-        .bind(job.id)
-        .bind(job.lease_token)
-        .execute(pool)
-        .await?;
-    Ok(())
+/// returned as work fetched ahead and never started. False: the attempt holds the job no more
+/// (it went back to the line meanwhile): it must not start.
+pub async fn mark_started(pool: &PgPool, job: &ClaimedJob) -> Result<bool> {
+    let held: Option<i32> = sqlx::query_scalar(
+        "UPDATE jobs SET fetched_ahead = false WHERE id = $1 AND lease_token = $2 AND state = 'running' RETURNING 1",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .fetch_optional(pool)
+    .await?;
+    Ok(held.is_some())
 }

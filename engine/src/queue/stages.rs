@@ -50,9 +50,14 @@ impl StageLog {
     /// attempt that cannot say so calls nobody, and fails as the database's (retried).
     pub async fn started(&self, job: &ClaimedJob) -> Result<(), JobError> {
         let Some(pool) = &self.pool else { return Ok(()) };
-        super::mark_started(pool, job).await.map_err(|e| {
-            JobError::new(ErrorClass::Connection, format!("the database did not answer before the attempt began: {e}"))
-        })
+        match super::mark_started(pool, job).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(JobError::new(ErrorClass::Connection, "the job went back to the line before it began")),
+            Err(e) => Err(JobError::new(
+                ErrorClass::Connection,
+                format!("the database did not answer before the attempt began: {e}"),
+            )),
+        }
     }
 
     /// Record about how many tokens of the answers `job`'s attempt is writing are written, of

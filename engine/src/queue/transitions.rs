@@ -51,6 +51,10 @@ pub struct JobError {
     /// it said (the processor learns its tokenizer's ratio to ours from it).
     #[serde(default)]
     pub provider_counted_tokens: Option<u64>,
+    /// Tokens in and out the attempt's calls used before it failed (a document in parts: the
+    /// parts it answered): recorded on its attempt, so outcomes and costs count them.
+    #[serde(default)]
+    pub usage: Option<(i64, i64)>,
 }
 
 impl JobError {
@@ -64,6 +68,7 @@ impl JobError {
             detail: None,
             unreadable: false,
             provider_counted_tokens: None,
+            usage: None,
         }
     }
 
@@ -274,22 +279,8 @@ async fn write_results_where(
         sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(&mut *tx).await?;
     }
     let sql = format!(
-        "UPDATE jobs j SET state = 'done', result = i.result,
-             -- Every call it took: a document in parts, its parts' (whichever attempt answered
-             -- them); a job tried before, its earlier attempts' too. A first try reads nothing.
-             input_tokens = CASE
-                 WHEN j.parts_total IS NOT NULL THEN
-                     coalesce((SELECT sum(p.input_tokens) FROM job_parts p WHERE p.job_id = j.id), i.input_tokens)
-                 WHEN j.attempts > 1 THEN
-                     i.input_tokens + coalesce((SELECT sum(a.input_tokens) FROM job_attempts a WHERE a.job_id = j.id), 0)
-                 ELSE i.input_tokens END,
-             output_tokens = CASE
-                 WHEN j.parts_total IS NOT NULL THEN
-                     coalesce((SELECT sum(p.output_tokens) FROM job_parts p WHERE p.job_id = j.id), i.output_tokens)
-                 WHEN j.attempts > 1 THEN
-                     i.output_tokens + coalesce((SELECT sum(a.output_tokens) FROM job_attempts a WHERE a.job_id = j.id), 0)
-                 ELSE i.output_tokens END,
-             lease_token = NULL, lease_owner = NULL,
+        "UPDATE jobs j SET state = 'done', result = i.result, input_tokens = i.input_tokens,
+             output_tokens = i.output_tokens, lease_token = NULL, lease_owner = NULL,
              lease_expires_at = NULL, last_error = NULL, finished_at = now(), updated_at = now(),
              done_attempt = i.token, done_worker = i.worker
          FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::int8[], $5::int8[], $6::text[])
@@ -380,6 +371,9 @@ pub async fn fail(
         return Ok(Recorded::Stale);
     };
     if error.class == ErrorClass::QuotaExhausted {
+        // The owner's line before the settings row (the job comes back into the line below):
+        // a part grant takes them in that order, and the other way round the two deadlock.
+        super::enqueue::lock_line(&mut tx, job.owner_id).await?;
         // The operator's problem, not the document's: hold processing and fail nobody.
         super::switches::hold_for_provider(&mut tx, policy.quota_hold).await?;
     }
@@ -470,9 +464,9 @@ pub(crate) async fn end_attempts(
 ) -> Result<()> {
     sqlx::query(
         "INSERT INTO job_attempts (id, job_id, attempt, worker, started_at, finished_at, outcome, error_class, error,
-                                   provider_status, retry_after_ms, detail)
+                                   provider_status, retry_after_ms, detail, input_tokens, output_tokens)
          SELECT j.lease_token, j.id, j.attempts, coalesce(j.lease_owner, ''), coalesce(j.claimed_at, now()), now(),
-                $3, $4, $5, $6, $7, $8
+                $3, $4, $5, $6, $7, $8, $9, $10
          FROM jobs j WHERE j.id = ANY($1) AND j.lease_token = ANY($2) AND j.state = 'running'",
     )
     .bind(ids)
@@ -483,6 +477,8 @@ pub(crate) async fn end_attempts(
     .bind(error.and_then(|e| e.provider_status).map(i32::from))
     .bind(error.and_then(|e| e.retry_after).map(|d| d.as_millis().min(i64::MAX as u128) as i64))
     .bind(error.and_then(|e| e.detail.as_ref()))
+    .bind(error.and_then(|e| e.usage).map(|u| u.0))
+    .bind(error.and_then(|e| e.usage).map(|u| u.1))
     .execute(&mut *tx)
     .await?;
     Ok(())

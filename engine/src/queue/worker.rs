@@ -699,9 +699,6 @@ async fn heartbeat(shared: Arc<Shared>) {
         tick.tick().await;
         let tokens: Vec<Uuid> = shared.running.lock().unwrap().iter().copied().collect();
         let started: Vec<Uuid> = shared.started.lock().unwrap().iter().copied().collect();
-        if let Err(e) = queue::heartbeat(&shared.pool, &tokens, &started, shared.config.lease).await {
-            tracing::warn!(error = %e, "heartbeat failed");
-        }
         let me = queue::processes::Announcement {
             name: &shared.config.name,
             role: shared.config.role,
@@ -709,8 +706,14 @@ async fn heartbeat(shared: Arc<Shared>) {
             running: tokens.len(),
             heartbeat: shared.config.heartbeat,
         };
+        // Alive first, then the leases: a process whose beat is not seen is taken for dead
+        // (its work is rescued), so its leases must not be kept alive without it.
         if let Err(e) = queue::processes::announce(&shared.pool, &me).await {
-            tracing::warn!(error = %e, "could not announce this worker process");
+            tracing::warn!(error = %e, "could not announce this worker process; its leases are not renewed");
+            continue;
+        }
+        if let Err(e) = queue::heartbeat(&shared.pool, &tokens, &started, shared.config.lease).await {
+            tracing::warn!(error = %e, "heartbeat failed");
         }
     }
 }
