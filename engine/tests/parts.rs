@@ -1129,13 +1129,12 @@ async fn a_failed_attempts_answered_parts_count_in_its_tokens(pool: PgPool) {
     let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
     let view = drive(&pool, &processor, job).await;
     assert_eq!(view.state, JobState::Done, "{view:?}");
-    let (parts_in, parts_out): (i64, i64) = sqlx::query_as(
-        "SELECT sum(input_tokens)::int8, sum(output_tokens)::int8 FROM job_parts WHERE job_id = $1",
-    )
-    .bind(job)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let (parts_in, parts_out): (i64, i64) =
+        sqlx::query_as("SELECT sum(input_tokens)::int8, sum(output_tokens)::int8 FROM job_parts WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     let (failed_in, attempts_in, attempts_out): (Option<i64>, i64, i64) = sqlx::query_as(
         "SELECT sum(input_tokens) FILTER (WHERE outcome <> 'succeeded')::int8,
                 sum(input_tokens)::int8, sum(output_tokens)::int8
