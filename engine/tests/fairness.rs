@@ -618,3 +618,36 @@ async fn a_jobs_lane_is_its_size_its_uploads_flag_or_its_accounts(pool: PgPool) 
     engine::queue::lanes::configure(&pool, &config).await.unwrap();
     assert!(!lane_of(plain.id, sized(2_000)).await, "the operator's threshold");
 }
+
+/// A spent quota recorded on some of an owner's jobs while its document's parts are granted:
+/// the failure brings its job back into the owner's line and holds processing, the grant
+/// charges the owner's line and reads the settings; both take the line before the settings
+/// row, so many of each at once never deadlock.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn spent_quotas_recorded_while_parts_are_granted_never_deadlock(pool: PgPool) {
+    use engine::queue::parts::PartStore;
+    let pool = engine::testing::wider_pool(&pool, 40).await;
+    queue::switches::set_gate_size(&pool, 70, "test").await.unwrap();
+    job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 10_000, bulk: true, ..Default::default() }).await;
+    let doc = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+    for _ in 0..30 {
+        job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 1_000, ..Default::default() }).await;
+    }
+    let others = queue::claim(&pool, "w", 30, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(others.len(), 30);
+    let quota = JobError::new(ErrorClass::QuotaExhausted, "the provider's quota is spent");
+    let policy = RetryPolicy::default();
+    let parts = PartStore::new(pool.clone());
+    let fails = others.iter().map(|job| {
+        let (pool, quota, policy) = (pool.clone(), quota.clone(), policy.clone());
+        async move { queue::fail(&pool, &NoHooks, &policy, job, &quota).await.map(|_| ()) }
+    });
+    let grants = (0..30).map(|_| {
+        let (parts, doc) = (parts.clone(), doc.clone());
+        async move { parts.calls(&doc, 1, &[(1_000, 100)]).await.map(|_| ()) }
+    });
+    let (failed, granted) = tokio::join!(futures::future::join_all(fails), futures::future::join_all(grants));
+    for result in failed.iter().chain(&granted) {
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
