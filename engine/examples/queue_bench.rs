@@ -285,10 +285,47 @@ async fn main() {
     }
 }
 
+/// Make the claim commit without waiting for the WAL flush, as it did before issue 58 (or
+/// durable again): the claim function's text with the line the issue took out put back.
+async fn claims_asynchronous(pool: &PgPool, asynchronous: bool) {
+    const DURABLE: &str = "RETURN QUERY\n    -- The due jobs with the lowest tags";
+    const ASYNC: &str = "PERFORM set_config('synchronous_commit', 'off', true);\n    RETURN QUERY\n    -- The due jobs with the lowest tags";
+    let (from, to) = if asynchronous { (DURABLE, ASYNC) } else { (ASYNC, DURABLE) };
+    sqlx::query(
+        "DO $do$ DECLARE d text; BEGIN
+             SELECT pg_get_functiondef('sluice_claim_with_places(bigint, text, float8, bigint, bigint)'::regprocedure) INTO d;
+             EXECUTE replace(d, current_setting('bench.from'), current_setting('bench.to'));
+         END $do$",
+    )
+    .execute(&mut *{
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::query("SELECT set_config('bench.from', $1, false), set_config('bench.to', $2, false)")
+            .bind(from)
+            .bind(to)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        conn
+    })
+    .await
+    .unwrap();
+}
+
 async fn queue(pool: &PgPool, runs: usize, jobs: usize) {
     let (mut rates, mut pickups, mut worker_cpu, mut pg_cpu) = (vec![], vec![[0.0; 4]; 0], vec![], vec![]);
+    let mut durable_over_async = Vec::new();
     for run in 1..=runs {
+        // The claim's durability, priced in the same run: a drain with it taken back out.
+        claims_asynchronous(pool, true).await;
+        let (async_rate, ..) = drain_run(pool, jobs).await;
+        claims_asynchronous(pool, false).await;
         let (rate, worker_us, pg_us) = drain_run(pool, jobs).await;
+        // On stderr: `cargo xtask bench` reads this program's stdout for its RESULT line.
+        eprintln!(
+            "run {run}: drain with claims committed asynchronously (before issue 58) {async_rate:.0} jobs/s, durable {rate:.0} (ratio {:.2})",
+            rate / async_rate
+        );
+        durable_over_async.push(rate / async_rate);
         worker_cpu.push(worker_us);
         pg_cpu.push(pg_us);
         let (pickup, from_commit) = pickup_run(pool, 200).await;
@@ -305,6 +342,11 @@ async fn queue(pool: &PgPool, runs: usize, jobs: usize) {
         "median of {runs}: drain {rate:.0} jobs/s ({jobs} no-op jobs, 24 worker tasks); pickup p50 {p50:.2} ms, p95 {p95:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
     );
     let (worker_us, pg_us) = (median(&mut worker_cpu), median(&mut pg_cpu));
+    eprintln!(
+        "drain with durable claims over the same with asynchronous ones (before issue 58): median {:.2} (runs {:?})",
+        median(&mut durable_over_async.clone()),
+        durable_over_async.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>()
+    );
     println!(
         "RESULT drain={rate:.1} pickup_p50={p50:.3} pickup_p95={p95:.3} pickup_p99={p99:.3} pickup_max={max:.3} \
          worker_cpu_us={worker_us:.2} pg_cpu_us={pg_us:.2}"
