@@ -612,7 +612,9 @@ async fn a_jobs_lane_is_its_size_its_uploads_flag_or_its_accounts(pool: PgPool) 
     let sized = |tokens: i64| LaneRequest { document_tokens: tokens, ..Default::default() };
     assert!(lane_of(plain.id, sized(16_000)).await, "at the threshold: urgent");
     assert!(!lane_of(plain.id, sized(16_001)).await, "past it: bulk");
-    assert!(lane_of(plain.id, LaneRequest { urgent: true, ..sized(400_000) }).await, "asked for");
+    assert!(lane_of(plain.id, LaneRequest { urgent: true, ..sized(64_000) }).await, "asked for");
+    // Anyone may ask: a large document asking stays in the bulk lane (the reserve is for small work).
+    assert!(!lane_of(plain.id, LaneRequest { urgent: true, ..sized(400_000) }).await, "asked for, too large");
     assert!(lane_of(vip.id, sized(400_000)).await, "the account's lane");
     let config = engine::queue::lanes::LaneConfig { urgent_max_tokens: 1_000, ..Default::default() };
     engine::queue::lanes::configure(&pool, &config).await.unwrap();

@@ -28,6 +28,11 @@ pub struct NewJob {
     pub lane: LaneRequest,
 }
 
+/// An upload's `urgent` flag moves a document into the urgent lane only up to this many times
+/// the operator's `urgent_max_tokens` (64K tokens by default): anyone may set the flag, and a
+/// large document flagged urgent would take the reserve kept for small ones.
+pub const URGENT_FLAG_REACH: i64 = 4;
+
 /// What decides a job's lane, and its deadline (DESIGN: deadlines and lanes).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LaneRequest {
@@ -62,14 +67,16 @@ impl NewJob {
 
 /// Insert a job inside the caller's transaction (admission debits credits in the same one).
 /// Workers are woken by a trigger when the transaction commits. Its lane is decided here, by
-/// the operator's settings at admission: asked for, small enough, or its owner's account.
+/// the operator's settings at admission: small enough (or, asked for, [`URGENT_FLAG_REACH`]
+/// times that), or its owner's account.
 pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     let lane = &job.lane;
     Ok(sqlx::query_scalar(
         "INSERT INTO jobs (owner_id, kind, payload, idempotency_key, cost, max_attempts, client_key, request_fingerprint,
                            est_input_tokens, trace_parent, urgent, due_by, latest_start)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                 $11 OR $12 <= (SELECT q.urgent_max_tokens FROM queue_settings q WHERE q.id = 1)
+                 $12 <= (SELECT CASE WHEN $11 THEN $15 ELSE 1 END * q.urgent_max_tokens
+                         FROM queue_settings q WHERE q.id = 1)
                      OR coalesce((SELECT u.urgent_lane FROM users u WHERE u.id = $1), false),
                  $13, $13 - make_interval(secs => $14))
          RETURNING id",
@@ -89,6 +96,7 @@ pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Uuid> {
     .bind(lane.document_tokens.max(0))
     .bind(lane.due_by)
     .bind(lane.expected_run.as_secs_f64().min(1e9))
+    .bind(URGENT_FLAG_REACH)
     .fetch_one(conn)
     .await?)
 }

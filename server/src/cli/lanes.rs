@@ -21,8 +21,8 @@ pub struct LaneArgs {
     /// Share of the gate (0 to 0.9) small documents leave large ones while those have work.
     #[arg(long, env = "SLUICE_BULK_FLOOR", default_value_t = DEFAULT_BULK_FLOOR, global = true)]
     pub bulk_floor: f64,
-    /// Documents of at most this many tokens are urgent work (an upload's `urgent` flag and an
-    /// account's lane make others so).
+    /// Documents of at most this many tokens are urgent work; an upload's `urgent` flag makes
+    /// those up to four times as large so, an account's lane (`set-lane`) any.
     #[arg(long, env = "SLUICE_URGENT_MAX_TOKENS", default_value_t = DEFAULT_URGENT_MAX_TOKENS, global = true)]
     pub urgent_max_tokens: i64,
     /// Seconds before its latest start that a document with a deadline is taken ahead of the

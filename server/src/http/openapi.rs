@@ -40,7 +40,8 @@ pub struct UploadForm {
     #[schema(format = DateTime)]
     due_by: Option<String>,
     /// Put it in the urgent lane, whose share of the gate large documents never take (small
-    /// documents are there anyway).
+    /// documents are there anyway): honoured up to four times the operator's size for small
+    /// documents; a larger one stays in the bulk lane.
     urgent: Option<bool>,
 }
 
