@@ -112,8 +112,14 @@ pub struct HostedModel {
     /// less), and what it did not write is given back when its answer ends.
     pub output_tokens_per_min: u64,
     /// How many times its text a translation's paragraph comes back (1: as long as its input;
-    /// more: a language that takes more tokens, so answers meet `max_tokens` sooner).
-    pub translation_growth: u32,
+    /// more: a language that writes longer, 1.35 as English into German, so answers meet
+    /// `max_tokens` sooner).
+    pub translation_growth: f64,
+    /// The next this many translations of two paragraphs or more come back flawed this way
+    /// (one marker's paragraph merged into the one before, or left out, or a preface put
+    /// before the first), as models do now and then.
+    pub flaw: Option<Flaw>,
+    pub flawed_answers: u32,
     /// Only for prompts holding this text (which it then answers before any script): a
     /// browser flow's own document beside other flows' scripts on one shared fake.
     pub only_for: Option<String>,
@@ -133,12 +139,26 @@ impl Default for HostedModel {
             output_tokens_per_sec: 1_000.0,
             input_tokens_per_min: 0,
             output_tokens_per_min: 0,
-            translation_growth: 1,
+            translation_growth: 1.0,
+            flaw: None,
+            flawed_answers: 0,
             only_for: None,
             token_inflation: 1.0,
             context_tokens: 0,
         }
     }
+}
+
+/// How a translation's answer comes back wrong ([`HostedModel::flaw`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flaw {
+    /// The second paragraph's words run on in the first's, its marker gone.
+    Merge,
+    /// The last paragraph left out.
+    Drop,
+    /// "Here is the translation:" before the first paragraph.
+    Preface,
 }
 
 /// What the hosted model did: its calls' overlap and the tokens it read and wrote.
@@ -306,23 +326,48 @@ fn asked_of(body: &serde_json::Value) -> u64 {
 }
 
 /// What a hosted model answers to `prompt`: a translation is the document itself with each
-/// paragraph marked (as long as its input, as a real one is); anything else a short summary
-/// (the first words of each paragraph, at most a tenth of the text).
-pub fn model_answer(prompt: &str, growth: u32) -> String {
+/// paragraph marked `[translated]` and its words `growth` times as many (as long as its
+/// input, as a real one is, or longer), its paragraph markers (`⟦1⟧`) kept in front, or
+/// flawed as `flaw` says; anything else a short summary (the first words of each paragraph, at
+/// most a tenth of the text).
+pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
     let document = prompt
         .rsplit_once("<document>\n")
         .map(|(_, rest)| rest.rsplit_once("\n</document>").map_or(rest, |(doc, _)| doc))
         .unwrap_or(prompt);
     let paragraphs = document.split("\n\n").filter(|p| !p.trim().is_empty());
     if prompt.starts_with("Translate") {
-        let grown = |p: &str| vec![p; growth.max(1) as usize].join(" ");
-        // A heading's or a list item's Markdown marker stays in front, as a model keeps it.
+        let grown = |p: &str| {
+            let words: Vec<&str> = p.split(' ').collect();
+            let want = ((words.len() as f64) * growth.clamp(0.1, 20.0)).ceil().max(1.0) as usize;
+            words.iter().cycle().take(want).copied().collect::<Vec<_>>().join(" ")
+        };
+        // The paragraph's marker, and a heading's or a list item's Markdown marker, stay in
+        // front, as a model keeps them.
         let marked = |p: &str| {
-            let text = p.trim_start_matches('#').trim_start_matches("- ").trim_start();
+            let text = p.trim_start();
+            let text = match text.strip_prefix('⟦').and_then(|t| t.split_once('⟧')) {
+                Some((n, rest)) if n.chars().all(|c| c.is_ascii_digit()) => rest.trim_start(),
+                _ => text,
+            };
+            let text = text.trim_start_matches('#').trim_start_matches("- ").trim_start();
             let marker = &p[..p.len() - text.len()];
             format!("{marker}[translated] {}", grown(text))
         };
-        return paragraphs.map(marked).collect::<Vec<_>>().join("\n\n");
+        let mut answers: Vec<String> = paragraphs.map(marked).collect();
+        match flaw {
+            Some(Flaw::Merge) if answers.len() > 1 => {
+                let second = answers.remove(1);
+                let words = second.split_once('⟧').map_or(second.as_str(), |(_, rest)| rest).trim();
+                answers[0] = format!("{} {words}", answers[0]);
+            }
+            Some(Flaw::Drop) if answers.len() > 1 => {
+                answers.pop();
+            }
+            Some(Flaw::Preface) => answers.insert(0, "Here is the translation:".into()),
+            _ => {}
+        }
+        return answers.join("\n\n");
     }
     let budget = (document.len() / 10).max(200);
     let mut summary = String::from("## Summary\n");
@@ -530,10 +575,17 @@ fn modelled(model: &mut Model, prompt: &str, tokens: u64, max_tokens: u64) -> (R
             return refuse(model, wait.as_secs_f64());
         }
     }
-    let answer = model_answer(prompt, model.behaviour.translation_growth);
-    let whole = count_tokens(&answer);
+    let two_paragraphs = prompt.rsplit_once("<document>").is_some_and(|(_, d)| d.trim().contains("\n\n"));
+    let flaw = model.behaviour.flaw.filter(|_| model.behaviour.flawed_answers > 0 && two_paragraphs);
+    if flaw.is_some() {
+        model.behaviour.flawed_answers -= 1;
+    }
+    let answer = model_answer(prompt, model.behaviour.translation_growth, flaw);
+    // Its own tokenizer counts its answer as it counts its prompt.
+    let inflation = model.behaviour.token_inflation.max(0.01);
+    let whole = (count_tokens(&answer) as f64 * inflation).round() as u64;
     let (text, written, cut) = if whole > max_tokens {
-        (cut_to_tokens(&answer, max_tokens), max_tokens, true)
+        (cut_to_tokens(&answer, (max_tokens as f64 / inflation) as u64), max_tokens, true)
     } else {
         (answer, whole, false)
     };

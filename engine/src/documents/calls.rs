@@ -21,13 +21,23 @@ const MIN_PART_TOKENS: u64 = 4_000;
 /// (`providers::vendor::answer_tokens_to_ask`). A provider counts the answer asked for against
 /// its context, so a translation's part leaves it that share.
 const TRANSLATION_ANSWER_SHARE: f64 = 1.5;
+/// Room over a translation's expected answer a part leaves within what one answer may hold:
+/// an answer learned at its language's expansion still varies from text to text.
+const ANSWER_MARGIN: f64 = 1.15;
+/// Output tokens an ask adds over its expected answer, at least
+/// (`providers::vendor::answer_tokens_to_ask`).
+const ASK_ROOM: u64 = 512;
 
 /// What one provider call can carry: its context and the longest answer it writes (`None`:
 /// unlimited, as with the local provider).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CallLimits {
     pub context_tokens: Option<u64>,
     pub max_output_tokens: Option<u64>,
+    /// A translation's output tokens per prompt token as learned for its model and language
+    /// (`ratio::TokenRatio::expansion`): its parts are sized so their answers fit. None: the
+    /// parts leave a quarter of an answer's room for the language to grow.
+    pub answer_growth: Option<f64>,
 }
 
 impl CallLimits {
@@ -36,12 +46,20 @@ impl CallLimits {
     /// holds its answer too; for a translation also no more than its answer can hold (an
     /// answer as long as its text, with room to grow).
     pub fn part_tokens(&self, preset: Preset) -> Option<u64> {
-        let share = if joins(preset) { 1.0 + TRANSLATION_ANSWER_SHARE } else { 1.0 };
+        let growth = self.answer_growth.filter(|g| g.is_finite() && *g > 0.0);
+        let share = match growth {
+            _ if !joins(preset) => 1.0,
+            Some(growth) => 1.0 + growth * ANSWER_MARGIN,
+            None => 1.0 + TRANSLATION_ANSWER_SHARE,
+        };
         let context = self.context_tokens.map(|c| (c as f64 * PLANNING_MARGIN / share) as u64);
-        let answer = self
-            .max_output_tokens
-            .filter(|_| joins(preset))
-            .map(|output| (output.saturating_mul(3) / 4).min(MAX_TRANSLATION_PART_TOKENS) + PART_PROMPT_TOKENS);
+        let answer = self.max_output_tokens.filter(|_| joins(preset)).map(|output| {
+            let fits = match growth {
+                Some(growth) => (output.saturating_sub(ASK_ROOM) as f64 / (growth * ANSWER_MARGIN)) as u64,
+                None => output.saturating_mul(3) / 4 + PART_PROMPT_TOKENS,
+            };
+            fits.clamp(PART_PROMPT_TOKENS + 1, MAX_TRANSLATION_PART_TOKENS + PART_PROMPT_TOKENS)
+        });
         match (context, answer) {
             (Some(c), Some(a)) => Some(c.min(a)),
             (c, a) => c.or(a),
@@ -105,7 +123,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const HOSTED: CallLimits = CallLimits { context_tokens: Some(200_000), max_output_tokens: Some(8_192) };
+    const HOSTED: CallLimits =
+        CallLimits { context_tokens: Some(200_000), max_output_tokens: Some(8_192), answer_growth: None };
 
     #[test]
     fn a_short_text_is_one_call_and_a_long_summary_fills_the_context() {
@@ -123,7 +142,7 @@ mod tests {
         // Seed 000: a 50K-token text under one context must not be one call cut at max_tokens.
         assert_eq!(HOSTED.part_tokens(Preset::Translate), Some(6_144 + PART_PROMPT_TOKENS));
         // In a small context a translation's part leaves room for its answer beside it.
-        let small = CallLimits { context_tokens: Some(10_000), max_output_tokens: Some(64_000) };
+        let small = CallLimits { context_tokens: Some(10_000), max_output_tokens: Some(64_000), answer_growth: None };
         assert_eq!(small.part_tokens(Preset::Translate), Some(3_600));
         assert_eq!(small.part_tokens(Preset::Summarize), Some(9_000));
         // A provider counting twice our tokens holds half as many of ours.
@@ -137,11 +156,29 @@ mod tests {
         assert_eq!(expected_parts(Preset::Translate, 64_000, unlimited), 8);
     }
 
+    #[test]
+    fn a_translations_parts_are_sized_by_its_learned_expansion() {
+        // German by a tokenizer counting 15 % more: 1.55 output tokens a prompt token.
+        let learned = CallLimits { answer_growth: Some(1.55), ..HOSTED };
+        let part = learned.part_tokens(Preset::Translate).unwrap();
+        // Its answer with the margin fits one answer (8,192 less the ask's room).
+        assert!(part as f64 * 1.55 * ANSWER_MARGIN <= (8_192 - ASK_ROOM) as f64, "{part}");
+        assert!(part >= 4_000, "not needlessly small: {part}");
+        // A language that writes shorter gets larger parts, within the pace's bound.
+        let short = CallLimits { answer_growth: Some(0.8), ..HOSTED }.part_tokens(Preset::Translate).unwrap();
+        assert!(short > part && short <= 8_200, "{short}");
+        // In a small context the part leaves room for its answer beside it.
+        let small =
+            CallLimits { context_tokens: Some(10_000), max_output_tokens: Some(64_000), answer_growth: Some(2.0) };
+        assert_eq!(small.part_tokens(Preset::Translate), Some(2_727));
+        assert_eq!(small.part_tokens(Preset::Summarize), Some(9_000), "a summary's parts are not sized by it");
+    }
+
     proptest! {
         /// The parts counted cover the text, and each part fits one call.
         #[test]
         fn the_parts_cover_the_text_and_each_fits(tokens in 1u64..5_000_000, context in 1_000u64..400_000, output in 500u64..64_000) {
-            let limits = CallLimits { context_tokens: Some(context), max_output_tokens: Some(output) };
+            let limits = CallLimits { context_tokens: Some(context), max_output_tokens: Some(output), answer_growth: None };
             for preset in [Preset::Summarize, Preset::Translate] {
                 let parts = expected_parts(preset, tokens, limits);
                 match calls_for(preset, tokens, limits) {

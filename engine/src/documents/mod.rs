@@ -12,6 +12,7 @@ pub mod estimate;
 pub mod extract;
 pub mod html;
 pub mod intake;
+pub mod markers;
 pub mod office;
 pub mod payload;
 pub mod pieces;

@@ -11,6 +11,7 @@ use tracing::Instrument;
 
 use super::blobs::Blobs;
 use super::calls::{calls_for, joins, CallLimits, Calls, PART_PROMPT_TOKENS};
+use super::markers;
 use super::payload::{size_kind, DocumentJob};
 use super::providers::{self, vendor, OnWritten, PartOf, Provider, ProviderOutput, Task};
 use super::ratio::TokenRatio;
@@ -111,6 +112,10 @@ const PARTS_TURN: Duration = Duration::from_secs(240);
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Halvings of a part whose answer was cut before giving up.
 const MAX_HALVINGS: u32 = 6;
+/// The language a translation naming none is made into (the prompt's).
+const DEFAULT_LANGUAGE: &str = "English";
+/// Rounds of asking a translation's missing paragraphs again before the rest goes in halves.
+const MAX_ROUNDS: u32 = 4;
 
 /// Tokens used by this attempt's calls.
 #[derive(Clone, Copy, Debug, Default)]
@@ -131,6 +136,8 @@ impl Usage {
 struct Answer {
     text: String,
     usage: Usage,
+    /// Output tokens paid for and not kept (a cut or flawed answer's unchecked paragraphs).
+    discarded: i64,
 }
 
 /// One part's call, ended.
@@ -258,10 +265,13 @@ impl DocumentProcessor {
         })?;
         let reading = tracing::info_span!("read document", doc_type = ?spec.document.doc_type, bytes = bytes.len());
         let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
+        // A translation's paragraphs are numbered, so its answer is checked paragraph by
+        // paragraph and its result has the source's paragraphs.
+        let text = if joins(spec.preset) { markers::mark(&extracted.text) } else { extracted.text };
         let mut task = Task {
             preset: spec.preset,
             language: spec.language.clone(),
-            text: extracted.text,
+            text,
             pages: extracted.pages,
             part: None,
             prompt_tokens: None,
@@ -283,7 +293,7 @@ impl DocumentProcessor {
             // The reader's work came to nothing: it counts against the day's free ones.
             .unreadable());
         }
-        let limits = self.call_limits();
+        let limits = self.call_limits(spec);
         let calls = calls_for(spec.preset, estimated.max(0) as u64, limits);
         if let Calls::Parts { part_tokens } = calls {
             if !self.parts.is_enabled() {
@@ -374,11 +384,14 @@ impl DocumentProcessor {
         estimated: i64,
         held: &mut Held,
     ) -> Result<JobOutput, JobError> {
+        if joins(spec.preset) {
+            return self.translate_whole(job, spec, task, estimated, held).await;
+        }
         let output = match self.call(job, &mut task, estimated, held).await {
             Err(e) if e.class == ErrorClass::TooLong && self.parts.is_enabled() => {
                 // The provider counts more than we do: the document goes in parts planned by
                 // its count (learned from the refusal), no attempt used, nothing more charged.
-                let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits()) {
+                let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits(spec)) {
                     Calls::Parts { part_tokens } => part_tokens,
                     Calls::Whole => (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS,
                 };
@@ -408,6 +421,44 @@ impl DocumentProcessor {
             }),
             input_tokens: output.input_tokens.or(Some(estimated)),
             output_tokens: output.output_tokens,
+            part: None,
+        })
+    }
+
+    /// A translation in one call, checked paragraph by paragraph ([`Self::translate_checked`]):
+    /// a paragraph that did not come back whole is asked again, no attempt used. Refused as too
+    /// long for the provider's count, it goes in parts planned by that count.
+    async fn translate_whole(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        task: Task,
+        estimated: i64,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
+        let answer = match self.answer(job, spec, task.text.clone(), None, held, 0).await {
+            Err(e) if e.class == ErrorClass::TooLong && self.parts.is_enabled() => {
+                let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits(spec)) {
+                    Calls::Parts { part_tokens } => part_tokens,
+                    Calls::Whole => (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS,
+                };
+                tracing::info!(job = %job.id, estimated, limit, "the provider counted the prompt past its context; the document goes in parts");
+                return self.split_and_run(job, spec, task.text, limit, held).await;
+            }
+            other => other.map_err(too_long_in_words)?,
+        };
+        self.stages.discarded(job, answer.discarded).await;
+        Ok(JobOutput {
+            result: serde_json::json!({
+                "markdown": markers::unmark(&[answer.text]),
+                "provider": self.provider.name(),
+                "preset": spec.preset,
+                "estimated_input_tokens": estimated,
+                "pages": task.pages,
+                "details": { "output_tokens_discarded": answer.discarded },
+            }),
+            input_tokens: Some(answer.usage.input),
+            output_tokens: Some(answer.usage.output),
             part: None,
         })
     }
@@ -452,9 +503,10 @@ impl DocumentProcessor {
             if (joins(spec.preset) && level == 0) || (level > 0 && count == 1) {
                 self.stages.enter(job, JobStage::Writing, None).await?;
                 let parts_total = self.parts.count(job.id, 0).await.map_err(database_error)?;
+                let markdown = if joins(spec.preset) { markers::unmark(&outputs) } else { outputs.join("\n\n") };
                 return Ok(JobOutput {
                     result: serde_json::json!({
-                        "markdown": outputs.join("\n\n"),
+                        "markdown": markdown,
                         "provider": self.provider.name(),
                         "preset": spec.preset,
                         "parts": parts_total,
@@ -475,7 +527,8 @@ impl DocumentProcessor {
             if level + 1 >= MAX_LEVELS {
                 return Err(too_long());
             }
-            let (preset, limit) = (spec.preset, self.call_limits().part_tokens(spec.preset).unwrap_or(u64::MAX / 8));
+            let (preset, limit) =
+                (spec.preset, self.call_limits(spec).part_tokens(spec.preset).unwrap_or(u64::MAX / 8));
             let combined = outputs.join("\n\n");
             let parts = crate::documents::cpu::run(move || split_for(preset, &combined, limit, level + 1))
                 .await
@@ -564,6 +617,7 @@ impl DocumentProcessor {
             match result {
                 Ok(answer) => {
                     used.add(answer.usage);
+                    self.stages.discarded(job, answer.discarded).await;
                     let stored = StoredPart {
                         level: part.level,
                         idx: part.idx,
@@ -630,7 +684,7 @@ impl DocumentProcessor {
                 level: part.level as u32,
                 overlap: part.overlap.clone(),
             };
-            let result = self.answer(job, spec, part.body.clone(), of, &mut held, 0).await;
+            let result = self.answer(job, spec, part.body.clone(), Some(of), &mut held, 0).await;
             if let Err(e) = &result {
                 self.give_back_unless_counted(e, held).await;
             }
@@ -647,17 +701,20 @@ impl DocumentProcessor {
         job: &'a ClaimedJob,
         spec: &'a DocumentJob,
         text: String,
-        of: PartOf,
+        of: Option<PartOf>,
         held: &'a mut Held,
         halvings: u32,
     ) -> BoxFuture<'a, Result<Answer, JobError>> {
         Box::pin(async move {
+            if joins(spec.preset) && markers::is_marked(&text) {
+                return self.translate_checked(job, spec, text, of, held, halvings).await;
+            }
             let mut task = Task {
                 preset: spec.preset,
                 language: spec.language.clone(),
                 text,
                 pages: None,
-                part: Some(of),
+                part: of,
                 prompt_tokens: None,
                 answer_tokens: None,
                 on_written: None,
@@ -674,7 +731,7 @@ impl DocumentProcessor {
                         output: output.output_tokens.unwrap_or(0).clamp(0, most_out.saturating_mul(2)),
                     };
                     if !output.cut {
-                        return Ok(Answer { text: output.text, usage });
+                        return Ok(Answer { text: output.text, usage, discarded: 0 });
                     }
                     // Only a translation is redone in halves (its answer is its text's); a
                     // summary cut at its limit rambles, and halves would too, at the
@@ -695,9 +752,11 @@ impl DocumentProcessor {
                 }
                 Err(e) => return Err(too_long_in_words(e)),
             }
-            let Task { text, part: Some(of), .. } = task else { unreachable!("a part's task") };
+            let Task { text, part: of, .. } = task;
             let chars = text.chars().count();
             let halves = split::split(&text, chars.div_ceil(2).max(1), 0);
+            // A cut answer was paid for and is thrown away (a refused prompt paid nothing).
+            let mut discarded = usage.output;
             let mut answers = Vec::with_capacity(halves.len());
             for half in &halves {
                 let body = half.body(&text).to_string();
@@ -711,10 +770,169 @@ impl DocumentProcessor {
                 }
                 let half_answer = result?;
                 usage.add(half_answer.usage);
+                discarded += half_answer.discarded;
                 answers.push(half_answer.text);
             }
-            Ok(Answer { text: answers.join("\n\n"), usage })
+            Ok(Answer { text: answers.join("\n\n"), usage, discarded })
         })
+    }
+
+    /// A translation's answer for a marked `text`, checked paragraph by paragraph
+    /// ([`markers::check`]): what came back whole is kept, and only the rest is asked again (a
+    /// cut answer is continued, a merged or dropped paragraph asked with its neighbour), no
+    /// attempt used and nothing more charged. A round that keeps nothing goes in halves (one
+    /// paragraph longer than an answer: its text in halves). The answer is marked; the
+    /// output tokens paid for and not kept are counted.
+    async fn translate_checked(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        text: String,
+        of: Option<PartOf>,
+        held: &mut Held,
+        halvings: u32,
+    ) -> Result<Answer, JobError> {
+        let mut answer = Answer { text: String::new(), usage: Usage::default(), discarded: 0 };
+        let mut kept: Vec<(u32, String)> = Vec::new();
+        let mut ask = text;
+        for round in 0..=MAX_ROUNDS {
+            let asked = markers::numbers(&ask);
+            let mut task = Task {
+                preset: spec.preset,
+                language: spec.language.clone(),
+                text: ask.clone(),
+                pages: None,
+                part: of.clone(),
+                prompt_tokens: None,
+                answer_tokens: None,
+                on_written: None,
+            };
+            let estimated = count_prompt(&mut task).await;
+            // The first round spends what the caller reserved; each later one reserves its own.
+            let mut reserved = std::mem::take(held);
+            if round > 0 || (reserved.input == 0 && reserved.output == 0) {
+                let fresh = Held {
+                    input: estimated,
+                    output: self.expected_output(spec.preset, spec.language.as_deref(), estimated),
+                };
+                self.budget.reserve_anew((reserved.input, reserved.output), (fresh.input, fresh.output)).await;
+                reserved = fresh;
+            }
+            let output = match self.call(job, &mut task, estimated, &mut reserved).await {
+                Ok(output) => output,
+                // Refused as too long for the provider's count: a part is done in halves (the
+                // ratio learned plans the next ones); a whole document goes in parts.
+                Err(e) if e.class == ErrorClass::TooLong && of.is_some() && halvings < MAX_HALVINGS => {
+                    tracing::info!(job = %job.id, estimated, "the provider counted the part past its context; it is redone in halves");
+                    self.budget.correct(-reserved.input, -reserved.output).await;
+                    let halves = self.in_halves(job, spec, &ask, &of, halvings).await?;
+                    answer.usage.add(halves.usage);
+                    answer.discarded += halves.discarded;
+                    kept.extend(
+                        markers::segments(&halves.text)
+                            .into_iter()
+                            .filter_map(|s| Some((s.number?, s.text.to_string()))),
+                    );
+                    break;
+                }
+                Err(e) => {
+                    self.give_back_unless_counted(&e, reserved).await;
+                    return Err(e);
+                }
+            };
+            let most_out = self.provider.max_output_tokens().map_or(i64::MAX / 4, |n| n.min(i64::MAX as u64) as i64);
+            let used = Usage {
+                input: output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated)),
+                output: output.output_tokens.unwrap_or(0).clamp(0, most_out.saturating_mul(2)),
+            };
+            answer.usage.add(used);
+            let mut checked = markers::check(&output.text, &asked, output.cut);
+            if checked.kept.is_empty() && asked.len() == 1 && !output.cut {
+                // One paragraph asked, and one answered: its answer is its translation, with its
+                // marker or without.
+                let words = markers::segments(&output.text).into_iter().map(|s| s.text).collect::<Vec<_>>().join(" ");
+                if !words.trim().is_empty() {
+                    checked = markers::Checked { kept: vec![(asked[0], words)], missing: Vec::new(), outside: 0 };
+                }
+            }
+            let not_kept = not_kept_share(used.output, &output.text, &checked);
+            answer.discarded += not_kept;
+            if let Some(billed) = output.output_tokens.filter(|_| !checked.kept.is_empty()) {
+                // What the kept paragraphs cost against their text teaches the language's
+                // expansion (a cut answer's too: its whole paragraphs are as long as any).
+                let numbers: Vec<u32> = checked.kept.iter().map(|(n, _)| *n).collect();
+                let source = markers::only(&ask, &numbers);
+                let source_tokens =
+                    crate::documents::tokens::count_off_runtime(source).await.min(i64::MAX as u64) as i64;
+                let language = spec.language.as_deref().unwrap_or(DEFAULT_LANGUAGE);
+                self.token_ratio.observe_expansion(language, billed.saturating_sub(not_kept), source_tokens);
+            }
+            if checked.outside > 0 || !checked.missing.is_empty() {
+                tracing::info!(
+                    job = %job.id, asked = asked.len(), kept = checked.kept.len(), cut = output.cut,
+                    outside_bytes = checked.outside, "a translation's answer did not hold every paragraph whole; the rest is asked again"
+                );
+            }
+            if checked.kept.is_empty() || (round == MAX_ROUNDS && !checked.missing.is_empty()) {
+                // Nothing more came back whole: smaller asks, while they are worth it.
+                let last = checked.missing.clone();
+                let rest = markers::only(&ask, &last);
+                let rest_tokens = tokens::count(&rest) as i64;
+                let one_cut = last.len() == 1 && output.cut && !self.may_halve(rest_tokens);
+                if halvings >= MAX_HALVINGS || one_cut {
+                    return Err(if output.cut { self.cut_error() } else { paragraphs_not_kept() });
+                }
+                let halves = self.in_halves(job, spec, &rest, &of, halvings).await?;
+                answer.usage.add(halves.usage);
+                answer.discarded += halves.discarded;
+                kept.extend(checked.kept);
+                kept.extend(
+                    markers::segments(&halves.text).into_iter().filter_map(|s| Some((s.number?, s.text.to_string()))),
+                );
+                break;
+            }
+            kept.extend(checked.kept);
+            if checked.missing.is_empty() {
+                break;
+            }
+            ask = markers::only(&ask, &checked.missing);
+        }
+        // In the text's order: numbers only grow through a text (a paragraph cut in pieces keeps
+        // its number, and its pieces their order).
+        kept.sort_by_key(|(number, _)| *number);
+        answer.text = kept.iter().map(|(n, t)| markers::marked(*n, t)).collect::<Vec<_>>().join("\n\n");
+        Ok(answer)
+    }
+
+    /// A marked text's answer in two asks: its paragraphs in two halves, or one paragraph's
+    /// text cut in two (each piece under its marker, joined again in the result).
+    async fn in_halves(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        text: &str,
+        of: &Option<PartOf>,
+        halvings: u32,
+    ) -> Result<Answer, JobError> {
+        let numbers = markers::numbers(text);
+        let halves = if numbers.len() > 1 {
+            let (first, second) = numbers.split_at(numbers.len() / 2);
+            vec![markers::only(text, first), markers::only(text, second)]
+        } else {
+            let chars = text.chars().count();
+            let ranges = split::split(text, chars.div_ceil(2).max(1), 0).into_iter().map(|p| (p.start, p.end));
+            markers::pieces(text, ranges)
+        };
+        let mut answer = Answer { text: String::new(), usage: Usage::default(), discarded: 0 };
+        let mut texts = Vec::with_capacity(halves.len());
+        for half in halves {
+            let half_answer = self.answer(job, spec, half, of.clone(), &mut Held::default(), halvings + 1).await?;
+            answer.usage.add(half_answer.usage);
+            answer.discarded += half_answer.discarded;
+            texts.push(half_answer.text);
+        }
+        answer.text = texts.join("\n\n");
+        Ok(answer)
     }
 
     /// Whether a text of `estimated` tokens whose answer was cut is worth redoing in halves:
@@ -763,10 +981,8 @@ impl DocumentProcessor {
     /// translation's answer is about as long as its text; others are short.
     fn expected_output(&self, preset: Preset, language: Option<&str>, input_tokens: i64) -> i64 {
         if let Some(max) = self.provider.max_output_tokens() {
-            // Counted as the provider counts: its tokenizer's answer is as much longer as its
-            // prompt is.
-            let theirs = self.theirs(input_tokens);
-            let ask = vendor::answer_tokens_to_ask(preset, language, theirs, max, self.provider.reasons());
+            let (growth, input) = self.answer_basis(preset, language, input_tokens);
+            let ask = vendor::answer_tokens_to_ask(preset, growth, input, max, self.provider.reasons());
             return ask.min(i64::MAX as u64) as i64;
         }
         if joins(preset) {
@@ -775,6 +991,17 @@ impl DocumentProcessor {
             input_tokens.saturating_mul(5).saturating_div(4)
         } else {
             self.budget.output_reserve
+        }
+    }
+
+    /// What an answer to a prompt of `input_tokens` (ours) is expected from, as the provider
+    /// counts it: a translation's prompt at its language's learned expansion (the provider's
+    /// tokenizer included); another's prompt as the provider counts it.
+    fn answer_basis(&self, preset: Preset, language: Option<&str>, input_tokens: i64) -> (f64, u64) {
+        if joins(preset) {
+            (self.token_ratio.expansion(language.unwrap_or(DEFAULT_LANGUAGE)), input_tokens.max(0) as u64)
+        } else {
+            (1.0, self.theirs(input_tokens))
         }
     }
 
@@ -796,9 +1023,15 @@ impl DocumentProcessor {
     /// What one call to this processor's provider can carry.
     /// The context is counted in the provider's tokens: by ours it holds that divided by the
     /// ratio learned.
-    fn call_limits(&self) -> CallLimits {
-        CallLimits { context_tokens: self.context_tokens, max_output_tokens: self.provider.max_output_tokens() }
-            .in_our_tokens(self.token_ratio.get())
+    /// A translation's parts are sized by its language's expansion learned.
+    fn call_limits(&self, spec: &DocumentJob) -> CallLimits {
+        let language = spec.language.as_deref().unwrap_or(DEFAULT_LANGUAGE);
+        CallLimits {
+            context_tokens: self.context_tokens,
+            max_output_tokens: self.provider.max_output_tokens(),
+            answer_growth: joins(spec.preset).then(|| self.token_ratio.expansion(language)),
+        }
+        .in_our_tokens(self.token_ratio.get())
     }
 
     /// One provider call for `task`, asking for its answer's size ([`Self::expected_output`]),
@@ -828,7 +1061,10 @@ impl DocumentProcessor {
             return Err(no_room_for_the_answer());
         }
         let asked = task.answer_tokens.map_or(u64::MAX, u64::from);
-        let Some(max) = max.filter(|max| first.cut && asked < *max) else { return Ok(first) };
+        // A translation's cut answer keeps its whole paragraphs and only the rest is asked
+        // again: asking it all again at the maximum would pay for them twice.
+        let continued = joins(task.preset) && markers::is_marked(&task.text);
+        let Some(max) = max.filter(|max| first.cut && asked < *max && !continued) else { return Ok(first) };
         tracing::info!(job = %job.id, asked, max, "answer cut at the size asked; asked again at the model's maximum");
         task.answer_tokens = Some(max.min(u64::from(u32::MAX)) as u32);
         let mut again = Held { input: estimated, output: max.min(i64::MAX as u64) as i64 };
@@ -871,7 +1107,8 @@ impl DocumentProcessor {
         }
         self.stages.enter(job, JobStage::WaitingForProvider, task.pages).await?;
         let writing = self.writing.of(job.lease_token);
-        let expected = vendor::expected_answer_tokens(task.preset, task.language.as_deref(), estimated.max(0) as u64);
+        let (growth, basis) = self.answer_basis(task.preset, task.language.as_deref(), estimated);
+        let expected = vendor::expected_answer_tokens(task.preset, growth, basis);
         writing.expected.fetch_add(expected, Ordering::Relaxed);
         let mine = Arc::new(AtomicU64::new(0));
         task.on_written = Some(OnWritten(Arc::new({
@@ -980,6 +1217,22 @@ async fn report_writing(stages: StageLog, job: ClaimedJob, writing: Arc<Writing>
     }
 }
 
+/// A translation whose paragraphs did not come back whole however they were asked.
+fn paragraphs_not_kept() -> JobError {
+    JobError::new(
+        ErrorClass::ServerError,
+        "the provider did not keep the document's paragraphs apart, even asked one by one; nothing was kept",
+    )
+}
+
+/// Pure: of an answer's `output` tokens, those paid for and not kept: its text's share (by
+/// bytes, markers aside) outside the paragraphs `checked` kept.
+fn not_kept_share(output: i64, answer: &str, checked: &markers::Checked) -> i64 {
+    let total = (markers::segments(answer).iter().map(|s| s.text.len()).sum::<usize>() as i64).max(1);
+    let kept = (checked.kept.iter().map(|(_, t)| t.len()).sum::<usize>() as i64).min(total);
+    output.max(0).saturating_mul(total - kept) / total
+}
+
 /// An answer cut where the context ran out: its prompt must be smaller (split, as a prompt the
 /// provider refused as too long is).
 fn no_room_for_the_answer() -> JobError {
@@ -1033,10 +1286,18 @@ fn split_for(preset: Preset, text: &str, limit_tokens: u64, level: i32) -> Vec<N
     let mut parts = Vec::new();
     for _ in 0..8 {
         let overlap = if joins(preset) || level > 0 { 0 } else { (max_chars / 50).min(2_000) };
-        parts = split::split(text, max_chars, overlap)
+        let pieces = split::split(text, max_chars, overlap);
+        // A translation's part that starts inside a paragraph carries its marker again.
+        let bodies = if joins(preset) && markers::is_marked(text) {
+            markers::pieces(text, pieces.iter().map(|p| (p.start, p.end)))
+        } else {
+            pieces.iter().map(|p| p.body(text).to_string()).collect()
+        };
+        parts = pieces
             .into_iter()
-            .map(|p| {
-                let (body, overlap) = (p.body(text).to_string(), p.overlap(text).to_string());
+            .zip(bodies)
+            .map(|(p, body)| {
+                let overlap = p.overlap(text).to_string();
                 let est_tokens = (tokens::count(&body) + tokens::count(&overlap) + PART_PROMPT_TOKENS) as i64;
                 NewPart { body, overlap, est_tokens }
             })

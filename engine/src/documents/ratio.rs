@@ -3,6 +3,11 @@
 //! at 90 % of a context by our count can go over it by theirs. The ratio of the input tokens a
 //! provider reports to our count of the same prompt is learned from its usage, per provider and
 //! model, kept in the database, and parts are planned with it.
+//!
+//! Beside it, per target language, a translation's *expansion*: the output tokens the provider
+//! bills for a translation per token of its prompt by our count (German writes about a third
+//! more than English, and a tokenizer counting more counts its answer so too). A translation's
+//! parts are sized by it, so an answer fits what one call may write and nothing is paid twice.
 
 use std::sync::{Arc, Mutex};
 
@@ -48,12 +53,14 @@ pub struct Tokenizer {
 
 /// The ratio learned for `tokenizer` and its samples, or its start when none is.
 pub async fn learned(pool: &PgPool, tokenizer: &Tokenizer) -> crate::error::Result<(f64, i64)> {
-    let row: Option<(f64, i64)> =
-        sqlx::query_as("SELECT ratio, samples FROM provider_token_ratios WHERE provider = $1 AND model = $2")
-            .bind(&tokenizer.provider)
-            .bind(&tokenizer.model)
-            .fetch_optional(pool)
-            .await?;
+    let row: Option<(f64, i64)> = sqlx::query_as(
+        "SELECT ratio, samples FROM provider_token_ratios WHERE provider = $1 AND model = $2 AND measure = $3",
+    )
+    .bind(&tokenizer.provider)
+    .bind(&tokenizer.model)
+    .bind(PROMPT_MEASURE)
+    .fetch_optional(pool)
+    .await?;
     Ok(row.unwrap_or((tokenizer.start, 0)))
 }
 
@@ -65,10 +72,22 @@ struct Learned {
     learns: bool,
 }
 
-/// The ratio in use by a processor, shared by its calls, kept in `provider_token_ratios`.
+/// What a prompt is measured by: the provider's count of its input, or of a translation's
+/// answer into a language.
+const PROMPT_MEASURE: &str = "prompt";
+
+/// The measure of a translation into `language` (lower case, trimmed).
+fn expansion_measure(language: &str) -> String {
+    format!("translation:{}", language.trim().to_lowercase())
+}
+
+/// The ratio in use by a processor, shared by its calls, kept in `provider_token_ratios`, and
+/// the translations' expansions per language beside it.
 #[derive(Clone, Debug)]
 pub struct TokenRatio {
     learned: Arc<Mutex<Learned>>,
+    /// Per measure of a translation ([`expansion_measure`]), as learned so far.
+    expansions: Arc<Mutex<std::collections::HashMap<String, Learned>>>,
     /// Where it is kept (none: in memory only, as in some tests).
     store: Option<(PgPool, String, String)>,
 }
@@ -76,12 +95,20 @@ pub struct TokenRatio {
 impl TokenRatio {
     /// A ratio that never changes.
     pub fn fixed(ratio: f64) -> TokenRatio {
-        TokenRatio { learned: Arc::new(Mutex::new(Learned { ratio, samples: 0, learns: false })), store: None }
+        TokenRatio {
+            learned: Arc::new(Mutex::new(Learned { ratio, samples: 0, learns: false })),
+            expansions: Arc::default(),
+            store: None,
+        }
     }
 
     /// A ratio learned in memory only, from `start`.
     pub fn in_memory(start: f64) -> TokenRatio {
-        TokenRatio { learned: Arc::new(Mutex::new(Learned { ratio: start, samples: 0, learns: true })), store: None }
+        TokenRatio {
+            learned: Arc::new(Mutex::new(Learned { ratio: start, samples: 0, learns: true })),
+            expansions: Arc::default(),
+            store: None,
+        }
     }
 
     /// The ratio learned for this provider and model, or its vendor's starting one.
@@ -91,10 +118,57 @@ impl TokenRatio {
             tracing::warn!(error = %e, "could not read the provider's token ratio; starting afresh");
             (tokenizer.start, 0)
         });
+        let expansions: Vec<(String, f64, i64)> = sqlx::query_as(
+            "SELECT measure, ratio, samples FROM provider_token_ratios
+             WHERE provider = $1 AND model = $2 AND measure <> $3",
+        )
+        .bind(provider)
+        .bind(model)
+        .bind(PROMPT_MEASURE)
+        .fetch_all(pool)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read the translations' expansions; starting afresh");
+            Vec::new()
+        });
+        let expansions = expansions
+            .into_iter()
+            .map(|(measure, ratio, samples)| (measure, Learned { ratio, samples, learns: true }))
+            .collect();
         TokenRatio {
             learned: Arc::new(Mutex::new(Learned { ratio, samples, learns: true })),
+            expansions: Arc::new(Mutex::new(expansions)),
             store: Some((pool.clone(), provider.to_string(), model.to_string())),
         }
+    }
+
+    /// A translation into `language`'s expansion: output tokens billed per token of its prompt
+    /// by our count, as learned, or a conservative start (the language's growth, counted as
+    /// the provider counts).
+    pub fn expansion(&self, language: &str) -> f64 {
+        let measure = expansion_measure(language);
+        let learned = self.expansions.lock().unwrap().get(&measure).map(|l| l.ratio);
+        learned.unwrap_or_else(|| self.get() * super::providers::vendor::translation_expansion(Some(language)))
+    }
+
+    /// A translation into `language` whose prompt we counted at `counted` tokens came back
+    /// whole in `billed` output tokens.
+    pub fn observe_expansion(&self, language: &str, billed: i64, counted: i64) {
+        let Some(observed) = sample(billed, counted) else { return };
+        if !self.learned.lock().unwrap().learns {
+            return;
+        }
+        let measure = expansion_measure(language);
+        let start = self.expansion(language);
+        let (ratio, samples) = {
+            let mut expansions = self.expansions.lock().unwrap();
+            let learned =
+                expansions.entry(measure.clone()).or_insert(Learned { ratio: start, samples: 0, learns: true });
+            learned.ratio = learn(learned.ratio, learned.samples, observed);
+            learned.samples += 1;
+            (learned.ratio, learned.samples)
+        };
+        self.keep_measure(&measure, ratio, samples);
     }
 
     /// The ratio now.
@@ -133,20 +207,27 @@ impl TokenRatio {
         self.keep(ratio, samples);
     }
 
-    /// Keep it for the next start (off the call's path; a failure only loses a sample). Writes
-    /// may land out of order: one from fewer samples than the row's is older, and left out.
     fn keep(&self, ratio: f64, samples: i64) {
+        self.keep_measure(PROMPT_MEASURE, ratio, samples);
+    }
+
+    /// Keep a measure for the next start (off the call's path; a failure only loses a sample).
+    /// Writes may land out of order: one from fewer samples than the row's is older, and left
+    /// out.
+    fn keep_measure(&self, measure: &str, ratio: f64, samples: i64) {
         let Some((pool, provider, model)) = self.store.clone() else { return };
+        let measure = measure.to_string();
         tokio::spawn(async move {
             let kept = sqlx::query(
-                "INSERT INTO provider_token_ratios (provider, model, ratio, samples) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (provider, model) DO UPDATE SET ratio = $3, samples = $4, updated_at = now()
+                "INSERT INTO provider_token_ratios (provider, model, measure, ratio, samples) VALUES ($1, $2, $5, $3, $4)
+                 ON CONFLICT (provider, model, measure) DO UPDATE SET ratio = $3, samples = $4, updated_at = now()
                  WHERE provider_token_ratios.samples <= excluded.samples",
             )
             .bind(provider)
             .bind(model)
             .bind(ratio)
             .bind(samples)
+            .bind(measure)
             .execute(&pool)
             .await;
             if let Err(e) = kept {
@@ -185,6 +266,24 @@ mod tests {
         assert!((ratio.get() - 1.15).abs() < 1e-9);
         ratio.at_least(100_000, 180_000);
         assert!((ratio.get() - 1.15).abs() < 1e-9, "a refusal never lowers it");
+    }
+
+    #[test]
+    fn an_expansion_starts_conservative_per_language_and_is_learned_apart() {
+        let ratio = TokenRatio::in_memory(1.15);
+        let start = ratio.expansion("German");
+        assert!(start >= 1.15 * 1.3, "{start}");
+        for _ in 0..8 {
+            ratio.observe_expansion("German", 1_550, 1_000);
+        }
+        assert!((ratio.expansion(" german ") - 1.55).abs() < 0.02, "{}", ratio.expansion("german"));
+        assert_eq!(
+            ratio.expansion("Japanese"),
+            1.15 * super::super::providers::vendor::translation_expansion(Some("Japanese"))
+        );
+        let fixed = TokenRatio::fixed(1.0);
+        fixed.observe_expansion("German", 3_000, 1_000);
+        assert_eq!(fixed.expansion("German"), start / 1.15, "a fixed ratio learns nothing");
     }
 
     proptest! {

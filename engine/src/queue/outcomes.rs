@@ -49,6 +49,11 @@ pub struct Outcomes {
     /// Of the input tokens, those read from the provider's prompt cache (cheaper).
     #[sqlx(default)]
     pub cached_input_tokens: i64,
+    /// Of the output tokens billed, those not kept (a cut or flawed translation's paragraphs
+    /// asked again): billed less these is what results hold.
+    #[sqlx(default)]
+    #[serde(default)]
+    pub output_tokens_discarded: i64,
 }
 
 /// Pure: the share of ended jobs that failed, none when nothing ended.
@@ -92,17 +97,23 @@ pub async fn read(pool: &PgPool, period: Period, count: u32) -> Result<Vec<Outco
          cached AS (
              SELECT date_trunc($1, at, 'UTC') AS start, sum(cached_input_tokens) AS tokens
              FROM provider_cache_reads WHERE at >= (SELECT at FROM since) GROUP BY 1
+         ),
+         discarded AS (
+             SELECT date_trunc($1, at, 'UTC') AS start, sum(output_tokens) AS tokens
+             FROM provider_output_discarded WHERE at >= (SELECT at FROM since) GROUP BY 1
          )
          SELECT p.start, coalesce(e.done, 0) AS done, coalesce(e.failed, 0) AS failed,
                 coalesce(m.charged, 0)::int8 AS credits_charged, coalesce(m.refunded, 0)::int8 AS credits_refunded,
                 coalesce(t.in_ok, 0)::int8 AS input_tokens_succeeded, coalesce(t.out_ok, 0)::int8 AS output_tokens_succeeded,
                 coalesce(t.in_failed, 0)::int8 AS input_tokens_failed, coalesce(t.out_failed, 0)::int8 AS output_tokens_failed,
-                coalesce(c.tokens, 0)::int8 AS cached_input_tokens
+                coalesce(c.tokens, 0)::int8 AS cached_input_tokens,
+                coalesce(d.tokens, 0)::int8 AS output_tokens_discarded
          FROM periods p
          LEFT JOIN ended e ON e.start = p.start
          LEFT JOIN money m ON m.start = p.start
          LEFT JOIN tokens t ON t.start = p.start
          LEFT JOIN cached c ON c.start = p.start
+         LEFT JOIN discarded d ON d.start = p.start
          ORDER BY p.start DESC",
     )
     .bind(period.unit())

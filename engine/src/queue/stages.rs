@@ -96,6 +96,20 @@ impl StageLog {
         }
     }
 
+    /// Record that calls of `job`'s were billed `tokens` output tokens that were not kept (a
+    /// cut or flawed translation's paragraphs asked again). A failure is only logged.
+    pub async fn discarded(&self, job: &ClaimedJob, tokens: i64) {
+        let Some(pool) = &self.pool.as_ref().filter(|_| tokens > 0) else { return };
+        let result = sqlx::query("INSERT INTO provider_output_discarded (job_id, output_tokens) VALUES ($1, $2)")
+            .bind(job.id)
+            .bind(tokens)
+            .execute(*pool)
+            .await;
+        if let Err(e) = result {
+            tracing::debug!(job = %job.id, error = %e, "could not record the output not kept");
+        }
+    }
+
     /// Record that a call of `job`'s read `cached` input tokens from the provider's prompt
     /// cache (priced at the cached rate in the console's costs). A failure is only logged.
     pub async fn cache_read(&self, job: &ClaimedJob, cached: i64) {

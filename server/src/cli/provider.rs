@@ -119,6 +119,9 @@ impl ProviderArgs {
         CallLimits {
             context_tokens: self.context_tokens(),
             max_output_tokens: answers.then(|| u64::from(self.max_output_tokens())),
+            // Learned per model and language by the workers; an estimate leaves the room a
+            // language may grow by.
+            answer_growth: None,
         }
     }
 

@@ -20,7 +20,7 @@ fn hosted() -> WebSettings {
             max_document_tokens: Some(500_000),
             ..AdmissionConfig::default()
         },
-        call_limits: CallLimits { context_tokens: Some(200_000), max_output_tokens: Some(8_192) },
+        call_limits: CallLimits { context_tokens: Some(200_000), max_output_tokens: Some(8_192), answer_growth: None },
         presets: vec![Preset::Summarize, Preset::Translate, Preset::KeyFacts],
         ..WebSettings::default()
     }

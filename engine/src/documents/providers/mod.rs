@@ -280,7 +280,10 @@ pub fn prompt_parts(task: &Task) -> (String, String) {
             "Explain the document below simply, for a reader without special knowledge, in Markdown.".to_string()
         }
         Preset::Translate => format!(
-            "Translate the document below into {}. Keep its structure; answer in Markdown.",
+            "Translate the document below into {}. Keep its structure; answer in Markdown. Each paragraph \
+             starts with a numbered marker such as ⟦1⟧: start each paragraph's translation with its marker, \
+             exactly as given, one paragraph for each, in the same order, and write nothing before the first \
+             marker.",
             task.language.as_deref().unwrap_or("English")
         ),
         Preset::KeyFacts => {

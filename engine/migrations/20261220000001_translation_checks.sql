@@ -1,0 +1,19 @@
+-- Translations a professional would sign off on (issue 57).
+
+-- Output tokens a provider billed for answers that were not kept (a cut or flawed translation's
+-- paragraphs asked again), per call: the job and the console's outcomes show output billed
+-- against output kept. Kept apart from the jobs, pruned with the other evidence.
+CREATE TABLE provider_output_discarded (
+    id            bigserial PRIMARY KEY,
+    job_id        uuid NOT NULL,
+    at            timestamptz NOT NULL DEFAULT now(),
+    output_tokens bigint NOT NULL CHECK (output_tokens > 0)
+);
+CREATE INDEX provider_output_discarded_at ON provider_output_discarded (at);
+CREATE INDEX provider_output_discarded_job ON provider_output_discarded (job_id);
+
+-- Beside the provider's count of a prompt, what it bills for a translation per prompt token,
+-- per target language (`translation:german`): learned from usage, parts are sized by it.
+ALTER TABLE provider_token_ratios ADD COLUMN measure text NOT NULL DEFAULT 'prompt';
+ALTER TABLE provider_token_ratios DROP CONSTRAINT provider_token_ratios_pkey;
+ALTER TABLE provider_token_ratios ADD PRIMARY KEY (provider, model, measure);
