@@ -145,6 +145,10 @@ pub struct JobStatus {
     pub input_tokens: Option<i64>,
     #[serde(default)]
     pub output_tokens: Option<i64>,
+    /// Of the output tokens billed, those its result holds: the rest were paid for answers
+    /// not kept (a cut or flawed translation's paragraphs asked again).
+    #[serde(default)]
+    pub output_tokens_kept: Option<i64>,
     /// A document longer than one provider call: its parts, once split.
     #[serde(default)]
     pub parts: Option<PartsProgress>,
@@ -367,6 +371,7 @@ mod convert {
                 cancel_kept: j.cancel_kept_credits.into(),
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
+                output_tokens_kept: j.output_tokens.map(|o| o.saturating_sub(j.output_tokens_discarded).max(0)),
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
                 translated_file: serde_json::from_value::<engine::documents::payload::DocumentJob>(j.payload.clone())
@@ -765,6 +770,10 @@ pub struct OutcomeRow {
     pub output_tokens_succeeded: i64,
     pub input_tokens_failed: i64,
     pub output_tokens_failed: i64,
+    /// Of the output tokens, those billed and not kept (a cut or flawed translation's
+    /// paragraphs asked again).
+    #[serde(default)]
+    pub output_tokens_discarded: i64,
     /// What all those tokens cost at the provider, when the operator gave its prices.
     #[serde(default)]
     pub cost_usd: Option<f64>,

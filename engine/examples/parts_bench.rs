@@ -25,6 +25,10 @@
 //! two 492K-token summaries with 20 small documents due in 60 s (deadlines missed, the small
 //! ones' p95 wait to start, the large ones' slowdown against their time by themselves).
 //!
+//! With `translations` (`cargo xtask bench translations`; the full run has it too), issue 57's
+//! row: a 129K-token translation into a language writing 35 % longer, to a provider counting
+//! 15 % more: its calls, output billed over output kept (target at most 1.05), and its time.
+//!
 //! Prints `RESULT ...` lines and tables for the README. Needs `sluice-extract` built beside
 //! this example (`cargo build --release -p engine --bin sluice-extract`; the xtask does it).
 
@@ -77,15 +81,19 @@ struct Bench {
     extractor: std::path::PathBuf,
 }
 
-/// How the hosted model counts tokens: its tokenizer against ours, and its context (0: none).
+/// How the hosted model counts tokens: its tokenizer against ours, and its context (0: none);
+/// and how much longer its translations write than their text.
 #[derive(Clone, Copy)]
 struct Tokenizer {
     inflation: f64,
     context: u64,
+    growth: f64,
 }
 
-const OURS: Tokenizer = Tokenizer { inflation: 1.0, context: 0 };
-const COUNTS_MORE: Tokenizer = Tokenizer { inflation: 1.15, context: CONTEXT };
+const OURS: Tokenizer = Tokenizer { inflation: 1.0, context: 0, growth: 1.0 };
+const COUNTS_MORE: Tokenizer = Tokenizer { inflation: 1.15, context: CONTEXT, growth: 1.0 };
+/// Issue 57's case: English into German (a third more words), counted 15 % more.
+const WRITES_LONGER: Tokenizer = Tokenizer { inflation: 1.15, context: CONTEXT, growth: 1.35 };
 
 /// What one run measured.
 struct Run {
@@ -96,6 +104,8 @@ struct Run {
     report: fakeprovider::ModelReport,
     /// The big document's attempts that did not succeed.
     failed_attempts: i64,
+    /// Output tokens billed for the big document and not kept.
+    discarded: i64,
 }
 
 impl Bench {
@@ -169,14 +179,14 @@ impl Bench {
                     assert_eq!(view.state, queue::JobState::Done, "{view:?}");
                     big_secs = Some(started.elapsed().as_secs_f64());
                     if big.is_some_and(|(preset, _)| preset == "translate") {
-                        // Whole: every clause came back, in order.
+                        // Whole: every clause came back once, in order, its own paragraph.
                         let markdown = view.result.as_ref().unwrap()["markdown"].as_str().unwrap().to_string();
-                        let clauses = |t: &str| t.matches("Clause ").count();
-                        assert_eq!(
-                            clauses(&markdown),
-                            clauses(big_text.as_deref().unwrap()),
-                            "the translation is whole"
-                        );
+                        let paragraphs: Vec<&str> = markdown.split("\n\n").collect();
+                        let clauses = big_text.as_deref().unwrap().matches("Clause ").count();
+                        assert_eq!(paragraphs.len(), clauses, "the translation is whole");
+                        for (i, paragraph) in paragraphs.iter().enumerate() {
+                            assert!(paragraph.contains(&format!("Clause {} of", i + 1)), "clause {} in order", i + 1);
+                        }
                     }
                 }
             }
@@ -220,7 +230,14 @@ impl Bench {
             }
             None => 0,
         };
-        Run { big_secs, ideal_secs, parts, small_waits, report, failed_attempts }
+        let discarded: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(output_tokens), 0)::int8 FROM provider_output_discarded WHERE job_id = $1",
+        )
+        .bind(big_id)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        Run { big_secs, ideal_secs, parts, small_waits, report, failed_attempts, discarded }
     }
 
     fn workers(&self, processor: DocumentProcessor) -> WorkerPool {
@@ -315,6 +332,7 @@ impl Bench {
             output_tokens_per_min: OUTPUT_PER_MIN,
             token_inflation: tokenizer.inflation,
             context_tokens: tokenizer.context,
+            translation_growth: tokenizer.growth,
             ..HostedModel::default()
         });
         let config = CapacityConfig {
@@ -413,6 +431,30 @@ async fn lanes(bench: &Bench) {
     }
 }
 
+/// Issue 57's row (`cargo xtask bench translations` alone): a 129K-token translation into a
+/// language writing 35 % longer, to a provider counting 15 % more tokens, Sluice knowing
+/// neither: its calls, the output billed against the output kept, and its time.
+async fn translation_writing_longer(bench: &Bench) {
+    println!("| row (issue 57: a provider counting 15 % more, a language writing 35 % longer) | calls | parts | answers cut | output billed / kept | time to result | ideal (same run) | ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let run = bench.run(Some(("translate", 129_000)), false, WRITES_LONGER).await;
+    let secs = run.big_secs.unwrap_or(f64::NAN);
+    let billed = run.report.output_tokens as f64;
+    let billed_over_kept = billed / (billed - run.discarded as f64).max(1.0);
+    println!(
+        "| 129K-token translation | {} | {} | {} | **{billed_over_kept:.3}** ({} billed, {} not kept) | {secs:.1} s | {:.1} s | **{:.2}** |",
+        run.report.calls,
+        run.parts,
+        run.report.cut,
+        run.report.output_tokens,
+        run.discarded,
+        run.ideal_secs,
+        run.ideal_secs / secs
+    );
+    println!("RESULT parts_translate_writes_longer_billed_over_kept={billed_over_kept:.3}");
+    println!("RESULT parts_translate_writes_longer_ratio={:.3}", run.ideal_secs / secs);
+}
+
 fn p95(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
@@ -427,10 +469,18 @@ async fn main() {
     let dir = std::env::temp_dir().join(format!("sluice-parts-bench-{}", std::process::id()));
     let extractor = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("sluice-extract");
     let bench = Bench { pool, blobs: Blobs::local(&dir).unwrap(), extractor };
-    if std::env::args().nth(1).as_deref() == Some("lanes") {
-        lanes(&bench).await;
-        let _ = std::fs::remove_dir_all(&dir);
-        return;
+    match std::env::args().nth(1).as_deref() {
+        Some("lanes") => {
+            lanes(&bench).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        Some("translations") => {
+            translation_writing_longer(&bench).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        _ => {}
     }
 
     println!(
@@ -487,6 +537,8 @@ async fn main() {
         println!("RESULT parts_{preset}_counts_more_ratio={ratio:.3}");
         asks.push((format!("{label}, counting 15 % more"), run.report));
     }
+    println!();
+    translation_writing_longer(&bench).await;
     println!();
     println!("| document | calls | answer size asked, largest | asked in all | before issue 56 (64,000 a call) | written in all |");
     println!("|---|---|---|---|---|---|");

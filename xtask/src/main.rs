@@ -574,7 +574,7 @@ fn wait_healthy(port: u16) -> Result {
     Err(format!("the server on port {port} did not become healthy within 60 s"))
 }
 
-/// `cargo xtask bench [queue|shapes|poll|upload|busy|parts|lanes] [-- options]`: release builds against a private Postgres.
+/// `cargo xtask bench [queue|shapes|poll|upload|busy|parts|lanes|translations] [-- options]`: release builds against a private Postgres.
 fn bench(args: &[String]) -> Result {
     survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
@@ -586,8 +586,9 @@ fn bench(args: &[String]) -> Result {
     if which.is_none_or(|w| w == "shapes") {
         storage_shapes(&temp.cluster)?;
     }
-    for (name, mode) in [("parts", None), ("lanes", Some("lanes"))] {
-        if which.is_none_or(|w| w == name) {
+    for (name, mode) in [("parts", None), ("lanes", Some("lanes")), ("translations", Some("translations"))] {
+        // The full parts run has the translations' row: alone only when asked for.
+        if which.map_or(name != "translations", |w| w == name) {
             let db = format!("bench_{name}");
             temp.cluster.create_database(&db).map_err(|e| e.to_string())?;
             eprintln!("== {name} benchmark: long documents through a fake that behaves like a hosted model");

@@ -200,6 +200,15 @@ pub fn share_text(share: Option<f64>) -> String {
     share.map(|s| format!("{:.1} %", s * 100.0)).unwrap_or_else(|| "–".into())
 }
 
+/// Pure: of `billed` output tokens, the share kept when `discarded` were not ("–" for none).
+pub fn kept_text(billed: i64, discarded: i64) -> String {
+    if billed <= 0 {
+        return "–".into();
+    }
+    let kept = billed.saturating_sub(discarded.max(0)).max(0);
+    format!("{:.1} %", kept as f64 * 100.0 / billed as f64)
+}
+
 /// Pure: a token count, short (1.2M, 35K, 900).
 pub fn tokens_text(n: i64) -> String {
     match n {
@@ -233,6 +242,7 @@ pub fn OutcomesCard() -> impl IntoView {
                 <td class="num">{o.credits_refunded}</td>
                 <td class="num">{format!("{} / {}", tokens_text(o.input_tokens_succeeded), tokens_text(o.output_tokens_succeeded))}</td>
                 <td class="num">{format!("{} / {}", tokens_text(o.input_tokens_failed), tokens_text(o.output_tokens_failed))}</td>
+                <td class="num" data-testid="output-kept">{kept_text(o.output_tokens_succeeded.saturating_add(o.output_tokens_failed), o.output_tokens_discarded)}</td>
                 <td class="num" data-testid="cost">{o.cost_usd.map_or_else(|| "—".to_string(), |c| format!("${c:.2}"))}</td>
             </tr>
         }
@@ -255,6 +265,7 @@ pub fn OutcomesCard() -> impl IntoView {
                         <th class="num">"Done"</th><th class="num">"Failed"</th><th class="num">"Failure share"</th>
                         <th class="num">"Credits charged"</th><th class="num">"Refunded"</th>
                         <th class="num">"Tokens in / out, succeeded"</th><th class="num">"Tokens in / out, failed attempts"</th>
+                        <th class="num" title="Output tokens billed that results hold (the rest: answers asked again)">"Output kept"</th>
                         <th class="num">"Provider cost"</th>
                     </tr></thead>
                     <tbody>
@@ -347,5 +358,8 @@ mod tests {
         assert_eq!(tokens_text(1_234_567), "1.2M");
         assert_eq!(tokens_text(35_400), "35K");
         assert_eq!(tokens_text(900), "900");
+        assert_eq!(kept_text(10_000, 150), "98.5 %");
+        assert_eq!(kept_text(0, 0), "–");
+        assert_eq!(kept_text(100, 500), "0.0 %", "never below nothing");
     }
 }

@@ -340,7 +340,13 @@ pub fn writing_text(written: Option<i64>, expected: Option<i64>) -> String {
 }
 
 /// Pure: what a job cost: the credits charged (and refunded) and the provider's tokens.
-pub fn cost_text(cost: i32, refunded: i64, input_tokens: Option<i64>, output_tokens: Option<i64>) -> String {
+pub fn cost_text(
+    cost: i32,
+    refunded: i64,
+    input_tokens: Option<i64>,
+    output_tokens: Option<i64>,
+    output_kept: Option<i64>,
+) -> String {
     let cost = i64::from(cost);
     let money = match (cost, refunded) {
         (0, _) => "No charge".to_string(),
@@ -350,7 +356,11 @@ pub fn cost_text(cost: i32, refunded: i64, input_tokens: Option<i64>, output_tok
     };
     let tokens = |n: i64| format!("{} {}", thousands(n), if n == 1 { "token" } else { "tokens" });
     match (input_tokens, output_tokens) {
-        (Some(i), Some(o)) => format!("{money} · {} in, {} out", tokens(i), thousands(o)),
+        // Output paid for and not kept (paragraphs asked again) is said: billed against kept.
+        (Some(i), Some(o)) => match output_kept.filter(|k| *k < o) {
+            Some(k) => format!("{money} · {} in, {} out ({} kept)", tokens(i), thousands(o), thousands(k)),
+            None => format!("{money} · {} in, {} out", tokens(i), thousands(o)),
+        },
         (Some(i), None) => format!("{money} · {} in", tokens(i)),
         _ => money,
     }
@@ -519,7 +529,7 @@ pub fn JobsPage() -> impl IntoView {
                                                         <a class="file-name" href=href.clone()>{name}</a>
                                                         {(job.state == JobState::Done).then(|| view! { <a class="open-result" href=href>"Open the result"</a> })}
                                                         <span class="cost muted" data-testid="cost">
-                                                            {cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens)}
+                                                            {cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens, job.output_tokens_kept)}
                                                         </span>
                                                         <StateBadge job=job.clone() now=now/>
                                                         <CancelButton job=job done=Callback::new(move |_| jobs.refetch())/>
@@ -614,7 +624,7 @@ pub fn JobPage() -> impl IntoView {
                                     .as_ref()
                                     .and_then(|r| r["markdown"].as_str().map(str::to_string));
                                 let html = d.result_html.clone().unwrap_or_default();
-                                let cost = cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens);
+                                let cost = cost_text(job.cost, job.refunded, job.input_tokens, job.output_tokens, job.output_tokens_kept);
                                 // A long document's answered parts, to read before it ends (or after it failed).
                                 let parts_so_far = job
                                     .parts
@@ -705,10 +715,14 @@ mod tests {
 
     #[test]
     fn costs_say_what_was_charged_refunded_and_used() {
-        assert_eq!(cost_text(1, 0, Some(12_345), Some(678)), "1 credit charged · 12,345 tokens in, 678 out");
-        assert_eq!(cost_text(2, 2, None, None), "2 credits charged and refunded");
-        assert_eq!(cost_text(3, 1, Some(1), Some(1)), "3 credits charged, 1 credit refunded · 1 token in, 1 out");
-        assert_eq!(cost_text(0, 0, None, None), "No charge");
+        assert_eq!(cost_text(1, 0, Some(12_345), Some(678), Some(678)), "1 credit charged · 12,345 tokens in, 678 out");
+        assert_eq!(
+            cost_text(1, 0, Some(12_345), Some(9_000), Some(8_800)),
+            "1 credit charged · 12,345 tokens in, 9,000 out (8,800 kept)"
+        );
+        assert_eq!(cost_text(2, 2, None, None, None), "2 credits charged and refunded");
+        assert_eq!(cost_text(3, 1, Some(1), Some(1), None), "3 credits charged, 1 credit refunded · 1 token in, 1 out");
+        assert_eq!(cost_text(0, 0, None, None, None), "No charge");
     }
 
     #[test]

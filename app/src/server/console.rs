@@ -52,6 +52,7 @@ pub async fn outcomes(period: String) -> Result<Vec<OutcomeRow>, AppError> {
                 output_tokens_succeeded: o.output_tokens_succeeded,
                 input_tokens_failed: o.input_tokens_failed,
                 output_tokens_failed: o.output_tokens_failed,
+                output_tokens_discarded: o.output_tokens_discarded,
                 cost_usd: ctx.settings.provider_prices.map(|p| {
                     p.cost_usd(
                         o.input_tokens_succeeded.saturating_add(o.input_tokens_failed),

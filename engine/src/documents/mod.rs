@@ -11,6 +11,7 @@ pub mod encoding;
 pub mod estimate;
 pub mod extract;
 pub mod html;
+pub mod inline;
 pub mod intake;
 pub mod markers;
 pub mod office;

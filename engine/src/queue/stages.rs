@@ -100,11 +100,14 @@ impl StageLog {
     /// cut or flawed translation's paragraphs asked again). A failure is only logged.
     pub async fn discarded(&self, job: &ClaimedJob, tokens: i64) {
         let Some(pool) = &self.pool.as_ref().filter(|_| tokens > 0) else { return };
-        let result = sqlx::query("INSERT INTO provider_output_discarded (job_id, output_tokens) VALUES ($1, $2)")
-            .bind(job.id)
-            .bind(tokens)
-            .execute(*pool)
-            .await;
+        let result = sqlx::query(
+            "WITH job AS (UPDATE jobs SET output_tokens_discarded = output_tokens_discarded + $2 WHERE id = $1)
+             INSERT INTO provider_output_discarded (job_id, output_tokens) VALUES ($1, $2)",
+        )
+        .bind(job.id)
+        .bind(tokens)
+        .execute(*pool)
+        .await;
         if let Err(e) = result {
             tracing::debug!(job = %job.id, error = %e, "could not record the output not kept");
         }

@@ -76,6 +76,11 @@ pub struct JobView {
     /// In the urgent lane.
     #[sqlx(default)]
     pub urgent: bool,
+    /// Of its output tokens, those billed and not kept (a cut or flawed translation's
+    /// paragraphs asked again).
+    #[sqlx(default)]
+    #[serde(default)]
+    pub output_tokens_discarded: i64,
 }
 
 impl JobView {
