@@ -149,6 +149,10 @@ pub struct JobStatus {
     /// not kept (a cut or flawed translation's paragraphs asked again).
     #[serde(default)]
     pub output_tokens_kept: Option<i64>,
+    /// A translation's paragraphs whose bold, italics or links did not come back from the
+    /// model: they are plain, in their paragraph's look.
+    #[serde(default)]
+    pub paragraphs_without_formatting: i32,
     /// A document longer than one provider call: its parts, once split.
     #[serde(default)]
     pub parts: Option<PartsProgress>,
@@ -372,6 +376,7 @@ mod convert {
                 input_tokens: j.input_tokens,
                 output_tokens: j.output_tokens,
                 output_tokens_kept: j.output_tokens.map(|o| o.saturating_sub(j.output_tokens_discarded).max(0)),
+                paragraphs_without_formatting: j.paragraphs_plain,
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
                 translated_file: serde_json::from_value::<engine::documents::payload::DocumentJob>(j.payload.clone())

@@ -11,8 +11,10 @@ CREATE TABLE provider_output_discarded (
 );
 CREATE INDEX provider_output_discarded_at ON provider_output_discarded (at);
 CREATE INDEX provider_output_discarded_job ON provider_output_discarded (job_id);
--- The job's own sum, shown on its page beside the output billed.
-ALTER TABLE jobs ADD COLUMN output_tokens_discarded bigint NOT NULL DEFAULT 0;
+-- The job's own sum, shown on its page beside the output billed; and its paragraphs whose
+-- inline formatting (bold, italics, links) came back wrong from the model and are plain.
+ALTER TABLE jobs ADD COLUMN output_tokens_discarded bigint NOT NULL DEFAULT 0,
+                 ADD COLUMN paragraphs_plain int NOT NULL DEFAULT 0;
 
 -- Beside the provider's count of a prompt, what it bills for a translation per prompt token,
 -- per target language (`translation:german`): learned from usage, parts are sized by it.

@@ -42,7 +42,7 @@ fn paragraphs_headings_lists_and_tables_come_out_in_order() {
     let text = extract_text(DocType::Docx, &docx_of(CONTRACT)).unwrap().text;
     assert_eq!(
         text,
-        "# Service agreement\n\nThe supplier shall deliver & install.\n\n- Delivery within 30 days\n\nPrice\n\n100 EUR"
+        "# Service agreement\n\nThe supplier <b1>shall</b1> deliver & install.\n\n- Delivery within 30 days\n\nPrice\n\n100 EUR"
     );
     let odt = odt_of(
         r#"<text:h text:outline-level="2">Setup</text:h><text:p>Press<text:s/>the <text:span>red</text:span> button.</text:p>
@@ -174,10 +174,14 @@ async fn a_translated_word_file_comes_back_whole_with_every_paragraph_in_place()
     ] {
         assert!(xml.contains(kept), "{kept} is kept: {xml}");
     }
+    // The bold word in a bold run of its own, the note's reference where the answer put it.
     assert!(
-        xml.contains("[de] deliver &amp; install") || xml.contains("[de] The supplier shall deliver &amp; install"),
+        xml.contains(
+            r#"[de] The supplier </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t xml:space="preserve">shall</w:t></w:r>"#
+        ),
         "{xml}"
     );
+    assert!(xml.contains(r#"[de] See note</w:t></w:r><w:r><w:footnoteReference w:id="1"/></w:r></w:p>"#), "{xml}");
     let notes = String::from_utf8(entry(&mut archive, "word/footnotes.xml")).unwrap();
     assert!(notes.contains("[de] Prices exclude tax."), "{notes}");
     let header = String::from_utf8(entry(&mut archive, "word/header1.xml")).unwrap();
@@ -202,5 +206,51 @@ async fn a_translated_opendocument_text_comes_back_whole() {
     assert_eq!(
         extract_text(DocType::Odt, &rebuilt).unwrap().text,
         "# [de] Manual\n\n[de] Press the button.\n\n- [de] Wait"
+    );
+}
+
+#[tokio::test]
+async fn bold_italic_links_and_note_references_come_back_around_the_translated_words() {
+    use engine::documents::sandbox::rebuild_in_child;
+    let original = docx_of(
+        r#"<w:p><w:r><w:t xml:space="preserve">The </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>Supplier</w:t></w:r><w:r><w:t xml:space="preserve"> delivers </w:t></w:r><w:r><w:rPr><w:i/></w:rPr><w:t>in good time</w:t></w:r><w:r><w:t>.</w:t></w:r><w:r><w:rPr><w:rStyle w:val="FootnoteReference"/></w:rPr><w:footnoteReference w:id="1"/></w:r></w:p>
+           <w:p><w:r><w:t xml:space="preserve">Questions go to </w:t></w:r><w:hyperlink xmlns:r="r" r:id="rId9" w:history="1"><w:r><w:rPr><w:rStyle w:val="Hyperlink"/></w:rPr><w:t>our terms page</w:t></w:r></w:hyperlink><w:r><w:t xml:space="preserve"> before signing.</w:t></w:r></w:p>
+           <w:p><w:r><w:t xml:space="preserve">Plain </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>lost</w:t></w:r></w:p>"#,
+    );
+    let text = extract_text(DocType::Docx, &original).unwrap().text;
+    assert_eq!(
+        text,
+        "The <b1>Supplier</b1> delivers <i2>in good time</i2>.<f3/>\n\n\
+         Questions go to <a1>our terms page</a1> before signing.\n\nPlain <b1>lost</b1>",
+        "the runs that differ from their paragraph's look travel as tags"
+    );
+    // As a model translates it: the spans moved where German puts them, the last one's tags lost.
+    let translated = [
+        "Der <b1>Lieferant</b1> liefert <i2>rechtzeitig</i2>.<f3/>".to_string(),
+        "Fragen gehen vor der Unterschrift an <a1>unsere AGB-Seite</a1>.".to_string(),
+        "Schlicht verloren".to_string(),
+    ];
+    let rebuilt = rebuild_in_child(&sandbox(), DocType::Docx, original.into(), &translated).await.unwrap();
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(&rebuilt)).unwrap();
+    let mut xml = String::new();
+    std::io::Read::read_to_string(&mut archive.by_name("word/document.xml").unwrap(), &mut xml).unwrap();
+    for expected in [
+        // The bold and italic words in runs of their own look.
+        r#"<w:r><w:t xml:space="preserve">Der </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t xml:space="preserve">Lieferant</w:t></w:r>"#,
+        r#"<w:r><w:rPr><w:i/></w:rPr><w:t xml:space="preserve">rechtzeitig</w:t></w:r><w:r><w:t xml:space="preserve">.</w:t></w:r>"#,
+        // The note's reference as it was, where the answer put it.
+        r#"<w:r><w:rPr><w:rStyle w:val="FootnoteReference"/></w:rPr><w:footnoteReference w:id="1"/></w:r></w:p>"#,
+        // The link around its translated words, pointing where it pointed.
+        r#"<w:hyperlink xmlns:r="r" r:id="rId9" w:history="1"><w:r><w:rPr><w:rStyle w:val="Hyperlink"/></w:rPr><w:t xml:space="preserve">unsere AGB-Seite</w:t></w:r></w:hyperlink><w:r><w:t xml:space="preserve">.</w:t></w:r>"#,
+    ] {
+        assert!(xml.contains(expected), "{expected}\nin\n{xml}");
+    }
+    assert!(!xml.contains("our terms page") && !xml.contains("Supplier"), "no words of the original left: {xml}");
+    // The paragraph whose tags were lost: its words in its first run's look, nothing bold.
+    let last = xml.split("<w:p>").last().unwrap();
+    assert!(last.contains("Schlicht verloren") && !last.contains("lost"), "{last}");
+    assert_eq!(
+        extract_text(DocType::Docx, &rebuilt).unwrap().text,
+        format!("{}\n\n{}\n\nSchlicht verloren", translated[0], translated[1])
     );
 }

@@ -1038,6 +1038,66 @@ async fn a_translations_paragraphs_merged_dropped_or_prefaced_are_asked_again_an
     }
 }
 
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_word_translations_inline_formatting_is_kept_and_a_paragraph_whose_tags_came_back_wrong_is_counted(
+    pool: PgPool,
+) {
+    let paragraph = |i: usize| {
+        format!(
+            r#"<w:p><w:r><w:t xml:space="preserve">Clause {i}: the </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>Supplier</w:t></w:r><w:r><w:t xml:space="preserve"> delivers </w:t></w:r><w:r><w:rPr><w:i/></w:rPr><w:t>in good time</w:t></w:r><w:r><w:t>.</w:t></w:r></w:p>"#
+        )
+    };
+    let bytes = engine::testing::docx_of(&(1..=6).map(paragraph).collect::<String>());
+    for (flaw, plain) in [(None, 0), (Some(Flaw::LoseTags), 6)] {
+        let name = format!("inline-{}", plain);
+        let model = HostedModel { flaw, flawed_answers: 1, ..instant_model() };
+        let (docs, _fake, user, processor) = hosted(&pool, &name, Some(model), 8_000, 200_000).await;
+        let job = submit_file(&pool, &docs, user.id, &bytes, "docx", "translate").await;
+        let view = drive(&pool, &processor, job).await;
+        assert_eq!(view.state, JobState::Done, "{view:?}");
+        let result = view.result.unwrap();
+        let markdown = result["markdown"].as_str().unwrap();
+        assert_eq!(markdown.split("\n\n").count(), 6, "{markdown}");
+        assert_eq!(view.paragraphs_plain, plain, "{markdown}");
+        if plain == 0 {
+            // A reader sees Markdown; the file is rebuilt from the tags.
+            assert!(markdown.contains("**Supplier**") && markdown.contains("*in good time*"), "{markdown}");
+            let tagged = result["tagged"].as_str().unwrap();
+            assert!(tagged.contains("<b1>Supplier</b1>") && tagged.contains("<i2>in good time</i2>"), "{tagged}");
+        } else {
+            assert!(!markdown.contains('*') && result.get("tagged").is_none(), "plain words only: {result}");
+        }
+    }
+}
+
+/// Admit a file of `doc_type` (its bytes) for `user`, as [`submit`] does a text.
+async fn submit_file(pool: &PgPool, docs: &TempBlobs, user: i64, bytes: &[u8], doc_type: &str, preset: &str) -> Uuid {
+    let key = Blobs::new_key();
+    docs.blobs.put(&key, bytes.to_vec().into()).await.unwrap();
+    let payload = serde_json::json!({
+        "document": { "key": key, "type": doc_type, "sha256": key, "size": bytes.len(), "name": "contract.docx" },
+        "preset": preset,
+        "language": "German",
+    });
+    let submission = Submission {
+        price_by_size: None,
+        lane: Default::default(),
+        shared_document: None,
+        cost: 10,
+        est_input_tokens: 2_000,
+        user_id: user,
+        payload,
+        content_key: key.clone(),
+        client_key: None,
+        fingerprint: key,
+    };
+    let config = AdmissionConfig { max_attempts: 3, ..AdmissionConfig::default() };
+    match admission::submit(pool, &config, &submission).await.unwrap() {
+        Admission::Accepted { job_id } => job_id,
+        other => panic!("refused: {other:?}"),
+    }
+}
+
 /// Output tokens billed for `job` and not kept.
 async fn discarded_of(pool: &PgPool, job: Uuid) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(output_tokens), 0)::int8 FROM provider_output_discarded WHERE job_id = $1")

@@ -159,6 +159,8 @@ pub enum Flaw {
     Drop,
     /// "Here is the translation:" before the first paragraph.
     Preface,
+    /// Every inline tag (`<b1>`, `</b1>`, `<f2/>`) left out.
+    LoseTags,
 }
 
 /// What the hosted model did: its calls' overlap and the tokens it read and wrote.
@@ -365,6 +367,11 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
                 answers.pop();
             }
             Some(Flaw::Preface) => answers.insert(0, "Here is the translation:".into()),
+            Some(Flaw::LoseTags) => {
+                for answer in &mut answers {
+                    *answer = without_inline_tags(answer);
+                }
+            }
             _ => {}
         }
         return answers.join("\n\n");
@@ -379,6 +386,31 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
         summary.push_str(&format!("- {}\n", words.join(" ")));
     }
     summary
+}
+
+/// `text` without tags such as `<b1>`, `</b1>` and `<f2/>`.
+fn without_inline_tags(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('<') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + 1..];
+        let end = tail.find('>').filter(|e| {
+            let inner = tail[..*e].trim_start_matches('/').trim_end_matches('/');
+            inner.len() >= 2
+                && inner[1..].chars().all(|c| c.is_ascii_digit())
+                && inner.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        });
+        match end {
+            Some(end) => rest = &tail[end + 1..],
+            None => {
+                out.push('<');
+                rest = tail;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The longest start of `answer` that holds at most `max_tokens` tokens (by bisection).

@@ -366,6 +366,18 @@ pub fn cost_text(
     }
 }
 
+/// Pure: what a translation says of its paragraphs that came back without their inline
+/// formatting.
+pub fn formatting_lost_text(paragraphs: i32) -> String {
+    let which = if paragraphs == 1 { "1 paragraph".to_string() } else { format!("{paragraphs} paragraphs") };
+    format!(
+        "{which} came back without {} bold, italics or links: {} in the look of {} first words.",
+        if paragraphs == 1 { "its" } else { "their" },
+        if paragraphs == 1 { "it is" } else { "they are" },
+        if paragraphs == 1 { "its" } else { "their" },
+    )
+}
+
 /// Pure: the line under a queued badge.
 pub fn queued_text(paused: bool, ahead: Option<i64>, starts_in_secs: Option<i64>) -> String {
     if paused {
@@ -648,6 +660,9 @@ pub fn JobPage() -> impl IntoView {
                                         <RetryNowButton job=job.clone() done=Callback::new(move |_| detail.refetch())/>
                                     </p>
                                     <p class="cost" data-testid="cost">{cost}</p>
+                                    {(job.paragraphs_without_formatting > 0).then(|| view! {
+                                        <p class="hint" data-testid="formatting-lost">{formatting_lost_text(job.paragraphs_without_formatting)}</p>
+                                    })}
                                     {parts_so_far}
                                     {markdown.map(|m| view! {
                                         <div class="card-head">
@@ -690,7 +705,7 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{cost_text, queued_text, running_text, writing_text};
+    use super::{cost_text, formatting_lost_text, queued_text, running_text, writing_text};
     use crate::model::JobStage;
 
     #[test]
@@ -723,6 +738,14 @@ mod tests {
         assert_eq!(cost_text(2, 2, None, None, None), "2 credits charged and refunded");
         assert_eq!(cost_text(3, 1, Some(1), Some(1), None), "3 credits charged, 1 credit refunded · 1 token in, 1 out");
         assert_eq!(cost_text(0, 0, None, None, None), "No charge");
+        assert_eq!(
+            formatting_lost_text(2),
+            "2 paragraphs came back without their bold, italics or links: they are in the look of their first words."
+        );
+        assert_eq!(
+            formatting_lost_text(1),
+            "1 paragraph came back without its bold, italics or links: it is in the look of its first words."
+        );
     }
 
     #[test]

@@ -70,14 +70,18 @@ struct Walk {
 
 impl Default for Walk {
     fn default() -> Walk {
-        Walk { done: Vec::new(), current: Block { kind: BlockKind::Paragraph, text: String::new() }, skipping: None }
+        Walk {
+            done: Vec::new(),
+            current: Block { kind: BlockKind::Paragraph, text: String::new(), looks: None },
+            skipping: None,
+        }
     }
 }
 
 impl Walk {
     /// End the paragraph being read; the next one is of `next` kind.
     fn flush(&mut self, next: BlockKind) {
-        let finished = std::mem::replace(&mut self.current, Block { kind: next, text: String::new() });
+        let finished = std::mem::replace(&mut self.current, Block { kind: next, text: String::new(), looks: None });
         let text = collapse_spaces(&finished.text);
         if !text.is_empty() {
             self.done.push(Block { text, ..finished });

@@ -176,7 +176,30 @@ fn read_entry<R: Read + std::io::Seek>(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {
     pub kind: BlockKind,
+    /// Its words; a Word paragraph's runs that differ from its look are tagged
+    /// ([`super::inline`]).
     pub text: String,
+    /// The looks its tags stand for (none: no tags, or a paragraph tags cannot carry).
+    pub looks: Option<Looks>,
+}
+
+/// A Word paragraph's looks, for its tags: its own, and each tag's (by its number, from 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Looks {
+    /// The run properties (`w:rPr`, as XML) most of its words have; empty when none.
+    pub base: String,
+    pub spans: Vec<SpanLook>,
+}
+
+/// What a tag stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanLook {
+    /// Its runs' properties (`w:rPr`, as XML).
+    pub props: String,
+    /// The hyperlink around them: its start and end tags, as XML.
+    pub link: Option<(String, String)>,
+    /// A note's reference: its whole run, as XML (put back as it was).
+    pub reference: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +213,12 @@ pub enum BlockKind {
 impl Block {
     /// The block as Markdown: `# ` for a heading, `- ` for a list item.
     pub fn markdown(&self) -> String {
-        let text = self.text.trim();
+        self.markdown_of(&self.text)
+    }
+
+    /// `text` shown as this block is (a heading's `#`, a list item's `- `).
+    fn markdown_of(&self, text: &str) -> String {
+        let text = text.trim();
         match self.kind {
             BlockKind::Paragraph => text.to_string(),
             BlockKind::Heading(level) => format!("{} {text}", "#".repeat(level.clamp(1, 6) as usize)),
@@ -379,40 +407,245 @@ impl PartReader {
     }
 }
 
+/// A paragraph being read: its start's ordinal, the block so far, and (Word) its runs.
+type OpenParagraph = (usize, Block, RunsRead);
+
 /// A part's paragraphs with text, in the order they end (a nested one before the one around
 /// it), each with the ordinal of its start among all paragraph starts.
 fn paragraphs(flavour: Flavour, xml: &[u8]) -> Result<Vec<(usize, Block)>, String> {
     let mut reader = PartReader::for_flavour(flavour);
-    let (mut open, mut done): (Vec<(usize, Block)>, Vec<(usize, Block)>) = (Vec::new(), Vec::new());
+    let mut open: Vec<OpenParagraph> = Vec::new();
+    let mut done: Vec<(usize, Block)> = Vec::new();
     let mut starts = 0;
-    walk_xml(xml, |step, _| match reader.meaning(&step) {
-        Meaning::Start(kind) => {
-            open.push((starts, Block { kind, text: String::new() }));
-            starts += 1;
-        }
-        Meaning::Kind(kind) => {
-            if let Some((_, block)) = open.last_mut() {
-                block.kind = kind;
+    walk_xml(xml, |step, event| {
+        let meaning = reader.meaning(&step);
+        if flavour == Flavour::Word && !matches!(meaning, Meaning::Start(_)) {
+            if let Some((_, _, runs)) = open.last_mut() {
+                runs.step(&step, event, &meaning);
             }
         }
-        Meaning::Text(text) => {
-            if let Some((_, block)) = open.last_mut() {
-                block.text.push_str(&text);
+        match meaning {
+            Meaning::Start(kind) => {
+                // A paragraph inside another (a text box, a note): the outer one stays plain.
+                if let Some((_, _, runs)) = open.last_mut() {
+                    runs.plain = true;
+                }
+                open.push((starts, Block { kind, text: String::new(), looks: None }, RunsRead::default()));
+                starts += 1;
             }
-        }
-        Meaning::End => {
-            if let Some((start, block)) = open.pop() {
-                // A paragraph is one paragraph to the provider: no blank line inside it (two
-                // line breaks in a row) may split it in two.
-                let text = block.text.split('\n').filter(|line| !line.trim().is_empty()).collect::<Vec<_>>().join("\n");
-                if !text.trim().is_empty() {
-                    done.push((start, Block { text, ..block }));
+            Meaning::Kind(kind) => {
+                if let Some((_, block, _)) = open.last_mut() {
+                    block.kind = kind;
                 }
             }
+            Meaning::Text(text) => {
+                if let Some((_, block, _)) = open.last_mut() {
+                    block.text.push_str(&text);
+                }
+            }
+            Meaning::End => {
+                if let Some((start, block, runs)) = open.pop() {
+                    let (tagged, looks) = match runs.tagged() {
+                        Some((tagged, looks)) => (tagged, Some(looks)),
+                        None => (super::inline::escape(&block.text), None),
+                    };
+                    let text = one_paragraph(&tagged);
+                    if !super::inline::strip(&text).trim().is_empty() {
+                        done.push((start, Block { text, looks, ..block }));
+                    }
+                }
+            }
+            Meaning::Nothing => {}
         }
-        Meaning::Nothing => {}
     })?;
     Ok(done)
+}
+
+/// A paragraph is one paragraph to the provider: no blank line inside it (two line breaks in
+/// a row) may split it in two.
+fn one_paragraph(text: &str) -> String {
+    text.split('\n').filter(|line| !line.trim().is_empty()).collect::<Vec<_>>().join("\n")
+}
+
+/// A Word paragraph's runs as read, for its inline tags.
+#[derive(Default)]
+struct RunsRead {
+    /// Elements open inside the paragraph (local names), its children first.
+    path: Vec<Vec<u8>>,
+    runs: Vec<RunRead>,
+    current: Option<RunRead>,
+    /// The hyperlink open now: its start and end tags.
+    link: Option<(String, String)>,
+    /// Something tags cannot carry (a nested paragraph, a drawing, a field, a run inside
+    /// another element than the paragraph or a hyperlink): the paragraph stays plain.
+    plain: bool,
+}
+
+/// One run as read.
+#[derive(Default)]
+struct RunRead {
+    /// Its properties (`w:rPr`), as XML, and whether they are being read.
+    props: Vec<u8>,
+    in_props: bool,
+    /// What its properties make it: bold, italic, underlined ([`super::inline`]'s letters).
+    letter: Option<char>,
+    text: String,
+    /// The whole run, as XML (a note's reference is put back as it was).
+    raw: Vec<u8>,
+    reference: bool,
+    link: Option<(String, String)>,
+}
+
+/// `event` as XML.
+fn xml_of(event: &Event<'_>) -> Vec<u8> {
+    let mut writer = quick_xml::Writer::new(Vec::new());
+    let _ = writer.write_event(event.borrow());
+    writer.into_inner()
+}
+
+impl RunsRead {
+    /// One step of the paragraph's XML (its own start excluded).
+    fn step(&mut self, step: &XmlStep<'_>, event: &Event<'_>, meaning: &Meaning) {
+        if self.plain {
+            return;
+        }
+        if let Some(run) = self.current.as_mut() {
+            run.raw.extend(xml_of(event));
+            if run.in_props {
+                run.props.extend(xml_of(event));
+            }
+        }
+        match step {
+            XmlStep::Open(e, empty) => {
+                let name = e.local_name().as_ref().to_vec();
+                match (name.as_slice(), self.current.as_mut()) {
+                    (b"r", None) => {
+                        let inside_paragraph = self.path.is_empty() || self.path == [b"hyperlink".to_vec()];
+                        if !inside_paragraph {
+                            self.plain = true;
+                            return;
+                        }
+                        if !empty {
+                            self.current =
+                                Some(RunRead { raw: xml_of(event), link: self.link.clone(), ..RunRead::default() });
+                        }
+                    }
+                    (b"hyperlink", None) if self.path.is_empty() && !empty => {
+                        let end = format!("</{}>", String::from_utf8_lossy(e.name().as_ref()));
+                        self.link = Some((String::from_utf8_lossy(&xml_of(event)).into_owned(), end));
+                    }
+                    (b"rPr", Some(run)) if !empty => {
+                        run.in_props = true;
+                        run.props = xml_of(event);
+                    }
+                    (b"b" | b"i" | b"u", Some(run)) if run.in_props => {
+                        let off = attribute(e, b"val").is_some_and(|v| matches!(v.as_str(), "0" | "false" | "none"));
+                        if !off && run.letter.is_none() {
+                            run.letter = Some(match name.as_slice() {
+                                b"b" => super::inline::BOLD,
+                                b"i" => super::inline::ITALIC,
+                                _ => super::inline::UNDERLINE,
+                            });
+                        }
+                    }
+                    (b"footnoteReference" | b"endnoteReference", Some(run)) => run.reference = true,
+                    (
+                        b"drawing" | b"pict" | b"object" | b"fldChar" | b"instrText" | b"AlternateContent" | b"ruby",
+                        _,
+                    )
+                    | (b"fldSimple" | b"smartTag" | b"sdt" | b"ins" | b"del" | b"moveTo" | b"customXml", _) => {
+                        self.plain = true;
+                    }
+                    _ => {}
+                }
+                if !empty {
+                    self.path.push(name);
+                }
+            }
+            XmlStep::Close(name) => {
+                self.path.pop();
+                match (*name, self.current.as_mut()) {
+                    (b"rPr", Some(run)) => run.in_props = false,
+                    (b"r", Some(_)) if self.path.len() <= 1 => {
+                        let run = self.current.take().expect("a run is open");
+                        self.runs.push(run);
+                    }
+                    (b"hyperlink", None) if self.path.is_empty() => self.link = None,
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+        if let (Meaning::Text(text), Some(run)) = (meaning, self.current.as_mut()) {
+            run.text.push_str(text);
+        }
+    }
+
+    /// The paragraph's text with its differing runs tagged, and what the tags stand for; none
+    /// when it has no such run or tags cannot carry it.
+    fn tagged(self) -> Option<(String, Looks)> {
+        if self.plain || self.current.is_some() {
+            return None;
+        }
+        // Its look: the properties most of its plain words have.
+        let mut weights: Vec<(&[u8], usize)> = Vec::new();
+        for run in self.runs.iter().filter(|r| r.link.is_none() && !r.reference) {
+            match weights.iter_mut().find(|(props, _)| *props == run.props.as_slice()) {
+                Some((_, n)) => *n += run.text.chars().count(),
+                None => weights.push((&run.props, run.text.chars().count())),
+            }
+        }
+        let base = weights.iter().max_by_key(|(_, n)| *n).map(|(props, _)| props.to_vec()).unwrap_or_default();
+        let mut text = String::new();
+        let mut spans: Vec<SpanLook> = Vec::new();
+        let mut open: Option<(Vec<u8>, Option<(String, String)>, char)> = None;
+        let close =
+            |text: &mut String, spans: &[SpanLook], open: &mut Option<(Vec<u8>, Option<(String, String)>, char)>| {
+                if let Some((_, _, letter)) = open.take() {
+                    text.push_str(&format!("</{letter}{}>", spans.len()));
+                }
+            };
+        for run in &self.runs {
+            let plain = run.link.is_none() && !run.reference && run.props == base;
+            if run.reference {
+                close(&mut text, &spans, &mut open);
+                spans.push(SpanLook {
+                    props: String::new(),
+                    link: None,
+                    reference: Some(String::from_utf8_lossy(&run.raw).into_owned()),
+                });
+                text.push_str(&format!("<{}{}/>", super::inline::REFERENCE, spans.len()));
+                continue;
+            }
+            if run.text.is_empty() {
+                continue;
+            }
+            let same = open.as_ref().is_some_and(|(props, link, _)| *props == run.props && *link == run.link);
+            if !same {
+                close(&mut text, &spans, &mut open);
+                if !plain {
+                    let letter = if run.link.is_some() {
+                        super::inline::LINK
+                    } else {
+                        run.letter.unwrap_or(super::inline::STYLED)
+                    };
+                    spans.push(SpanLook {
+                        props: String::from_utf8_lossy(&run.props).into_owned(),
+                        link: run.link.clone(),
+                        reference: None,
+                    });
+                    text.push_str(&format!("<{letter}{}>", spans.len()));
+                    open = Some((run.props.clone(), run.link.clone(), letter));
+                }
+            }
+            text.push_str(&super::inline::escape(&run.text));
+        }
+        close(&mut text, &spans, &mut open);
+        if spans.is_empty() {
+            return None;
+        }
+        Some((text, Looks { base: String::from_utf8_lossy(&base).into_owned(), spans }))
+    }
 }
 
 /// A Word part's paragraphs: `w:p`, its text in `w:t` runs, tabs and breaks; a heading by its
@@ -485,7 +718,16 @@ pub fn rebuild(flavour: Flavour, bytes: &[u8], translated: &[String]) -> Result<
         let mut by_start = std::collections::HashMap::new();
         for (start, block) in found {
             let text = translated.get(next).ok_or_else(|| too_few(translated.len()))?;
-            by_start.insert(start, without_marker(block.kind, text).to_string());
+            let text = without_marker(block.kind, text);
+            // Its runs again, each tagged span in its own look, when the answer kept the tags;
+            // else the words in the paragraph's first run.
+            let replacement = match block.looks {
+                Some(looks) if super::inline::keeps_tags(&block.text, text) => {
+                    Replacement::Runs { looks, text: text.to_string() }
+                }
+                _ => Replacement::Text(super::inline::strip(text)),
+            };
+            by_start.insert(start, replacement);
             next += 1;
         }
         let xml = rewrite(flavour, &xml, &by_start)?;
@@ -549,12 +791,78 @@ fn too_few(paragraphs: usize) -> String {
     format!("the translation has {paragraphs} paragraphs, fewer than the document; download the Markdown instead")
 }
 
+/// What a paragraph's text becomes.
+enum Replacement {
+    /// Words, in the paragraph's first text node (its first run's look).
+    Text(String),
+    /// Tagged words, as runs in the looks their tags stand for (a Word paragraph whose
+    /// translation kept its tags).
+    Runs { looks: Looks, text: String },
+}
+
+/// A Word paragraph being given new runs: how deep inside it the walk is, how deep inside an
+/// old run or hyperlink (dropped), and whether the new runs are written.
+struct NewRuns {
+    depth: usize,
+    skipping: usize,
+    written: bool,
+    runs: String,
+}
+
+/// Pure: `text` (tagged) as Word runs in `looks`, with the namespace prefix `prefix`: plain
+/// words in the paragraph's look, a tagged span in its own (inside its hyperlink), a note's
+/// reference as it was; line breaks and tabs as Word writes them.
+fn runs_xml(prefix: &str, looks: &Looks, text: &str) -> String {
+    use super::inline::{Form, Piece, Tag};
+    let run = |props: &str, words: &str| {
+        let mut out = format!("<{prefix}:r>{props}");
+        for (i, line) in words.split('\n').enumerate() {
+            if i > 0 {
+                out.push_str(&format!("<{prefix}:br/>"));
+            }
+            for (j, cell) in line.split('\t').enumerate() {
+                if j > 0 {
+                    out.push_str(&format!("<{prefix}:tab/>"));
+                }
+                if !cell.is_empty() {
+                    out.push_str(&format!("<{prefix}:t xml:space=\"preserve\">{}</{prefix}:t>", xml_text(cell)));
+                }
+            }
+        }
+        out.push_str(&format!("</{prefix}:r>"));
+        out
+    };
+    let span = |number: u32| looks.spans.get((number as usize).wrapping_sub(1));
+    let mut out = String::new();
+    let mut current: Option<&SpanLook> = None;
+    for piece in super::inline::pieces(text) {
+        match piece {
+            Piece::Text(words) => match current {
+                None => out.push_str(&run(&looks.base, words)),
+                Some(look) => match &look.link {
+                    Some((open, close)) => out.push_str(&format!("{open}{}{close}", run(&look.props, words))),
+                    None => out.push_str(&run(&look.props, words)),
+                },
+            },
+            Piece::Tag(Tag { form: Form::Open, number, .. }) => current = span(number),
+            Piece::Tag(Tag { form: Form::Close, .. }) => current = None,
+            Piece::Tag(Tag { form: Form::Alone, number, .. }) => {
+                if let Some(reference) = span(number).and_then(|l| l.reference.as_ref()) {
+                    out.push_str(reference);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A part's XML with the text of the paragraphs in `by_start` (by the ordinal of their start)
-/// replaced: the first text node of each gets the new text, its others are dropped.
+/// replaced: new words go into a paragraph's first text node (its others are dropped), or a
+/// Word paragraph's runs and hyperlinks are replaced by new ones.
 fn rewrite(
     flavour: Flavour,
     xml: &[u8],
-    by_start: &std::collections::HashMap<usize, String>,
+    by_start: &std::collections::HashMap<usize, Replacement>,
 ) -> Result<Vec<u8>, String> {
     let mut reader = PartReader::for_flavour(flavour);
     let mut writer = quick_xml::Writer::new(Vec::with_capacity(xml.len()));
@@ -562,10 +870,67 @@ fn rewrite(
     let mut open: Vec<(usize, bool)> = Vec::new();
     let mut starts = 0;
     let mut failed = false;
+    let mut new_runs: Option<NewRuns> = None;
     walk_xml(xml, |step, event| {
         let is_text_node = matches!(event, Event::Text(_) | Event::GeneralRef(_) | Event::CData(_));
-        let write = match reader.meaning(&step) {
+        let meaning = reader.meaning(&step);
+        if let Some(runs) = new_runs.as_mut() {
+            // Inside a paragraph given new runs: its old runs and hyperlinks are dropped, the
+            // new runs written where the first was, everything else kept.
+            let write = match &step {
+                _ if runs.skipping > 0 => {
+                    match &step {
+                        XmlStep::Open(_, false) => runs.skipping += 1,
+                        XmlStep::Close(_) => runs.skipping -= 1,
+                        _ => {}
+                    }
+                    false
+                }
+                XmlStep::Open(e, empty)
+                    if runs.depth == 0 && matches!(e.local_name().as_ref(), b"r" | b"hyperlink") =>
+                {
+                    if !runs.written {
+                        writer.get_mut().extend_from_slice(runs.runs.as_bytes());
+                        runs.written = true;
+                    }
+                    runs.skipping = usize::from(!empty);
+                    false
+                }
+                XmlStep::Open(_, empty) => {
+                    runs.depth += usize::from(!empty);
+                    true
+                }
+                XmlStep::Close(_) if runs.depth == 0 => {
+                    // The paragraph's end.
+                    if !runs.written {
+                        writer.get_mut().extend_from_slice(runs.runs.as_bytes());
+                    }
+                    new_runs = None;
+                    open.pop();
+                    true
+                }
+                XmlStep::Close(_) => {
+                    runs.depth -= 1;
+                    true
+                }
+                _ => true,
+            };
+            if write {
+                failed |= writer.write_event(event.borrow()).is_err();
+            }
+            return;
+        }
+        let write = match meaning {
             Meaning::Start(_) => {
+                if let (Some(Replacement::Runs { looks, text }), XmlStep::Open(e, false)) =
+                    (by_start.get(&starts), &step)
+                {
+                    let name = e.name();
+                    let prefix =
+                        name.prefix().map_or("w".to_string(), |p| String::from_utf8_lossy(p.as_ref()).into_owned());
+                    new_runs =
+                        Some(NewRuns { depth: 0, skipping: 0, written: false, runs: runs_xml(&prefix, looks, text) });
+                }
                 open.push((starts, false));
                 starts += 1;
                 Some(event.borrow())
@@ -576,7 +941,7 @@ fn rewrite(
             }
             Meaning::Text(_) if is_text_node => match open.last_mut() {
                 Some((start, written)) => match by_start.get(start) {
-                    Some(text) if !*written => {
+                    Some(Replacement::Text(text)) if !*written => {
                         *written = true;
                         Some(Event::Text(quick_xml::events::BytesText::from_escaped(xml_text(text))))
                     }
@@ -698,7 +1063,7 @@ mod tests {
             <w:tbl><w:tr><w:tc><w:p><w:r><w:t>cell</w:t></w:r></w:p></w:tc></w:tr></w:tbl>
         </w:body></w:document>"#;
         let blocks: Vec<String> = word_blocks(xml).unwrap().iter().map(Block::markdown).collect();
-        assert_eq!(blocks, ["## Terms", "Fish & chips été", "- first", "cell"]);
+        assert_eq!(blocks, ["## Terms", "Fish & chips <b1>été</b1>", "- first", "cell"], "a bold run is tagged");
     }
 
     #[test]

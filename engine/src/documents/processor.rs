@@ -11,13 +11,13 @@ use tracing::Instrument;
 
 use super::blobs::Blobs;
 use super::calls::{calls_for, joins, CallLimits, Calls, PART_PROMPT_TOKENS};
-use super::markers;
 use super::payload::{size_kind, DocumentJob};
 use super::providers::{self, vendor, OnWritten, PartOf, Provider, ProviderOutput, Task};
 use super::ratio::TokenRatio;
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::split;
 use super::tokens;
+use super::{inline, markers};
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
 use crate::queue::parts::{NewPart, PartStore, PartsProgress, PendingPart, Progress, StoredPart};
@@ -133,11 +133,23 @@ impl Usage {
 
 /// A whole answer (perhaps made of the answers to halves of a text whose answer was cut) and
 /// what its calls used.
+#[derive(Default)]
 struct Answer {
     text: String,
     usage: Usage,
     /// Output tokens paid for and not kept (a cut or flawed answer's unchecked paragraphs).
     discarded: i64,
+    /// Paragraphs whose inline tags came back wrong: plain, in their paragraph's look.
+    plain_paragraphs: i64,
+}
+
+impl Answer {
+    /// Count `other`'s calls in this one's.
+    fn absorb(&mut self, other: &Answer) {
+        self.usage.add(other.usage);
+        self.discarded += other.discarded;
+        self.plain_paragraphs += other.plain_paragraphs;
+    }
 }
 
 /// One part's call, ended.
@@ -267,7 +279,14 @@ impl DocumentProcessor {
         let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
         // A translation's paragraphs are numbered, so its answer is checked paragraph by
         // paragraph and its result has the source's paragraphs.
-        let text = if joins(spec.preset) { markers::mark(&extracted.text) } else { extracted.text };
+        // Other presets read inline tags as the Markdown they stand for.
+        let text = if joins(spec.preset) {
+            markers::mark(&extracted.text)
+        } else if inline::has_tags(&extracted.text) {
+            inline::to_markdown(&extracted.text)
+        } else {
+            extracted.text
+        };
         let mut task = Task {
             preset: spec.preset,
             language: spec.language.clone(),
@@ -447,16 +466,15 @@ impl DocumentProcessor {
             }
             other => other.map_err(too_long_in_words)?,
         };
-        self.stages.discarded(job, answer.discarded).await;
+        self.stages.checked(job, answer.discarded, answer.plain_paragraphs).await;
+        let mut result = translation_result(markers::unmark(&[answer.text]));
+        result["provider"] = self.provider.name().into();
+        result["preset"] = serde_json::json!(spec.preset);
+        result["estimated_input_tokens"] = estimated.into();
+        result["pages"] = serde_json::json!(task.pages);
+        result["details"] = serde_json::json!({ "output_tokens_discarded": answer.discarded });
         Ok(JobOutput {
-            result: serde_json::json!({
-                "markdown": markers::unmark(&[answer.text]),
-                "provider": self.provider.name(),
-                "preset": spec.preset,
-                "estimated_input_tokens": estimated,
-                "pages": task.pages,
-                "details": { "output_tokens_discarded": answer.discarded },
-            }),
+            result,
             input_tokens: Some(answer.usage.input),
             output_tokens: Some(answer.usage.output),
             part: None,
@@ -503,16 +521,18 @@ impl DocumentProcessor {
             if (joins(spec.preset) && level == 0) || (level > 0 && count == 1) {
                 self.stages.enter(job, JobStage::Writing, None).await?;
                 let parts_total = self.parts.count(job.id, 0).await.map_err(database_error)?;
-                let markdown = if joins(spec.preset) { markers::unmark(&outputs) } else { outputs.join("\n\n") };
+                let mut result = if joins(spec.preset) {
+                    translation_result(markers::unmark(&outputs))
+                } else {
+                    serde_json::json!({ "markdown": outputs.join("\n\n") })
+                };
+                result["provider"] = self.provider.name().into();
+                result["preset"] = serde_json::json!(spec.preset);
+                result["parts"] = parts_total.into();
+                result["levels"] = (level + 1).into();
+                result["details"] = serde_json::json!({ "parts": parts_total });
                 return Ok(JobOutput {
-                    result: serde_json::json!({
-                        "markdown": markdown,
-                        "provider": self.provider.name(),
-                        "preset": spec.preset,
-                        "parts": parts_total,
-                        "levels": level + 1,
-                        "details": { "parts": parts_total },
-                    }),
+                    result,
                     input_tokens: Some(used.input),
                     output_tokens: Some(used.output),
                     part: None,
@@ -617,7 +637,7 @@ impl DocumentProcessor {
             match result {
                 Ok(answer) => {
                     used.add(answer.usage);
-                    self.stages.discarded(job, answer.discarded).await;
+                    self.stages.checked(job, answer.discarded, answer.plain_paragraphs).await;
                     let stored = StoredPart {
                         level: part.level,
                         idx: part.idx,
@@ -731,7 +751,7 @@ impl DocumentProcessor {
                         output: output.output_tokens.unwrap_or(0).clamp(0, most_out.saturating_mul(2)),
                     };
                     if !output.cut {
-                        return Ok(Answer { text: output.text, usage, discarded: 0 });
+                        return Ok(Answer { text: output.text, usage, ..Answer::default() });
                     }
                     // Only a translation is redone in halves (its answer is its text's); a
                     // summary cut at its limit rambles, and halves would too, at the
@@ -773,7 +793,7 @@ impl DocumentProcessor {
                 discarded += half_answer.discarded;
                 answers.push(half_answer.text);
             }
-            Ok(Answer { text: answers.join("\n\n"), usage, discarded })
+            Ok(Answer { text: answers.join("\n\n"), usage, discarded, ..Answer::default() })
         })
     }
 
@@ -792,7 +812,7 @@ impl DocumentProcessor {
         held: &mut Held,
         halvings: u32,
     ) -> Result<Answer, JobError> {
-        let mut answer = Answer { text: String::new(), usage: Usage::default(), discarded: 0 };
+        let mut answer = Answer::default();
         let mut kept: Vec<(u32, String)> = Vec::new();
         let mut ask = text;
         for round in 0..=MAX_ROUNDS {
@@ -826,8 +846,7 @@ impl DocumentProcessor {
                     tracing::info!(job = %job.id, estimated, "the provider counted the part past its context; it is redone in halves");
                     self.budget.correct(-reserved.input, -reserved.output).await;
                     let halves = self.in_halves(job, spec, &ask, &of, halvings).await?;
-                    answer.usage.add(halves.usage);
-                    answer.discarded += halves.discarded;
+                    answer.absorb(&halves);
                     kept.extend(
                         markers::segments(&halves.text)
                             .into_iter()
@@ -883,14 +902,15 @@ impl DocumentProcessor {
                     return Err(if output.cut { self.cut_error() } else { paragraphs_not_kept() });
                 }
                 let halves = self.in_halves(job, spec, &rest, &of, halvings).await?;
-                answer.usage.add(halves.usage);
-                answer.discarded += halves.discarded;
+                answer.absorb(&halves);
+                answer.plain_paragraphs += keep_tags_or_plain(&ask, &mut checked.kept);
                 kept.extend(checked.kept);
                 kept.extend(
                     markers::segments(&halves.text).into_iter().filter_map(|s| Some((s.number?, s.text.to_string()))),
                 );
                 break;
             }
+            answer.plain_paragraphs += keep_tags_or_plain(&ask, &mut checked.kept);
             kept.extend(checked.kept);
             if checked.missing.is_empty() {
                 break;
@@ -923,12 +943,11 @@ impl DocumentProcessor {
             let ranges = split::split(text, chars.div_ceil(2).max(1), 0).into_iter().map(|p| (p.start, p.end));
             markers::pieces(text, ranges)
         };
-        let mut answer = Answer { text: String::new(), usage: Usage::default(), discarded: 0 };
+        let mut answer = Answer::default();
         let mut texts = Vec::with_capacity(halves.len());
         for half in halves {
             let half_answer = self.answer(job, spec, half, of.clone(), &mut Held::default(), halvings + 1).await?;
-            answer.usage.add(half_answer.usage);
-            answer.discarded += half_answer.discarded;
+            answer.absorb(&half_answer);
             texts.push(half_answer.text);
         }
         answer.text = texts.join("\n\n");
@@ -1214,6 +1233,32 @@ async fn report_writing(stages: StageLog, job: ClaimedJob, writing: Arc<Writing>
             stages.writing(&job, now.0, now.1).await;
             last = now;
         }
+    }
+}
+
+/// Pure: the kept paragraphs whose inline tags did not come back as their source's (in the
+/// marked `asked` text) made plain; how many were.
+fn keep_tags_or_plain(asked: &str, kept: &mut [(u32, String)]) -> i64 {
+    let sources = markers::segments(asked);
+    let mut plain = 0;
+    for (number, text) in kept.iter_mut() {
+        let source = sources.iter().find(|s| s.number == Some(*number)).map_or("", |s| s.text);
+        if !inline::keeps_tags(source, text) {
+            *text = inline::strip(text);
+            plain += 1;
+        }
+    }
+    plain
+}
+
+/// A translation's result from its text (tags kept where they came back whole): Markdown to
+/// read, and the tagged text a Word file is rebuilt from.
+fn translation_result(text: String) -> serde_json::Value {
+    let markdown = inline::to_markdown(&text);
+    if inline::has_tags(&text) {
+        serde_json::json!({ "markdown": markdown, "tagged": text })
+    } else {
+        serde_json::json!({ "markdown": markdown })
     }
 }
 

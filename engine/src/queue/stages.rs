@@ -96,16 +96,22 @@ impl StageLog {
         }
     }
 
-    /// Record that calls of `job`'s were billed `tokens` output tokens that were not kept (a
-    /// cut or flawed translation's paragraphs asked again). A failure is only logged.
-    pub async fn discarded(&self, job: &ClaimedJob, tokens: i64) {
-        let Some(pool) = &self.pool.as_ref().filter(|_| tokens > 0) else { return };
+    /// Record what checking a translation's answers found: `tokens` output tokens billed and
+    /// not kept (a cut or flawed answer's paragraphs asked again), and `plain` paragraphs
+    /// whose inline formatting came back wrong. A failure is only logged.
+    pub async fn checked(&self, job: &ClaimedJob, tokens: i64, plain: i64) {
+        let Some(pool) = &self.pool.as_ref().filter(|_| tokens > 0 || plain > 0) else { return };
         let result = sqlx::query(
-            "WITH job AS (UPDATE jobs SET output_tokens_discarded = output_tokens_discarded + $2 WHERE id = $1)
-             INSERT INTO provider_output_discarded (job_id, output_tokens) VALUES ($1, $2)",
+            "WITH job AS (
+                 UPDATE jobs SET output_tokens_discarded = output_tokens_discarded + $2,
+                                 paragraphs_plain = paragraphs_plain + $3
+                 WHERE id = $1
+             )
+             INSERT INTO provider_output_discarded (job_id, output_tokens) SELECT $1, $2 WHERE $2 > 0",
         )
         .bind(job.id)
         .bind(tokens)
+        .bind(plain.clamp(0, i32::MAX as i64) as i32)
         .execute(*pool)
         .await;
         if let Err(e) = result {

@@ -81,6 +81,11 @@ pub struct JobView {
     #[sqlx(default)]
     #[serde(default)]
     pub output_tokens_discarded: i64,
+    /// A translation's paragraphs whose inline formatting came back wrong: plain, in their
+    /// paragraph's look.
+    #[sqlx(default)]
+    #[serde(default)]
+    pub paragraphs_plain: i32,
 }
 
 impl JobView {

@@ -506,8 +506,10 @@ async fn build_translated_file(
         Err(engine::EngineError::NotFound) => return Err(AppError::Gone.into()),
         Err(e) => return Err(AppError::from(e).into()),
     };
-    let paragraphs: Vec<String> = result["markdown"]
+    // The tagged text, where the translation kept inline formatting: its runs are rebuilt.
+    let paragraphs: Vec<String> = result["tagged"]
         .as_str()
+        .or(result["markdown"].as_str())
         .unwrap_or_default()
         .split("\n\n")
         .filter(|p| !p.trim().is_empty())

@@ -283,8 +283,15 @@ pub fn prompt_parts(task: &Task) -> (String, String) {
             "Translate the document below into {}. Keep its structure; answer in Markdown. Each paragraph \
              starts with a numbered marker such as ⟦1⟧: start each paragraph's translation with its marker, \
              exactly as given, one paragraph for each, in the same order, and write nothing before the first \
-             marker.",
-            task.language.as_deref().unwrap_or("English")
+             marker.{}",
+            task.language.as_deref().unwrap_or("English"),
+            if crate::documents::inline::has_tags(&task.text) {
+                " Words between numbered tags such as <b1> and </b1> are bold, italic, a link or another look: keep \
+                 each pair of tags, once, around the words that translate them (never one pair inside another), \
+                 and keep a tag such as <f2/> (a note's reference) after the words it follows."
+            } else {
+                ""
+            }
         ),
         Preset::KeyFacts => {
             "List the key facts of the document below (dates, amounts, parties, obligations) as Markdown bullet points."
