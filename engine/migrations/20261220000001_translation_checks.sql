@@ -14,7 +14,18 @@ CREATE INDEX provider_output_discarded_job ON provider_output_discarded (job_id)
 -- The job's own sum, shown on its page beside the output billed; and its paragraphs whose
 -- inline formatting (bold, italics, links) came back wrong from the model and are plain.
 ALTER TABLE jobs ADD COLUMN output_tokens_discarded bigint NOT NULL DEFAULT 0,
-                 ADD COLUMN paragraphs_plain int NOT NULL DEFAULT 0;
+                 ADD COLUMN paragraphs_plain int NOT NULL DEFAULT 0,
+                 -- Glossary entries an answer left out even asked again (`Supplier → Lieferant`).
+                 ADD COLUMN terms_missed text[] NOT NULL DEFAULT '{}';
+
+-- Glossaries saved by name in a user's account (DeepL's format when sent; entries as JSON).
+CREATE TABLE glossaries (
+    owner_id   bigint NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    name       text NOT NULL CHECK (length(name) BETWEEN 1 AND 60),
+    entries    jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (owner_id, name)
+);
 
 -- Beside the provider's count of a prompt, what it bills for a translation per prompt token,
 -- per target language (`translation:german`): learned from usage, parts are sized by it.

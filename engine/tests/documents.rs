@@ -54,6 +54,7 @@ fn task() -> Task {
         prompt_tokens: None,
         answer_tokens: None,
         on_written: None,
+        guidance: Default::default(),
     }
 }
 

@@ -1072,12 +1072,26 @@ async fn a_word_translations_inline_formatting_is_kept_and_a_paragraph_whose_tag
 
 /// Admit a file of `doc_type` (its bytes) for `user`, as [`submit`] does a text.
 async fn submit_file(pool: &PgPool, docs: &TempBlobs, user: i64, bytes: &[u8], doc_type: &str, preset: &str) -> Uuid {
+    submit_guided(pool, docs, user, bytes, doc_type, preset, serde_json::Value::Null).await
+}
+
+/// [`submit_file`] with the translation's `guidance` (glossary and formality) in its payload.
+async fn submit_guided(
+    pool: &PgPool,
+    docs: &TempBlobs,
+    user: i64,
+    bytes: &[u8],
+    doc_type: &str,
+    preset: &str,
+    guidance: serde_json::Value,
+) -> Uuid {
     let key = Blobs::new_key();
     docs.blobs.put(&key, bytes.to_vec().into()).await.unwrap();
     let payload = serde_json::json!({
         "document": { "key": key, "type": doc_type, "sha256": key, "size": bytes.len(), "name": "contract.docx" },
         "preset": preset,
         "language": "German",
+        "guidance": guidance,
     });
     let submission = Submission {
         price_by_size: None,
@@ -1095,6 +1109,45 @@ async fn submit_file(pool: &PgPool, docs: &TempBlobs, user: i64, bytes: &[u8], d
     match admission::submit(pool, &config, &submission).await.unwrap() {
         Admission::Accepted { job_id } => job_id,
         other => panic!("refused: {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_glossarys_terms_go_to_the_parts_that_have_them_and_an_answer_leaving_one_out_is_asked_again_then_reported(
+    pool: PgPool,
+) {
+    // Paragraphs 1-10 name the Supplier; 11-30 do not.
+    let text: String = (1..=30)
+        .map(|i| {
+            let who = if i <= 10 { "The Supplier" } else { "The other party" };
+            format!("Paragraph {i}: {who} delivers the goods of section {i} by March {}.\n\n", 1 + i % 28)
+        })
+        .collect();
+    let guidance = serde_json::json!({
+        "glossary": [{ "source": "Supplier", "target": "Lieferant" }, { "source": "Buyer", "target": "Käufer" }],
+        "formality": "formal",
+    });
+    for (ignored, calls, missed) in [(0, 1, vec![]), (1, 2, vec![]), (5, 2, vec!["Supplier → Lieferant".to_string()])]
+    {
+        let name = format!("glossary-{ignored}");
+        let model = HostedModel { flaw: Some(Flaw::IgnoreGlossary), flawed_answers: ignored, ..instant_model() };
+        let (docs, fake, user, processor) = hosted(&pool, &name, Some(model), 8_000, 200_000).await;
+        let job =
+            submit_guided(&pool, &docs, user.id, text.as_bytes(), "plain_text", "translate", guidance.clone()).await;
+        let view = drive(&pool, &processor, job).await;
+        assert_eq!(view.state, JobState::Done, "{view:?}");
+        let markdown = view.result.unwrap()["markdown"].as_str().unwrap().to_string();
+        assert_eq!(fake.calls(), calls, "{ignored} answers ignoring the glossary");
+        assert_eq!(view.terms_missed, missed, "{markdown}");
+        if missed.is_empty() {
+            assert_eq!(markdown.matches("Lieferant").count(), 10, "{markdown}");
+            assert!(!markdown.contains("Supplier"), "{markdown}");
+        }
+        // The prompt says the formality, and carries only the terms its text has.
+        let prompt = fake.last_request().unwrap().to_string();
+        assert!(prompt.contains("formally"), "{prompt}");
+        assert!(prompt.contains(r#"\"Supplier\" as \"Lieferant\""#) && !prompt.contains("Käufer"), "{prompt}");
+        assert_eq!(attempts_of(&pool, job).await, (1, 0));
     }
 }
 

@@ -24,6 +24,7 @@ fn task() -> Task {
         prompt_tokens: None,
         answer_tokens: Some(700),
         on_written: None,
+        guidance: Default::default(),
     }
 }
 
@@ -172,6 +173,7 @@ async fn anthropic_streams_are_read_to_their_end_with_cached_usage_and_progress(
     let written = Arc::new(AtomicU64::new(0));
     let seen = written.clone();
     let t = Task {
+        guidance: Default::default(),
         on_written: Some(OnWritten(Arc::new(move |n| {
             seen.fetch_max(n, Ordering::Relaxed);
         }))),

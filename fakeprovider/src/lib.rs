@@ -161,6 +161,8 @@ pub enum Flaw {
     Preface,
     /// Every inline tag (`<b1>`, `</b1>`, `<f2/>`) left out.
     LoseTags,
+    /// The agreed terms the prompt gives not used.
+    IgnoreGlossary,
 }
 
 /// What the hosted model did: its calls' overlap and the tokens it read and wrote.
@@ -339,6 +341,10 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
         .unwrap_or(prompt);
     let paragraphs = document.split("\n\n").filter(|p| !p.trim().is_empty());
     if prompt.starts_with("Translate") {
+        // The terms agreed in the prompt, used as a model uses them (unless told to forget).
+        let agreed = if flaw == Some(Flaw::IgnoreGlossary) { Vec::new() } else { agreed_terms(prompt) };
+        let with_terms =
+            |p: &str| agreed.iter().fold(p.to_string(), |p, (term, translation)| p.replace(term, translation));
         let grown = |p: &str| {
             let words: Vec<&str> = p.split(' ').collect();
             let want = ((words.len() as f64) * growth.clamp(0.1, 20.0)).ceil().max(1.0) as usize;
@@ -356,7 +362,7 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
             let marker = &p[..p.len() - text.len()];
             format!("{marker}[translated] {}", grown(text))
         };
-        let mut answers: Vec<String> = paragraphs.map(marked).collect();
+        let mut answers: Vec<String> = paragraphs.map(|p| with_terms(&marked(p))).collect();
         match flaw {
             Some(Flaw::Merge) if answers.len() > 1 => {
                 let second = answers.remove(1);
@@ -386,6 +392,18 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
         summary.push_str(&format!("- {}\n", words.join(" ")));
     }
     summary
+}
+
+/// The glossary a translation's prompt gives: `"Supplier" as "Lieferant"` pairs.
+fn agreed_terms(prompt: &str) -> Vec<(String, String)> {
+    let Some((_, line)) = prompt.split_once("Translate these terms as agreed: ") else { return Vec::new() };
+    let line = line.lines().next().unwrap_or_default().trim_end_matches('.');
+    line.split("; ")
+        .filter_map(|pair| {
+            let (term, translation) = pair.split_once("\" as \"")?;
+            Some((term.trim_start_matches('"').to_string(), translation.trim_end_matches('"').to_string()))
+        })
+        .collect()
 }
 
 /// `text` without tags such as `<b1>`, `</b1>` and `<f2/>`.

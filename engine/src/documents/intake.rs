@@ -211,11 +211,21 @@ pub struct UploadOptions {
     pub due_by: Option<chrono::DateTime<chrono::Utc>>,
     /// The user asked for the urgent lane.
     pub urgent: bool,
+    /// A translation's glossary (pasted, a file's, or saved: merged by the caller) and
+    /// formality.
+    pub guidance: super::glossary::Guidance,
 }
 
 impl Default for UploadOptions {
     fn default() -> Self {
-        UploadOptions { preset: Preset::Summarize, language: None, callback_url: None, due_by: None, urgent: false }
+        UploadOptions {
+            preset: Preset::Summarize,
+            language: None,
+            callback_url: None,
+            due_by: None,
+            urgent: false,
+            guidance: Default::default(),
+        }
     }
 }
 
@@ -290,12 +300,20 @@ impl UploadOptions {
         if self.preset == Preset::Translate && self.language.is_none() {
             self.language = Some(DEFAULT_TARGET_LANGUAGE.to_string());
         }
+        if self.preset != Preset::Translate && !self.guidance.is_empty() {
+            return Err(EngineError::Invalid("a glossary and a formality are for translations only".into()));
+        }
         Ok(())
     }
 
-    /// Pure: the idempotency key: same bytes and same options are the same job.
+    /// Pure: the idempotency key: same bytes and same options are the same job (a glossary or
+    /// a formality makes another translation).
     pub fn content_key(&self, upload: &CheckedUpload) -> String {
-        format!("{}:{}:{}", upload.sha256, self.preset.as_str(), self.language.as_deref().unwrap_or(""))
+        let key = format!("{}:{}:{}", upload.sha256, self.preset.as_str(), self.language.as_deref().unwrap_or(""));
+        match self.guidance.digest() {
+            digest if digest.is_empty() => key,
+            digest => format!("{key}:{digest}"),
+        }
     }
 }
 
@@ -439,6 +457,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         },
         preset: intake.options.preset,
         language: intake.options.language.clone(),
+        guidance: intake.options.guidance.clone(),
     };
     let mut payload = serde_json::to_value(job).expect("a document job serialises");
     if let Some(callback) = &intake.callback {
@@ -488,7 +507,12 @@ pub async fn run_again(
     // The same stored document, not a copy: it is shared by the jobs that name it, and kept
     // while one of them needs it (`sweep::delete_if_unneeded`).
     let key = job.document.key.clone();
-    let again = DocumentJob { preset: options.preset, language: options.language.clone(), ..job };
+    let again = DocumentJob {
+        preset: options.preset,
+        language: options.language.clone(),
+        guidance: options.guidance.clone(),
+        ..job
+    };
     let submission = Submission {
         user_id,
         payload: serde_json::to_value(&again).expect("a document job serialises"),

@@ -39,6 +39,9 @@ pub struct DocumentJob {
     pub preset: Preset,
     #[serde(default)]
     pub language: Option<String>,
+    /// A translation's glossary and formality.
+    #[serde(default, skip_serializing_if = "super::glossary::Guidance::is_empty")]
+    pub guidance: super::glossary::Guidance,
 }
 
 impl DocumentJob {
@@ -91,6 +94,7 @@ mod tests {
     #[test]
     fn only_a_translated_word_or_opendocument_file_comes_back_as_a_file() {
         let job = |doc_type, preset| DocumentJob {
+            guidance: Default::default(),
             document: DocumentRef {
                 key: "k".into(),
                 doc_type,

@@ -17,7 +17,7 @@ use super::ratio::TokenRatio;
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::split;
 use super::tokens;
-use super::{inline, markers};
+use super::{glossary, inline, markers};
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
 use crate::queue::parts::{NewPart, PartStore, PartsProgress, PendingPart, Progress, StoredPart};
@@ -112,6 +112,8 @@ const PARTS_TURN: Duration = Duration::from_secs(240);
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Halvings of a part whose answer was cut before giving up.
 const MAX_HALVINGS: u32 = 6;
+/// The most glossary entries a job reports as left out.
+const MAX_TERMS_REPORTED: usize = 50;
 /// The language a translation naming none is made into (the prompt's).
 const DEFAULT_LANGUAGE: &str = "English";
 /// Rounds of asking a translation's missing paragraphs again before the rest goes in halves.
@@ -141,6 +143,9 @@ struct Answer {
     discarded: i64,
     /// Paragraphs whose inline tags came back wrong: plain, in their paragraph's look.
     plain_paragraphs: i64,
+    /// Glossary entries whose agreed translation an answer left out, asked again once
+    /// (`Supplier → Lieferant`).
+    terms_missed: Vec<String>,
 }
 
 impl Answer {
@@ -149,6 +154,11 @@ impl Answer {
         self.usage.add(other.usage);
         self.discarded += other.discarded;
         self.plain_paragraphs += other.plain_paragraphs;
+        for term in &other.terms_missed {
+            if !self.terms_missed.contains(term) {
+                self.terms_missed.push(term.clone());
+            }
+        }
     }
 }
 
@@ -296,6 +306,7 @@ impl DocumentProcessor {
             prompt_tokens: None,
             answer_tokens: None,
             on_written: None,
+            guidance: spec.guidance.clone(),
         };
         let estimated = count_prompt(&mut task).await;
         let kind = size_kind(spec.document.doc_type);
@@ -466,7 +477,7 @@ impl DocumentProcessor {
             }
             other => other.map_err(too_long_in_words)?,
         };
-        self.stages.checked(job, answer.discarded, answer.plain_paragraphs).await;
+        self.stages.checked(job, answer.discarded, answer.plain_paragraphs, &answer.terms_missed).await;
         let mut result = translation_result(markers::unmark(&[answer.text]));
         result["provider"] = self.provider.name().into();
         result["preset"] = serde_json::json!(spec.preset);
@@ -637,7 +648,7 @@ impl DocumentProcessor {
             match result {
                 Ok(answer) => {
                     used.add(answer.usage);
-                    self.stages.checked(job, answer.discarded, answer.plain_paragraphs).await;
+                    self.stages.checked(job, answer.discarded, answer.plain_paragraphs, &answer.terms_missed).await;
                     let stored = StoredPart {
                         level: part.level,
                         idx: part.idx,
@@ -738,6 +749,7 @@ impl DocumentProcessor {
                 prompt_tokens: None,
                 answer_tokens: None,
                 on_written: None,
+                guidance: Default::default(),
             };
             let estimated = count_prompt(&mut task).await;
             let mut usage = Usage::default();
@@ -814,6 +826,7 @@ impl DocumentProcessor {
     ) -> Result<Answer, JobError> {
         let mut answer = Answer::default();
         let mut kept: Vec<(u32, String)> = Vec::new();
+        let source = text.clone();
         let mut ask = text;
         for round in 0..=MAX_ROUNDS {
             let asked = markers::numbers(&ask);
@@ -826,6 +839,7 @@ impl DocumentProcessor {
                 prompt_tokens: None,
                 answer_tokens: None,
                 on_written: None,
+                guidance: spec.guidance.for_text(&ask),
             };
             let estimated = count_prompt(&mut task).await;
             // The first round spends what the caller reserved; each later one reserves its own.
@@ -920,8 +934,60 @@ impl DocumentProcessor {
         // In the text's order: numbers only grow through a text (a paragraph cut in pieces keeps
         // its number, and its pieces their order).
         kept.sort_by_key(|(number, _)| *number);
+        if halvings == 0 && !spec.guidance.glossary.is_empty() {
+            self.keep_to_the_glossary(job, spec, &source, &of, &mut kept, &mut answer).await;
+        }
         answer.text = kept.iter().map(|(n, t)| markers::marked(*n, t)).collect::<Vec<_>>().join("\n\n");
         Ok(answer)
+    }
+
+    /// The paragraphs of `kept` that left out a glossary entry's agreed translation (for a
+    /// term their source has) asked again once; what is still missed is reported.
+    async fn keep_to_the_glossary(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        source: &str,
+        of: &Option<PartOf>,
+        kept: &mut [(u32, String)],
+        answer: &mut Answer,
+    ) {
+        let glossary = &spec.guidance.glossary;
+        let sources = markers::segments(source);
+        let source_of = |n: u32| sources.iter().find(|s| s.number == Some(n)).map_or("", |s| s.text);
+        let misses = |n: u32, text: &str| glossary::missed(glossary, source_of(n), &inline::strip(text));
+        let again: Vec<u32> = kept.iter().filter(|(n, t)| !misses(*n, t).is_empty()).map(|(n, _)| *n).collect();
+        if !again.is_empty() {
+            tracing::info!(job = %job.id, paragraphs = again.len(), "an answer left out agreed terms; those paragraphs are asked again once");
+            let redo = markers::only(source, &again);
+            match self.answer(job, spec, redo, of.clone(), &mut Held::default(), 1).await {
+                Ok(second) => {
+                    answer.usage.add(second.usage);
+                    answer.discarded += second.discarded;
+                    for segment in markers::segments(&second.text) {
+                        let Some(n) = segment.number else { continue };
+                        if let Some((_, text)) = kept.iter_mut().find(|(k, _)| *k == n) {
+                            if misses(n, segment.text).len() < misses(n, text).len() {
+                                // The first answer was paid for and is not kept.
+                                answer.discarded += tokens::count(text) as i64;
+                                *text = segment.text.to_string();
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(job = %job.id, error = %e.message, "asking again for agreed terms failed; the first answers stay")
+                }
+            }
+        }
+        for (n, text) in kept.iter() {
+            for entry in misses(*n, text) {
+                let shown = glossary::shown(entry);
+                if !answer.terms_missed.contains(&shown) && answer.terms_missed.len() < MAX_TERMS_REPORTED {
+                    answer.terms_missed.push(shown);
+                }
+            }
+        }
     }
 
     /// A marked text's answer in two asks: its paragraphs in two halves, or one paragraph's

@@ -99,12 +99,17 @@ impl StageLog {
     /// Record what checking a translation's answers found: `tokens` output tokens billed and
     /// not kept (a cut or flawed answer's paragraphs asked again), and `plain` paragraphs
     /// whose inline formatting came back wrong. A failure is only logged.
-    pub async fn checked(&self, job: &ClaimedJob, tokens: i64, plain: i64) {
-        let Some(pool) = &self.pool.as_ref().filter(|_| tokens > 0 || plain > 0) else { return };
+    pub async fn checked(&self, job: &ClaimedJob, tokens: i64, plain: i64, terms_missed: &[String]) {
+        let Some(pool) = &self.pool.as_ref().filter(|_| tokens > 0 || plain > 0 || !terms_missed.is_empty()) else {
+            return;
+        };
+        // The terms left out, each once, at most 50.
         let result = sqlx::query(
             "WITH job AS (
                  UPDATE jobs SET output_tokens_discarded = output_tokens_discarded + $2,
-                                 paragraphs_plain = paragraphs_plain + $3
+                                 paragraphs_plain = paragraphs_plain + $3,
+                                 terms_missed = (SELECT coalesce(array_agg(DISTINCT t), '{}')
+                                                 FROM (SELECT unnest(terms_missed || $4::text[]) AS t LIMIT 50) terms)
                  WHERE id = $1
              )
              INSERT INTO provider_output_discarded (job_id, output_tokens) SELECT $1, $2 WHERE $2 > 0",
@@ -112,6 +117,7 @@ impl StageLog {
         .bind(job.id)
         .bind(tokens)
         .bind(plain.clamp(0, i32::MAX as i64) as i32)
+        .bind(terms_missed)
         .execute(*pool)
         .await;
         if let Err(e) = result {

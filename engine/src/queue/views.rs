@@ -86,6 +86,10 @@ pub struct JobView {
     #[sqlx(default)]
     #[serde(default)]
     pub paragraphs_plain: i32,
+    /// A translation's glossary entries its answers left out even asked again.
+    #[sqlx(default)]
+    #[serde(default)]
+    pub terms_missed: Vec<String>,
 }
 
 impl JobView {

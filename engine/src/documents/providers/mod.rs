@@ -38,6 +38,8 @@ pub struct Task {
     pub answer_tokens: Option<u32>,
     /// Told about how many tokens of the answer are written so far, as it streams.
     pub on_written: Option<OnWritten>,
+    /// A translation's formality and the glossary entries whose terms occur in its text.
+    pub guidance: crate::documents::glossary::Guidance,
 }
 
 /// Called with about how many tokens of an answer are written so far.
@@ -298,30 +300,37 @@ pub fn prompt_parts(task: &Task) -> (String, String) {
                 .to_string()
         }
     };
-    let rest = match &task.part {
-        None => format!("\n<document>\n{}\n</document>", task.text),
-        Some(part) if part.level == 0 => {
-            let (note, context) = if part.overlap.is_empty() {
-                (String::new(), String::new())
-            } else {
-                (
+    // What this text's translation keeps to (its terms vary from part to part: after the
+    // cacheable instruction).
+    let guidance = match task.guidance.prompt() {
+        said if said.is_empty() || task.preset != Preset::Translate => String::new(),
+        said => format!("\n{said}"),
+    };
+    let rest = guidance
+        + &match &task.part {
+            None => format!("\n<document>\n{}\n</document>", task.text),
+            Some(part) if part.level == 0 => {
+                let (note, context) = if part.overlap.is_empty() {
+                    (String::new(), String::new())
+                } else {
+                    (
                     " Only the text inside <document> is yours to answer; <before> is the end of the part before, for context."
                         .to_string(),
                     format!("<before>\n{}\n</before>\n\n", part.overlap),
                 )
-            };
-            format!(
-                "The document is long: below is part {} of {}.{note}\n\n{context}<document>\n{}\n</document>",
+                };
+                format!(
+                    "The document is long: below is part {} of {}.{note}\n\n{context}<document>\n{}\n</document>",
+                    part.number, part.count, task.text
+                )
+            }
+            Some(part) => format!(
+                "The document was too long to read at once: below, between <document> tags, are the answers for its \
+                 consecutive parts ({} of {} at this step). Combine them into one answer for the whole document.\n\n\
+                 <document>\n{}\n</document>",
                 part.number, part.count, task.text
-            )
-        }
-        Some(part) => format!(
-            "The document was too long to read at once: below, between <document> tags, are the answers for its \
-             consecutive parts ({} of {} at this step). Combine them into one answer for the whole document.\n\n\
-             <document>\n{}\n</document>",
-            part.number, part.count, task.text
-        ),
-    };
+            ),
+        };
     (format!("{ask}\n"), rest)
 }
 
