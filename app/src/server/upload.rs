@@ -66,11 +66,11 @@ pub fn too_slow(received: u64, elapsed: Duration) -> bool {
 }
 /// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
 const MAX_FIELD_BYTES: usize = 200;
-/// A form is a file and two options; a form with more parts is refused.
-const MAX_PARTS: usize = 8;
+/// A form is a file and its options (at most one of each); a form with more parts is refused.
+const MAX_PARTS: usize = 12;
 /// The most a form's other bytes can take of its length (boundaries, part headers, the side
-/// fields and a callback URL): the rest of a declared length is the file.
-const MAX_FORM_OVERHEAD: u64 = 16 << 10;
+/// fields, a callback URL and a glossary): the rest of a declared length is the file.
+const MAX_FORM_OVERHEAD: u64 = (16 << 10) + engine::documents::glossary::MAX_BYTES as u64;
 /// Bytes handed to the parser while no field's data is being read: the preamble, boundaries
 /// and part headers, plus the start of a field's data that arrives in the same network chunk
 /// (a chunk can be a few hundred KiB). What the parser may buffer looking for a boundary.
@@ -148,7 +148,7 @@ where
         }
     }
     let form = paced_multipart(headers, body)?;
-    let (FormFile::Stored(stored), options) =
+    let (FormFile::Stored(stored), mut options) =
         read_form(form, FileSink::Store(&ctx.blobs), form_rules(settings)).await?
     else {
         return Err(AppError::Internal);
@@ -156,6 +156,10 @@ where
     // From here until a job names it, the stored file is deleted if this request ends any
     // other way (its client gone, the server shutting down).
     let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
+    if let Err(e) = options.resolve_glossary(&ctx.pool, user.id).await {
+        pending.delete().await;
+        return Err(e.into());
+    }
     // The callback (sent with the upload, or registered on the token) is checked before the
     // job exists; a refused one leaves no blob behind.
     let callback = engine::webhooks::completion::for_upload(
@@ -621,10 +625,34 @@ async fn read_form(
                     let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
                     options.urgent = intake::parse_flag("urgent", &value)?;
                 }
+                // A translation's glossary in DeepL's CSV or TSV, pasted or a file's text.
+                Some("glossary") => {
+                    let max = engine::documents::glossary::MAX_BYTES;
+                    let value = gate.reading(read_short_field(field, idle, max)).await?;
+                    options.guidance.glossary =
+                        engine::documents::glossary::parse(&value).map_err(AppError::invalid)?;
+                }
+                Some(which @ ("glossary_name" | "save_glossary_as")) => {
+                    let which = which.to_string();
+                    let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
+                    let name = (!value.trim().is_empty())
+                        .then(|| engine::documents::glossaries::check_name(&value))
+                        .transpose()?;
+                    match which.as_str() {
+                        "glossary_name" => options.glossary_name = name,
+                        _ => options.save_glossary_as = name,
+                    }
+                }
+                Some("formality") => {
+                    let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
+                    options.guidance.formality =
+                        engine::documents::glossary::Formality::parse(&value).map_err(AppError::invalid)?;
+                }
                 other => {
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(AppError::invalid(format!(
-                        "unknown form field {name:?}; send `file`, `preset`, `language`, `due_by`, `urgent` and `callback_url`"
+                        "unknown form field {name:?}; send `file`, `preset`, `language`, `due_by`, `urgent`, \
+                         `callback_url`, `glossary`, `glossary_name`, `save_glossary_as` and `formality`"
                     )));
                 }
             }

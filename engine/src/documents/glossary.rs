@@ -11,12 +11,12 @@ pub const MAX_ENTRIES: usize = 1_000;
 /// The most characters a term or its translation may have.
 pub const MAX_TERM_CHARS: usize = 200;
 /// The most bytes a glossary's text may have.
-pub const MAX_BYTES: usize = 100 * 1024;
+pub const MAX_BYTES: usize = 60 * 1024;
 /// The most characters a saved glossary's name may have.
 pub const MAX_NAME_CHARS: usize = 60;
 
 /// A term and its agreed translation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Entry {
     pub source: String,
     pub target: String,

@@ -211,9 +211,13 @@ pub struct UploadOptions {
     pub due_by: Option<chrono::DateTime<chrono::Utc>>,
     /// The user asked for the urgent lane.
     pub urgent: bool,
-    /// A translation's glossary (pasted, a file's, or saved: merged by the caller) and
-    /// formality.
+    /// A translation's glossary (pasted, a file's, or saved: merged by
+    /// [`UploadOptions::resolve_glossary`]) and formality.
     pub guidance: super::glossary::Guidance,
+    /// A glossary saved in the account, by name, to use (under the pasted one's entries).
+    pub glossary_name: Option<String>,
+    /// Save the pasted glossary in the account under this name.
+    pub save_glossary_as: Option<String>,
 }
 
 impl Default for UploadOptions {
@@ -225,6 +229,8 @@ impl Default for UploadOptions {
             due_by: None,
             urgent: false,
             guidance: Default::default(),
+            glossary_name: None,
+            save_glossary_as: None,
         }
     }
 }
@@ -300,8 +306,28 @@ impl UploadOptions {
         if self.preset == Preset::Translate && self.language.is_none() {
             self.language = Some(DEFAULT_TARGET_LANGUAGE.to_string());
         }
-        if self.preset != Preset::Translate && !self.guidance.is_empty() {
+        let glossary_asked = self.glossary_name.is_some() || self.save_glossary_as.is_some();
+        if self.preset != Preset::Translate && (!self.guidance.is_empty() || glossary_asked) {
             return Err(EngineError::Invalid("a glossary and a formality are for translations only".into()));
+        }
+        Ok(())
+    }
+
+    /// The glossary in full: a saved one named (its entries under the pasted ones), and the
+    /// pasted one saved when asked. An unknown name is refused.
+    pub async fn resolve_glossary(&mut self, pool: &PgPool, owner: i64) -> Result<()> {
+        if let Some(name) = &self.save_glossary_as {
+            if self.guidance.glossary.is_empty() {
+                return Err(EngineError::Invalid("save_glossary_as needs a glossary to save".into()));
+            }
+            super::glossaries::save(pool, owner, name, &self.guidance.glossary).await?;
+        }
+        if let Some(name) = &self.glossary_name {
+            let saved = super::glossaries::get(pool, owner, name).await.map_err(|e| match e {
+                EngineError::NotFound => EngineError::Invalid(format!("you have no glossary named {name:?}")),
+                other => other,
+            })?;
+            self.guidance.glossary = super::glossary::merged(&self.guidance.glossary, &saved);
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod encoding;
 pub mod estimate;
 pub mod extract;
+pub mod glossaries;
 pub mod glossary;
 pub mod html;
 pub mod inline;

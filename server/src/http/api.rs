@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::openapi::ApiDoc;
-use super::{jobs, AppState};
+use super::{glossaries, jobs, AppState};
 
 /// Where the document and the docs page are served.
 pub const DOCUMENT_PATH: &str = "/api/v1/openapi.json";
@@ -32,6 +32,8 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::get_parts_so_far))
         .routes(routes!(jobs::get_original))
         .routes(routes!(jobs::put_webhook, jobs::delete_webhook))
+        .routes(routes!(glossaries::list_glossaries))
+        .routes(routes!(glossaries::get_glossary, glossaries::put_glossary, glossaries::delete_glossary))
 }
 
 /// The whole document (built once), with its links.

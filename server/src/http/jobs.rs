@@ -25,7 +25,7 @@ use super::openapi::{callback_url, ErrorBody, ResultBody, RunAgainBody, UploadFo
 use super::AppState;
 
 /// The caller from a bearer token or the session; 401 otherwise.
-async fn caller(state: &AppState, headers: &HeaderMap, session: &Session) -> Result<User, ApiError> {
+pub(super) async fn caller(state: &AppState, headers: &HeaderMap, session: &Session) -> Result<User, ApiError> {
     Ok(caller_and_token(state, headers, session).await?.0)
 }
 

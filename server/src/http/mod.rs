@@ -5,6 +5,7 @@ pub mod api;
 pub mod bounds;
 pub mod csrf;
 pub mod error;
+pub mod glossaries;
 pub mod jobs;
 pub mod layers;
 pub mod openapi;

@@ -43,6 +43,30 @@ pub struct UploadForm {
     /// documents are there anyway): honoured up to four times the operator's size for small
     /// documents; a larger one stays in the bulk lane.
     urgent: Option<bool>,
+    /// A translation's glossary in DeepL's format: `term,translation` (or tab-separated) a
+    /// line, at most 1,000 entries and 60 KB. Each part's prompt carries the entries whose
+    /// terms it has; an answer leaving one out is asked again once, then reported on the job.
+    #[schema(max_length = 61440)]
+    glossary: Option<String>,
+    /// A glossary saved in your account (`PUT /api/v1/glossaries/{name}`), used under the
+    /// pasted one's entries; an unknown name is 422.
+    #[schema(min_length = 1, max_length = 60)]
+    glossary_name: Option<String>,
+    /// Save the pasted glossary in your account under this name.
+    #[schema(min_length = 1, max_length = 60)]
+    save_glossary_as: Option<String>,
+    /// How a translation addresses its reader.
+    #[schema(schema_with = formality)]
+    formality: Option<String>,
+}
+
+/// A translation's formality.
+fn formality() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["formal", "informal", "as_source"]))
+        .description(Some("How a translation addresses its reader (as the source does when left out)."))
+        .build()
 }
 
 /// The document: PDF, Word (.docx), OpenDocument text (.odt), a web page, Markdown or plain

@@ -6,6 +6,7 @@ mod contract;
 mod deletion;
 mod downloads;
 mod estimate;
+mod glossaries;
 mod helpers;
 mod http_layer;
 mod mail;

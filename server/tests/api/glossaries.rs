@@ -1,0 +1,131 @@
+//! Issue 57: glossaries saved in an account through the REST API, and a translation's upload
+//! carrying a glossary (pasted, saved, or both) and a formality into its job.
+
+use app::server::session::WebSettings;
+use reqwest::StatusCode;
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+async fn put(app: &TestApp, token: &str, name: &str, body: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .put(app.url(&format!("/api/v1/glossaries/{name}")))
+        .bearer_auth(token)
+        .header("content-type", "text/csv")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn get(app: &TestApp, token: &str, path: &str) -> reqwest::Response {
+    reqwest::Client::new().get(app.url(path)).bearer_auth(token).send().await.unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_glossary_is_saved_listed_read_and_deleted_and_a_bad_one_is_refused_by_its_line(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let (_, token) = app.user_with_token("glossary@example.com", 10, 5).await;
+    let (_, other) = app.user_with_token("other@example.com", 10, 5).await;
+    let saved = put(&app, &token, "contracts", "Supplier,Lieferant\n\"terms, page\",AGB-Seite\n").await;
+    assert_eq!(saved.status(), StatusCode::OK);
+    let listed: serde_json::Value = get(&app, &token, "/api/v1/glossaries").await.json().await.unwrap();
+    assert_eq!(listed[0]["name"], "contracts");
+    assert_eq!(listed[0]["entries"], 2);
+    let read: serde_json::Value = get(&app, &token, "/api/v1/glossaries/contracts").await.json().await.unwrap();
+    assert_eq!(read["entries"][1], serde_json::json!({ "source": "terms, page", "target": "AGB-Seite" }));
+    assert_eq!(get(&app, &other, "/api/v1/glossaries/contracts").await.status(), StatusCode::NOT_FOUND, "not theirs");
+    // TSV replaces it.
+    assert_eq!(put(&app, &token, "contracts", "Supplier\tAnbieter").await.status(), StatusCode::OK);
+    let read: serde_json::Value = get(&app, &token, "/api/v1/glossaries/contracts").await.json().await.unwrap();
+    assert_eq!(read["entries"].as_array().unwrap().len(), 1);
+
+    for (name, body, says) in [
+        ("bad", "Supplier,Lieferant\nBuyer\n", "line 2"),
+        ("bad", "a,b\nA,c\n", "given twice"),
+        ("bad", "", "no entries"),
+        (&"n".repeat(61), "a,b", "1 to 60 characters"),
+    ] {
+        let refused = put(&app, &token, name, body).await;
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body:?}");
+        let message: serde_json::Value = refused.json().await.unwrap();
+        assert!(message["message"].as_str().unwrap().contains(says), "{body:?}: {message}");
+    }
+    let too_big = put(&app, &token, "big", &"term,translation\n".repeat(5_000)).await;
+    assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let deleted = reqwest::Client::new()
+        .delete(app.url("/api/v1/glossaries/contracts"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    assert_eq!(get(&app, &token, "/api/v1/glossaries/contracts").await.status(), StatusCode::NOT_FOUND);
+}
+
+async fn upload(app: &TestApp, token: &str, fields: &[(&str, &str)]) -> reqwest::Response {
+    let mut form = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(b"The Supplier delivers to the Buyer.".to_vec()).file_name("c.txt"),
+    );
+    for (name, value) in fields {
+        form = form.text(name.to_string(), value.to_string());
+    }
+    reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translations_upload_carries_its_glossary_and_formality_and_bad_ones_store_nothing(pool: PgPool) {
+    let settings = WebSettings { presets: engine::Preset::ALL.to_vec(), ..WebSettings::default() };
+    let app = TestApp::spawn(pool.clone(), settings).await;
+    let (user, token) = app.user_with_token("translator@example.com", 20, 5).await;
+    assert_eq!(put(&app, &token, "contracts", "Supplier,Lieferant\nBuyer,Käufer").await.status(), StatusCode::OK);
+    let accepted = upload(
+        &app,
+        &token,
+        &[
+            ("preset", "translate"),
+            ("language", "German"),
+            ("glossary", "Buyer\tAbnehmer\nparty\tPartei"),
+            ("save_glossary_as", "pasted"),
+            ("glossary_name", "contracts"),
+            ("formality", "formal"),
+        ],
+    )
+    .await;
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED, "{:?}", accepted.text().await);
+    let id = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let payload: serde_json::Value =
+        sqlx::query_scalar("SELECT payload FROM jobs WHERE id = $1::uuid").bind(&id).fetch_one(&pool).await.unwrap();
+    // The pasted entries first (theirs win), then the saved one's others.
+    assert_eq!(
+        payload["guidance"],
+        serde_json::json!({
+            "glossary": [
+                { "source": "Buyer", "target": "Abnehmer" },
+                { "source": "party", "target": "Partei" },
+                { "source": "Supplier", "target": "Lieferant" },
+            ],
+            "formality": "formal",
+        })
+    );
+    let pasted: serde_json::Value = get(&app, &token, "/api/v1/glossaries/pasted").await.json().await.unwrap();
+    assert_eq!(pasted["entries"].as_array().unwrap().len(), 2, "saved as asked: {pasted}");
+
+    let before = app.user_state(user).await;
+    let stored = app.stored_blobs();
+    for (fields, says) in [
+        (vec![("preset", "translate"), ("glossary_name", "nothing")], "no glossary named"),
+        (vec![("preset", "translate"), ("glossary", "Supplier")], "glossary line 1"),
+        (vec![("preset", "summarize"), ("glossary", "a,b")], "for translations only"),
+        (vec![("preset", "translate"), ("formality", "rude")], "formality should be"),
+        (vec![("preset", "translate"), ("save_glossary_as", "empty")], "needs a glossary"),
+    ] {
+        let refused = upload(&app, &token, &fields).await;
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY, "{fields:?}");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(body["message"].as_str().unwrap().contains(says), "{fields:?}: {body}");
+    }
+    assert_eq!(app.user_state(user).await, before, "refused uploads charge nothing");
+    assert_eq!(app.stored_blobs(), stored, "refused uploads store nothing");
+}
