@@ -153,6 +153,9 @@ pub struct JobStatus {
     /// model: they are plain, in their paragraph's look.
     #[serde(default)]
     pub paragraphs_without_formatting: i32,
+    /// Glossary entries a translation left out even asked again (`Supplier → Lieferant`).
+    #[serde(default)]
+    pub terms_missed: Vec<String>,
     /// A document longer than one provider call: its parts, once split.
     #[serde(default)]
     pub parts: Option<PartsProgress>,
@@ -377,6 +380,7 @@ mod convert {
                 output_tokens: j.output_tokens,
                 output_tokens_kept: j.output_tokens.map(|o| o.saturating_sub(j.output_tokens_discarded).max(0)),
                 paragraphs_without_formatting: j.paragraphs_plain,
+                terms_missed: j.terms_missed.clone(),
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
                 translated_file: serde_json::from_value::<engine::documents::payload::DocumentJob>(j.payload.clone())

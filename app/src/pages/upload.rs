@@ -191,6 +191,9 @@ struct UploadRow {
     due_by: Option<String>,
     #[cfg(feature = "hydrate")]
     urgent: bool,
+    /// A translation's guidance, as the form fields say it (empty: not sent).
+    #[cfg(feature = "hydrate")]
+    guidance: Vec<(&'static str, String)>,
     /// Reading progress of the estimate, then of the upload.
     progress: RwSignal<f64>,
     estimate: RwSignal<Option<Estimate>>,
@@ -231,6 +234,13 @@ pub fn UploadPage() -> impl IntoView {
     // "Needed by", as the browser's local date and time (empty: no deadline), and "urgent".
     let needed_by = RwSignal::new(String::new());
     let urgent = RwSignal::new(false);
+    // A translation's formality and glossary: pasted pairs, a saved one, and a name to save the
+    // pasted one under.
+    let formality = RwSignal::new("as_source".to_string());
+    let glossary = RwSignal::new(String::new());
+    let glossary_name = RwSignal::new(String::new());
+    let save_glossary_as = RwSignal::new(String::new());
+    let saved_glossaries = LocalResource::new(crate::server::account::glossary_names);
     let rows = RwSignal::new(Vec::<UploadRow>::new());
     let dragging = RwSignal::new(false);
     #[cfg(feature = "hydrate")]
@@ -243,6 +253,7 @@ pub fn UploadPage() -> impl IntoView {
         for i in 0..files.length() {
             if let Some(file) = files.get(i) {
                 let chosen = preset.get_untracked();
+                let chosen_is_translation = chosen == "translate";
                 let row = UploadRow {
                     name: file.name(),
                     // A blank language names none: the server translates into English.
@@ -252,6 +263,19 @@ pub fn UploadPage() -> impl IntoView {
                     preset: chosen,
                     due_by: local_time_as_rfc3339(&needed_by.get_untracked()),
                     urgent: urgent.get_untracked(),
+                    guidance: if chosen_is_translation {
+                        [
+                            ("formality", formality.get_untracked()),
+                            ("glossary", glossary.get_untracked()),
+                            ("glossary_name", glossary_name.get_untracked()),
+                            ("save_glossary_as", save_glossary_as.get_untracked()),
+                        ]
+                        .into_iter()
+                        .filter(|(_, v)| !v.trim().is_empty() && v != "as_source")
+                        .collect()
+                    } else {
+                        Vec::new()
+                    },
                     progress: RwSignal::new(0.0),
                     estimate: RwSignal::new(None),
                     sent: RwSignal::new(false),
@@ -320,6 +344,42 @@ pub fn UploadPage() -> impl IntoView {
                     prop:value=move || language.get()
                     on:input=move |ev| language.set(event_target_value(&ev))
                 />
+                <label for="formality">"Addressing the reader"</label>
+                <select id="formality" data-testid="formality" on:change=move |ev| formality.set(event_target_value(&ev))>
+                    <option value="as_source">"As the document does"</option>
+                    <option value="formal">"Formally (Sie, vous)"</option>
+                    <option value="informal">"Informally (du, tu)"</option>
+                </select>
+                <label for="glossary">"Glossary (optional): a term and its translation a line, \"term, translation\" (DeepL's CSV or TSV)"</label>
+                <textarea
+                    id="glossary"
+                    data-testid="glossary"
+                    rows="3"
+                    placeholder="Supplier, Lieferant"
+                    prop:value=move || glossary.get()
+                    on:input=move |ev| glossary.set(event_target_value(&ev))
+                ></textarea>
+                <div class="when">
+                    <label for="save-glossary">"Save it as"</label>
+                    <input
+                        id="save-glossary"
+                        data-testid="save-glossary-as"
+                        maxlength="60"
+                        placeholder="a name, to use it again"
+                        prop:value=move || save_glossary_as.get()
+                        on:input=move |ev| save_glossary_as.set(event_target_value(&ev))
+                    />
+                    {move || {
+                        let names = saved_glossaries.get().and_then(|r| r.ok()).unwrap_or_default();
+                        (!names.is_empty()).then(|| view! {
+                            <label for="glossary-name">"Use a saved glossary"</label>
+                            <select id="glossary-name" data-testid="glossary-name" on:change=move |ev| glossary_name.set(event_target_value(&ev))>
+                                <option value="">"None"</option>
+                                {names.into_iter().map(|n| view! { <option value=n.clone()>{n.clone()}</option> }).collect_view()}
+                            </select>
+                        })
+                    }}
+                </div>
             </Show>
             <div class="when">
                 <label for="due-by">"Needed by (optional)"</label>
@@ -505,6 +565,9 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     }
     if row.urgent {
         let _ = form.append_with_str("urgent", "true");
+    }
+    for (name, value) in &row.guidance {
+        let _ = form.append_with_str(name, value);
     }
     let _ = xhr.open("POST", url);
 

@@ -130,6 +130,17 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
     .await
 }
 
+/// The names of the glossaries saved in the caller's account (for the upload page's choice).
+#[server(endpoint = "glossary_names")]
+pub async fn glossary_names() -> Result<Vec<String>, AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let user = require_user(&ctx).await?;
+        Ok(engine::documents::glossaries::list(&ctx.pool, user.id).await?.into_iter().map(|g| g.name).collect())
+    })
+    .await
+}
+
 /// Which notices also come by e-mail.
 #[server(endpoint = "mail_choices")]
 pub async fn mail_choices() -> Result<MailChoicesInfo, AppError> {
