@@ -156,6 +156,10 @@ pub struct JobStatus {
     /// Glossary entries a translation left out even asked again (`Supplier → Lieferant`).
     #[serde(default)]
     pub terms_missed: Vec<String>,
+    /// A translation in parts: the key terms one call found in its opening, kept the same in
+    /// every part (`Supplier → Lieferant`).
+    #[serde(default)]
+    pub terms_found: Vec<String>,
     /// A document longer than one provider call: its parts, once split.
     #[serde(default)]
     pub parts: Option<PartsProgress>,
@@ -381,6 +385,14 @@ mod convert {
                 output_tokens_kept: j.output_tokens.map(|o| o.saturating_sub(j.output_tokens_discarded).max(0)),
                 paragraphs_without_formatting: j.paragraphs_plain,
                 terms_missed: j.terms_missed.clone(),
+                terms_found: j
+                    .found_terms
+                    .clone()
+                    .and_then(|f| serde_json::from_value::<Vec<engine::documents::glossary::Entry>>(f).ok())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(engine::documents::glossary::shown)
+                    .collect(),
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
                 translated_file: serde_json::from_value::<engine::documents::payload::DocumentJob>(j.payload.clone())

@@ -16,7 +16,10 @@ CREATE INDEX provider_output_discarded_job ON provider_output_discarded (job_id)
 ALTER TABLE jobs ADD COLUMN output_tokens_discarded bigint NOT NULL DEFAULT 0,
                  ADD COLUMN paragraphs_plain int NOT NULL DEFAULT 0,
                  -- Glossary entries an answer left out even asked again (`Supplier → Lieferant`).
-                 ADD COLUMN terms_missed text[] NOT NULL DEFAULT '{}';
+                 ADD COLUMN terms_missed text[] NOT NULL DEFAULT '{}',
+                 -- A translation in parts: the key terms one call found in its opening, kept
+                 -- the same in every part (none yet: not looked for).
+                 ADD COLUMN found_terms jsonb;
 
 -- Glossaries saved by name in a user's account (DeepL's format when sent; entries as JSON).
 CREATE TABLE glossaries (

@@ -55,6 +55,7 @@ fn task() -> Task {
         answer_tokens: None,
         on_written: None,
         guidance: Default::default(),
+        finds_terms: false,
     }
 }
 

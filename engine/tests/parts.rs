@@ -191,9 +191,10 @@ fn instant_model() -> HostedModel {
     }
 }
 
-/// The words of a text, without the fake translator's marks and however it was cut in parts.
+/// The words of a text, without the fake translator's marks (and the translations it gives the
+/// key terms it finds) and however it was cut in parts.
 fn words(text: &str) -> Vec<String> {
-    text.replace("[translated]", " ").split_whitespace().map(str::to_string).collect()
+    text.replace("[translated]", " ").replace("-de", "").split_whitespace().map(str::to_string).collect()
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -215,9 +216,17 @@ async fn a_translation_under_one_context_is_split_by_what_an_answer_holds_and_co
     assert!(total >= 10, "{total} parts");
     let model = fake.model_report();
     assert_eq!(model.cut, 0, "no answer was cut: parts are sized by what an answer holds");
-    assert_eq!(fake.calls(), total, "one call per part, none to join them");
+    assert_eq!(fake.calls(), total + 1, "one call per part, one to find its key terms, none to join them");
     assert!(model.most_at_once > 1, "parts ran side by side: {model:?}");
+    // Its key terms were found once, in its opening, kept on the job, and every part used them.
+    assert_eq!(fake.calls_matching("key terms of the document below"), 1);
+    let found = view.found_terms.clone().expect("key terms looked for");
+    assert!(found.as_array().unwrap().iter().any(|e| e["source"] == "Paragraph"), "{found}");
+    // Each of the 150 paragraphs is cut in two parts here: the parts whose text has the term
+    // carry it, the others do not.
+    assert_eq!(fake.calls_matching(r#""Paragraph" as "Paragraph-de""#), 150, "the parts whose text has it carry it");
     let result = view.result.unwrap()["markdown"].as_str().unwrap().to_string();
+    assert_eq!(result.matches("Paragraph-de").count(), 150, "the key term kept the same throughout");
     assert_eq!(words(&result), words(&text), "every word, in order");
     // Once done, the document's text is not kept twice: the parts keep their answers only.
     let kept: Vec<(String, String)> =
@@ -1087,12 +1096,14 @@ async fn submit_guided(
 ) -> Uuid {
     let key = Blobs::new_key();
     docs.blobs.put(&key, bytes.to_vec().into()).await.unwrap();
-    let payload = serde_json::json!({
+    let mut payload = serde_json::json!({
         "document": { "key": key, "type": doc_type, "sha256": key, "size": bytes.len(), "name": "contract.docx" },
         "preset": preset,
         "language": "German",
-        "guidance": guidance,
     });
+    if !guidance.is_null() {
+        payload["guidance"] = guidance;
+    }
     let submission = Submission {
         price_by_size: None,
         lane: Default::default(),

@@ -25,6 +25,7 @@ fn task() -> Task {
         answer_tokens: Some(700),
         on_written: None,
         guidance: Default::default(),
+        finds_terms: false,
     }
 }
 
@@ -174,6 +175,7 @@ async fn anthropic_streams_are_read_to_their_end_with_cached_usage_and_progress(
     let seen = written.clone();
     let t = Task {
         guidance: Default::default(),
+        finds_terms: false,
         on_written: Some(OnWritten(Arc::new(move |n| {
             seen.fetch_max(n, Ordering::Relaxed);
         }))),

@@ -340,6 +340,18 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
         .map(|(_, rest)| rest.rsplit_once("\n</document>").map_or(rest, |(doc, _)| doc))
         .unwrap_or(prompt);
     let paragraphs = document.split("\n\n").filter(|p| !p.trim().is_empty());
+    if prompt.starts_with("List up to") {
+        // Key terms: its capitalised words of four letters or more, the first five, each with
+        // a translation of its own.
+        let mut terms: Vec<&str> = Vec::new();
+        for word in document.split(|c: char| !c.is_alphanumeric()) {
+            let capital = word.chars().next().is_some_and(char::is_uppercase);
+            if capital && word.chars().count() >= 4 && !terms.contains(&word) && terms.len() < 5 {
+                terms.push(word);
+            }
+        }
+        return terms.iter().map(|t| format!("{t}\t{t}-de")).collect::<Vec<_>>().join("\n");
+    }
     if prompt.starts_with("Translate") {
         // The terms agreed in the prompt, used as a model uses them (unless told to forget).
         let agreed = if flaw == Some(Flaw::IgnoreGlossary) { Vec::new() } else { agreed_terms(prompt) };

@@ -663,6 +663,11 @@ pub fn JobPage() -> impl IntoView {
                                     {(job.paragraphs_without_formatting > 0).then(|| view! {
                                         <p class="hint" data-testid="formatting-lost">{formatting_lost_text(job.paragraphs_without_formatting)}</p>
                                     })}
+                                    {(!job.terms_found.is_empty()).then(|| view! {
+                                        <p class="hint" data-testid="terms-found">
+                                            {format!("Key terms kept the same in every part: {}.", job.terms_found.join("; "))}
+                                        </p>
+                                    })}
                                     {(!job.terms_missed.is_empty()).then(|| view! {
                                         <p class="hint" data-testid="terms-missed">
                                             {format!("Glossary terms the translation did not use, even asked again: {}.", job.terms_missed.join("; "))}

@@ -12,6 +12,28 @@ pub const MAX_ENTRIES: usize = 1_000;
 pub const MAX_TERM_CHARS: usize = 200;
 /// The most bytes a glossary's text may have.
 pub const MAX_BYTES: usize = 60 * 1024;
+/// The most key terms one call finds in a translation's opening.
+pub const MAX_FOUND_TERMS: usize = 30;
+/// The most characters of a translation's opening its key terms are looked for in.
+pub const OPENING_CHARS: usize = 12_000;
+
+/// Pure: the key terms a model listed (`term<TAB>translation` a line; other lines, and terms
+/// a glossary could not take, left out), at most [`MAX_FOUND_TERMS`].
+pub fn found_terms(answer: &str) -> Vec<Entry> {
+    let mut found: Vec<Entry> = Vec::new();
+    for line in answer.lines() {
+        let line = line.trim().trim_start_matches(['-', '*', ' ']);
+        let Some((source, target)) = line.split_once('\t') else { continue };
+        let (source, target) = (source.trim(), target.trim());
+        let fits = |t: &str| !t.is_empty() && t.chars().count() <= MAX_TERM_CHARS && !t.chars().any(char::is_control);
+        let new = !found.iter().any(|e| e.source.to_lowercase() == source.to_lowercase());
+        if fits(source) && fits(target) && new && found.len() < MAX_FOUND_TERMS {
+            found.push(Entry { source: source.to_string(), target: target.to_string() });
+        }
+    }
+    found
+}
+
 /// The most characters a saved glossary's name may have.
 pub const MAX_NAME_CHARS: usize = 60;
 
@@ -249,6 +271,14 @@ mod tests {
             merged(&[entry("supplier", "Anbieter")], &glossary),
             vec![entry("supplier", "Anbieter"), entry("ship", "versenden")]
         );
+    }
+
+    #[test]
+    fn the_key_terms_a_model_lists_are_read_leniently_and_bounded() {
+        let answer = "Here are the terms:\n- Supplier\tLieferant\nBuyer\tKäufer\nsupplier\tAnbieter\nno tab here\n\t\n";
+        assert_eq!(found_terms(answer), vec![entry("Supplier", "Lieferant"), entry("Buyer", "Käufer")]);
+        let many: String = (0..100).map(|i| format!("t{i}\tu{i}\n")).collect();
+        assert_eq!(found_terms(&many).len(), MAX_FOUND_TERMS);
     }
 
     #[test]

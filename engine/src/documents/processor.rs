@@ -112,6 +112,8 @@ const PARTS_TURN: Duration = Duration::from_secs(240);
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Halvings of a part whose answer was cut before giving up.
 const MAX_HALVINGS: u32 = 6;
+/// The answer a key-term list is asked for (30 short lines).
+const TERMS_ANSWER_TOKENS: u32 = 2_048;
 /// The most glossary entries a job reports as left out.
 const MAX_TERMS_REPORTED: usize = 50;
 /// The language a translation naming none is made into (the prompt's).
@@ -307,6 +309,7 @@ impl DocumentProcessor {
             answer_tokens: None,
             on_written: None,
             guidance: spec.guidance.clone(),
+            finds_terms: false,
         };
         let estimated = count_prompt(&mut task).await;
         let kind = size_kind(spec.document.doc_type);
@@ -509,6 +512,26 @@ impl DocumentProcessor {
         // The claim reserved its first call: the first part started uses it.
         let mut first = Some(std::mem::take(claim_held));
         let mut used = Usage::default();
+        // A translation in parts keeps its key terms the same in every part: found once in its
+        // opening, under the user's own glossary.
+        let with_terms;
+        let spec = if joins(spec.preset) && level == 0 {
+            let found = match self.parts.found_terms(job.id).await.map_err(database_error)? {
+                Some(found) => found,
+                None => {
+                    let (found, usage) = self.find_terms(job, spec).await;
+                    used.add(usage);
+                    self.parts.keep_found_terms(job, &found).await.map_err(database_error)?;
+                    found
+                }
+            };
+            let glossary = glossary::merged(&spec.guidance.glossary, &found);
+            with_terms =
+                DocumentJob { guidance: glossary::Guidance { glossary, ..spec.guidance.clone() }, ..spec.clone() };
+            &with_terms
+        } else {
+            spec
+        };
         loop {
             let count = self.parts.count(job.id, level).await.map_err(database_error)? as i32;
             let end = match self.run_level(job, spec, level, count, &mut first, &mut used, started + turn).await {
@@ -571,6 +594,50 @@ impl DocumentProcessor {
                 return Err(no_longer_held());
             }
             level += 1;
+        }
+    }
+
+    /// The key terms of a translation's opening (its first part not done) and their
+    /// translations, by one call; none when that call fails (the translation goes on without).
+    async fn find_terms(&self, job: &ClaimedJob, spec: &DocumentJob) -> (Vec<glossary::Entry>, Usage) {
+        let count = match self.parts.count(job.id, 0).await {
+            Ok(count) => count as i32,
+            Err(_) => return (Vec::new(), Usage::default()),
+        };
+        let Ok(opening) = self.parts.pending(job.id, 0, count, 1).await else { return (Vec::new(), Usage::default()) };
+        let Some(opening) = opening.into_iter().next() else { return (Vec::new(), Usage::default()) };
+        let text = inline::strip(&markers::unmark(&[opening.body]));
+        let end = text.char_indices().nth(glossary::OPENING_CHARS).map_or(text.len(), |(i, _)| i);
+        let mut task = Task {
+            preset: spec.preset,
+            language: spec.language.clone(),
+            text: text[..end].to_string(),
+            pages: None,
+            part: None,
+            prompt_tokens: None,
+            answer_tokens: Some(TERMS_ANSWER_TOKENS),
+            on_written: None,
+            guidance: Default::default(),
+            finds_terms: true,
+        };
+        let estimated = count_prompt(&mut task).await;
+        let mut held = Held { input: estimated, output: i64::from(TERMS_ANSWER_TOKENS) };
+        self.budget.correct(held.input, held.output).await;
+        match self.call(job, &mut task, estimated, &mut held).await {
+            Ok(output) => {
+                let usage = Usage {
+                    input: output.input_tokens.unwrap_or(estimated).clamp(0, believable_input(estimated)),
+                    output: output.output_tokens.unwrap_or(0).clamp(0, i64::from(TERMS_ANSWER_TOKENS) * 2),
+                };
+                let found = glossary::found_terms(&output.text);
+                tracing::info!(job = %job.id, terms = found.len(), "key terms found in the translation's opening");
+                (found, usage)
+            }
+            Err(e) => {
+                self.give_back_unless_counted(&e, held).await;
+                tracing::info!(job = %job.id, error = %e.message, "no key terms found; the translation goes on without");
+                (Vec::new(), Usage::default())
+            }
         }
     }
 
@@ -750,6 +817,7 @@ impl DocumentProcessor {
                 answer_tokens: None,
                 on_written: None,
                 guidance: Default::default(),
+                finds_terms: false,
             };
             let estimated = count_prompt(&mut task).await;
             let mut usage = Usage::default();
@@ -840,6 +908,7 @@ impl DocumentProcessor {
                 answer_tokens: None,
                 on_written: None,
                 guidance: spec.guidance.for_text(&ask),
+                finds_terms: false,
             };
             let estimated = count_prompt(&mut task).await;
             // The first round spends what the caller reserved; each later one reserves its own.

@@ -90,6 +90,10 @@ pub struct JobView {
     #[sqlx(default)]
     #[serde(default)]
     pub terms_missed: Vec<String>,
+    /// A translation in parts: the key terms found in its opening (`[{source, target}]`).
+    #[sqlx(default)]
+    #[serde(default)]
+    pub found_terms: Option<Value>,
 }
 
 impl JobView {

@@ -40,6 +40,9 @@ pub struct Task {
     pub on_written: Option<OnWritten>,
     /// A translation's formality and the glossary entries whose terms occur in its text.
     pub guidance: crate::documents::glossary::Guidance,
+    /// Not the preset's work: the key terms of the text (a translation's opening) and their
+    /// translations, a line each, tab-separated.
+    pub finds_terms: bool,
 }
 
 /// Called with about how many tokens of an answer are written so far.
@@ -274,6 +277,16 @@ pub fn prompt(task: &Task) -> String {
 /// prefix: Anthropic's `cache_control`; OpenAI caches repeated prefixes itself), and the rest
 /// (the part's place and its text).
 pub fn prompt_parts(task: &Task) -> (String, String) {
+    if task.finds_terms {
+        let ask = format!(
+            "List up to {} key terms of the document below (names, defined terms, technical words) that a \
+             translation into {} must render the same way throughout, one a line as the term, a tab, and its \
+             translation. Nothing else.\n",
+            crate::documents::glossary::MAX_FOUND_TERMS,
+            task.language.as_deref().unwrap_or("English")
+        );
+        return (ask, format!("<document>\n{}\n</document>", task.text));
+    }
     let ask = match task.preset {
         Preset::Summarize => {
             "Summarize the document below in a short title and a few paragraphs, in Markdown.".to_string()
@@ -304,7 +317,7 @@ pub fn prompt_parts(task: &Task) -> (String, String) {
     // cacheable instruction).
     let guidance = match task.guidance.prompt() {
         said if said.is_empty() || task.preset != Preset::Translate => String::new(),
-        said => format!("\n{said}"),
+        said => format!("\n{said}\n"),
     };
     let rest = guidance
         + &match &task.part {
