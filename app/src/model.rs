@@ -48,6 +48,23 @@ pub struct UploadReply {
     /// after that the key is forgotten.
     #[serde(default)]
     pub idempotency_key_expires_at: Option<String>,
+    /// A translation into several languages (`languages`): the job of each after the first,
+    /// or why it was refused (each is priced and admitted on its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<AlsoInto>,
+}
+
+/// One more language of an upload's translation: its job, or why it was refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct AlsoInto {
+    pub language: String,
+    /// Its job's id.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Why it was refused (out of credits, too many documents in flight).
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 /// What an upload would cost and when it should be done (`POST /api/v1/estimate`, and the
@@ -62,7 +79,8 @@ pub struct Estimate {
     pub counted_tokens: Option<u64>,
     /// What its provider calls will carry: counted, or estimated from its size.
     pub input_tokens: u64,
-    /// Credits the upload takes.
+    /// Credits the upload takes (for a translation into several languages, all of them: each
+    /// is priced on its own).
     pub credits: i64,
     /// The credits are a hold (a PDF, a Word or OpenDocument file, a web page), settled to its
     /// text's price once read, down to `least_credits`; the rest comes back.

@@ -337,10 +337,11 @@ pub fn UploadPage() -> impl IntoView {
                 }}
             </select>
             <Show when=move || preset.get() == "translate">
-                <label for="language">"Into which language?"</label>
+                <label for="language">"Into which language? (several: comma-separated, up to 10; each is its own job)"</label>
                 <input
                     id="language"
-                    maxlength="40"
+                    data-testid="language"
+                    maxlength="420"
                     prop:value=move || language.get()
                     on:input=move |ev| language.set(event_target_value(&ev))
                 />
@@ -558,7 +559,9 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     let _ = form.append_with_blob_and_filename("file", file, &file.name());
     let _ = form.append_with_str("preset", &row.preset);
     if let Some(language) = &row.language {
-        let _ = form.append_with_str("language", language);
+        // "German, French": one job for each.
+        let field = if language.contains(',') { "languages" } else { "language" };
+        let _ = form.append_with_str(field, language);
     }
     if let Some(due_by) = &row.due_by {
         let _ = form.append_with_str("due_by", due_by);

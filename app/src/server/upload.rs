@@ -25,7 +25,7 @@ use super::session::ServerContext;
 use crate::errors::AppError;
 
 /// What an upload became.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Uploaded {
     pub job_id: uuid::Uuid,
     /// The same client key was used before: this is the earlier job, nothing new was charged.
@@ -34,6 +34,9 @@ pub struct Uploaded {
     pub charged: i64,
     /// With a client key: when it stops naming this job.
     pub key_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// A translation into several languages: its other languages' jobs, or why each was
+    /// refused.
+    pub also: Vec<crate::model::AlsoInto>,
 }
 
 impl Uploaded {
@@ -50,6 +53,7 @@ impl Uploaded {
             duplicate: self.duplicate,
             charged: self.charged,
             idempotency_key_expires_at: self.key_expires_at.map(|at| at.to_rfc3339()),
+            also: self.also.clone(),
         }
     }
 }
@@ -66,6 +70,8 @@ pub fn too_slow(received: u64, elapsed: Duration) -> bool {
 }
 /// Side fields (`preset`, `language`) are short words: longer ones are refused unread.
 const MAX_FIELD_BYTES: usize = 200;
+/// `languages`: up to ten names of up to 40 characters, comma-separated.
+const MAX_LANGUAGES_BYTES: usize = 10 * 42;
 /// A form is a file and its options (at most one of each); a form with more parts is refused.
 const MAX_PARTS: usize = 12;
 /// The most a form's other bytes can take of its length (boundaries, part headers, the side
@@ -187,6 +193,7 @@ where
         }
         None => Duration::ZERO,
     };
+    let also_options = options.clone();
     let submission = Intake {
         user_id: user.id,
         stored,
@@ -210,7 +217,48 @@ where
         Some(key) => admission::client_key_expires_at(&ctx.pool, job_id, &key, lifetime).await?,
         None => None,
     };
-    Ok(Uploaded { job_id, duplicate, charged, key_expires_at })
+    let (also, also_charged) = also_into(ctx, user, job_id, &also_options).await?;
+    Ok(Uploaded { job_id, duplicate, charged: charged + also_charged, key_expires_at, also })
+}
+
+/// A translation's other languages, each its own job on the first one's document, admitted
+/// (and priced) one by one: one refused (out of credits, too many in flight) does not undo the
+/// others. Their answers, and the credits they took.
+async fn also_into(
+    ctx: &ServerContext,
+    user: &User,
+    first: uuid::Uuid,
+    options: &intake::UploadOptions,
+) -> Result<(Vec<crate::model::AlsoInto>, i64), AppError> {
+    if options.also_into.is_empty() {
+        return Ok((Vec::new(), 0));
+    }
+    let payload: serde_json::Value = sqlx::query_scalar("SELECT payload FROM jobs WHERE id = $1")
+        .bind(first)
+        .fetch_one(&ctx.pool)
+        .await
+        .map_err(engine::EngineError::from)?;
+    let (mut also, mut charged) = (Vec::new(), 0);
+    for language in &options.also_into {
+        let admission = &ctx.settings.admission;
+        let options = options.into_language(language);
+        let admitted = intake::also_into(&ctx.pool, admission, user.id, &payload, &options).await;
+        let (id, refused) = match admitted {
+            Ok(Admission::Accepted { job_id }) => {
+                charged += sqlx::query_scalar::<_, i32>("SELECT cost FROM jobs WHERE id = $1")
+                    .bind(job_id)
+                    .fetch_one(&ctx.pool)
+                    .await
+                    .map_err(engine::EngineError::from)? as i64;
+                (Some(job_id.to_string()), None)
+            }
+            Ok(Admission::Existing { job_id }) => (Some(job_id.to_string()), None),
+            Ok(Admission::Refused(refusal)) => (None, Some(AppError::from(refusal).to_string())),
+            Err(e) => (None, Some(AppError::from(e).to_string())),
+        };
+        also.push(crate::model::AlsoInto { language: language.clone(), id, refused });
+    }
+    Ok((also, charged))
 }
 
 /// Would `user` be refused before the body is read? The price is settled from the bytes; before
@@ -295,7 +343,15 @@ where
         engine::documents::estimate::estimate(&ctx.pool, estimate_settings, user.id, &upload, options.preset).await?;
     let estimate = estimate.map_err(AppError::from)?;
     let meets_deadline = options.due_by.and_then(|due| estimate.meets(due, chrono::Utc::now()));
-    Ok(crate::model::Estimate { meets_deadline, ..crate::model::Estimate::from(estimate) })
+    let estimate = crate::model::Estimate::from(estimate);
+    // Each language its own job, priced on its own.
+    let languages = 1 + options.also_into.len() as i64;
+    Ok(crate::model::Estimate {
+        meets_deadline,
+        credits: estimate.credits * languages,
+        least_credits: estimate.least_credits * languages,
+        ..estimate
+    })
 }
 
 /// What an estimate goes by: parts planned as the workers plan them (by the provider's count of
@@ -375,9 +431,11 @@ pub async fn run_again(
         .map_or(0, |s| intake::document_price(&ctx.settings.admission, s.document.size_for_price(), options.preset).1);
     let admitted = intake::run_again(&ctx.pool, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
-        Ok(Admission::Accepted { job_id }) => Ok(Uploaded { job_id, duplicate: false, charged, key_expires_at: None }),
+        Ok(Admission::Accepted { job_id }) => {
+            Ok(Uploaded { job_id, duplicate: false, charged, key_expires_at: None, also: Vec::new() })
+        }
         Ok(Admission::Existing { job_id }) => {
-            Ok(Uploaded { job_id, duplicate: true, charged: 0, key_expires_at: None })
+            Ok(Uploaded { job_id, duplicate: true, charged: 0, key_expires_at: None, also: Vec::new() })
         }
         Ok(Admission::Refused(refusal)) => Err(refusal.into()),
         Err(engine::EngineError::NotFound) => Err(AppError::Gone),
@@ -610,6 +668,9 @@ async fn read_form(
                         intake::parse_preset(&gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?)?;
                 }
                 Some("language") => {
+                    if options.language.is_some() {
+                        return Err(AppError::invalid("send language or languages, not both"));
+                    }
                     options.language =
                         intake::parse_language(&gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?)?;
                 }
@@ -643,6 +704,15 @@ async fn read_form(
                         _ => options.save_glossary_as = name,
                     }
                 }
+                Some("languages") => {
+                    let value = gate.reading(read_short_field(field, idle, MAX_LANGUAGES_BYTES)).await?;
+                    let mut languages = intake::parse_languages(&value)?.into_iter();
+                    if options.language.is_some() {
+                        return Err(AppError::invalid("send language or languages, not both"));
+                    }
+                    options.language = languages.next();
+                    options.also_into = languages.collect();
+                }
                 Some("formality") => {
                     let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
                     options.guidance.formality =
@@ -651,8 +721,8 @@ async fn read_form(
                 other => {
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(AppError::invalid(format!(
-                        "unknown form field {name:?}; send `file`, `preset`, `language`, `due_by`, `urgent`, \
-                         `callback_url`, `glossary`, `glossary_name`, `save_glossary_as` and `formality`"
+                        "unknown form field {name:?}; send `file`, `preset`, `language` (or `languages`), `due_by`, \
+                         `urgent`, `callback_url`, `glossary`, `glossary_name`, `save_glossary_as` and `formality`"
                     )));
                 }
             }

@@ -218,6 +218,8 @@ pub struct UploadOptions {
     pub glossary_name: Option<String>,
     /// Save the pasted glossary in the account under this name.
     pub save_glossary_as: Option<String>,
+    /// A translation into several languages: those after `language`, each its own job.
+    pub also_into: Vec<String>,
 }
 
 impl Default for UploadOptions {
@@ -231,6 +233,7 @@ impl Default for UploadOptions {
             guidance: Default::default(),
             glossary_name: None,
             save_glossary_as: None,
+            also_into: Vec::new(),
         }
     }
 }
@@ -293,7 +296,40 @@ pub fn parse_language(value: &str) -> Result<Option<String>> {
     Ok(Some(value.to_string()))
 }
 
+/// The most languages one upload is translated into.
+pub const MAX_LANGUAGES: usize = 10;
+
+/// Pure: a comma-separated list of 1 to [`MAX_LANGUAGES`] languages, each as
+/// [`parse_language`] takes it, none twice.
+pub fn parse_languages(value: &str) -> Result<Vec<String>> {
+    let mut languages: Vec<String> = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let Some(language) = parse_language(name)? else { continue };
+        if languages.iter().any(|l| l.to_lowercase() == language.to_lowercase()) {
+            return Err(EngineError::Invalid(format!("{language} is named twice")));
+        }
+        languages.push(language);
+    }
+    match languages.len() {
+        0 => Err(EngineError::Invalid("languages should name one language or more, comma-separated".into())),
+        n if n > MAX_LANGUAGES => {
+            Err(EngineError::Invalid(format!("a translation names at most {MAX_LANGUAGES} languages, not {n}")))
+        }
+        _ => Ok(languages),
+    }
+}
+
 impl UploadOptions {
+    /// The same options for `language` (one more of an upload's languages).
+    pub fn into_language(&self, language: &str) -> UploadOptions {
+        UploadOptions {
+            language: Some(language.to_string()),
+            also_into: Vec::new(),
+            save_glossary_as: None,
+            ..self.clone()
+        }
+    }
+
     /// Pure: can this server do what was asked? `offered` are the presets its provider supports.
     /// A translation that names no language is into [`DEFAULT_TARGET_LANGUAGE`].
     pub fn complete(&mut self, offered: &[Preset]) -> Result<()> {
@@ -305,6 +341,9 @@ impl UploadOptions {
         }
         if self.preset == Preset::Translate && self.language.is_none() {
             self.language = Some(DEFAULT_TARGET_LANGUAGE.to_string());
+        }
+        if self.preset != Preset::Translate && !self.also_into.is_empty() {
+            return Err(EngineError::Invalid("several languages are for translations only".into()));
         }
         let glossary_asked = self.glossary_name.is_some() || self.save_glossary_as.is_some();
         if self.preset != Preset::Translate && (!self.guidance.is_empty() || glossary_asked) {
@@ -335,7 +374,12 @@ impl UploadOptions {
     /// Pure: the idempotency key: same bytes and same options are the same job (a glossary or
     /// a formality makes another translation).
     pub fn content_key(&self, upload: &CheckedUpload) -> String {
-        let key = format!("{}:{}:{}", upload.sha256, self.preset.as_str(), self.language.as_deref().unwrap_or(""));
+        self.content_key_of(&upload.sha256)
+    }
+
+    /// Pure: [`Self::content_key`] of the document whose bytes hash to `sha256`.
+    pub fn content_key_of(&self, sha256: &str) -> String {
+        let key = format!("{sha256}:{}:{}", self.preset.as_str(), self.language.as_deref().unwrap_or(""));
         match self.guidance.digest() {
             digest if digest.is_empty() => key,
             digest => format!("{key}:{digest}"),
@@ -523,6 +567,35 @@ pub async fn run_again(
     earlier: &serde_json::Value,
     options: &UploadOptions,
 ) -> Result<Admission> {
+    // Its own key: asked for explicitly, so never the earlier job again.
+    share_document(pool, admission, user_id, earlier, options, format!("again:{}", Blobs::new_key())).await
+}
+
+/// One upload's translation into one more of its languages: a job of its own on the same
+/// stored document (no copy), priced on its own, and keyed as an upload of it in that
+/// language is (the same upload sent again finds it).
+pub async fn also_into(
+    pool: &PgPool,
+    admission: &AdmissionConfig,
+    user_id: i64,
+    earlier: &serde_json::Value,
+    options: &UploadOptions,
+) -> Result<Admission> {
+    let job: DocumentJob = serde_json::from_value(earlier.clone())
+        .map_err(|_| EngineError::Invalid("only a document job has languages".into()))?;
+    let key = options.content_key_of(&job.document.sha256);
+    share_document(pool, admission, user_id, earlier, options, key).await
+}
+
+/// A new job on the document of `earlier`'s job, as `options` say, under `content_key`.
+async fn share_document(
+    pool: &PgPool,
+    admission: &AdmissionConfig,
+    user_id: i64,
+    earlier: &serde_json::Value,
+    options: &UploadOptions,
+    content_key: String,
+) -> Result<Admission> {
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
     let (tokens, cost) = document_price(admission, job.document.size_for_price(), options.preset);
@@ -542,9 +615,8 @@ pub async fn run_again(
     let submission = Submission {
         user_id,
         payload: serde_json::to_value(&again).expect("a document job serialises"),
-        // Its own key: asked for explicitly, so never the earlier job again.
-        content_key: format!("again:{}", Blobs::new_key()),
         fingerprint: format!("again:{key}"),
+        content_key,
         client_key: None,
         cost,
         est_input_tokens: first_claim_tokens(admission, tokens),

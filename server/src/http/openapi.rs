@@ -43,6 +43,11 @@ pub struct UploadForm {
     /// documents are there anyway): honoured up to four times the operator's size for small
     /// documents; a larger one stays in the bulk lane.
     urgent: Option<bool>,
+    /// A translation into several languages, comma-separated (up to 10, none twice; instead of
+    /// `language`): each is its own job, priced and admitted on its own; the answer's `also`
+    /// names the jobs after the first (or why one was refused).
+    #[schema(min_length = 1, max_length = 420)]
+    languages: Option<String>,
     /// A translation's glossary in DeepL's format: `term,translation` (or tab-separated) a
     /// line, at most 1,000 entries and 60 KB. Each part's prompt carries the entries whose
     /// terms it has; an answer leaving one out is asked again once, then reported on the job.

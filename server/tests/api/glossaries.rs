@@ -129,3 +129,63 @@ async fn a_translations_upload_carries_its_glossary_and_formality_and_bad_ones_s
     assert_eq!(app.user_state(user).await, before, "refused uploads charge nothing");
     assert_eq!(app.stored_blobs(), stored, "refused uploads store nothing");
 }
+
+/// Issue 57, item 5: one upload, several languages: the document stored once, each language
+/// its own job priced on its own; one refused does not undo the others; a repeat finds them.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translation_into_several_languages_is_a_job_for_each_on_one_stored_document(pool: PgPool) {
+    let settings = WebSettings { presets: engine::Preset::ALL.to_vec(), ..WebSettings::default() };
+    let app = TestApp::spawn(pool.clone(), settings).await;
+    let (user, token) = app.user_with_token("languages@example.com", 20, 10).await;
+    let before = app.user_state(user).await;
+    let fields = [("preset", "translate"), ("languages", "German, French,Italian")];
+    let accepted = upload(&app, &token, &fields).await;
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED);
+    let reply: serde_json::Value = accepted.json().await.unwrap();
+    let also = reply["also"].as_array().unwrap();
+    assert_eq!(also.iter().map(|a| a["language"].as_str().unwrap()).collect::<Vec<_>>(), ["French", "Italian"]);
+    let jobs: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT payload->>'language', payload->'document'->>'key', cost FROM jobs WHERE owner_id = $1 ORDER BY accepted_at",
+    )
+    .bind(user)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(jobs.iter().map(|j| j.0.as_str()).collect::<Vec<_>>(), ["German", "French", "Italian"]);
+    assert!(jobs.iter().all(|j| j.1 == jobs[0].1), "one stored document for all three");
+    assert_eq!(app.stored_blobs(), 1);
+    let each = i64::from(jobs[0].2);
+    assert_eq!(reply["charged"].as_i64().unwrap(), 3 * each, "each language priced");
+    assert_eq!(app.user_state(user).await.0, before.0 - 3 * each);
+    // The same upload again is the same three jobs, nothing charged again.
+    let again: serde_json::Value = upload(&app, &token, &fields).await.json().await.unwrap();
+    assert_eq!(again["id"], reply["id"]);
+    assert_eq!(again["also"][1]["id"], also[1]["id"]);
+    assert_eq!(app.user_state(user).await.0, before.0 - 3 * each);
+
+    // Credits for two more: the third language is refused, the two others stand.
+    let (poor, poor_token) = app.user_with_token("poor@example.com", 2 * each, 10).await;
+    let reply: serde_json::Value =
+        upload(&app, &poor_token, &[("preset", "translate"), ("languages", "German, French, Italian")])
+            .await
+            .json()
+            .await
+            .unwrap();
+    assert!(reply["also"][0]["id"].is_string(), "{reply}");
+    assert!(reply["also"][1]["refused"].as_str().unwrap().contains("credits"), "{reply}");
+    assert_eq!(app.user_state(poor).await.0, 0);
+
+    let eleven = (0..11).map(|i| format!("Language{i}")).collect::<Vec<_>>().join(",");
+    for (fields, says) in [
+        (vec![("preset", "translate"), ("languages", eleven.as_str())], "at most 10 languages"),
+        (vec![("preset", "translate"), ("languages", "German, german")], "named twice"),
+        (vec![("preset", "summarize"), ("languages", "German, French")], "for translations only"),
+        (vec![("preset", "translate"), ("language", "German"), ("languages", "French")], "not both"),
+        (vec![("preset", "translate"), ("languages", " , ")], "one language or more"),
+    ] {
+        let refused = upload(&app, &token, &fields).await;
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY, "{fields:?}");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(body["message"].as_str().unwrap().contains(says), "{fields:?}: {body}");
+    }
+}
