@@ -1,5 +1,5 @@
 import * as path from 'path';
-import { allowConsoleError, chooseFiles, expect, hostedModel, hostedModelReport, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText, uploadFiles, wordFile, zipEntry } from './helpers';
+import { allowConsoleError, chooseFiles, expect, hostedModel, hostedModelReport, logInAsAdmin, newPage, open, scriptProvider, setProcessing, signUp, test, uniqueText, uploadFiles, wordFile, wordFileOf, zipEntry } from './helpers';
 
 
 test('sign up, upload a PDF, watch it finish and open the result', async ({ page }) => {
@@ -347,6 +347,56 @@ test('a Word contract is priced and timed before it is confirmed, translated, an
   expect(xml).toContain('<w:pStyle w:val="Heading1"/>');
   const texts = [...xml.matchAll(/<w:t[^>]*>([^<]*)<\/w:t>/g)].map((m) => m[1]).filter((t) => t.trim());
   expect(texts).toEqual(['[translated] Service agreement', ...clauses.map((c) => `[translated] ${c}`)]);
+});
+
+test('a Word contract with bold, italics, a link, a note and a table comes back with each span translated in place and the glossary used', async ({ page }) => {
+  await signUp(page, 'inline');
+  const marker = `inline-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  await hostedModel({ first_token_ms: 50, prefill_tokens_per_sec: 200000, output_tokens_per_sec: 20000, only_for: marker });
+  const run = (text: string, props = '') => `<w:r>${props ? `<w:rPr>${props}</w:rPr>` : ''}<w:t xml:space="preserve">${text}</w:t></w:r>`;
+  const body = [
+    `<w:p><w:pPr><w:pStyle w:val="Heading1"/></w:pPr>${run('Service agreement')}</w:p>`,
+    `<w:p>${run('The ')}${run('Supplier', '<w:b/>')}${run(' delivers ')}${run('in good time', '<w:i/>')}${run('.')}<w:r><w:rPr><w:rStyle w:val="FootnoteReference"/></w:rPr><w:footnoteReference w:id="1"/></w:r></w:p>`,
+    `<w:p>${run('Questions go to ')}<w:hyperlink r:id="rId9">${run('our terms page', '<w:rStyle w:val="Hyperlink"/>')}</w:hyperlink>${run(' before signing.')}</w:p>`,
+    `<w:tbl><w:tr><w:tc><w:p>${run('The Buyer pays')}</w:p></w:tc><w:tc><w:p>${run('100 EUR')}</w:p></w:tc></w:tr></w:tbl>`,
+    `<w:p>${run(`Reference ${marker}.`)}</w:p>`,
+  ].join('');
+  const contract = wordFileOf('contract.docx', body, [
+    ['word/_rels/document.xml.rels', '<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId9" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/hyperlink" Target="https://example.com/terms" TargetMode="External"/></Relationships>'],
+    ['word/footnotes.xml', '<w:footnotes xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:footnote w:id="1"><w:p><w:r><w:t>Prices exclude tax.</w:t></w:r></w:p></w:footnote></w:footnotes>'],
+  ]);
+  await open(page, '/upload');
+  await page.locator('#preset').selectOption('translate');
+  await page.locator('#language').fill('German');
+  await page.getByTestId('formality').selectOption('formal');
+  await page.getByTestId('glossary').fill('Supplier, Lieferant\nBuyer, Käufer');
+  await uploadFiles(page, contract);
+  const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'ok');
+  await row.getByRole('link', { name: 'View the job' }).click();
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 60_000 });
+  // A reader sees the bold word bold, with its agreed translation.
+  await expect(page.locator('article.result-rendered strong')).toHaveText('Lieferant');
+  await expect(page.locator('article.result-rendered em')).toHaveText('in good time');
+  await expect(page.getByTestId('formatting-lost')).toHaveCount(0);
+
+  const downloading = page.waitForEvent('download');
+  await page.getByTestId('translated-file').click();
+  const download = await downloading;
+  const fs = require('fs');
+  const file: Buffer = fs.readFileSync(await download.path());
+  const xml = zipEntry(file, 'word/document.xml');
+  // Each span in a run of its own look, translated in place; the glossary's terms used.
+  expect(xml).toContain('<w:r><w:rPr><w:b/></w:rPr><w:t xml:space="preserve">Lieferant</w:t></w:r>');
+  expect(xml).toContain('<w:r><w:rPr><w:i/></w:rPr><w:t xml:space="preserve">in good time</w:t></w:r>');
+  expect(xml).toMatch(/<w:hyperlink r:id="rId9"><w:r><w:rPr><w:rStyle w:val="Hyperlink"\/><\/w:rPr><w:t xml:space="preserve">our terms page<\/w:t><\/w:r><\/w:hyperlink>/);
+  expect(xml).toContain('<w:footnoteReference w:id="1"/>');
+  expect(xml).toContain('[translated] The Käufer pays');
+  expect(xml).not.toContain('Supplier');
+  const texts = [...xml.matchAll(/<w:t[^>]*>([^<]*)<\/w:t>/g)].map((m) => m[1]).filter((t) => t.trim());
+  expect(texts.slice(0, 7)).toEqual(['[translated] Service agreement', '[translated] The ', 'Lieferant', ' delivers ', 'in good time', '.', '[translated] Questions go to ']);
+  expect(zipEntry(file, 'word/_rels/document.xml.rels')).toContain('https://example.com/terms');
+  expect(zipEntry(file, 'word/footnotes.xml')).toContain('[translated] Prices exclude tax.');
 });
 
 test('a document needed by a time says so before it is sent and on its job, and goes in the urgent lane when asked', async ({ page, browser }) => {

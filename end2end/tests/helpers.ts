@@ -285,11 +285,17 @@ function storedZip(entries: [string, string][]): Buffer {
 export function wordFile(name: string, heading: string, paragraphs: string[]) {
   const p = (text: string, style = '') =>
     `<w:p>${style ? `<w:pPr><w:pStyle w:val="${style}"/></w:pPr>` : ''}<w:r><w:t xml:space="preserve">${text}</w:t></w:r></w:p>`;
-  const document = `<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>${p(heading, 'Heading1')}${paragraphs.map((t) => p(t)).join('')}</w:body></w:document>`;
+  return wordFileOf(name, `${p(heading, 'Heading1')}${paragraphs.map((t) => p(t)).join('')}`);
+}
+
+/** A Word file (.docx) with this body XML (namespaces `w` and `r` declared) and other parts. */
+export function wordFileOf(name: string, body: string, parts: [string, string][] = []) {
+  const document = `<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"><w:body>${body}</w:body></w:document>`;
   const buffer = storedZip([
     ['[Content_Types].xml', '<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"><Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>'],
     ['_rels/.rels', '<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument" Target="word/document.xml"/></Relationships>'],
     ['word/document.xml', document],
+    ...parts,
   ]);
   return { name, mimeType: 'application/vnd.openxmlformats-officedocument.wordprocessingml.document', buffer };
 }
