@@ -48,7 +48,7 @@ fn paragraphs_headings_lists_and_tables_come_out_in_order() {
         r#"<text:h text:outline-level="2">Setup</text:h><text:p>Press<text:s/>the <text:span>red</text:span> button.</text:p>
            <text:list><text:list-item><text:p>Wait</text:p></text:list-item></text:list>"#,
     );
-    assert_eq!(extract_text(DocType::Odt, &odt).unwrap().text, "## Setup\n\nPress the red button.\n\n- Wait");
+    assert_eq!(extract_text(DocType::Odt, &odt).unwrap().text, "## Setup\n\nPress the <s1>red</s1> button.\n\n- Wait");
     let page = b"<html><head><script>steal()</script></head><body><h2>News</h2><p>It rained.</p></body></html>";
     assert_eq!(extract_text(DocType::Html, page).unwrap().text, "## News\n\nIt rained.");
 }
@@ -205,7 +205,46 @@ async fn a_translated_opendocument_text_comes_back_whole() {
     assert_eq!(sniff(&rebuilt), Ok(DocType::Odt), "the mimetype entry stays first and stored");
     assert_eq!(
         extract_text(DocType::Odt, &rebuilt).unwrap().text,
-        "# [de] Manual\n\n[de] Press the button.\n\n- [de] Wait"
+        "# [de] Manual\n\n[de] Press <s1>the</s1> button.\n\n- [de] Wait"
+    );
+}
+
+#[tokio::test]
+async fn an_opendocument_texts_spans_and_links_come_back_around_the_translated_words() {
+    use engine::documents::sandbox::rebuild_in_child;
+    let original = odt_of(
+        r#"<text:p>The <text:span text:style-name="Bold">Supplier</text:span> delivers; see <text:a xmlns:xlink="http://www.w3.org/1999/xlink" xlink:href="https://example.com/terms">our <text:span text:style-name="Em">terms</text:span> page</text:a>.<text:bookmark text:name="here"/></text:p>
+           <text:p>Plain <text:span text:style-name="Bold">lost</text:span></text:p>"#,
+    );
+    let text = extract_text(DocType::Odt, &original).unwrap().text;
+    assert_eq!(
+        text,
+        "The <s1>Supplier</s1> delivers; see <a2>our </a2><a3>terms</a3><a4> page</a4>.\n\nPlain <s1>lost</s1>"
+    );
+    let translated = [
+        "Siehe <a2>unsere </a2><a3>AGB</a3><a4>-Seite</a4>; der <s1>Lieferant</s1>  liefert.".to_string(),
+        "Schlicht verloren".to_string(),
+    ];
+    let rebuilt = rebuild_in_child(&sandbox(), DocType::Odt, original.into(), &translated).await.unwrap();
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(&rebuilt)).unwrap();
+    let mut xml = String::new();
+    std::io::Read::read_to_string(&mut archive.by_name("content.xml").unwrap(), &mut xml).unwrap();
+    for expected in [
+        r#"<text:p>Siehe <text:a xmlns:xlink="http://www.w3.org/1999/xlink" xlink:href="https://example.com/terms">unsere </text:a>"#,
+        r#"<text:a xmlns:xlink="http://www.w3.org/1999/xlink" xlink:href="https://example.com/terms"><text:span text:style-name="Em">AGB</text:span></text:a>"#,
+        r#"; der <text:span text:style-name="Bold">Lieferant</text:span> <text:s text:c="1"/>liefert."#,
+        // What tags cannot say stays: the bookmark.
+        r#"<text:bookmark text:name="here"/>"#,
+    ] {
+        assert!(xml.contains(expected), "{expected}\nin\n{xml}");
+    }
+    assert!(!xml.contains("Supplier") && !xml.contains("our "), "{xml}");
+    let last = xml.split("<text:p>").last().unwrap();
+    assert!(last.contains("Schlicht verloren") && !last.contains("lost"), "plain in its first look: {last}");
+    // Read again, the same spans in their new order (numbered as they now come).
+    assert_eq!(
+        extract_text(DocType::Odt, &rebuilt).unwrap().text,
+        "Siehe <a1>unsere </a1><a2>AGB</a2><a3>-Seite</a3>; der <s4>Lieferant</s4>  liefert.\n\nSchlicht verloren"
     );
 }
 

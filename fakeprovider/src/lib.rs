@@ -341,8 +341,8 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
         .unwrap_or(prompt);
     let paragraphs = document.split("\n\n").filter(|p| !p.trim().is_empty());
     if prompt.starts_with("List up to") {
-        // Key terms: its capitalised words of four letters or more, the first five, each with
-        // a translation of its own.
+        // Key terms: its capitalised words of four letters or more, the first five, each kept
+        // as it is (as names are).
         let mut terms: Vec<&str> = Vec::new();
         for word in document.split(|c: char| !c.is_alphanumeric()) {
             let capital = word.chars().next().is_some_and(char::is_uppercase);
@@ -350,7 +350,7 @@ pub fn model_answer(prompt: &str, growth: f64, flaw: Option<Flaw>) -> String {
                 terms.push(word);
             }
         }
-        return terms.iter().map(|t| format!("{t}\t{t}-de")).collect::<Vec<_>>().join("\n");
+        return terms.iter().map(|t| format!("{t}\t{t}")).collect::<Vec<_>>().join("\n");
     }
     if prompt.starts_with("Translate") {
         // The terms agreed in the prompt, used as a model uses them (unless told to forget).
@@ -427,9 +427,10 @@ fn without_inline_tags(text: &str) -> String {
         let tail = &rest[at + 1..];
         let end = tail.find('>').filter(|e| {
             let inner = tail[..*e].trim_start_matches('/').trim_end_matches('/');
-            inner.len() >= 2
+            // The letter first: slicing after it is then at a character's boundary.
+            inner.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                && inner.len() >= 2
                 && inner[1..].chars().all(|c| c.is_ascii_digit())
-                && inner.chars().next().is_some_and(|c| c.is_ascii_lowercase())
         });
         match end {
             Some(end) => rest = &tail[end + 1..],

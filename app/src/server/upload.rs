@@ -162,6 +162,8 @@ where
     // From here until a job names it, the stored file is deleted if this request ends any
     // other way (its client gone, the server shutting down).
     let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
+    // The pasted glossary (before a saved one is merged under it), saved once admitted.
+    let pasted = options.guidance.glossary.clone();
     if let Err(e) = options.resolve_glossary(&ctx.pool, user.id).await {
         pending.delete().await;
         return Err(e.into());
@@ -213,6 +215,7 @@ where
         Admission::Existing { job_id } => (job_id, true, 0),
         Admission::Refused(refusal) => return Err(refusal.into()),
     };
+    also_options.save_glossary(&ctx.pool, user.id, &pasted).await?;
     let key_expires_at = match keyed {
         Some(key) => admission::client_key_expires_at(&ctx.pool, job_id, &key, lifetime).await?,
         None => None,

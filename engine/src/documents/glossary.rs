@@ -141,7 +141,7 @@ pub fn parse(text: &str) -> Result<Vec<Entry>, String> {
         }
         let at = |why: &str| format!("glossary line {}: {why}", i + 1);
         let fields =
-            if tabs { line.split('\t').map(str::to_string).collect() } else { csv_fields(line).map_err(|e| at(e))? };
+            if tabs { line.split('\t').map(str::to_string).collect() } else { csv_fields(line).map_err(at)? };
         if !(fields.len() == 2 || fields.len() == 4) {
             return Err(at("give a term and its translation (and, optionally, the two languages)"));
         }

@@ -352,14 +352,11 @@ impl UploadOptions {
         Ok(())
     }
 
-    /// The glossary in full: a saved one named (its entries under the pasted ones), and the
-    /// pasted one saved when asked. An unknown name is refused.
+    /// The glossary in full: a saved one named (its entries under the pasted ones). An unknown
+    /// name is refused, and so is a name to save under with nothing pasted.
     pub async fn resolve_glossary(&mut self, pool: &PgPool, owner: i64) -> Result<()> {
-        if let Some(name) = &self.save_glossary_as {
-            if self.guidance.glossary.is_empty() {
-                return Err(EngineError::Invalid("save_glossary_as needs a glossary to save".into()));
-            }
-            super::glossaries::save(pool, owner, name, &self.guidance.glossary).await?;
+        if self.save_glossary_as.is_some() && self.guidance.glossary.is_empty() {
+            return Err(EngineError::Invalid("save_glossary_as needs a glossary to save".into()));
         }
         if let Some(name) = &self.glossary_name {
             let saved = super::glossaries::get(pool, owner, name).await.map_err(|e| match e {
@@ -369,6 +366,15 @@ impl UploadOptions {
             self.guidance.glossary = super::glossary::merged(&self.guidance.glossary, &saved);
         }
         Ok(())
+    }
+
+    /// Save the pasted glossary under its name, when asked (once the upload is admitted: a
+    /// refused upload saves nothing). Its entries are the pasted ones only.
+    pub async fn save_glossary(&self, pool: &PgPool, owner: i64, pasted: &[super::glossary::Entry]) -> Result<()> {
+        match &self.save_glossary_as {
+            Some(name) => super::glossaries::save(pool, owner, name, pasted).await,
+            None => Ok(()),
+        }
     }
 
     /// Pure: the idempotency key: same bytes and same options are the same job (a glossary or
@@ -584,7 +590,19 @@ pub async fn also_into(
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job has languages".into()))?;
     let key = options.content_key_of(&job.document.sha256);
-    share_document(pool, admission, user_id, earlier, options, key).await
+    let mut admitted = share_document(pool, admission, user_id, earlier, options, key).await;
+    // Its ending is reported where the first language's is.
+    if let (Ok(Admission::Accepted { job_id }), Some(callback)) = (&admitted, earlier.get("callback")) {
+        let set = sqlx::query("UPDATE jobs SET payload = jsonb_set(payload, '{callback}', $2) WHERE id = $1")
+            .bind(job_id)
+            .bind(callback)
+            .execute(pool)
+            .await;
+        if let Err(e) = set {
+            admitted = Err(e.into());
+        }
+    }
+    admitted
 }
 
 /// A new job on the document of `earlier`'s job, as `options` say, under `content_key`.

@@ -99,6 +99,11 @@ pub fn segments(text: &str) -> Vec<Segment<'_>> {
     found
 }
 
+/// Whether a paragraph's text has words (not only inline tags: those alone are no translation).
+pub fn has_words(text: &str) -> bool {
+    !super::inline::strip(text).trim().is_empty()
+}
+
 /// The marker numbers of a marked text, in order.
 pub fn numbers(text: &str) -> Vec<u32> {
     segments(text).iter().filter_map(|s| s.number).collect()
@@ -158,7 +163,7 @@ pub fn check(answer: &str, asked: &[u32], cut: bool) -> Checked {
                 Some(expected) => next == Some(*expected),
                 None => at + 1 == found.len() && !cut,
             };
-            followed && !found[at].text.is_empty()
+            followed && has_words(found[at].text)
         });
         match (whole, at) {
             (true, Some(at)) => checked.kept.push((number, found[at].text.to_string())),
@@ -266,6 +271,7 @@ mod tests {
         // A marker twice, and one with no text.
         assert_eq!(check(&answer(&[(1, "a"), (2, "b"), (2, "b"), (3, "c")]), &[1, 2, 3], false).missing, vec![2]);
         assert_eq!(check(&answer(&[(1, ""), (2, "b")]), &[1, 2], false).missing, vec![1]);
+        assert_eq!(check(&answer(&[(1, "<b1></b1>"), (2, "b")]), &[1, 2], false).missing, vec![1], "tags alone");
         // Swapped.
         assert_eq!(check(&answer(&[(2, "b"), (1, "a")]), &[1, 2], false).missing, vec![1, 2]);
         // An answer with no markers at all.

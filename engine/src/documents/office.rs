@@ -407,7 +407,7 @@ impl PartReader {
     }
 }
 
-/// A paragraph being read: its start's ordinal, the block so far, and (Word) its runs.
+/// A paragraph being read: its start's ordinal, the block so far, and its runs.
 type OpenParagraph = (usize, Block, RunsRead);
 
 /// A part's paragraphs with text, in the order they end (a nested one before the one around
@@ -419,9 +419,12 @@ fn paragraphs(flavour: Flavour, xml: &[u8]) -> Result<Vec<(usize, Block)>, Strin
     let mut starts = 0;
     walk_xml(xml, |step, event| {
         let meaning = reader.meaning(&step);
-        if flavour == Flavour::Word && !matches!(meaning, Meaning::Start(_)) {
+        if !matches!(meaning, Meaning::Start(_)) {
             if let Some((_, _, runs)) = open.last_mut() {
-                runs.step(&step, event, &meaning);
+                match flavour {
+                    Flavour::Word => runs.step(&step, event, &meaning),
+                    Flavour::OpenDocument => runs.step_odt(&step, event, &meaning),
+                }
             }
         }
         match meaning {
@@ -467,19 +470,27 @@ fn one_paragraph(text: &str) -> String {
     text.split('\n').filter(|line| !line.trim().is_empty()).collect::<Vec<_>>().join("\n")
 }
 
-/// A Word paragraph's runs as read, for its inline tags.
+/// A paragraph's runs as read, for its inline tags: a Word paragraph's `w:r` runs (in their
+/// hyperlinks), or an OpenDocument paragraph's stretches of text (in their spans and links).
 #[derive(Default)]
 struct RunsRead {
     /// Elements open inside the paragraph (local names), its children first.
     path: Vec<Vec<u8>>,
     runs: Vec<RunRead>,
     current: Option<RunRead>,
-    /// The hyperlink open now: its start and end tags.
+    /// What the text read now is wrapped in: a Word hyperlink's start and end tags, or an
+    /// OpenDocument paragraph's links and spans open now (their start tags in order, their
+    /// end tags in reverse).
     link: Option<(String, String)>,
+    /// OpenDocument: the links and spans open now, outermost first (start tag, end tag, a link).
+    wrappers: Vec<(String, String, bool)>,
     /// Something tags cannot carry (a nested paragraph, a drawing, a field, a run inside
     /// another element than the paragraph or a hyperlink): the paragraph stays plain.
     plain: bool,
 }
+
+/// The tagged span being written: its runs' properties, their wrappers, and its letter.
+type OpenSpan = (Vec<u8>, Option<(String, String)>, char);
 
 /// One run as read.
 #[derive(Default)]
@@ -526,8 +537,14 @@ impl RunsRead {
                             return;
                         }
                         if !empty {
-                            self.current =
-                                Some(RunRead { raw: xml_of(event), link: self.link.clone(), ..RunRead::default() });
+                            // A hyperlink's run is a link, whatever it looks like.
+                            let letter = self.link.is_some().then_some(super::inline::LINK);
+                            self.current = Some(RunRead {
+                                raw: xml_of(event),
+                                link: self.link.clone(),
+                                letter,
+                                ..RunRead::default()
+                            });
                         }
                     }
                     (b"hyperlink", None) if self.path.is_empty() && !empty => {
@@ -549,6 +566,14 @@ impl RunsRead {
                         }
                     }
                     (b"footnoteReference" | b"endnoteReference", Some(run)) => run.reference = true,
+                    // A run's content tags cannot carry (a note's own number mark, a symbol, a
+                    // comment's anchor, a page or column break, a tracked formatting change):
+                    // the paragraph stays plain.
+                    (b"footnoteRef" | b"endnoteRef" | b"sym" | b"commentReference" | b"annotationRef", Some(_))
+                    | (b"separator" | b"continuationSeparator" | b"pgNum" | b"ptab" | b"rPrChange", Some(_)) => {
+                        self.plain = true;
+                    }
+                    (b"br", Some(_)) if attribute(e, b"type").is_some_and(|t| t != "textWrapping") => self.plain = true,
                     (
                         b"drawing" | b"pict" | b"object" | b"fldChar" | b"instrText" | b"AlternateContent" | b"ruby",
                         _,
@@ -581,6 +606,68 @@ impl RunsRead {
         }
     }
 
+    /// One step of an OpenDocument paragraph's XML (its own start excluded): its text is read in
+    /// stretches, each in the spans and links around it.
+    fn step_odt(&mut self, step: &XmlStep<'_>, event: &Event<'_>, meaning: &Meaning) {
+        if self.plain {
+            return;
+        }
+        match step {
+            XmlStep::Open(e, false) if matches!(e.local_name().as_ref(), b"span" | b"a") => {
+                let end = format!("</{}>", String::from_utf8_lossy(e.name().as_ref()));
+                let link = e.local_name().as_ref() == b"a";
+                self.wrappers.push((String::from_utf8_lossy(&xml_of(event)).into_owned(), end, link));
+                self.link = self.wrapped();
+            }
+            XmlStep::Open(e, _) => {
+                // Spaces, tabs, breaks and bookmarks are carried; anything else (a note, a
+                // frame, a comment, a field) is not: the paragraph stays plain.
+                let carried = matches!(
+                    e.local_name().as_ref(),
+                    b"s" | b"tab"
+                        | b"line-break"
+                        | b"soft-page-break"
+                        | b"bookmark"
+                        | b"bookmark-start"
+                        | b"bookmark-end"
+                );
+                self.plain |= !carried;
+            }
+            XmlStep::Close(name) if matches!(*name, b"span" | b"a") => {
+                self.wrappers.pop();
+                self.link = self.wrapped();
+            }
+            _ => {}
+        }
+        if let Meaning::Text(text) = meaning {
+            match self.runs.last_mut() {
+                Some(run) if run.link == self.link => run.text.push_str(text),
+                _ => {
+                    let letter = if self.wrappers.iter().any(|(_, _, link)| *link) {
+                        super::inline::LINK
+                    } else {
+                        super::inline::STYLED
+                    };
+                    self.runs.push(RunRead {
+                        text: text.clone(),
+                        link: self.link.clone(),
+                        letter: Some(letter),
+                        ..RunRead::default()
+                    });
+                }
+            }
+        }
+    }
+
+    /// The OpenDocument wrappers open now, as one start and one end.
+    fn wrapped(&self) -> Option<(String, String)> {
+        (!self.wrappers.is_empty()).then(|| {
+            let open = self.wrappers.iter().map(|(open, _, _)| open.as_str()).collect::<String>();
+            let close = self.wrappers.iter().rev().map(|(_, close, _)| close.as_str()).collect::<String>();
+            (open, close)
+        })
+    }
+
     /// The paragraph's text with its differing runs tagged, and what the tags stand for; none
     /// when it has no such run or tags cannot carry it.
     fn tagged(self) -> Option<(String, Looks)> {
@@ -598,13 +685,12 @@ impl RunsRead {
         let base = weights.iter().max_by_key(|(_, n)| *n).map(|(props, _)| props.to_vec()).unwrap_or_default();
         let mut text = String::new();
         let mut spans: Vec<SpanLook> = Vec::new();
-        let mut open: Option<(Vec<u8>, Option<(String, String)>, char)> = None;
-        let close =
-            |text: &mut String, spans: &[SpanLook], open: &mut Option<(Vec<u8>, Option<(String, String)>, char)>| {
-                if let Some((_, _, letter)) = open.take() {
-                    text.push_str(&format!("</{letter}{}>", spans.len()));
-                }
-            };
+        let mut open: Option<OpenSpan> = None;
+        let close = |text: &mut String, spans: &[SpanLook], open: &mut Option<OpenSpan>| {
+            if let Some((_, _, letter)) = open.take() {
+                text.push_str(&format!("</{letter}{}>", spans.len()));
+            }
+        };
         for run in &self.runs {
             let plain = run.link.is_none() && !run.reference && run.props == base;
             if run.reference {
@@ -624,11 +710,7 @@ impl RunsRead {
             if !same {
                 close(&mut text, &spans, &mut open);
                 if !plain {
-                    let letter = if run.link.is_some() {
-                        super::inline::LINK
-                    } else {
-                        run.letter.unwrap_or(super::inline::STYLED)
-                    };
+                    let letter = run.letter.unwrap_or(super::inline::STYLED);
                     spans.push(SpanLook {
                         props: String::from_utf8_lossy(&run.props).into_owned(),
                         link: run.link.clone(),
@@ -791,6 +873,15 @@ fn too_few(paragraphs: usize) -> String {
     format!("the translation has {paragraphs} paragraphs, fewer than the document; download the Markdown instead")
 }
 
+/// Whether an element directly in a paragraph given new runs is replaced by them: Word's runs
+/// and hyperlinks; OpenDocument's spans, links, spaces, tabs and line breaks.
+fn replaced_inline(flavour: Flavour, name: &[u8]) -> bool {
+    match flavour {
+        Flavour::Word => matches!(name, b"r" | b"hyperlink"),
+        Flavour::OpenDocument => matches!(name, b"span" | b"a" | b"s" | b"tab" | b"line-break"),
+    }
+}
+
 /// What a paragraph's text becomes.
 enum Replacement {
     /// Words, in the paragraph's first text node (its first run's look).
@@ -812,24 +903,29 @@ struct NewRuns {
 /// Pure: `text` (tagged) as Word runs in `looks`, with the namespace prefix `prefix`: plain
 /// words in the paragraph's look, a tagged span in its own (inside its hyperlink), a note's
 /// reference as it was; line breaks and tabs as Word writes them.
-fn runs_xml(prefix: &str, looks: &Looks, text: &str) -> String {
+fn runs_xml(flavour: Flavour, prefix: &str, looks: &Looks, text: &str) -> String {
     use super::inline::{Form, Piece, Tag};
     let run = |props: &str, words: &str| {
-        let mut out = format!("<{prefix}:r>{props}");
+        if flavour == Flavour::OpenDocument {
+            return odt_text(prefix, words);
+        }
+        let name = |local: &str| qualified(prefix, local);
+        let (r, t) = (name("r"), name("t"));
+        let mut out = format!("<{r}>{props}");
         for (i, line) in words.split('\n').enumerate() {
             if i > 0 {
-                out.push_str(&format!("<{prefix}:br/>"));
+                out.push_str(&format!("<{}/>", name("br")));
             }
             for (j, cell) in line.split('\t').enumerate() {
                 if j > 0 {
-                    out.push_str(&format!("<{prefix}:tab/>"));
+                    out.push_str(&format!("<{}/>", name("tab")));
                 }
                 if !cell.is_empty() {
-                    out.push_str(&format!("<{prefix}:t xml:space=\"preserve\">{}</{prefix}:t>", xml_text(cell)));
+                    out.push_str(&format!("<{t} xml:space=\"preserve\">{}</{t}>", xml_text(cell)));
                 }
             }
         }
-        out.push_str(&format!("</{prefix}:r>"));
+        out.push_str(&format!("</{r}>"));
         out
     };
     let span = |number: u32| looks.spans.get((number as usize).wrapping_sub(1));
@@ -853,6 +949,50 @@ fn runs_xml(prefix: &str, looks: &Looks, text: &str) -> String {
             }
         }
     }
+    out
+}
+
+/// Pure: an element's name with `prefix` (none: the default namespace's).
+fn qualified(prefix: &str, local: &str) -> String {
+    if prefix.is_empty() {
+        local.to_string()
+    } else {
+        format!("{prefix}:{local}")
+    }
+}
+
+/// Pure: `words` as OpenDocument text: escaped, tabs and line breaks as elements, and a run of
+/// spaces as one space and `text:s` for the others (ODF collapses spaces in text).
+fn odt_text(prefix: &str, words: &str) -> String {
+    let name = |local: &str| qualified(prefix, local);
+    let mut out = String::new();
+    let mut spaces = 0usize;
+    let flush = |out: &mut String, spaces: &mut usize| {
+        match *spaces {
+            0 => {}
+            1 => out.push(' '),
+            n => out.push_str(&format!(" <{} {}=\"{}\"/>", name("s"), name("c"), n - 1)),
+        }
+        *spaces = 0;
+    };
+    for c in words.chars() {
+        match c {
+            ' ' => spaces += 1,
+            '\t' => {
+                flush(&mut out, &mut spaces);
+                out.push_str(&format!("<{}/>", name("tab")));
+            }
+            '\n' => {
+                flush(&mut out, &mut spaces);
+                out.push_str(&format!("<{}/>", name("line-break")));
+            }
+            c => {
+                flush(&mut out, &mut spaces);
+                out.push_str(&xml_text(c.encode_utf8(&mut [0; 4])));
+            }
+        }
+    }
+    flush(&mut out, &mut spaces);
     out
 }
 
@@ -886,9 +1026,7 @@ fn rewrite(
                     }
                     false
                 }
-                XmlStep::Open(e, empty)
-                    if runs.depth == 0 && matches!(e.local_name().as_ref(), b"r" | b"hyperlink") =>
-                {
+                XmlStep::Open(e, empty) if runs.depth == 0 && replaced_inline(flavour, e.local_name().as_ref()) => {
                     if !runs.written {
                         writer.get_mut().extend_from_slice(runs.runs.as_bytes());
                         runs.written = true;
@@ -913,6 +1051,14 @@ fn rewrite(
                     runs.depth -= 1;
                     true
                 }
+                // An OpenDocument paragraph's own text is its content: replaced too.
+                XmlStep::Text(_) if flavour == Flavour::OpenDocument && runs.depth == 0 => {
+                    if !runs.written {
+                        writer.get_mut().extend_from_slice(runs.runs.as_bytes());
+                        runs.written = true;
+                    }
+                    false
+                }
                 _ => true,
             };
             if write {
@@ -926,10 +1072,11 @@ fn rewrite(
                     (by_start.get(&starts), &step)
                 {
                     let name = e.name();
+                    // The paragraph's own prefix (none when its namespace is the default one).
                     let prefix =
-                        name.prefix().map_or("w".to_string(), |p| String::from_utf8_lossy(p.as_ref()).into_owned());
-                    new_runs =
-                        Some(NewRuns { depth: 0, skipping: 0, written: false, runs: runs_xml(&prefix, looks, text) });
+                        name.prefix().map_or(String::new(), |p| String::from_utf8_lossy(p.as_ref()).into_owned());
+                    let runs = runs_xml(flavour, &prefix, looks, text);
+                    new_runs = Some(NewRuns { depth: 0, skipping: 0, written: false, runs });
                 }
                 open.push((starts, false));
                 starts += 1;
@@ -1067,6 +1214,41 @@ mod tests {
     }
 
     #[test]
+    fn a_paragraph_tags_cannot_carry_stays_plain() {
+        for inner in [
+            // A tracked formatting change: its old look is an rPr inside the run's.
+            r#"<w:r><w:rPr><w:b/><w:rPrChange w:id="1"><w:rPr><w:i/></w:rPr></w:rPrChange></w:rPr><w:t>x</w:t></w:r>"#,
+            // A note's own number mark, a symbol, a page break.
+            r#"<w:r><w:rPr><w:b/></w:rPr><w:footnoteRef/><w:t>x</w:t></w:r>"#,
+            r#"<w:r><w:rPr><w:b/></w:rPr><w:sym w:char="F0FE"/><w:t>x</w:t></w:r>"#,
+            r#"<w:r><w:rPr><w:b/></w:rPr><w:br w:type="page"/><w:t>x</w:t></w:r>"#,
+            // A run inside a tracked insertion.
+            r#"<w:ins><w:r><w:rPr><w:b/></w:rPr><w:t>x</w:t></w:r></w:ins>"#,
+        ] {
+            let xml = format!(
+                r#"<w:document xmlns:w="w"><w:body><w:p><w:r><w:t>plain </w:t></w:r>{inner}</w:p></w:body></w:document>"#
+            );
+            let blocks = word_blocks(xml.as_bytes()).unwrap();
+            assert_eq!(blocks[0].looks, None, "{inner}");
+            assert_eq!(blocks[0].text.replace('\n', ""), "plain x", "no tags: {inner}");
+        }
+    }
+
+    #[test]
+    fn new_runs_take_the_paragraphs_own_prefix_or_none() {
+        let looks =
+            Looks { base: String::new(), spans: vec![SpanLook { props: "<b/>".into(), link: None, reference: None }] };
+        assert_eq!(
+            runs_xml(Flavour::Word, "", &looks, "a\t<b1>b</b1>"),
+            r#"<r><t xml:space="preserve">a</t><tab/></r><r><b/><t xml:space="preserve">b</t></r>"#
+        );
+        assert_eq!(
+            runs_xml(Flavour::OpenDocument, "text", &looks, "a   b\n<b1>c</b1>"),
+            r#"a <text:s text:c="2"/>b<text:line-break/>c"#
+        );
+    }
+
+    #[test]
     fn odt_headings_lists_and_spaces_come_out_as_markdown() {
         let xml = br#"<office:document-content xmlns:text="t"><office:body><office:text>
             <text:h text:outline-level="1">Title</text:h>
@@ -1075,7 +1257,7 @@ mod tests {
             <text:p/>
         </office:text></office:body></office:document-content>"#;
         let blocks: Vec<String> = odt_blocks(xml).unwrap().iter().map(Block::markdown).collect();
-        assert_eq!(blocks, ["# Title", "a   bc", "- item"]);
+        assert_eq!(blocks, ["# Title", "a   b<s1>c</s1>", "- item"], "a span's words are tagged");
     }
 
     #[test]

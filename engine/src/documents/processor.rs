@@ -291,6 +291,12 @@ impl DocumentProcessor {
         let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
         // A translation's paragraphs are numbered, so its answer is checked paragraph by
         // paragraph and its result has the source's paragraphs.
+        // Only Sluice's readers of Word and OpenDocument files make inline tags: in any other
+        // document, text that reads like one is the document's own.
+        let extracted = match spec.document.doc_type {
+            super::DocType::Docx | super::DocType::Odt => extracted,
+            _ => super::extract::Extracted { text: inline::escape(&extracted.text), ..extracted },
+        };
         // Other presets read inline tags as the Markdown they stand for.
         let text = if joins(spec.preset) {
             markers::mark(&extracted.text)
@@ -950,11 +956,13 @@ impl DocumentProcessor {
             answer.usage.add(used);
             let mut checked = markers::check(&output.text, &asked, output.cut);
             if checked.kept.is_empty() && asked.len() == 1 && !output.cut {
-                // One paragraph asked, and one answered: its answer is its translation, with its
-                // marker or without.
-                let words = markers::segments(&output.text).into_iter().map(|s| s.text).collect::<Vec<_>>().join(" ");
-                if !words.trim().is_empty() {
-                    checked = markers::Checked { kept: vec![(asked[0], words)], missing: Vec::new(), outside: 0 };
+                // One paragraph asked, and one answered without its marker: that is its
+                // translation (anything more, a preface, a repeat, is not).
+                if let [only] = markers::segments(&output.text).as_slice() {
+                    if only.number.is_none() && markers::has_words(only.text) {
+                        checked =
+                            markers::Checked { kept: vec![(asked[0], only.text.to_string())], ..Default::default() };
+                    }
                 }
             }
             let not_kept = not_kept_share(used.output, &output.text, &checked);
@@ -1025,7 +1033,14 @@ impl DocumentProcessor {
         let sources = markers::segments(source);
         let source_of = |n: u32| sources.iter().find(|s| s.number == Some(n)).map_or("", |s| s.text);
         let misses = |n: u32, text: &str| glossary::missed(glossary, source_of(n), &inline::strip(text));
-        let again: Vec<u32> = kept.iter().filter(|(n, t)| !misses(*n, t).is_empty()).map(|(n, _)| *n).collect();
+        // A paragraph cut in pieces (its number twice) is not asked again: a piece lacks what
+        // the other has.
+        let mut seen = std::collections::HashSet::new();
+        let cut: std::collections::HashSet<u32> =
+            kept.iter().filter(|(n, _)| !seen.insert(*n)).map(|(n, _)| *n).collect();
+        let once = |n: u32| !cut.contains(&n);
+        let again: Vec<u32> =
+            kept.iter().filter(|(n, t)| once(*n) && !misses(*n, t).is_empty()).map(|(n, _)| *n).collect();
         if !again.is_empty() {
             tracing::info!(job = %job.id, paragraphs = again.len(), "an answer left out agreed terms; those paragraphs are asked again once");
             let redo = markers::only(source, &again);
@@ -1049,7 +1064,7 @@ impl DocumentProcessor {
                 }
             }
         }
-        for (n, text) in kept.iter() {
+        for (n, text) in kept.iter().filter(|(n, _)| once(*n)) {
             for entry in misses(*n, text) {
                 let shown = glossary::shown(entry);
                 if !answer.terms_missed.contains(&shown) && answer.terms_missed.len() < MAX_TERMS_REPORTED {
@@ -1074,9 +1089,19 @@ impl DocumentProcessor {
             let (first, second) = numbers.split_at(numbers.len() / 2);
             vec![markers::only(text, first), markers::only(text, second)]
         } else {
-            let chars = text.chars().count();
-            let ranges = split::split(text, chars.div_ceil(2).max(1), 0).into_iter().map(|p| (p.start, p.end));
-            markers::pieces(text, ranges)
+            // One paragraph: its words in two, each piece under its marker (never a piece of
+            // the marker alone).
+            let Some(segment) = markers::segments(text).into_iter().find(|s| s.number.is_some()) else {
+                return Err(paragraphs_not_kept());
+            };
+            let (number, words) = (segment.number.unwrap_or_default(), segment.text);
+            let chars = words.chars().count();
+            split::split(words, chars.div_ceil(2).max(1), 0)
+                .into_iter()
+                .map(|p| p.body(words))
+                .filter(|piece| markers::has_words(piece))
+                .map(|piece| markers::marked(number, piece))
+                .collect()
         };
         let mut answer = Answer::default();
         let mut texts = Vec::with_capacity(halves.len());
@@ -1482,6 +1507,11 @@ fn split_for(preset: Preset, text: &str, limit_tokens: u64, level: i32) -> Vec<N
                 NewPart { body, overlap, est_tokens }
             })
             .collect();
+        // A piece that is a marker and nothing else (a paragraph without spaces, cut right after
+        // its marker) is no work.
+        if joins(preset) {
+            parts.retain(|p| markers::segments(&p.body).iter().any(|s| markers::has_words(s.text)));
+        }
         let worst = parts.iter().map(|p| p.est_tokens as f64 / limit_tokens.max(1) as f64).fold(0.0, f64::max);
         if worst <= 1.0 || max_chars <= 100 {
             break;
@@ -1506,4 +1536,34 @@ impl Processor for DocumentProcessor {
 /// cancel was asked for (then the job ends canceled, whatever this says).
 fn no_longer_held() -> JobError {
     JobError::new(ErrorClass::Timeout, "the attempt no longer holds the job (its lease ran out, or it was canceled)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paragraph_without_spaces_is_cut_into_parts_that_each_have_words() {
+        // 6,000 characters of one word after its marker: the only space is the marker's.
+        let text = markers::mark(&format!("{}\n\nnext paragraph", "字".repeat(6_000)));
+        let parts = split_for(Preset::Translate, &text, 800, 0);
+        assert!(parts.len() > 2, "{} parts", parts.len());
+        for part in &parts {
+            let segments = markers::segments(&part.body);
+            assert!(segments.iter().all(|s| s.number.is_some()), "every piece under its marker: {:?}", part.body);
+            assert!(segments.iter().any(|s| markers::has_words(s.text)), "no part of a marker alone: {:?}", part.body);
+        }
+        let joined = markers::unmark(&parts.iter().map(|p| p.body.clone()).collect::<Vec<_>>());
+        assert_eq!(joined.split("\n\n").count(), 2, "still two paragraphs");
+    }
+
+    #[test]
+    fn the_output_not_kept_is_the_share_of_words_outside_the_kept_paragraphs() {
+        let answer = "Preface\n\n⟦1⟧ aaaa\n\n⟦2⟧ bbbb";
+        let checked = markers::check(answer, &[1, 2, 3], true);
+        // "Preface" (7) and "bbbb" (4, cut: not followed by 3) of 15 bytes of words.
+        assert_eq!(not_kept_share(1_500, answer, &checked), 1_100);
+        let whole = markers::check("⟦1⟧ aaaa\n\n⟦2⟧ bbbb", &[1, 2], false);
+        assert_eq!(not_kept_share(1_500, "⟦1⟧ aaaa\n\n⟦2⟧ bbbb", &whole), 0);
+    }
 }

@@ -108,9 +108,10 @@ impl StageLog {
             "WITH job AS (
                  UPDATE jobs SET output_tokens_discarded = output_tokens_discarded + $2,
                                  paragraphs_plain = paragraphs_plain + $3,
-                                 terms_missed = (SELECT coalesce(array_agg(DISTINCT t), '{}')
-                                                 FROM (SELECT unnest(terms_missed || $4::text[]) AS t LIMIT 50) terms)
-                 WHERE id = $1
+                                 terms_missed = (SELECT coalesce(array_agg(t), '{}')
+                                                 FROM (SELECT DISTINCT t FROM unnest(terms_missed || $4::text[]) AS t
+                                                       LIMIT 50) terms)
+                 WHERE id = $1 AND lease_token = $5
              )
              INSERT INTO provider_output_discarded (job_id, output_tokens) SELECT $1, $2 WHERE $2 > 0",
         )
@@ -118,6 +119,7 @@ impl StageLog {
         .bind(tokens)
         .bind(plain.clamp(0, i32::MAX as i64) as i32)
         .bind(terms_missed)
+        .bind(job.lease_token)
         .execute(*pool)
         .await;
         if let Err(e) = result {

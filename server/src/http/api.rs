@@ -140,7 +140,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 13, "{}", serde_json::to_string_pretty(paths).unwrap());
+        assert_eq!(operations, 17, "{}", serde_json::to_string_pretty(paths).unwrap());
     }
 
     /// An upload's answer links to every job route, the job's id taken from the answer.

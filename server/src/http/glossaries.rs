@@ -24,7 +24,7 @@ pub struct GlossaryBody {
 }
 
 /// The glossary's name in the path.
-const NAME: &str = "The glossary's name: 1 to 60 characters";
+const NAME: &str = "The glossary's name: 1 to 60 characters, no control characters, not blank";
 
 /// `GET /api/v1/glossaries`: the caller's saved glossaries, by name.
 #[utoipa::path(
@@ -47,7 +47,7 @@ pub async fn list_glossaries(
     get,
     path = "/api/v1/glossaries/{name}",
     tag = "glossaries",
-    params(("name" = String, Path, description = NAME)),
+    params(("name" = String, Path, min_length = 1, max_length = 60, pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$", description = NAME)),
     responses(
         (status = 200, description = "Its entries", body = GlossaryBody),
         (status = 404, description = "No glossary of yours so named", body = ErrorBody),
@@ -73,7 +73,7 @@ pub async fn get_glossary(
     put,
     path = "/api/v1/glossaries/{name}",
     tag = "glossaries",
-    params(("name" = String, Path, description = NAME)),
+    params(("name" = String, Path, min_length = 1, max_length = 60, pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$", description = NAME)),
     request_body(content = String, content_type = "text/csv", description = "DeepL's glossary format: `term,translation` (or tab-separated) a line"),
     responses(
         (status = 200, description = "Saved", body = GlossaryBody),
@@ -101,7 +101,7 @@ pub async fn put_glossary(
     delete,
     path = "/api/v1/glossaries/{name}",
     tag = "glossaries",
-    params(("name" = String, Path, description = NAME)),
+    params(("name" = String, Path, min_length = 1, max_length = 60, pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$", description = NAME)),
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "No glossary of yours so named", body = ErrorBody),

@@ -23,13 +23,17 @@ async fn the_openapi_document_is_served_and_every_operation_it_describes_is_rout
     let mut operations = Vec::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
-            operations.push((method.to_uppercase(), path.replace("{id}", "0b6c5f0e-1f1e-4a51-9f0e-0d3c1a2b3c4d")));
+            let path = path.replace("{id}", "0b6c5f0e-1f1e-4a51-9f0e-0d3c1a2b3c4d").replace("{name}", "contracts");
+            operations.push((method.to_uppercase(), path));
         }
     }
     operations.sort();
     let expected = [
+        ("DELETE", "/api/v1/glossaries/contracts"),
         ("DELETE", "/api/v1/jobs/{id}"),
         ("DELETE", "/api/v1/webhook"),
+        ("GET", "/api/v1/glossaries"),
+        ("GET", "/api/v1/glossaries/contracts"),
         ("GET", "/api/v1/jobs/{id}"),
         ("GET", "/api/v1/jobs/{id}/original"),
         ("GET", "/api/v1/jobs/{id}/parts.md"),
@@ -40,6 +44,7 @@ async fn the_openapi_document_is_served_and_every_operation_it_describes_is_rout
         ("POST", "/api/v1/jobs"),
         ("POST", "/api/v1/jobs/{id}/cancel"),
         ("POST", "/api/v1/jobs/{id}/run-again"),
+        ("PUT", "/api/v1/glossaries/contracts"),
         ("PUT", "/api/v1/webhook"),
     ];
     let expected: Vec<(String, String)> = expected

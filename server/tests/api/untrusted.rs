@@ -55,7 +55,7 @@ async fn side_fields_and_parts_are_bounded_and_unknown_parts_refused(pool: PgPoo
     assert_eq!(unknown.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert!(unknown.text().await.unwrap().contains("unknown form field"));
     let mut many = reqwest::multipart::Form::new().part("file", file());
-    for _ in 0..10 {
+    for _ in 0..12 {
         many = many.text("preset", "summarize");
     }
     assert_eq!(send(many).await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
