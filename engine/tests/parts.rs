@@ -1160,6 +1160,20 @@ async fn a_glossarys_terms_go_to_the_parts_that_have_them_and_an_answer_leaving_
     }
 }
 
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_text_documents_own_tag_like_words_are_not_taken_for_formatting(pool: PgPool) {
+    let (docs, fake, user, processor) = hosted(&pool, "own-tags", Some(instant_model()), 8_000, 200_000).await;
+    let text = "Write <b1>bold</b1> as HTML does.\n\nAnd <f2/> stays.";
+    let job = submit(&pool, &docs, user.id, text, "translate", 200_000).await;
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    let result = view.result.unwrap();
+    let markdown = result["markdown"].as_str().unwrap();
+    assert!(markdown.contains("‹b1>bold‹/b1>") && markdown.contains("‹f2/>"), "{markdown}");
+    assert!(!markdown.contains("**bold**") && result.get("tagged").is_none(), "{result}");
+    assert!(!fake.last_request().unwrap().to_string().contains("numbered tags"), "no tag instruction for a text");
+}
+
 /// Output tokens billed for `job` and not kept.
 async fn discarded_of(pool: &PgPool, job: Uuid) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(output_tokens), 0)::int8 FROM provider_output_discarded WHERE job_id = $1")

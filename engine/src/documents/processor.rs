@@ -428,14 +428,7 @@ impl DocumentProcessor {
         }
         let output = match self.call(job, &mut task, estimated, held).await {
             Err(e) if e.class == ErrorClass::TooLong && self.parts.is_enabled() => {
-                // The provider counts more than we do: the document goes in parts planned by
-                // its count (learned from the refusal), no attempt used, nothing more charged.
-                let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits(spec)) {
-                    Calls::Parts { part_tokens } => part_tokens,
-                    Calls::Whole => (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS,
-                };
-                tracing::info!(job = %job.id, estimated, limit, "the provider counted the prompt past its context; the document goes in parts");
-                return self.split_and_run(job, spec, task.text, limit, held).await;
+                return self.in_parts_by_the_providers_count(job, spec, task.text, estimated, held).await;
             }
             other => other.map_err(too_long_in_words)?,
         };
@@ -464,6 +457,25 @@ impl DocumentProcessor {
         })
     }
 
+    /// The provider counted the whole prompt past its context (more than we do): the document
+    /// goes in parts planned by its count (learned from the refusal), no attempt used, nothing
+    /// more charged.
+    async fn in_parts_by_the_providers_count(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        text: String,
+        estimated: i64,
+        held: &mut Held,
+    ) -> Result<JobOutput, JobError> {
+        let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits(spec)) {
+            Calls::Parts { part_tokens } => part_tokens,
+            Calls::Whole => (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS,
+        };
+        tracing::info!(job = %job.id, estimated, limit, "the provider counted the prompt past its context; the document goes in parts");
+        self.split_and_run(job, spec, text, limit, held).await
+    }
+
     /// A translation in one call, checked paragraph by paragraph ([`Self::translate_checked`]):
     /// a paragraph that did not come back whole is asked again, no attempt used. Refused as too
     /// long for the provider's count, it goes in parts planned by that count.
@@ -477,12 +489,7 @@ impl DocumentProcessor {
     ) -> Result<JobOutput, JobError> {
         let answer = match self.answer(job, spec, task.text.clone(), None, held, 0).await {
             Err(e) if e.class == ErrorClass::TooLong && self.parts.is_enabled() => {
-                let limit = match calls_for(spec.preset, estimated.max(0) as u64, self.call_limits(spec)) {
-                    Calls::Parts { part_tokens } => part_tokens,
-                    Calls::Whole => (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS,
-                };
-                tracing::info!(job = %job.id, estimated, limit, "the provider counted the prompt past its context; the document goes in parts");
-                return self.split_and_run(job, spec, task.text, limit, held).await;
+                return self.in_parts_by_the_providers_count(job, spec, task.text, estimated, held).await;
             }
             other => other.map_err(too_long_in_words)?,
         };

@@ -128,6 +128,18 @@ async fn a_translations_upload_carries_its_glossary_and_formality_and_bad_ones_s
     }
     assert_eq!(app.user_state(user).await, before, "refused uploads charge nothing");
     assert_eq!(app.stored_blobs(), stored, "refused uploads store nothing");
+
+    // An upload refused for want of credits saves no glossary either.
+    let (_, broke) = app.user_with_token("broke@example.com", 0, 5).await;
+    let refused = upload(
+        &app,
+        &broke,
+        &[("preset", "translate"), ("glossary", "Supplier,Lieferant"), ("save_glossary_as", "kept?")],
+    )
+    .await;
+    assert_eq!(refused.status(), StatusCode::PAYMENT_REQUIRED);
+    let listed: serde_json::Value = get(&app, &broke, "/api/v1/glossaries").await.json().await.unwrap();
+    assert_eq!(listed, serde_json::json!([]), "nothing saved for a refused upload");
 }
 
 /// Issue 57, item 5: one upload, several languages: the document stored once, each language
