@@ -10,7 +10,15 @@ use html5ever::tokenizer::states::RawKind;
 use html5ever::tokenizer::{BufferQueue, TagKind, Token, TokenSink, TokenSinkResult, Tokenizer, TokenizerOpts};
 use html5ever::TokenizerResult;
 
-use super::office::{Block, BlockKind};
+use super::inline;
+use super::office::{Block, BlockKind, Looks, SpanLook};
+
+/// Elements that give words a look or a link inside a paragraph: their words travel as inline
+/// tags ([`inline`]) and come back inside them.
+const INLINE: [&str; 19] = [
+    "a", "b", "strong", "i", "em", "u", "span", "code", "small", "sup", "sub", "mark", "s", "q", "abbr", "cite", "kbd",
+    "var", "font",
+];
 
 /// Elements whose start and end cut a paragraph.
 const BLOCKS: [&str; 23] = [
@@ -66,7 +74,19 @@ struct Walk {
     current: Block,
     /// The element whose content is not text (a script, a style), until it ends.
     skipping: Option<String>,
+    /// Paragraphs begun so far (empty ones too): a rewrite knows a new one by it.
+    blocks: usize,
+    /// The inline elements open now: name, start tag, end tag.
+    inline: Vec<(String, String, String)>,
+    /// The paragraph's words in stretches, each with the inline elements around it (their
+    /// start tags and end tags) and its tag's letter.
+    stretches: Vec<Stretch>,
+    /// Its inline elements began before it or do not nest cleanly: it stays plain.
+    tangled: bool,
 }
+
+/// Words, the elements around them, and their tag's letter.
+type Stretch = (String, Option<(String, String)>, char);
 
 impl Default for Walk {
     fn default() -> Walk {
@@ -74,6 +94,10 @@ impl Default for Walk {
             done: Vec::new(),
             current: Block { kind: BlockKind::Paragraph, text: String::new(), looks: None },
             skipping: None,
+            blocks: 0,
+            inline: Vec::new(),
+            stretches: Vec::new(),
+            tangled: false,
         }
     }
 }
@@ -81,12 +105,97 @@ impl Default for Walk {
 impl Walk {
     /// End the paragraph being read; the next one is of `next` kind.
     fn flush(&mut self, next: BlockKind) {
+        self.blocks += 1;
         let finished = std::mem::replace(&mut self.current, Block { kind: next, text: String::new(), looks: None });
+        let stretches = std::mem::take(&mut self.stretches);
+        // An inline element open across the paragraph's end makes the next one plain.
+        let tangled = std::mem::replace(&mut self.tangled, !self.inline.is_empty());
         let text = collapse_spaces(&finished.text);
         if !text.is_empty() {
-            self.done.push(Block { text, ..finished });
+            let (text, looks) = match tagged(&stretches).filter(|_| !tangled) {
+                Some((tagged, looks)) => (collapse_spaces(&tagged), Some(looks)),
+                None => (inline::escape(&text), None),
+            };
+            self.done.push(Block { text, looks, ..finished });
         }
     }
+
+    /// Words of the paragraph being read, in the inline elements open now.
+    fn words(&mut self, text: &str) {
+        self.current.text.push_str(text);
+        let wrapper = (!self.inline.is_empty() && !text.trim().is_empty()).then(|| {
+            let open = self.inline.iter().map(|(_, open, _)| open.as_str()).collect::<String>();
+            let close = self.inline.iter().rev().map(|(_, _, close)| close.as_str()).collect::<String>();
+            (open, close)
+        });
+        let names: Vec<&str> = self.inline.iter().map(|(name, _, _)| name.as_str()).collect();
+        let letter = if names.contains(&"a") {
+            inline::LINK
+        } else if names.iter().any(|n| matches!(*n, "b" | "strong")) {
+            inline::BOLD
+        } else if names.iter().any(|n| matches!(*n, "i" | "em")) {
+            inline::ITALIC
+        } else if names.contains(&"u") {
+            inline::UNDERLINE
+        } else {
+            inline::STYLED
+        };
+        match self.stretches.last_mut() {
+            Some((words, last, _)) if *last == wrapper => words.push_str(text),
+            _ => self.stretches.push((text.to_string(), wrapper, letter)),
+        }
+    }
+
+    /// An inline element opens or closes.
+    fn inline_tag(&mut self, tag: &html5ever::tokenizer::Tag) {
+        let name = tag.name.to_string();
+        match tag.kind {
+            TagKind::StartTag if !tag.self_closing => {
+                let close = format!("</{name}>");
+                self.inline.push((name, tag_html(tag), close));
+            }
+            TagKind::StartTag => {}
+            TagKind::EndTag => match self.inline.iter().rposition(|(open, _, _)| *open == name) {
+                Some(at) if at + 1 == self.inline.len() => {
+                    self.inline.pop();
+                }
+                Some(at) => {
+                    self.inline.remove(at);
+                    self.tangled = true;
+                }
+                None => {}
+            },
+        }
+    }
+}
+
+/// Pure: a paragraph's stretches as tagged text and what each tag stands for (its elements);
+/// none when no words are inside an inline element.
+fn tagged(stretches: &[Stretch]) -> Option<(String, Looks)> {
+    if stretches.iter().all(|(_, wrapper, _)| wrapper.is_none()) {
+        return None;
+    }
+    let mut text = String::new();
+    let mut spans: Vec<SpanLook> = Vec::new();
+    let mut open: Option<(&(String, String), char)> = None;
+    for (words, wrapper, letter) in stretches {
+        let same = matches!((open, wrapper), (Some((o, _)), Some(w)) if o == w);
+        if !same {
+            if let Some((_, letter)) = open.take() {
+                text.push_str(&format!("</{letter}{}>", spans.len()));
+            }
+            if let Some(wrapper) = wrapper {
+                spans.push(SpanLook { props: String::new(), link: Some(wrapper.clone()), reference: None });
+                text.push_str(&format!("<{letter}{}>", spans.len()));
+                open = Some((wrapper, *letter));
+            }
+        }
+        text.push_str(&inline::escape(words));
+    }
+    if let Some((_, letter)) = open {
+        text.push_str(&format!("</{letter}{}>", spans.len()));
+    }
+    Some((text, Looks { base: String::new(), spans }))
 }
 
 impl TokenSink for Sink {
@@ -110,8 +219,12 @@ impl TokenSink for Sink {
                     "title" | "textarea" => Some(RawKind::Rcdata),
                     "template" => None,
                     _ => {
+                        if INLINE.contains(&name) {
+                            walk.inline_tag(&tag);
+                            return TokenSinkResult::Continue;
+                        }
                         match name {
-                            "br" => walk.current.text.push('\n'),
+                            "br" => walk.words("\n"),
                             "h1" | "h2" | "h3" | "h4" | "h5" | "h6" if start => {
                                 walk.flush(BlockKind::Heading(name[1..].parse().unwrap_or(1)))
                             }
@@ -132,11 +245,174 @@ impl TokenSink for Sink {
                     }
                 }
             }
-            Token::CharacterTokens(text) if walk.skipping.is_none() => walk.current.text.push_str(&text),
+            Token::CharacterTokens(text) if walk.skipping.is_none() => walk.words(&text),
             _ => {}
         }
         TokenSinkResult::Continue
     }
+}
+
+/// The page again with each paragraph's words replaced by `translated` (one per paragraph of
+/// [`extract`]'s text, in its order; a heading's `#` and a list item's `- ` left out), every
+/// tag, attribute, comment, script and style as it was (written again as html5ever reads them):
+/// a page in, a page out. A paragraph whose translation kept its inline tags gets its words
+/// back inside their links and looks; otherwise its words go where its first words were (its
+/// inline elements stay, empty). Read by the same tokenizer, within the same walls.
+pub fn rebuild(html: &str, translated: &[String]) -> Result<Vec<u8>, String> {
+    let sink = Rewrite { walk: RefCell::default(), out: RefCell::default(), buffer: RefCell::default(), translated };
+    let tokenizer = Tokenizer::new(sink, TokenizerOpts::default());
+    let input = BufferQueue::default();
+    input.push_back(StrTendril::from_slice(html));
+    while let TokenizerResult::Script(()) = tokenizer.feed(&input) {}
+    tokenizer.end();
+    let sink = tokenizer.sink;
+    let done_before = sink.walk.borrow().done.len();
+    sink.walk.borrow_mut().flush(BlockKind::Paragraph);
+    let ended = sink.walk.borrow().done.len() > done_before;
+    sink.write_block(ended);
+    let paragraphs = sink.walk.borrow().done.len();
+    if paragraphs != translated.len() {
+        return Err(format!(
+            "the translation has {} paragraphs where the page has {paragraphs}; download the Markdown instead",
+            translated.len()
+        ));
+    }
+    Ok(sink.out.into_inner().into_bytes())
+}
+
+/// What a piece of a paragraph being rewritten is.
+#[derive(Clone, Copy, PartialEq)]
+enum Piece {
+    /// Its words (replaced by the translation).
+    Words,
+    /// White space between elements (kept).
+    Space,
+    /// An inline element's tag, or a line break (replaced when the translation kept its tags).
+    Inline,
+    /// Anything else (kept where it was).
+    Other,
+}
+
+/// The tokenizer's sink for [`rebuild`]: the same paragraphs as [`extract`] reads; each one's
+/// pieces are held until it ends, then written with its translation.
+struct Rewrite<'a> {
+    walk: RefCell<Walk>,
+    out: RefCell<String>,
+    buffer: RefCell<Vec<(String, Piece)>>,
+    translated: &'a [String],
+}
+
+impl Rewrite<'_> {
+    /// Write the paragraph held: `ended` says it had words (it is the last one read), so its
+    /// translation replaces them; else it is written as it was.
+    fn write_block(&self, ended: bool) {
+        let buffer = std::mem::take(&mut *self.buffer.borrow_mut());
+        let mut out = self.out.borrow_mut();
+        let walk = self.walk.borrow();
+        let block = walk.done.last().filter(|_| ended);
+        let Some((translation, tagged)) = block.map(|b| translation_html(b, self.translated.get(walk.done.len() - 1)))
+        else {
+            buffer.iter().for_each(|(html, _)| out.push_str(html));
+            return;
+        };
+        let mut written = false;
+        for (html, piece) in buffer {
+            let replaced = piece == Piece::Words || (tagged && piece == Piece::Inline);
+            if replaced && !written {
+                out.push_str(&translation);
+                written = true;
+            }
+            if !replaced {
+                out.push_str(&html);
+            }
+        }
+        if !written {
+            out.push_str(&translation);
+        }
+    }
+}
+
+/// A paragraph's translation as HTML, and whether it carries its inline elements (its tags
+/// came back as its source's).
+fn translation_html(block: &Block, translated: Option<&String>) -> (String, bool) {
+    use inline::{Form, Piece as Part, Tag};
+    let text = super::office::without_marker(block.kind, translated.map_or("", String::as_str));
+    let escape = |words: &str| escape_text(words).replace('\n', "<br>");
+    let Some(looks) = block.looks.as_ref().filter(|_| inline::keeps_tags(&block.text, text)) else {
+        return (escape(&inline::strip(text)), false);
+    };
+    let span = |n: u32| looks.spans.get((n as usize).wrapping_sub(1)).and_then(|s| s.link.as_ref());
+    let mut html = String::new();
+    for part in inline::pieces(text) {
+        match part {
+            Part::Text(words) => html.push_str(&escape(words)),
+            Part::Tag(Tag { form: Form::Open, number, .. }) => html.push_str(span(number).map_or("", |s| &s.0)),
+            Part::Tag(Tag { form: Form::Close, number, .. }) => html.push_str(span(number).map_or("", |s| &s.1)),
+            Part::Tag(_) => {}
+        }
+    }
+    (html, true)
+}
+
+impl TokenSink for Rewrite<'_> {
+    type Handle = ();
+
+    fn process_token(&self, token: Token, line: u64) -> TokenSinkResult<()> {
+        let skipping = self.walk.borrow().skipping.is_some();
+        let (html, piece) = match &token {
+            Token::TagToken(tag) if INLINE.contains(&&*tag.name) || &*tag.name == "br" => {
+                (tag_html(tag), Piece::Inline)
+            }
+            Token::TagToken(tag) => (tag_html(tag), Piece::Other),
+            // A script's or a style's content, as it was.
+            Token::CharacterTokens(text) if skipping => (text.to_string(), Piece::Other),
+            Token::CharacterTokens(text) if text.trim().is_empty() => (escape_text(text), Piece::Space),
+            Token::CharacterTokens(text) => (escape_text(text), Piece::Words),
+            Token::CommentToken(text) => (format!("<!--{text}-->"), Piece::Other),
+            Token::DoctypeToken(doctype) => {
+                (format!("<!DOCTYPE {}>", doctype.name.as_deref().unwrap_or("html")), Piece::Other)
+            }
+            _ => (String::new(), Piece::Other),
+        };
+        let before = {
+            let walk = self.walk.borrow();
+            (walk.blocks, walk.done.len())
+        };
+        let sink = Sink { walk: RefCell::new(std::mem::take(&mut *self.walk.borrow_mut())) };
+        let result = sink.process_token(token, line);
+        *self.walk.borrow_mut() = sink.walk.into_inner();
+        let after = {
+            let walk = self.walk.borrow();
+            (walk.blocks, walk.done.len())
+        };
+        if after.0 != before.0 {
+            // The paragraph held ended at this tag: it is written, then the tag.
+            self.write_block(after.1 > before.1);
+            self.out.borrow_mut().push_str(&html);
+        } else {
+            self.buffer.borrow_mut().push((html, piece));
+        }
+        result
+    }
+}
+
+/// A tag as HTML: its name and its attributes, their values escaped.
+fn tag_html(tag: &html5ever::tokenizer::Tag) -> String {
+    let attributes: String =
+        tag.attrs.iter().map(|a| format!(" {}=\"{}\"", a.name.local, escape_attribute(&a.value))).collect();
+    match (tag.kind, tag.self_closing) {
+        (TagKind::EndTag, _) => format!("</{}>", tag.name),
+        (TagKind::StartTag, true) => format!("<{}{attributes}/>", tag.name),
+        (TagKind::StartTag, false) => format!("<{}{attributes}>", tag.name),
+    }
+}
+
+fn escape_text(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn escape_attribute(value: &str) -> String {
+    escape_text(value).replace('"', "&quot;")
 }
 
 /// Runs of spaces and newlines as a browser shows them: one space (a `<br>` stays a line break).
@@ -153,6 +429,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_translated_page_keeps_its_markup_scripts_and_styles_and_only_its_words_change() {
+        let page = r#"<!DOCTYPE html><html><head><title>T</title><style>p > b {color:red}</style></head>
+<body><h1 id="top">News</h1><p class="lead">It <b>rained</b> &amp; poured.</p>
+<ul><li>One</li><li><a href="/two?a=1&amp;b=2">Two</a></li></ul><!-- note --><script>if (a<b) { go("</p>"); }</script></body></html>"#;
+        assert_eq!(extract(page).unwrap(), "# News\n\nIt <b1>rained</b1> & poured.\n\n- One\n\n- <a1>Two</a1>");
+        // The bold word moved where German puts it; the link's tags lost by the model.
+        let translated = ["# Nachrichten", "Es <b1>regnete</b1> und goss.", "- Eins", "- Zwei"].map(String::from);
+        let rebuilt = String::from_utf8(rebuild(page, &translated).unwrap()).unwrap();
+        for kept in [
+            "<!DOCTYPE html>",
+            r#"<h1 id="top">Nachrichten</h1>"#,
+            r#"<p class="lead">Es <b>regnete</b> und goss."#,
+            // Tags lost: the words where the first ones were (here, inside the link).
+            r#"<li><a href="/two?a=1&amp;b=2">Zwei</a></li>"#,
+            "<style>p > b {color:red}</style>",
+            r#"<script>if (a<b) { go("</p>"); }</script>"#,
+            "<!-- note -->",
+        ] {
+            assert!(rebuilt.contains(kept), "{kept}\nin\n{rebuilt}");
+        }
+        assert_eq!(
+            extract(&rebuilt).unwrap(),
+            "# Nachrichten\n\nEs <b1>regnete</b1> und goss.\n\n- Eins\n\n- <a1>Zwei</a1>"
+        );
+        let short = rebuild(page, &translated[..3]).unwrap_err();
+        assert!(short.contains("download the Markdown"), "{short}");
+    }
+
+    #[test]
     fn the_body_text_comes_out_and_scripts_and_styles_do_not() {
         let page = r#"<!doctype html><html><head><title>t</title><style>p { color: red }</style>
             <script>alert("no")</script></head><body>
@@ -161,7 +466,7 @@ mod tests {
             <script>document.write("never")</script></body></html>"#;
         assert_eq!(
             extract(page).unwrap(),
-            "# Terms of use\n\nFish & chips\nsecond line\n\n- one\n\n- two more\n\nnested"
+            "# Terms of use\n\nFish & <b1>chips</b1>\nsecond line\n\n- one\n\n- two <i1>more</i1>\n\nnested"
         );
         assert!(extract("<html><body><script>x()</script></body></html>").unwrap_err().contains("no text"));
     }

@@ -771,7 +771,7 @@ fn text_parts<R: Read + std::io::Seek>(flavour: Flavour, archive: &zip::ZipArchi
 
 /// Pure: a translated paragraph without the Markdown its original's kind was shown with (the
 /// style carries a heading or a list item in the file).
-fn without_marker(kind: BlockKind, text: &str) -> &str {
+pub(crate) fn without_marker(kind: BlockKind, text: &str) -> &str {
     let text = text.trim();
     match kind {
         BlockKind::Heading(_) => text.trim_start_matches('#').trim_start(),

@@ -46,10 +46,10 @@ pub struct DocumentJob {
 
 impl DocumentJob {
     /// The type its result also comes back in as a file: a translated Word or OpenDocument
-    /// file's own (None: the result is Markdown only).
+    /// file's or web page's own (None: the result is Markdown only).
     pub fn translated_file_type(&self) -> Option<DocType> {
-        let office = matches!(self.document.doc_type, DocType::Docx | DocType::Odt);
-        (self.preset == Preset::Translate && office).then_some(self.document.doc_type)
+        let rebuilt = matches!(self.document.doc_type, DocType::Docx | DocType::Odt | DocType::Html);
+        (self.preset == Preset::Translate && rebuilt).then_some(self.document.doc_type)
     }
 }
 

@@ -291,10 +291,10 @@ impl DocumentProcessor {
         let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
         // A translation's paragraphs are numbered, so its answer is checked paragraph by
         // paragraph and its result has the source's paragraphs.
-        // Only Sluice's readers of Word and OpenDocument files make inline tags: in any other
-        // document, text that reads like one is the document's own.
+        // Only Sluice's readers of Word and OpenDocument files and web pages make inline tags:
+        // in any other document, text that reads like one is the document's own.
         let extracted = match spec.document.doc_type {
-            super::DocType::Docx | super::DocType::Odt => extracted,
+            super::DocType::Docx | super::DocType::Odt | super::DocType::Html => extracted,
             _ => super::extract::Extracted { text: inline::escape(&extracted.text), ..extracted },
         };
         // Other presets read inline tags as the Markdown they stand for.
@@ -319,7 +319,11 @@ impl DocumentProcessor {
         };
         let estimated = count_prompt(&mut task).await;
         let kind = size_kind(spec.document.doc_type);
-        let within_hold = if kind.priced_once_read() { self.settle_hold(job, spec, estimated).await? } else { true };
+        let within_hold = if kind.priced_once_read() {
+            self.settle_hold(job, spec, own_text_tokens(&mut task, estimated)).await?
+        } else {
+            true
+        };
         if let Some(ceiling) = self.max_document_tokens.filter(|c| estimated as u64 > *c) {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
@@ -1466,6 +1470,25 @@ async fn count_prompt(task: &mut Task) -> i64 {
     let tokens = tokens::count_off_runtime(providers::prompt(task)).await.min(i64::MAX as u64) as i64;
     task.prompt_tokens = Some(tokens);
     tokens
+}
+
+/// A translation's paragraph marker, in tokens at most (`⟦12⟧ `), and an inline tag (`</b12>`).
+const MARKER_TOKENS: i64 = 5;
+const TAG_TOKENS: i64 = 4;
+
+/// Of a prompt of `estimated` tokens, those its document's own text counts, as its upload was
+/// priced (its text and the usual prompt's few tokens): the instruction every call repeats,
+/// and a translation's paragraph markers, are Sluice's, not the document's.
+fn own_text_tokens(task: &mut Task, estimated: i64) -> i64 {
+    let text = std::mem::take(&mut task.text);
+    let tags = inline::pieces(&text).iter().filter(|p| matches!(p, inline::Piece::Tag(_))).count() as i64;
+    let mut instruction = tokens::count(&providers::prompt(task)).min(i64::MAX as u64) as i64;
+    if tags > 0 && task.preset == Preset::Translate {
+        instruction += tokens::count(providers::TAGS_INSTRUCTION) as i64;
+    }
+    let markers = markers::numbers(&text).len() as i64 * MARKER_TOKENS + tags * TAG_TOKENS;
+    task.text = text;
+    (estimated - instruction - markers).max(0) + sluice_types::capacity::PROMPT_OVERHEAD_TOKENS as i64
 }
 
 /// The most input tokens a provider may believably report for a prompt we counted at

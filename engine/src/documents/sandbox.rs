@@ -177,6 +177,7 @@ fn rebuild_arg(doc_type: DocType) -> Option<&'static str> {
     match doc_type {
         DocType::Docx => Some("rebuild-docx"),
         DocType::Odt => Some("rebuild-odt"),
+        DocType::Html => Some("rebuild-html"),
         _ => None,
     }
 }
@@ -190,7 +191,8 @@ pub async fn rebuild_in_child(
     original: Bytes,
     paragraphs: &[String],
 ) -> Result<Vec<u8>, JobError> {
-    let arg = rebuild_arg(doc_type).ok_or_else(|| invalid("only a Word or OpenDocument file can be rebuilt"))?;
+    let arg = rebuild_arg(doc_type)
+        .ok_or_else(|| invalid("only a Word or OpenDocument file or a web page can be rebuilt"))?;
     let json = serde_json::to_vec(paragraphs).expect("strings serialise");
     let mut input = Vec::with_capacity(4 + json.len() + original.len());
     input.extend_from_slice(&(json.len() as u32).to_le_bytes());
@@ -594,7 +596,10 @@ fn rebuild_child(doc_type: DocType, input: Vec<u8>) -> ExitCode {
         let length = u32::from_le_bytes(length.try_into().map_err(|_| refused())?) as usize;
         let (json, original) = rest.split_at_checked(length).ok_or_else(refused)?;
         let paragraphs: Vec<String> = serde_json::from_slice(json).map_err(|_| refused())?;
-        super::office::rebuild(flavour, original, &paragraphs)
+        match doc_type {
+            DocType::Html => super::html::rebuild(&String::from_utf8_lossy(original), &paragraphs),
+            _ => super::office::rebuild(flavour, original, &paragraphs),
+        }
     };
     let answer = match std::thread::Builder::new().stack_size(64 << 20).spawn(work).map(|w| w.join()) {
         Ok(Ok(Ok(file))) => [&b"F"[..], &file].concat(),

@@ -453,8 +453,9 @@ pub async fn get_result_markdown(
         (status = 200, description = "The translated document, in its own format, as an attachment", content(
             ("application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
             ("application/vnd.oasis.opendocument.text"),
+            ("text/html"),
         )),
-        (status = 409, description = "Not done (yet), not a translation of a Word or OpenDocument file, or its translation's paragraphs do not line up with the document's", body = ErrorBody),
+        (status = 409, description = "Not done (yet), not a translation of a Word or OpenDocument file or a web page, or its translation's paragraphs do not line up with the document's", body = ErrorBody),
         (status = 410, description = "Deleted by its owner, or the original is no longer kept", body = ErrorBody),
         NotYours,
         Common,
@@ -468,7 +469,7 @@ pub async fn get_translated_file(
     let spec = serde_json::from_value::<DocumentJob>(job.payload.clone()).map_err(|_| ApiError(AppError::NotFound))?;
     if spec.translated_file_type().is_none() {
         let message =
-            "only a translation of a Word or OpenDocument file comes back in its format; download the Markdown";
+            "only a translation of a Word or OpenDocument file or a web page comes back in its format; download the Markdown";
         return Err(AppError::CannotDownload { message: message.into() }.into());
     }
     let document = spec.document;

@@ -75,6 +75,48 @@ async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: P
     assert_eq!(json["result"]["provider"], "local");
 }
 
+/// Issue 57: a translated web page comes back as a page, its markup as it was and its words
+/// translated.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translated_web_page_downloads_as_a_page_with_its_markup(pool: PgPool) {
+    let settings = WebSettings {
+        presets: engine::Preset::ALL.to_vec(),
+        document_reader: Some(std::sync::Arc::new(sandbox())),
+        ..WebSettings::default()
+    };
+    let app = TestApp::spawn(pool, settings).await;
+    let (_, token) = app.user_with_token("pages@example.com", 10, 5).await;
+    let page = r#"<!DOCTYPE html><html><body><h2 class="t">News</h2><p>It <a href="/more">rained</a>.</p><script>x()</script></body></html>"#;
+    let job: serde_json::Value =
+        upload_file(&app, &token, "news.html", page.as_bytes().to_vec(), "translate").await.json().await.unwrap();
+    let fake = fakeprovider::FakeProvider::start().await;
+    fake.behave_like(fakeprovider::HostedModel { first_token_ms: 1, ..fakeprovider::HostedModel::default() });
+    let provider = engine::documents::providers::ProviderConfig {
+        kind: engine::documents::providers::ProviderKind::Anthropic,
+        base_url: fake.base_url(),
+        api_key: Some("k".into()),
+        model: "m".into(),
+        ..Default::default()
+    };
+    work_with(&app, 1, &provider).await;
+    let path = format!("/api/v1/jobs/{}/translated", job["id"].as_str().unwrap());
+    let file = reqwest::Client::new().get(app.url(&path)).bearer_auth(&token).send().await.unwrap();
+    if file.status() != StatusCode::OK {
+        let view = engine::queue::get(&app.pool, job["id"].as_str().unwrap().parse().unwrap()).await.unwrap();
+        panic!("{}: {} {view:?}", file.status(), file.text().await.unwrap());
+    }
+    assert!(file.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(file.headers()["content-disposition"].to_str().unwrap().contains("news-translated.html"));
+    let html = file.text().await.unwrap();
+    for kept in [
+        r#"<h2 class="t">[translated] News</h2>"#,
+        r#"<p>[translated] It <a href="/more">rained</a>.</p>"#,
+        "<script>x()</script>",
+    ] {
+        assert!(html.contains(kept), "{kept}\nin\n{html}");
+    }
+}
+
 /// A translated Word file comes back as a Word file: the owner uploads a contract, a model
 /// translates it, and the download is the same document with every paragraph translated in
 /// place; a summary or another's job does not offer one.

@@ -267,6 +267,11 @@ pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
     }
 }
 
+/// What a translation's prompt says of inline tags, when its text has them.
+pub const TAGS_INSTRUCTION: &str = " Words between numbered tags such as <b1> and </b1> are bold, italic, a link or \
+     another look: keep each pair of tags, once, around the words that translate them (never one pair inside \
+     another), and keep a tag such as <f2/> (a note's reference) after the words it follows.";
+
 /// The instruction sent to a language model for a task.
 pub fn prompt(task: &Task) -> String {
     let (instruction, rest) = prompt_parts(task);
@@ -300,13 +305,7 @@ pub fn prompt_parts(task: &Task) -> (String, String) {
              exactly as given, one paragraph for each, in the same order, and write nothing before the first \
              marker.{}",
             task.language.as_deref().unwrap_or("English"),
-            if crate::documents::inline::has_tags(&task.text) {
-                " Words between numbered tags such as <b1> and </b1> are bold, italic, a link or another look: keep \
-                 each pair of tags, once, around the words that translate them (never one pair inside another), \
-                 and keep a tag such as <f2/> (a note's reference) after the words it follows."
-            } else {
-                ""
-            }
+            if crate::documents::inline::has_tags(&task.text) { TAGS_INSTRUCTION } else { "" }
         ),
         Preset::KeyFacts => {
             "List the key facts of the document below (dates, amounts, parties, obligations) as Markdown bullet points."
