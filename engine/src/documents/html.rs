@@ -85,6 +85,11 @@ struct Walk {
     tangled: bool,
 }
 
+/// The most inline elements open at once that tags carry.
+const MAX_INLINE_DEPTH: usize = 16;
+/// The most tags one paragraph carries (inline tags have at most four digits).
+const MAX_TAGS: usize = 9_999;
+
 /// Words, the elements around them, and their tag's letter.
 type Stretch = (String, Option<(String, String)>, char);
 
@@ -150,6 +155,9 @@ impl Walk {
     fn inline_tag(&mut self, tag: &html5ever::tokenizer::Tag) {
         let name = tag.name.to_string();
         match tag.kind {
+            // Nested deeper than honest pages go: the paragraph stays plain, and the stack
+            // stays small (each stretch carries it).
+            TagKind::StartTag if !tag.self_closing && self.inline.len() >= MAX_INLINE_DEPTH => self.tangled = true,
             TagKind::StartTag if !tag.self_closing => {
                 let close = format!("</{name}>");
                 self.inline.push((name, tag_html(tag), close));
@@ -195,7 +203,7 @@ fn tagged(stretches: &[Stretch]) -> Option<(String, Looks)> {
     if let Some((_, letter)) = open {
         text.push_str(&format!("</{letter}{}>", spans.len()));
     }
-    Some((text, Looks { base: String::new(), spans }))
+    (spans.len() <= MAX_TAGS).then_some((text, Looks { base: String::new(), spans }))
 }
 
 impl TokenSink for Sink {
@@ -245,7 +253,8 @@ impl TokenSink for Sink {
                     }
                 }
             }
-            Token::CharacterTokens(text) if walk.skipping.is_none() => walk.words(&text),
+            // A line break in the page's source is a space; only `<br>` breaks a line.
+            Token::CharacterTokens(text) if walk.skipping.is_none() => walk.words(&text.replace(['\n', '\r'], " ")),
             _ => {}
         }
         TokenSinkResult::Continue
@@ -277,7 +286,8 @@ pub fn rebuild(html: &str, translated: &[String]) -> Result<Vec<u8>, String> {
             translated.len()
         ));
     }
-    Ok(sink.out.into_inner().into_bytes())
+    // Written as UTF-8: a byte order mark says so before any `<meta charset>` the page has.
+    Ok(["\u{feff}", &sink.out.into_inner()].concat().into_bytes())
 }
 
 /// What a piece of a paragraph being rewritten is.
@@ -287,8 +297,11 @@ enum Piece {
     Words,
     /// White space between elements (kept).
     Space,
-    /// An inline element's tag, or a line break (replaced when the translation kept its tags).
+    /// An inline element's tag (replaced when the translation kept its tags and the element
+    /// held words).
     Inline,
+    /// A line break (the translation says its own).
+    Break,
     /// Anything else (kept where it was).
     Other,
 }
@@ -315,9 +328,34 @@ impl Rewrite<'_> {
             buffer.iter().for_each(|(html, _)| out.push_str(html));
             return;
         };
+        // An element whose tags the translation carries (it held words) is replaced; one that
+        // held none (a linked image, an anchor) stays.
+        let carried = |html: &str| {
+            block.and_then(|b| b.looks.as_ref()).is_some_and(|looks| {
+                looks.spans.iter().any(|s| s.link.as_ref().is_some_and(|(open, _)| open.contains(html)))
+            })
+        };
+        let mut open: Vec<(String, bool)> = Vec::new();
         let mut written = false;
         for (html, piece) in buffer {
-            let replaced = piece == Piece::Words || (tagged && piece == Piece::Inline);
+            let replaced = match piece {
+                Piece::Words | Piece::Break => true,
+                Piece::Inline if !tagged => false,
+                Piece::Inline if html.starts_with("</") => {
+                    let name = html.trim_start_matches("</").trim_end_matches('>');
+                    match open.iter().rposition(|(n, _)| n == name) {
+                        Some(at) => open.remove(at).1,
+                        None => false,
+                    }
+                }
+                Piece::Inline => {
+                    let name = html[1..].split(|c: char| c == ' ' || c == '>' || c == '/').next().unwrap_or("");
+                    let carried = carried(&html);
+                    open.push((name.to_string(), carried));
+                    carried
+                }
+                Piece::Space | Piece::Other => false,
+            };
             if replaced && !written {
                 out.push_str(&translation);
                 written = true;
@@ -358,20 +396,20 @@ impl TokenSink for Rewrite<'_> {
     type Handle = ();
 
     fn process_token(&self, token: Token, line: u64) -> TokenSinkResult<()> {
-        let skipping = self.walk.borrow().skipping.is_some();
+        let skipping = self.walk.borrow().skipping.clone();
+        let raw = skipping.as_deref().is_some_and(|s| !matches!(s, "title" | "textarea" | "template"));
         let (html, piece) = match &token {
-            Token::TagToken(tag) if INLINE.contains(&&*tag.name) || &*tag.name == "br" => {
-                (tag_html(tag), Piece::Inline)
-            }
+            Token::TagToken(tag) if skipping.is_some() => (tag_html(tag), Piece::Other),
+            Token::TagToken(tag) if &*tag.name == "br" => (tag_html(tag), Piece::Break),
+            Token::TagToken(tag) if INLINE.contains(&&*tag.name) => (tag_html(tag), Piece::Inline),
             Token::TagToken(tag) => (tag_html(tag), Piece::Other),
-            // A script's or a style's content, as it was.
-            Token::CharacterTokens(text) if skipping => (text.to_string(), Piece::Other),
+            // A script's or a style's content, as it was; a title's, as text.
+            Token::CharacterTokens(text) if raw => (text.to_string(), Piece::Other),
+            Token::CharacterTokens(text) if skipping.is_some() => (escape_text(text), Piece::Other),
             Token::CharacterTokens(text) if text.trim().is_empty() => (escape_text(text), Piece::Space),
             Token::CharacterTokens(text) => (escape_text(text), Piece::Words),
             Token::CommentToken(text) => (format!("<!--{text}-->"), Piece::Other),
-            Token::DoctypeToken(doctype) => {
-                (format!("<!DOCTYPE {}>", doctype.name.as_deref().unwrap_or("html")), Piece::Other)
-            }
+            Token::DoctypeToken(doctype) => (doctype_html(doctype), Piece::Other),
             _ => (String::new(), Piece::Other),
         };
         let before = {
@@ -393,6 +431,17 @@ impl TokenSink for Rewrite<'_> {
             self.buffer.borrow_mut().push((html, piece));
         }
         result
+    }
+}
+
+/// A doctype as HTML, its public and system ids kept (they choose the page's rendering mode).
+fn doctype_html(doctype: &html5ever::tokenizer::Doctype) -> String {
+    let name = doctype.name.as_deref().unwrap_or("html");
+    match (doctype.public_id.as_deref(), doctype.system_id.as_deref()) {
+        (Some(public), Some(system)) => format!("<!DOCTYPE {name} PUBLIC \"{public}\" \"{system}\">"),
+        (Some(public), None) => format!("<!DOCTYPE {name} PUBLIC \"{public}\">"),
+        (None, Some(system)) => format!("<!DOCTYPE {name} SYSTEM \"{system}\">"),
+        (None, None) => format!("<!DOCTYPE {name}>"),
     }
 }
 
@@ -455,6 +504,38 @@ mod tests {
         );
         let short = rebuild(page, &translated[..3]).unwrap_err();
         assert!(short.contains("download the Markdown"), "{short}");
+    }
+
+    #[test]
+    fn a_rebuilt_page_keeps_breaks_titles_anchors_and_its_doctype_as_they_were() {
+        let page = "<!DOCTYPE html PUBLIC \"-//W3C//DTD HTML 4.01//EN\" \"http://www.w3.org/TR/html4/strict.dtd\">\
+            <html><head><title>&lt;/title&gt;&lt;script&gt;x()&lt;/script&gt;</title></head><body>\
+            <p>one<br>two\nthree</p><p><a href=\"/\"><img src=\"logo.png\"></a> Hi <b>there</b></p></body></html>";
+        // A source line break is a space; a `<br>` is a line break.
+        assert_eq!(extract(page).unwrap(), "one\ntwo three\n\n Hi <b1>there</b1>".replace("\n\n ", "\n\n"));
+        let translated = ["eins\nzwei drei".to_string(), "Hallo <b1>du</b1>".to_string()];
+        let rebuilt = String::from_utf8(rebuild(page, &translated).unwrap()).unwrap();
+        assert!(rebuilt.starts_with("\u{feff}<!DOCTYPE html PUBLIC \"-//W3C//DTD HTML 4.01//EN\" \"http://www.w3.org/TR/html4/strict.dtd\">"), "{rebuilt}");
+        assert!(
+            rebuilt.contains("<title>&lt;/title&gt;&lt;script&gt;x()&lt;/script&gt;</title>"),
+            "a title stays text: {rebuilt}"
+        );
+        assert!(rebuilt.contains("<p>eins<br>zwei drei</p>"), "one break, not two: {rebuilt}");
+        assert!(
+            rebuilt.contains(r#"<a href="/"><img src="logo.png"></a>"#),
+            "a linked image keeps its link: {rebuilt}"
+        );
+        assert!(rebuilt.contains("Hallo <b>du</b>"), "{rebuilt}");
+    }
+
+    #[test]
+    fn inline_elements_nested_past_any_honest_page_cost_nothing_and_stay_plain() {
+        let page = format!("<p>{}deep{}</p>", "<span>x".repeat(50_000), "</span>".repeat(50_000));
+        let started = std::time::Instant::now();
+        let text = extract(&page).unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(!inline::has_tags(&text), "too deep for tags: plain");
+        assert!(text.ends_with("deep"));
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl DocumentProcessor {
         let estimated = count_prompt(&mut task).await;
         let kind = size_kind(spec.document.doc_type);
         let within_hold = if kind.priced_once_read() {
-            self.settle_hold(job, spec, own_text_tokens(&mut task, estimated)).await?
+            self.settle_hold(job, spec, own_text_tokens(&task.text).await).await?
         } else {
             true
         };
@@ -1472,23 +1472,13 @@ async fn count_prompt(task: &mut Task) -> i64 {
     tokens
 }
 
-/// A translation's paragraph marker, in tokens at most (`⟦12⟧ `), and an inline tag (`</b12>`).
-const MARKER_TOKENS: i64 = 5;
-const TAG_TOKENS: i64 = 4;
-
-/// Of a prompt of `estimated` tokens, those its document's own text counts, as its upload was
-/// priced (its text and the usual prompt's few tokens): the instruction every call repeats,
-/// and a translation's paragraph markers, are Sluice's, not the document's.
-fn own_text_tokens(task: &mut Task, estimated: i64) -> i64 {
-    let text = std::mem::take(&mut task.text);
-    let tags = inline::pieces(&text).iter().filter(|p| matches!(p, inline::Piece::Tag(_))).count() as i64;
-    let mut instruction = tokens::count(&providers::prompt(task)).min(i64::MAX as u64) as i64;
-    if tags > 0 && task.preset == Preset::Translate {
-        instruction += tokens::count(providers::TAGS_INSTRUCTION) as i64;
-    }
-    let markers = markers::numbers(&text).len() as i64 * MARKER_TOKENS + tags * TAG_TOKENS;
-    task.text = text;
-    (estimated - instruction - markers).max(0) + sluice_types::capacity::PROMPT_OVERHEAD_TOKENS as i64
+/// The tokens of a document's own text, as its upload was priced (its words and the usual
+/// prompt's few tokens), counted off the async runtime: the instruction every call repeats, and
+/// the paragraph markers and inline tags Sluice adds, are Sluice's, not the document's.
+async fn own_text_tokens(text: &str) -> i64 {
+    let words = inline::strip(&markers::unmark(&[text.to_string()]));
+    let tokens = tokens::count_off_runtime(words).await.min(i64::MAX as u64) as i64;
+    tokens.saturating_add(sluice_types::capacity::PROMPT_OVERHEAD_TOKENS as i64)
 }
 
 /// The most input tokens a provider may believably report for a prompt we counted at
@@ -1585,6 +1575,17 @@ mod tests {
         }
         let joined = markers::unmark(&parts.iter().map(|p| p.body.clone()).collect::<Vec<_>>());
         assert_eq!(joined.split("\n\n").count(), 2, "still two paragraphs");
+    }
+
+    #[tokio::test]
+    async fn a_held_documents_own_text_is_its_words_not_the_markers_and_tags_sluice_adds() {
+        let marked = markers::mark("<b1>a</b1> <i2>a</i2> <b3>a</b3>\n\nb");
+        let own = own_text_tokens(&marked).await;
+        let words = tokens::count("a a a\n\nb") as i64;
+        assert_eq!(own, words + sluice_types::capacity::PROMPT_OVERHEAD_TOKENS as i64);
+        // Never less than its words, however many tags it has.
+        let tagged: String = (1..=2_000).map(|i| format!("<b{i}>word</b{i}> ")).collect();
+        assert!(own_text_tokens(&markers::mark(&tagged)).await >= tokens::count(&"word ".repeat(2_000)) as i64);
     }
 
     #[test]
