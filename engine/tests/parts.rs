@@ -1174,6 +1174,22 @@ async fn a_text_documents_own_tag_like_words_are_not_taken_for_formatting(pool: 
     assert!(!fake.last_request().unwrap().to_string().contains("numbered tags"), "no tag instruction for a text");
 }
 
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_provider_that_never_answers_the_paragraphs_whole_costs_a_bounded_number_of_calls(pool: PgPool) {
+    // Every answer names a paragraph nobody asked for (as a document telling the model to
+    // renumber would): nothing is ever kept, and halving would go on and on.
+    let (docs, fake, user, processor) = hosted(&pool, "never-whole", None, 8_000, 200_000).await;
+    let bad = Reply::Success { text: "⟦999⟧ something else".into(), input_tokens: 100, output_tokens: 10 };
+    fake.push(std::iter::repeat_n(bad, 2_000));
+    let job = submit(&pool, &docs, user.id, &report(16), "translate", 200_000).await;
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Failed, "{view:?}");
+    assert!(view.last_error.as_deref().unwrap_or("").contains("paragraphs apart"), "{view:?}");
+    // At most 24 calls an attempt, three attempts.
+    assert!(fake.calls() <= 3 * 24, "{} calls", fake.calls());
+    assert_eq!(ledger_of(&pool, job).await.len(), 2, "debited and refunded");
+}
+
 /// Output tokens billed for `job` and not kept.
 async fn discarded_of(pool: &PgPool, job: Uuid) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(output_tokens), 0)::int8 FROM provider_output_discarded WHERE job_id = $1")

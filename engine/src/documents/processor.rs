@@ -2,7 +2,7 @@
 //! return the result with its token usage.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,6 +118,9 @@ const TERMS_ANSWER_TOKENS: u32 = 2_048;
 const MAX_TERMS_REPORTED: usize = 50;
 /// The language a translation naming none is made into (the prompt's).
 const DEFAULT_LANGUAGE: &str = "English";
+/// The most provider calls one part's translation makes (its rounds, halves and the
+/// glossary's second ask together): a normal part takes one, a cut one two or three.
+const MAX_CALLS_PER_ANSWER: u32 = 24;
 /// Rounds of asking a translation's missing paragraphs again before the rest goes in halves.
 const MAX_ROUNDS: u32 = 4;
 
@@ -491,7 +494,8 @@ impl DocumentProcessor {
         estimated: i64,
         held: &mut Held,
     ) -> Result<JobOutput, JobError> {
-        let answer = match self.answer(job, spec, task.text.clone(), None, held, 0).await {
+        let calls = AtomicU32::new(0);
+        let answer = match self.answer(job, spec, task.text.clone(), None, held, 0, &calls).await {
             Err(e) if e.class == ErrorClass::TooLong && self.parts.is_enabled() => {
                 return self.in_parts_by_the_providers_count(job, spec, task.text, estimated, held).await;
             }
@@ -799,7 +803,8 @@ impl DocumentProcessor {
                 level: part.level as u32,
                 overlap: part.overlap.clone(),
             };
-            let result = self.answer(job, spec, part.body.clone(), Some(of), &mut held, 0).await;
+            let calls = AtomicU32::new(0);
+            let result = self.answer(job, spec, part.body.clone(), Some(of), &mut held, 0, &calls).await;
             if let Err(e) = &result {
                 self.give_back_unless_counted(e, held).await;
             }
@@ -819,10 +824,11 @@ impl DocumentProcessor {
         of: Option<PartOf>,
         held: &'a mut Held,
         halvings: u32,
+        calls: &'a AtomicU32,
     ) -> BoxFuture<'a, Result<Answer, JobError>> {
         Box::pin(async move {
             if joins(spec.preset) && markers::is_marked(&text) {
-                return self.translate_checked(job, spec, text, of, held, halvings).await;
+                return self.translate_checked(job, spec, text, of, held, halvings, calls).await;
             }
             let mut task = Task {
                 preset: spec.preset,
@@ -881,7 +887,7 @@ impl DocumentProcessor {
                 let mut half_held =
                     Held { input: tokens, output: self.expected_output(spec.preset, spec.language.as_deref(), tokens) };
                 self.budget.correct(half_held.input, half_held.output).await;
-                let result = self.answer(job, spec, body, of.clone(), &mut half_held, halvings + 1).await;
+                let result = self.answer(job, spec, body, of.clone(), &mut half_held, halvings + 1, calls).await;
                 if let Err(e) = &result {
                     self.give_back_unless_counted(e, half_held).await;
                 }
@@ -908,12 +914,21 @@ impl DocumentProcessor {
         of: Option<PartOf>,
         held: &mut Held,
         halvings: u32,
+        calls: &AtomicU32,
     ) -> Result<Answer, JobError> {
         let mut answer = Answer::default();
         let mut kept: Vec<(u32, String)> = Vec::new();
         let source = text.clone();
         let mut ask = text;
         for round in 0..=MAX_ROUNDS {
+            // A provider that never answers the paragraphs whole (or a document that tells it
+            // not to) costs a bounded number of calls, then the part fails in words.
+            if calls.fetch_add(1, Ordering::Relaxed) >= MAX_CALLS_PER_ANSWER {
+                // No call was made with what it holds: all of it goes back.
+                let unused = std::mem::take(held);
+                self.budget.correct(-unused.input, -unused.output).await;
+                return Err(paragraphs_not_kept());
+            }
             let asked = markers::numbers(&ask);
             let mut task = Task {
                 preset: spec.preset,
@@ -945,7 +960,7 @@ impl DocumentProcessor {
                 Err(e) if e.class == ErrorClass::TooLong && of.is_some() && halvings < MAX_HALVINGS => {
                     tracing::info!(job = %job.id, estimated, "the provider counted the part past its context; it is redone in halves");
                     self.budget.correct(-reserved.input, -reserved.output).await;
-                    let halves = self.in_halves(job, spec, &ask, &of, halvings).await?;
+                    let halves = self.in_halves(job, spec, &ask, &of, halvings, calls).await?;
                     answer.absorb(&halves);
                     kept.extend(
                         markers::segments(&halves.text)
@@ -1003,7 +1018,7 @@ impl DocumentProcessor {
                 if halvings >= MAX_HALVINGS || one_cut {
                     return Err(if output.cut { self.cut_error() } else { paragraphs_not_kept() });
                 }
-                let halves = self.in_halves(job, spec, &rest, &of, halvings).await?;
+                let halves = self.in_halves(job, spec, &rest, &of, halvings, calls).await?;
                 answer.absorb(&halves);
                 answer.plain_paragraphs += keep_tags_or_plain(&ask, &mut checked.kept);
                 kept.extend(checked.kept);
@@ -1023,7 +1038,7 @@ impl DocumentProcessor {
         // its number, and its pieces their order).
         kept.sort_by_key(|(number, _)| *number);
         if halvings == 0 && !spec.guidance.glossary.is_empty() {
-            self.keep_to_the_glossary(job, spec, &source, &of, &mut kept, &mut answer).await;
+            self.keep_to_the_glossary(job, spec, &source, &of, &mut kept, &mut answer, calls).await;
         }
         answer.text = kept.iter().map(|(n, t)| markers::marked(*n, t)).collect::<Vec<_>>().join("\n\n");
         Ok(answer)
@@ -1039,6 +1054,7 @@ impl DocumentProcessor {
         of: &Option<PartOf>,
         kept: &mut [(u32, String)],
         answer: &mut Answer,
+        calls: &AtomicU32,
     ) {
         let glossary = &spec.guidance.glossary;
         let sources = markers::segments(source);
@@ -1055,7 +1071,7 @@ impl DocumentProcessor {
         if !again.is_empty() {
             tracing::info!(job = %job.id, paragraphs = again.len(), "an answer left out agreed terms; those paragraphs are asked again once");
             let redo = markers::only(source, &again);
-            match self.answer(job, spec, redo, of.clone(), &mut Held::default(), 1).await {
+            match self.answer(job, spec, redo, of.clone(), &mut Held::default(), 1, calls).await {
                 Ok(second) => {
                     answer.usage.add(second.usage);
                     answer.discarded += second.discarded;
@@ -1094,6 +1110,7 @@ impl DocumentProcessor {
         text: &str,
         of: &Option<PartOf>,
         halvings: u32,
+        calls: &AtomicU32,
     ) -> Result<Answer, JobError> {
         let numbers = markers::numbers(text);
         let halves = if numbers.len() > 1 {
@@ -1117,7 +1134,8 @@ impl DocumentProcessor {
         let mut answer = Answer::default();
         let mut texts = Vec::with_capacity(halves.len());
         for half in halves {
-            let half_answer = self.answer(job, spec, half, of.clone(), &mut Held::default(), halvings + 1).await?;
+            let half_answer =
+                self.answer(job, spec, half, of.clone(), &mut Held::default(), halvings + 1, calls).await?;
             answer.absorb(&half_answer);
             texts.push(half_answer.text);
         }
