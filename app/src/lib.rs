@@ -260,9 +260,10 @@ fn HomePage() -> impl IntoView {
         <section class="hero">
             <h1>"Documents in, results out, at a pace the AI can bear."</h1>
             <p>
-                "Upload PDFs, text or Markdown. Sluice queues each one durably, runs it through the AI "
-                "provider without tripping its rate limits, retries what fails, and shows you where every "
-                "document is, live. If a document cannot be done, its credits come back."
+                "Upload PDFs, Word and OpenDocument files, web pages, text or Markdown, to summarize, "
+                "explain, pick out key facts or translate. Sluice queues each one durably, runs it through "
+                "the AI provider without tripping its rate limits, retries what fails, and shows you where "
+                "every document is, live. If a document cannot be done, its credits come back."
             </p>
             <p class="cta">
                 {move || match user.get().flatten() {
@@ -287,8 +288,23 @@ fn HomePage() -> impl IntoView {
                 <p>"Queued, running, retrying with a countdown, done: each state as it happens, with the reason."</p>
             </div>
             <div class="card">
+                <h2>"The price before you confirm"</h2>
+                <p>
+                    "A document's price follows its length in tokens. The upload page shows what each costs "
+                    "and when it should be done before anything is stored; a PDF or Word file is held at its "
+                    "size's price and settled to its text's once read."
+                </p>
+            </div>
+            <div class="card">
                 <h2>"Pay for results"</h2>
-                <p>"Each document costs a credit. When the provider keeps failing, the credits are refunded and you get a notice."</p>
+                <p>"When the provider keeps failing, the credits come back and you get a notice."</p>
+            </div>
+            <div class="card">
+                <h2>"Translations in their own format"</h2>
+                <p>
+                    "A translated Word, OpenDocument or web page comes back as a file of its kind, every "
+                    "paragraph in place, its bold, italics and links kept; up to 10 languages at once."
+                </p>
             </div>
         </section>
     }

@@ -2,6 +2,7 @@
 //! directly or through others. Checked on the app, the server and the engine from their sources
 //! (a `use crate::…`, `use super::…` or an inline `crate::a::b` path is an edge from its file's
 //! module to the deepest module that path names; unit tests at a file's end are left out).
+//! And the engine's whiteboard: which of its domains may use which.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -184,4 +185,68 @@ fn the_checker_sees_a_circle_through_a_grouped_use_and_an_inline_path() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].contains("pages::a uses [\"errors\", \"pages::b\"]"), "{}", found[0]);
     assert!(found[0].contains("pages::b uses [\"pages::a\"]") && found[0].contains("errors uses [\"pages::a\"]"));
+}
+
+/// The engine's whiteboard (the architecture chapter draws it): each domain, and the domains
+/// or modules it may use besides the shared ones (errors, the audit log, telemetry, periodic
+/// turns). The queue knows no documents, accounts or mail; the accounts reach the documents
+/// only through their one door, `documents::custody`.
+const WHITEBOARD: [(&str, &[&str]); 6] = [
+    ("queue", &[]),
+    ("webhooks", &[]),
+    ("mail", &["webhooks"]),
+    ("accounts", &["queue", "mail", "hooks", "documents::custody"]),
+    ("documents", &["queue", "accounts", "webhooks", "backup"]),
+    ("alerts", &["queue", "accounts", "webhooks"]),
+];
+const SHARED: [&str; 5] = ["error", "audit", "telemetry", "periodic", "db"];
+
+/// Every use of another domain or top-level module that the whiteboard does not allow.
+fn off_the_whiteboard(src: &Path, whiteboard: &[(&str, &[&str])]) -> Vec<String> {
+    let modules = modules(src);
+    let mut found = Vec::new();
+    for (module, code) in &modules {
+        let domain = module.split("::").next().unwrap_or_default();
+        let Some((_, allowed)) = whiteboard.iter().find(|(d, _)| *d == domain) else { continue };
+        for target in named_paths(module, code).iter().filter_map(|p| module_of(p, &modules)) {
+            let other = target.split("::").next().unwrap_or_default();
+            let within = |door: &&str| target == *door || target.starts_with(&format!("{door}::"));
+            if other.is_empty() || other == domain || SHARED.contains(&other) || allowed.iter().any(within) {
+                continue;
+            }
+            found.push(format!("{module} uses {target}"));
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn the_engines_domains_use_only_what_the_whiteboard_allows() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/src");
+    let found = off_the_whiteboard(&src, &WHITEBOARD);
+    assert!(found.is_empty(), "uses the whiteboard does not allow:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_whiteboard_check_sees_a_domain_going_around_a_door() {
+    let folder = std::env::temp_dir().join(format!("whiteboard-{}", std::process::id()));
+    std::fs::create_dir_all(folder.join("accounts")).unwrap();
+    std::fs::create_dir_all(folder.join("documents")).unwrap();
+    std::fs::write(folder.join("lib.rs"), "pub mod accounts;\npub mod documents;\npub mod error;\n").unwrap();
+    std::fs::write(folder.join("error.rs"), "").unwrap();
+    std::fs::write(folder.join("documents/mod.rs"), "pub mod custody;\npub mod sweep;\npub use sweep::Blobs;\n")
+        .unwrap();
+    std::fs::write(folder.join("documents/custody.rs"), "").unwrap();
+    std::fs::write(folder.join("documents/sweep.rs"), "").unwrap();
+    std::fs::write(folder.join("accounts/mod.rs"), "pub mod deletion;\n").unwrap();
+    std::fs::write(
+        folder.join("accounts/deletion.rs"),
+        "use crate::error::E;\nuse crate::documents::custody::forget;\nfn f(b: &crate::documents::Blobs) { crate::documents::sweep::go() }\n",
+    )
+    .unwrap();
+    let found = off_the_whiteboard(&folder, &[("accounts", &["documents::custody"]), ("documents", &[])]);
+    std::fs::remove_dir_all(&folder).unwrap();
+    assert_eq!(found, ["accounts::deletion uses documents", "accounts::deletion uses documents::sweep"]);
 }

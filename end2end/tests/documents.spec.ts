@@ -28,7 +28,7 @@ test('sign up, upload a PDF, watch it finish and open the result', async ({ page
   const result = page.locator('article.result-rendered');
   await expect(result.locator('h1')).toHaveText('Quarterly report');
   await expect(result.locator('p')).toHaveText('Revenue grew by 12 percent.');
-  await expect(page.getByTestId('cost')).toHaveText('1 credit charged · 180 tokens in, 12 out');
+  await expect(page.getByTestId('cost')).toHaveText('Cost 1 credit · 180 tokens in, 12 out');
   await expect(page.getByRole('link', { name: 'Download the result' })).toBeVisible();
   await page.context().grantPermissions(['clipboard-read', 'clipboard-write']);
   await page.getByRole('button', { name: 'Copy the result' }).click();
@@ -336,6 +336,8 @@ test('a Word contract is priced and timed before it is confirmed, translated, an
   await row.getByRole('link', { name: 'View the job' }).click();
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 60_000 });
   await expect(page.locator('article.result-rendered')).toContainText('[translated] The buyer pays within 30 days.');
+  // Held at its size's price, settled by its text: what it came to, then what was held.
+  await expect(page.getByTestId('cost')).toHaveText(/^Cost 1 credit( \(\d+ held, \d+ returned\))? · \d+ tokens in/);
 
   const downloading = page.waitForEvent('download');
   await page.getByTestId('translated-file').click();

@@ -4,6 +4,16 @@ test('the first page hydrates, and an account made through a server function is 
   await open(page, '/');
   await expect(page.getByRole('heading', { level: 1 })).toContainText('Documents in, results out');
   await expect(page.getByRole('link', { name: 'Create a free account' })).toHaveAttribute('href', '/signup');
+  // It says what Sluice does today: every format read, prices by tokens with the estimate
+  // first, translations back in their own format.
+  const hero = page.locator('.hero');
+  for (const format of ['PDFs', 'Word', 'OpenDocument', 'web pages', 'text', 'Markdown']) {
+    await expect(hero).toContainText(format);
+  }
+  await expect(page.locator('.features')).toContainText("A document's price follows its length in tokens.");
+  await expect(page.locator('.features')).toContainText('shows what each costs and when it should be done before anything is stored');
+  await expect(page.locator('.features')).toContainText('comes back as a file of its kind');
+  await expect(page.locator('.features')).not.toContainText('costs a credit');
 
   // Sign up (a server function writes the account), log out, and log in again: the account
   // and its sign-up grant come back from the database, not from the page.

@@ -12,7 +12,7 @@ test('a running job shows its stage live: the pages read, then waiting for the p
   await expect(detail).toHaveText(/^Read 1 page\. Waiting for the provider since .+ \(\d+ s\)\.$/);
   await expect(page.locator('.badge')).toHaveText('Done', { timeout: 15_000 });
   await expect(detail).not.toHaveAttribute('data-stage', /.+/);
-  await expect(page.getByTestId('cost')).toHaveText('1 credit charged · 1 token in, 1 out');
+  await expect(page.getByTestId('cost')).toHaveText('Cost 1 credit · 1 token in, 1 out');
 
   // The list shows the stage too, and each job's cost.
   await scriptProvider([{ kind: 'hang', millis: 4_000 }]);
@@ -22,7 +22,7 @@ test('a running job shows its stage live: the pages read, then waiting for the p
   await open(page, '/jobs');
   const running = page.locator('.job').first();
   await expect(running.locator('.state-detail')).toHaveAttribute('data-stage', 'waiting_for_provider', { timeout: 10_000 });
-  await expect(running.getByTestId('cost')).toHaveText('1 credit charged');
+  await expect(running.getByTestId('cost')).toHaveText('Cost 1 credit');
 });
 
 test('a hostile result is shown rendered but harmless', async ({ page }) => {

@@ -1,10 +1,10 @@
 import * as path from 'path';
 import { expect, logInAsAdmin, newPage, open, scriptProvider, signUp, test, uniqueText, uploadFiles } from './helpers';
 
-// The README's pictures, taken from the real pages on every run so they stay current.
-const shots = path.join(__dirname, '..', '..', 'docs', 'screenshots');
+// The book's pictures (docs/src/screenshots), taken from the real pages on every run so they stay current.
+const shots = path.join(__dirname, '..', '..', 'docs', 'src', 'screenshots');
 
-test('README screenshots: upload, jobs, a job, the console', async ({ page, browser }) => {
+test('the book screenshots: upload, jobs, a job, the console', async ({ page, browser }) => {
   await page.setViewportSize({ width: 1100, height: 760 });
   await signUp(page, 'screens');
   await scriptProvider([

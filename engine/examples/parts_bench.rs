@@ -29,7 +29,7 @@
 //! row: a 129K-token translation into a language writing 35 % longer, to a provider counting
 //! 15 % more: its calls, output billed over output kept (target at most 1.05), and its time.
 //!
-//! Prints `RESULT ...` lines and tables for the README. Needs `sluice-extract` built beside
+//! Prints `RESULT ...` lines and tables for the book's Benchmarks chapter. Needs `sluice-extract` built beside
 //! this example (`cargo build --release -p engine --bin sluice-extract`; the xtask does it).
 
 use std::sync::Arc;

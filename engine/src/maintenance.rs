@@ -126,7 +126,7 @@ pub async fn run(
             }
             _ = release_tick.tick() => {
                 if let Some(blobs) = &blobs {
-                    if let Err(e) = crate::queue::vitals::record_store_space(&pool, blobs).await {
+                    if let Err(e) = crate::documents::store_space::record(&pool, blobs).await {
                         tracing::warn!(error = %e, "recording the document store's free space failed");
                     }
                     match crate::accounts::deletion::finish_deletions(&pool, blobs).await {

@@ -133,7 +133,7 @@ async fn burst(pool: &PgPool, with_budget: bool) -> (LimitReport, i64, i64, f64)
     (fake.limit_report(), count(pool, &ids, JobState::Done).await, count(pool, &ids, JobState::Failed).await, elapsed)
 }
 
-/// One line per run, for the README.
+/// One line per run, for the book.
 fn print_run(label: &str, report: &LimitReport, (done, failed): (i64, i64), of_limit: f64, secs: f64) {
     let calls = report.accepted.len() as u64 + report.refused;
     let rate = of_limit * INPUT_TOKENS_PER_MIN as f64 / 60.0;

@@ -96,6 +96,7 @@ async fn record_queue_gauges(pool: &PgPool) -> engine::error::Result<()> {
     let vitals = engine::queue::vitals::read(pool).await?;
     let settings = engine::queue::switches::read(pool).await?;
     let capacity = engine::queue::capacity::status(pool).await?;
+    let store = engine::documents::store_space::read(pool).await?;
     metrics::gauge!("sluice_database_up").set(1.0);
     // The gate in force (lower while it grows back after 429s) and what the budget holds.
     metrics::gauge!("sluice_gate_effective").set(f64::from(capacity.effective_gate));
@@ -115,10 +116,10 @@ async fn record_queue_gauges(pool: &PgPool) -> engine::error::Result<()> {
     metrics::gauge!("sluice_processing_enabled").set(if settings.processing_enabled { 1.0 } else { 0.0 });
     metrics::gauge!("sluice_oldest_waiting_seconds").set(vitals.oldest_waiting_secs.unwrap_or(0.0));
     metrics::gauge!("sluice_dlq_depth_jobs").set(vitals.dlq_depth as f64);
-    if let Some(free) = vitals.store_free_bytes {
+    if let Some(free) = store.free_bytes {
         metrics::gauge!("sluice_document_store_free_bytes").set(free as f64);
     }
-    metrics::gauge!("sluice_document_store_full").set(if vitals.store_full { 1.0 } else { 0.0 });
+    metrics::gauge!("sluice_document_store_full").set(if store.full { 1.0 } else { 0.0 });
     metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.5")
         .set(vitals.time_to_done_p50_secs.unwrap_or(0.0));
     metrics::gauge!("sluice_time_to_done_seconds", "quantile" => "0.95")

@@ -7,6 +7,8 @@
 //!   graphile-worker in the same run
 //! - `pg`    start a private Postgres for hacking, print its DATABASE_URL, stop on Enter
 //! - `dist`  the production build, and the WASM bundle's size raw and compressed
+//! - `docs`  the book in `docs/` (mdBook), warnings refused
+//! - `setup` only install what the others need
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -14,7 +16,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+mod docs;
+
 const CARGO_LEPTOS_VERSION: &str = "0.3.10";
+
+/// The commands, as `main` dispatches them (the README's are checked against this list).
+const VERBS: [&str; 7] = ["run", "test", "bench", "pg", "setup", "dist", "docs"];
+
+/// `cargo xtask bench <name>`: the benchmarks one can ask for by name (none: all of them).
+const BENCHMARKS: [&str; 8] = ["queue", "shapes", "parts", "lanes", "translations", "poll", "upload", "busy"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,8 +37,9 @@ fn main() -> ExitCode {
         Some("pg") => pg(),
         Some("setup") => ensure_system_packages(true).and_then(|()| ensure_tools()),
         Some("dist") => dist(),
+        Some("docs") => docs::build_book(),
         _ => {
-            eprintln!("usage: cargo xtask <run|test|bench|pg|setup|dist>");
+            eprintln!("usage: cargo xtask <{}>", VERBS.join("|"));
             return ExitCode::from(2);
         }
     };
@@ -283,7 +294,9 @@ fn dist() -> Result {
         chunks.0.div_ceil(1000),
         chunks.1.div_ceil(1000)
     );
-    println!("run it: target/release/server (with LEPTOS_SITE_ROOT=target/site; see the README's production section)");
+    println!(
+        "run it: target/release/server (with LEPTOS_SITE_ROOT=target/site; see the book's Getting started chapter)"
+    );
     Ok(())
 }
 
@@ -359,11 +372,19 @@ fn test(args: &[String]) -> Result {
 
     if !skip_rust {
         let t = Instant::now();
-        let (rust, failed) = tests_noting_failures(
-            cargo().args(["test", "--workspace", "--exclude", "xtask", "--no-fail-fast"]).env("DATABASE_URL", &url),
-        );
+        let (rust, failed) =
+            tests_noting_failures(cargo().args(["test", "--workspace", "--no-fail-fast"]).env("DATABASE_URL", &url));
         steps.push(Step { name: "rust tests (unit + integration)", ok: rust.is_ok(), took: t.elapsed() });
         failures = failed;
+    }
+
+    if !skip_rust {
+        let t = Instant::now();
+        let book = docs::build_book();
+        if let Err(e) = &book {
+            eprintln!("xtask: {e}");
+        }
+        steps.push(Step { name: "the book (mdBook, no warnings)", ok: book.is_ok(), took: t.elapsed() });
     }
 
     if !skip_e2e {
@@ -578,6 +599,9 @@ fn wait_healthy(port: u16) -> Result {
 fn bench(args: &[String]) -> Result {
     survive_interrupts();
     let which = args.first().map(String::as_str).filter(|a| !a.starts_with('-'));
+    if let Some(unknown) = which.filter(|w| !BENCHMARKS.contains(w)) {
+        return Err(format!("no benchmark {unknown:?}: one of {}", BENCHMARKS.join(", ")));
+    }
     let rest: Vec<&String> = args.iter().skip(which.is_some() as usize).collect();
     let temp = pgcluster::TempCluster::start("sluice-bench").map_err(|e| e.to_string())?;
     if which.is_none_or(|w| w == "queue") {

@@ -339,7 +339,8 @@ pub fn writing_text(written: Option<i64>, expected: Option<i64>) -> String {
     }
 }
 
-/// Pure: what a job cost: the credits charged (and refunded) and the provider's tokens.
+/// Pure: what a job cost: what it comes to in credits (a hold settled to the document's
+/// price, or a failure's refund, said as held and returned), and the provider's tokens.
 pub fn cost_text(
     cost: i32,
     refunded: i64,
@@ -350,9 +351,9 @@ pub fn cost_text(
     let cost = i64::from(cost);
     let money = match (cost, refunded) {
         (0, _) => "No charge".to_string(),
-        (c, r) if r >= c => format!("{} charged and refunded", credits_text(c)),
-        (c, r) if r > 0 => format!("{} charged, {} refunded", credits_text(c), credits_text(r)),
-        (c, _) => format!("{} charged", credits_text(c)),
+        (c, r) if r >= c => format!("Cost nothing ({} held, all returned)", thousands(c)),
+        (c, r) if r > 0 => format!("Cost {} ({} held, {} returned)", credits_text(c - r), thousands(c), thousands(r)),
+        (c, _) => format!("Cost {}", credits_text(c)),
     };
     let tokens = |n: i64| format!("{} {}", thousands(n), if n == 1 { "token" } else { "tokens" });
     match (input_tokens, output_tokens) {
@@ -739,14 +740,19 @@ mod tests {
     }
 
     #[test]
-    fn costs_say_what_was_charged_refunded_and_used() {
-        assert_eq!(cost_text(1, 0, Some(12_345), Some(678), Some(678)), "1 credit charged · 12,345 tokens in, 678 out");
+    fn costs_say_what_a_job_came_to_and_what_it_used() {
+        assert_eq!(cost_text(1, 0, Some(12_345), Some(678), Some(678)), "Cost 1 credit · 12,345 tokens in, 678 out");
         assert_eq!(
             cost_text(1, 0, Some(12_345), Some(9_000), Some(8_800)),
-            "1 credit charged · 12,345 tokens in, 9,000 out (8,800 kept)"
+            "Cost 1 credit · 12,345 tokens in, 9,000 out (8,800 kept)"
         );
-        assert_eq!(cost_text(2, 2, None, None, None), "2 credits charged and refunded");
-        assert_eq!(cost_text(3, 1, Some(1), Some(1), None), "3 credits charged, 1 credit refunded · 1 token in, 1 out");
+        // A document held at its size's price and settled by its text: what it cost first.
+        assert_eq!(
+            cost_text(8, 7, Some(900), Some(40), None),
+            "Cost 1 credit (8 held, 7 returned) · 900 tokens in, 40 out"
+        );
+        assert_eq!(cost_text(2, 2, None, None, None), "Cost nothing (2 held, all returned)");
+        assert_eq!(cost_text(1_200, 200, None, None, None), "Cost 1,000 credits (1,200 held, 200 returned)");
         assert_eq!(cost_text(0, 0, None, None, None), "No charge");
         assert_eq!(
             formatting_lost_text(2),

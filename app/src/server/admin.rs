@@ -26,6 +26,7 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
         let capacity = engine::queue::capacity::status(&ctx.reserved).await?;
         let vitals = engine::queue::vitals::read(&ctx.reserved).await?;
         let history = engine::queue::vitals::history(&ctx.reserved, 60).await?;
+        let store = engine::documents::store_space::read(&ctx.reserved).await?;
         let live = engine::queue::processes::live(&ctx.reserved).await?;
         Ok(QueueStatus {
             worker_slots: live.slots,
@@ -49,8 +50,8 @@ pub async fn queue_overview() -> Result<QueueStatus, AppError> {
             time_to_done_p50_secs: vitals.time_to_done_p50_secs,
             time_to_done_p95_secs: vitals.time_to_done_p95_secs,
             dlq_depth: vitals.dlq_depth,
-            store_free_bytes: vitals.store_free_bytes,
-            store_full: vitals.store_full,
+            store_free_bytes: store.free_bytes,
+            store_full: store.full,
             deadlines_at_risk: vitals.deadlines_at_risk,
             deadlines_missed_last_day: vitals.deadlines_missed_last_day,
             drain: describe_drain(vitals.drain),

@@ -319,10 +319,10 @@ pub async fn forget_client_keys(pool: &PgPool, lifetime: Duration) -> Result<u64
 }
 
 /// A new upload's stored document is locked until the admission commits: an abandoned
-/// upload's cleanup ([`crate::documents::sweep::PendingBlob`]) then sees the job, or none.
+/// upload's cleanup then sees the job, or none.
 async fn lock_new_document(tx: &mut sqlx::PgConnection, s: &Submission) -> Result<()> {
     match s.payload.pointer("/document/key").and_then(|v| v.as_str()) {
-        Some(key) => crate::documents::sweep::lock_document(tx, key).await,
+        Some(key) => crate::documents::custody::lock_new_document(tx, key).await,
         None => Ok(()),
     }
 }
@@ -400,7 +400,7 @@ async fn try_submit(pool: &PgPool, config: &AdmissionConfig, s: &Submission) -> 
 
     match (&s.shared_document, config.storage_quota_bytes) {
         (Some(key), _) => {
-            if !crate::documents::sweep::document_needed(&mut tx, key).await? {
+            if !crate::documents::custody::still_kept(&mut tx, key).await? {
                 return Err(EngineError::NotFound);
             }
         }

@@ -9,8 +9,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::documents::sweep::forget_deleted_jobs_documents;
-use crate::documents::Blobs;
+use crate::documents::custody::{forget_deleted_jobs_documents, Blobs};
 use crate::error::{EngineError, Result};
 use crate::hooks::SluiceHooks;
 use crate::JobState;

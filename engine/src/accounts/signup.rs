@@ -68,7 +68,11 @@ pub const UNVERIFIED_LIFETIME: Duration = super::links::VERIFY_VALID;
 /// An account in use is kept (it has jobs or credits: an operator granted them, say); the
 /// verification is looked at again under the account's lock, so an address verified at the
 /// last moment stays. Returns how many went.
-pub async fn expire_unverified(pool: &PgPool, blobs: &crate::documents::Blobs, lifetime: Duration) -> Result<usize> {
+pub async fn expire_unverified(
+    pool: &PgPool,
+    blobs: &crate::documents::custody::Blobs,
+    lifetime: Duration,
+) -> Result<usize> {
     let ids: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM users u WHERE email_verified_at IS NULL AND deleted_at IS NULL
            AND created_at < now() - make_interval(secs => $1) AND balance = 0 AND in_flight = 0

@@ -11,7 +11,7 @@ pub const PART_PROMPT_TOKENS: u64 = 200;
 const MAX_TRANSLATION_PART_TOKENS: u64 = 8_000;
 /// Parts a long document is split into at least, so its calls run side by side: a model
 /// writes at its own pace per call (60-1,000 tokens a second), and the provider's limits are
-/// reached only by several calls at once. Measured in `cargo xtask bench parts` (README): 32
+/// reached only by several calls at once. Measured in `cargo xtask bench parts` (the book's Benchmarks chapter): 32
 /// parts finished a 129K-token translation alone sooner (12.0 s against 18.3 s), but made
 /// other owners' small documents behind it wait 1.7 times as long; 8 kept them within 1.1.
 const PACE_PARTS: u64 = 8;

@@ -7,6 +7,7 @@ pub mod backup_holds;
 pub mod blobs;
 pub mod calls;
 pub mod cpu;
+pub mod custody;
 pub mod encoding;
 pub mod estimate;
 pub mod extract;
@@ -26,6 +27,7 @@ pub mod render;
 pub mod sandbox;
 pub mod sniff;
 pub mod split;
+pub mod store_space;
 pub mod sweep;
 pub mod tokens;
 

@@ -254,16 +254,24 @@ impl PartStore {
         Ok(())
     }
 
-    /// The key terms found for `job`'s translation (none: not looked for yet).
-    pub async fn found_terms(&self, job: Uuid) -> Result<Option<Vec<crate::documents::glossary::Entry>>> {
+    /// The key terms found for `job`'s translation (none: not looked for yet). The queue keeps
+    /// them for the processor, whose type they are.
+    pub async fn found_terms<Term: serde::de::DeserializeOwned + Send + Unpin + 'static>(
+        &self,
+        job: Uuid,
+    ) -> Result<Option<Vec<Term>>> {
         let Some(pool) = &self.pool else { return Ok(Some(Vec::new())) };
-        let found: Option<Option<sqlx::types::Json<Vec<crate::documents::glossary::Entry>>>> =
+        let found: Option<Option<sqlx::types::Json<Vec<Term>>>> =
             sqlx::query_scalar("SELECT found_terms FROM jobs WHERE id = $1").bind(job).fetch_optional(pool).await?;
         Ok(found.flatten().map(|f| f.0))
     }
 
     /// Keep the key terms found for `job`'s translation, if its attempt still holds it.
-    pub async fn keep_found_terms(&self, job: &ClaimedJob, terms: &[crate::documents::glossary::Entry]) -> Result<()> {
+    pub async fn keep_found_terms<Term: serde::Serialize + Sync>(
+        &self,
+        job: &ClaimedJob,
+        terms: &[Term],
+    ) -> Result<()> {
         let Some(pool) = &self.pool else { return Ok(()) };
         sqlx::query("UPDATE jobs SET found_terms = $3 WHERE id = $1 AND lease_token = $2")
             .bind(job.id)

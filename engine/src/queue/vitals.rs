@@ -33,10 +33,6 @@ pub struct VitalSigns {
     pub dlq_depth: i64,
     /// From the 5-minute rates.
     pub drain: DrainEstimate,
-    /// The document store's free bytes (a local folder's; none for S3), and whether a write
-    /// found it full since it last had room: as the upkeep last saw them (within 5 minutes).
-    pub store_free_bytes: Option<i64>,
-    pub store_full: bool,
     /// Documents with a deadline still waiting within the lead of their latest start (the
     /// `deadline_at_risk` alert), and those whose deadline passed in the last day unmet.
     #[serde(default)]
@@ -104,13 +100,6 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
     .fetch_one(pool)
     .await?;
     let dlq_depth = super::dlq::depth(pool).await?;
-    let store: Option<(Option<i64>, bool)> = sqlx::query_as(
-        "SELECT free_bytes, coalesce(full_at > now() - interval '90 seconds', false) FROM blob_store_space
-         WHERE checked_at > now() - interval '5 minutes'",
-    )
-    .fetch_optional(pool)
-    .await?;
-    let (store_free_bytes, store_full) = store.unwrap_or((None, false));
     // Only jobs due from a day ago on (their index).
     let (deadlines_at_risk, deadlines_missed_last_day): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE j.state IN ('queued', 'retrying') AND j.due_by >= now()
@@ -132,29 +121,9 @@ pub async fn read(pool: &PgPool) -> Result<VitalSigns> {
         time_to_done_p95_secs: latency.p95,
         dlq_depth,
         drain: drain_estimate(waiting.backlog.max(0) as u64, intake.m5, completions.m5),
-        store_free_bytes,
-        store_full,
         deadlines_at_risk,
         deadlines_missed_last_day,
     })
-}
-
-/// Record the document store's free space, and whether it is full as this process sees it
-/// (its upkeep, every half minute): the vital signs and the alerts read it. The store counts as
-/// full for 90 s after the last process that found it so said so.
-pub async fn record_store_space(pool: &PgPool, blobs: &crate::documents::Blobs) -> Result<()> {
-    let free = blobs.free_bytes().map(|b| b.min(i64::MAX as u64) as i64);
-    sqlx::query(
-        "INSERT INTO blob_store_space (id, free_bytes, full_at, checked_at)
-         VALUES (1, $1, CASE WHEN $2 THEN now() END, now())
-         ON CONFLICT (id) DO UPDATE SET free_bytes = $1, checked_at = now(),
-             full_at = CASE WHEN $2 THEN now() ELSE blob_store_space.full_at END",
-    )
-    .bind(free)
-    .bind(blobs.is_full())
-    .execute(pool)
-    .await?;
-    Ok(())
 }
 
 /// Per-minute intake and completions, oldest first (for the admin chart).

@@ -40,7 +40,13 @@ pub use workers::WorkerArgs;
 
 /// Sluice: documents through slow AI providers, behind a durable queue.
 #[derive(Debug, Parser)]
-#[command(name = "server", version)]
+#[command(
+    name = "server",
+    version,
+    after_help = "Every option is also an environment variable (shown beside it) and applies to every \
+                  command. What each does, and why: the book's Configuration chapter \
+                  (docs/src/configuration.md)."
+)]
 pub struct Cli {
     #[command(flatten)]
     pub config: Config,
@@ -356,7 +362,7 @@ mod tests {
         assert_eq!(cli.config.server.database_url.unwrap().expose(), "postgres://sluice:hunter2@db.internal/sluice");
     }
 
-    /// `server --help` reads in sections, one per concern, and the README's configuration
+    /// `server --help` reads in sections, one per concern, and the book's configuration chapter
     /// lists the same flags under the same headings (with their environment variables).
     #[test]
     fn help_reads_in_sections_and_the_readme_follows_them() {
@@ -374,10 +380,10 @@ mod tests {
             assert!(help.contains(&format!("{heading}:")), "`server --help` has no section {heading:?}");
         }
 
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-        let configuration = readme.split("\n## Configuration\n").nth(1).unwrap().split("\n## ").next().unwrap();
+        assert!(help.contains("docs/src/configuration.md"), "`server --help` does not say where the book explains it");
+        let configuration = read_doc("docs/src/configuration.md");
         let mut documented: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
-        for section in configuration.split("\n### ").skip(1) {
+        for section in configuration.split("\n## ").skip(1) {
             let heading = section.lines().next().unwrap().trim().to_string();
             for row in section.lines().filter(|l| l.starts_with("| `--")) {
                 let cells: Vec<&str> = row.split(" | ").collect();
@@ -400,6 +406,55 @@ mod tests {
         for list in by_heading.values_mut().chain(documented.values_mut()) {
             list.sort();
         }
-        assert_eq!(documented, by_heading, "the README's configuration sections differ from `server --help`");
+        assert_eq!(documented, by_heading, "the book's configuration chapter differs from `server --help`");
+    }
+
+    fn read_doc(path: &str) -> String {
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    /// Every `--flag` the README names is one `server` takes (for any command), or one `cargo
+    /// xtask` reads; and the README's table of main flags gives their real environment names.
+    #[test]
+    fn every_flag_the_readme_names_exists() {
+        fn flags_of(command: &clap::Command, into: &mut std::collections::BTreeMap<String, Option<String>>) {
+            for arg in command.get_arguments() {
+                if let Some(long) = arg.get_long() {
+                    into.insert(format!("--{long}"), arg.get_env().map(|e| e.to_string_lossy().into_owned()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                flags_of(sub, into);
+            }
+        }
+        let mut known = Default::default();
+        // Built, the command has clap's own `--help` and `--version` as well.
+        let mut command = Cli::command();
+        command.build();
+        flags_of(&command, &mut known);
+        let xtask = read_doc("xtask/src/main.rs");
+        let readme = read_doc("README.md");
+        let mut named = 0;
+        for (at, _) in readme.match_indices("--") {
+            let flag: String = readme[at + 2..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '-' || c.is_ascii_digit())
+                .collect();
+            let before = readme[..at].chars().next_back().unwrap_or(' ');
+            if flag.len() < 2 || !(before == ' ' || before == '`' || before == '(') {
+                continue;
+            }
+            let flag = format!("--{flag}");
+            named += 1;
+            assert!(
+                known.contains_key(&flag) || xtask.contains(&format!("\"{flag}\"")),
+                "the README names {flag}, which neither `server` nor `cargo xtask` takes"
+            );
+        }
+        assert!(named >= 15, "the README names {named} flags");
+        for row in readme.lines().filter(|l| l.starts_with("| `--")) {
+            let cells: Vec<&str> = row.split('`').collect();
+            assert_eq!(known.get(cells[1]).cloned().flatten().as_deref(), Some(cells[3]), "{row}");
+        }
     }
 }

@@ -96,11 +96,11 @@ async fn a_full_store_answers_507_in_words_refuses_unread_shows_and_alerts_then_
     assert!(unread.sent < 8 * MIB, "answered before the body was read: {} bytes sent", unread.sent);
     assert_eq!(app.user_state(user).await.0, balance, "nothing charged");
 
-    // The vital signs and the alert.
-    engine::queue::vitals::record_store_space(&app.pool, &app.blobs).await.unwrap();
-    let vitals = engine::queue::vitals::read(&app.pool).await.unwrap();
-    assert!(vitals.store_full, "{vitals:?}");
-    assert!(vitals.store_free_bytes.unwrap() < 7 * MIB as i64, "{vitals:?}");
+    // The console's reading and the alert.
+    engine::documents::store_space::record(&app.pool, &app.blobs).await.unwrap();
+    let store = engine::documents::store_space::read(&app.pool).await.unwrap();
+    assert!(store.full, "{store:?}");
+    assert!(store.free_bytes.unwrap() < 7 * MIB as i64, "{store:?}");
     let thresholds = engine::alerts::Thresholds { store_min_free_bytes: 0, ..Default::default() };
     let config = engine::alerts::AlertConfig { thresholds, ..Default::default() };
     let fired = engine::alerts::evaluate_once(&app.pool, &config).await.unwrap().unwrap();
