@@ -14,7 +14,7 @@ pub fn credits_text(n: i64) -> String {
     if n == 1 {
         "1 credit".into()
     } else {
-        format!("{n} credits")
+        format!("{} credits", thousands(n))
     }
 }
 
