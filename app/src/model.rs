@@ -283,6 +283,9 @@ pub struct JobDetails {
     #[serde(default)]
     pub result_html: Option<String>,
     pub attempts: Vec<AttemptInfo>,
+    /// Which provider deployment each call went to (staff only; none without a providers file).
+    #[serde(default)]
+    pub calls: Vec<CallInfo>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -537,6 +540,37 @@ pub struct CapacityInfo {
     /// The provider timeout and attempt deadline (growing with a call's tokens).
     #[serde(default)]
     pub time_limits: sluice_types::capacity::TimeLimits,
+    /// The providers file's deployments, in order (none without one).
+    #[serde(default)]
+    pub deployments: Vec<DeploymentInfo>,
+}
+
+/// A provider deployment as the console shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentInfo {
+    pub name: String,
+    pub kind: String,
+    pub model: String,
+    pub failures_in_a_row: i32,
+    /// Seconds it rests still (none: it takes calls).
+    pub resting_for_secs: Option<f64>,
+    /// Seconds it has failed without answering (none: it answers).
+    pub failing_for_secs: Option<f64>,
+    pub last_failure: Option<String>,
+    pub last_success_secs_ago: Option<f64>,
+    pub limit_requests_per_min: Option<i64>,
+    pub limit_input_tokens_per_min: Option<i64>,
+    pub limit_output_tokens_per_min: Option<i64>,
+    pub input_tokens_left: Option<f64>,
+}
+
+/// One provider call of a job's, for operators: which deployment, and whether it answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallInfo {
+    pub at: String,
+    pub deployment: String,
+    pub answered: bool,
+    pub failure: Option<String>,
 }
 
 /// The admin page's view of the queue.

@@ -106,6 +106,19 @@ fn scripts() -> Vec<(Rule, Vec<&'static str>, Vec<&'static str>)> {
                   started_at = now() WHERE due_by IS NOT NULL"],
         ),
         (
+            Rule::PrimaryResting,
+            vec![
+                // The second has failed long; only the first is the primary.
+                "INSERT INTO provider_deployments (name, position, kind, resting_since)
+                 VALUES ('second', 1, 'openai', now() - interval '1 hour')",
+                "INSERT INTO provider_deployments (name, position, kind, resting_since, resting_until, failures_in_a_row)
+                 VALUES ('primary', 0, 'anthropic', now() - interval '6 minutes', now() + interval '1 minute', 5)",
+            ],
+            // Its first answer ends its failing.
+            vec!["UPDATE provider_deployments SET resting_since = NULL, resting_until = NULL, failures_in_a_row = 0
+                  WHERE name = 'primary'"],
+        ),
+        (
             Rule::ReconciliationDrift,
             vec!["INSERT INTO reconciliation_reports (started_at, actor, checks, discrepancies, found)
                   VALUES (now(), 'test', '[]', '[]', 3)"],
@@ -159,7 +172,7 @@ async fn each_rule_fires_once_and_resolves_once_with_a_signed_webhook_each_time(
         assert!(resolved["alert"]["resolved_at"].is_string());
     }
     let history = alerts::recent(&pool, 20).await.unwrap();
-    assert_eq!(history.len(), 7);
+    assert_eq!(history.len(), 8);
     assert!(history.iter().all(|f| f.resolved_at.is_some()));
 }
 

@@ -10,6 +10,9 @@ use engine::accounts::{notices, users, AccountHooks, Role};
 use engine::documents::blobs::Blobs;
 use engine::documents::processor::DocumentProcessor;
 use engine::documents::processor::HoldSettlement;
+use engine::documents::providers::deployments::Deployment;
+use engine::documents::providers::router::{self, Router};
+use engine::documents::providers::routing::RestPolicy;
 use engine::documents::providers::{self, ProviderConfig, ProviderKind};
 use engine::documents::sandbox::SandboxConfig;
 use engine::queue::capacity::{self, Budget, CapacityConfig, ProviderLimits};
@@ -77,9 +80,19 @@ fn processor(
     context: u64,
     budget: Budget,
 ) -> DocumentProcessor {
+    processor_with(pool, docs, providers::build(&provider), context, budget)
+}
+
+fn processor_with(
+    pool: &PgPool,
+    docs: &TempBlobs,
+    provider: Arc<dyn providers::Provider>,
+    context: u64,
+    budget: Budget,
+) -> DocumentProcessor {
     DocumentProcessor {
         blobs: docs.blobs.clone(),
-        provider: providers::build(&provider),
+        provider,
         sandbox: Arc::new(SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new())),
         stages: queue::stages::StageLog::new(pool.clone()),
         budget,
@@ -1359,4 +1372,153 @@ async fn a_failed_attempts_answered_parts_count_in_its_tokens(pool: PgPool) {
     .unwrap();
     assert!(failed_in.unwrap_or(0) > 0, "the failed attempt's answered parts are counted on it");
     assert_eq!((attempts_in, attempts_out), (parts_in, parts_out), "every part, once");
+}
+
+// Several deployments (the providers file): a call goes to the first one awake with room; a
+// deployment's failure moves the call on, within the attempt.
+
+fn deployment(name: &str, fake: &FakeProvider) -> Deployment {
+    Deployment {
+        name: name.into(),
+        config: ProviderConfig { max_tokens: 256, ..fake_config(fake) },
+        limits: Default::default(),
+        prices: Default::default(),
+        batch: false,
+    }
+}
+
+/// (deployment, answered) of each of a job's calls, in order.
+async fn calls_of(pool: &PgPool, job: Uuid) -> Vec<(String, bool)> {
+    router::calls_of(pool, job).await.unwrap().into_iter().map(|c| (c.deployment, c.answered)).collect()
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_translation_whose_primary_deployment_dies_midway_finishes_on_the_second_each_part_answered_once(
+    pool: PgPool,
+) {
+    let docs = docs("fallback");
+    let (primary, second) = (FakeProvider::start().await, FakeProvider::start().await);
+    // Slow enough that calls are in flight when it dies.
+    primary.behave_like(HostedModel { first_token_ms: 300, ..instant_model() });
+    second.behave_like(instant_model());
+    let rest =
+        RestPolicy { failures_to_rest: 2, first_rest: Duration::from_secs(60), longest_rest: Duration::from_secs(60) };
+    let deployments = [deployment("primary", &primary), deployment("second", &second)];
+    let router = Router::start(pool.clone(), &deployments, rest).await.unwrap();
+    let user = users::create_user(&pool, "fallback@example.com", "password123", Role::User, 20).await.unwrap();
+    let text = report(40);
+    let job = submit(&pool, &docs, user.id, &text, "translate", 200_000).await;
+    let processor = processor_with(&pool, &docs, Arc::new(router), 200_000, Budget::disabled());
+    // Killed once it has answered the key terms and a part: the parts it was writing break off.
+    let killer = tokio::spawn({
+        let (pool, primary) = (pool.clone(), primary.clone());
+        async move {
+            let answered =
+                || async { calls_of(&pool, job).await.iter().filter(|(d, ok)| d == "primary" && *ok).count() };
+            while answered().await < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            primary.kill();
+        }
+    });
+    let view = drive(&pool, &processor, job).await;
+    killer.await.unwrap();
+
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert_eq!(
+        words(view.result.as_ref().unwrap()["markdown"].as_str().unwrap()),
+        words(&text),
+        "every word, in order"
+    );
+    let total = view.parts_total.expect("in parts") as usize;
+    let calls = calls_of(&pool, job).await;
+    let answered_by = |name: &str| calls.iter().filter(|(d, ok)| d == name && *ok).count();
+    assert!(answered_by("primary") >= 2, "{calls:?}");
+    assert!(answered_by("second") >= 1, "{calls:?}");
+    // No part answered twice: one answered call per part, and one for the key terms.
+    assert_eq!(answered_by("primary") + answered_by("second"), total + 1, "{calls:?}");
+    assert!(calls.iter().any(|(d, ok)| d == "primary" && !ok), "calls moved on from the dead primary: {calls:?}");
+    assert_eq!(ledger_of(&pool, job).await, vec![("debit".to_string(), -view.cost as i64)], "one debit, nothing else");
+    // It rests: the next document's calls go straight to the second.
+    let states = router::states(&pool).await.unwrap();
+    assert!(states[0].resting_for_secs.is_some() && states[0].failures_in_a_row >= 2, "{states:?}");
+    let next = submit(&pool, &docs, user.id, "A short note to translate.", "translate", 200_000).await;
+    assert_eq!(drive(&pool, &processor, next).await.state, JobState::Done);
+    assert!(calls_of(&pool, next).await.iter().all(|(d, _)| d == "second"), "a resting deployment is not tried");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn calls_return_to_the_primary_after_its_rest_and_a_deployment_out_of_room_passes_them_on(pool: PgPool) {
+    let docs = docs("rest");
+    let (primary, second) = (FakeProvider::start().await, FakeProvider::start().await);
+    primary.behave_like(instant_model());
+    second.behave_like(instant_model());
+    primary.kill();
+    let rest = RestPolicy {
+        failures_to_rest: 1,
+        first_rest: Duration::from_millis(800),
+        longest_rest: Duration::from_secs(5),
+    };
+    let deployments = [deployment("primary", &primary), deployment("second", &second)];
+    let router = Arc::new(Router::start(pool.clone(), &deployments, rest).await.unwrap());
+    let processor = processor_with(&pool, &docs, router.clone(), 200_000, Budget::disabled());
+    let user = users::create_user(&pool, "rest@example.com", "password123", Role::User, 20).await.unwrap();
+    let note = |n: u32| format!("Short note number {n} to translate.");
+
+    let down = submit(&pool, &docs, user.id, &note(1), "translate", 200_000).await;
+    assert_eq!(drive(&pool, &processor, down).await.state, JobState::Done);
+    assert_eq!(calls_of(&pool, down).await, [("primary".into(), false), ("second".into(), true)], "moved on at once");
+    let failure = router::calls_of(&pool, down).await.unwrap()[0].failure.clone().unwrap();
+    assert!(!failure.is_empty(), "why it moved on is kept");
+
+    primary.revive().await;
+    let resting = submit(&pool, &docs, user.id, &note(2), "translate", 200_000).await;
+    assert_eq!(drive(&pool, &processor, resting).await.state, JobState::Done);
+    assert_eq!(calls_of(&pool, resting).await, [("second".into(), true)], "resting: not tried");
+
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let back = submit(&pool, &docs, user.id, &note(3), "translate", 200_000).await;
+    assert_eq!(drive(&pool, &processor, back).await.state, JobState::Done);
+    assert_eq!(calls_of(&pool, back).await, [("primary".into(), true)], "its rest over, the primary answers again");
+    let states = router::states(&pool).await.unwrap();
+    assert_eq!((states[0].failures_in_a_row, states[0].failing_for_secs), (0, None), "{states:?}");
+
+    // One request a minute on the primary: the first call takes it, the next goes on.
+    let limited = [
+        Deployment {
+            limits: engine::documents::providers::deployments::Limits {
+                requests_per_min: Some(1),
+                ..Default::default()
+            },
+            ..deployment("primary", &primary)
+        },
+        deployment("second", &second),
+    ];
+    let router = Arc::new(Router::start(pool.clone(), &limited, rest).await.unwrap());
+    let processor = processor_with(&pool, &docs, router, 200_000, Budget::disabled());
+    let first = submit(&pool, &docs, user.id, &note(4), "translate", 200_000).await;
+    assert_eq!(drive(&pool, &processor, first).await.state, JobState::Done);
+    let then = submit(&pool, &docs, user.id, &note(5), "translate", 200_000).await;
+    assert_eq!(drive(&pool, &processor, then).await.state, JobState::Done);
+    assert_eq!(calls_of(&pool, first).await, [("primary".into(), true)]);
+    assert_eq!(calls_of(&pool, then).await, [("second".into(), true)], "out of room: passed on, not failed");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn with_every_deployment_down_a_document_waits_for_its_retry_and_is_not_charged_twice(pool: PgPool) {
+    let docs = docs("all-down");
+    let (primary, second) = (FakeProvider::start().await, FakeProvider::start().await);
+    primary.kill();
+    second.kill();
+    let deployments = [deployment("primary", &primary), deployment("second", &second)];
+    let router = Router::start(pool.clone(), &deployments, RestPolicy::default()).await.unwrap();
+    let processor = processor_with(&pool, &docs, Arc::new(router), 200_000, Budget::disabled());
+    let user = users::create_user(&pool, "down@example.com", "password123", Role::User, 20).await.unwrap();
+    let job = submit(&pool, &docs, user.id, "A note to translate.", "translate", 200_000).await;
+    work_once(&pool, &fast_worker("down", 1), Arc::new(processor), Arc::new(AccountHooks), 1).await.unwrap();
+    let view = queue::get(&pool, job).await.unwrap();
+    assert_eq!(view.state, JobState::Retrying, "{view:?}");
+    let error = view.last_error.clone().unwrap_or_default();
+    assert!(error.contains("every deployment failed: primary, second"), "{error}");
+    assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit, no refund yet");
 }

@@ -238,6 +238,33 @@ struct Script {
     quota_spent_until: Option<Instant>,
 }
 
+/// Serve the fake's routes on `listener`, each connection a task of the returned one's (so
+/// aborting it ends them all: a killed server).
+fn serve(listener: tokio::net::TcpListener, script: Shared) -> tokio::task::JoinHandle<()> {
+    let app = Router::new()
+        .route("/v1/messages", post(anthropic))
+        .route("/v1/chat/completions", post(openai))
+        .route("/_script", post(set_script))
+        .route("/_calls", get(calls))
+        .route("/_model", post(set_model).get(model_report))
+        .with_state(script);
+    tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            connections.spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection_with_upgrades(io, service)
+                    .await;
+            });
+            // Finished connections are reaped as new ones come.
+            while connections.try_join_next().is_some() {}
+        }
+    })
+}
+
 /// Counts a request while it is answered; a client that hangs up ends it (its handler is dropped).
 struct Answering(Shared);
 
@@ -466,6 +493,8 @@ fn cut_to_tokens(answer: &str, max_tokens: u64) -> String {
 pub struct FakeProvider {
     pub addr: SocketAddr,
     script: Arc<Mutex<Script>>,
+    /// The server's accept loop and its connections, ended by [`FakeProvider::kill`].
+    serving: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl FakeProvider {
@@ -478,17 +507,22 @@ impl FakeProvider {
         let script = Arc::new(Mutex::new(Script::default()));
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind the fake provider");
         let addr = listener.local_addr().unwrap();
-        let app = Router::new()
-            .route("/v1/messages", post(anthropic))
-            .route("/v1/chat/completions", post(openai))
-            .route("/_script", post(set_script))
-            .route("/_calls", get(calls))
-            .route("/_model", post(set_model).get(model_report))
-            .with_state(script.clone());
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        FakeProvider { addr, script }
+        let serving = Arc::new(Mutex::new(Some(serve(listener, script.clone()))));
+        FakeProvider { addr, script, serving }
+    }
+
+    /// Kill it, as a deployment goes down: its port refuses connections, and the calls it was
+    /// answering break off.
+    pub fn kill(&self) {
+        if let Some(serving) = self.serving.lock().unwrap().take() {
+            serving.abort();
+        }
+    }
+
+    /// Bring a killed one back on its port, its script and counts as they were.
+    pub async fn revive(&self) {
+        let listener = tokio::net::TcpListener::bind(self.addr).await.expect("bind the fake provider again");
+        *self.serving.lock().unwrap() = Some(serve(listener, self.script.clone()));
     }
 
     pub fn base_url(&self) -> String {

@@ -110,7 +110,20 @@ impl Application {
             let hooks = Arc::new(engine::hooks::SluiceHooks);
             let blobs = config.blobs()?;
             let provider_config = config.provider.provider_config();
-            let provider = engine::documents::providers::build(&provider_config);
+            let provider: Arc<dyn engine::documents::providers::Provider> =
+                match config.provider.deployments().map_err(anyhow::Error::msg)? {
+                    Some(deployments) => {
+                        let names: Vec<&str> = deployments.iter().map(|d| d.name.as_str()).collect();
+                        tracing::info!(deployments = ?names, "documents go to these provider deployments, in order");
+                        let rest = config.provider.rest_policy();
+                        Arc::new(
+                            engine::documents::providers::router::Router::start(pool.clone(), deployments, rest)
+                                .await
+                                .context("storing the provider deployments")?,
+                        )
+                    }
+                    None => engine::documents::providers::build(&provider_config),
+                };
             tracing::info!(provider = provider.name(), "documents go to this provider");
             let token_ratio = match provider_config.kind {
                 engine::documents::providers::ProviderKind::Local => engine::documents::ratio::TokenRatio::fixed(1.0),

@@ -6,7 +6,7 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::CapacityInfo;
+use crate::model::{CapacityInfo, DeploymentInfo};
 use crate::server::admin::capacity;
 use sluice_types::capacity::{plan, AttemptStats, ProviderLimits, Sizing};
 use sluice_types::Preset;
@@ -208,6 +208,10 @@ pub fn CapacityCard(admitted: Memo<Option<bool>>) -> impl IntoView {
             <p data-testid="budget">
                 {move || info.get().and_then(|r| r.ok()).flatten().map(|i| budget_text(&i))}
             </p>
+            {move || {
+                let deployments = info.get().and_then(|r| r.ok()).flatten().map(|i| i.deployments).unwrap_or_default();
+                (!deployments.is_empty()).then(|| view! { <DeploymentTable deployments/> })
+            }}
             <h3>"Capacity planner"</h3>
             <form class="planner-limits" on:submit=|ev| ev.prevent_default()>
                 <LimitField id="limit-rpm" label="Requests per minute" value=rpm/>
@@ -227,9 +231,129 @@ pub fn CapacityCard(admitted: Memo<Option<bool>>) -> impl IntoView {
     }
 }
 
+/// Pure: a deployment's state in words: taking calls, failing, or resting and until when.
+pub fn deployment_state_text(d: &DeploymentInfo) -> String {
+    let minutes = |secs: f64| {
+        if secs < 90.0 {
+            format!("{:.0} s", secs.max(0.0))
+        } else {
+            format!("{:.0} min", secs / 60.0)
+        }
+    };
+    match (d.resting_for_secs, d.failing_for_secs, d.last_success_secs_ago) {
+        (Some(rest), since, _) => format!(
+            "Resting {} more after {} failures in a row{}: its calls go to the next",
+            minutes(rest),
+            d.failures_in_a_row,
+            since.map_or(String::new(), |s| format!(", failing for {}", minutes(s)))
+        ),
+        (None, Some(since), _) => {
+            format!("Trying again after failing for {} ({} failures in a row)", minutes(since), d.failures_in_a_row)
+        }
+        (None, None, Some(ago)) if d.failures_in_a_row > 0 => {
+            format!("Taking calls; {} failed in a row, last answered {} ago", d.failures_in_a_row, minutes(ago))
+        }
+        (None, None, Some(ago)) => format!("Taking calls; last answered {} ago", minutes(ago)),
+        (None, None, None) => "Taking calls; not called yet".to_string(),
+    }
+}
+
+/// Pure: a deployment's own limits, as the providers file gives them.
+pub fn deployment_limits_text(d: &DeploymentInfo) -> String {
+    let limits: Vec<String> = [
+        (d.limit_requests_per_min, "requests"),
+        (d.limit_input_tokens_per_min, "input tokens"),
+        (d.limit_output_tokens_per_min, "output tokens"),
+    ]
+    .into_iter()
+    .filter_map(|(limit, what)| limit.map(|l| format!("{} {what}", sluice_types::thousands(l))))
+    .collect();
+    if limits.is_empty() {
+        "No limits".into()
+    } else {
+        format!("{} a minute", limits.join(", "))
+    }
+}
+
+/// The providers file's deployments, in the order calls try them.
+#[component]
+fn DeploymentTable(deployments: Vec<DeploymentInfo>) -> impl IntoView {
+    let rows = deployments
+        .into_iter()
+        .map(|d| {
+            let state = deployment_state_text(&d);
+            let limits = deployment_limits_text(&d);
+            let left = d.input_tokens_left.map_or("—".to_string(), |l| sluice_types::thousands(l.max(0.0) as i64));
+            let resting = d.resting_for_secs.is_some();
+            view! {
+                <tr data-testid="deployment" data-name=d.name.clone() class:warn=resting>
+                    <td>{d.name.clone()}</td>
+                    <td>{format!("{} {}", d.kind, d.model)}</td>
+                    <td data-testid="deployment-state">{state}</td>
+                    <td>{limits}</td>
+                    <td class="num">{left}</td>
+                    <td>{d.last_failure.clone().unwrap_or_default()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <h3>"Deployments"</h3>
+        <div class="table-scroll">
+            <table data-testid="deployments">
+                <thead><tr>
+                    <th scope="col">"Deployment"</th>
+                    <th scope="col">"Model"</th>
+                    <th scope="col">"State"</th>
+                    <th scope="col">"Its limits"</th>
+                    <th scope="col">"Input tokens left"</th>
+                    <th scope="col">"Last failure"</th>
+                </tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </div>
+        <p class="hint">
+            "Each call goes to the first deployment that is not resting and has room in its limits. Failures in a \
+             row put a deployment to rest, longer each time; its first answer ends the rest."
+        </p>
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deployment_says_whether_it_takes_calls_or_rests_and_for_how_long() {
+        let d = |resting: Option<f64>, failing: Option<f64>, ago: Option<f64>, failures| DeploymentInfo {
+            resting_for_secs: resting,
+            failing_for_secs: failing,
+            last_success_secs_ago: ago,
+            failures_in_a_row: failures,
+            ..DeploymentInfo::default()
+        };
+        assert_eq!(deployment_state_text(&d(None, None, None, 0)), "Taking calls; not called yet");
+        assert_eq!(deployment_state_text(&d(None, None, Some(4.0), 0)), "Taking calls; last answered 4 s ago");
+        assert_eq!(
+            deployment_state_text(&d(None, None, Some(4.0), 2)),
+            "Taking calls; 2 failed in a row, last answered 4 s ago"
+        );
+        assert_eq!(
+            deployment_state_text(&d(Some(20.0), Some(400.0), Some(500.0), 4)),
+            "Resting 20 s more after 4 failures in a row, failing for 7 min: its calls go to the next"
+        );
+        assert_eq!(
+            deployment_state_text(&d(None, Some(30.0), None, 3)),
+            "Trying again after failing for 30 s (3 failures in a row)"
+        );
+        let limited = DeploymentInfo {
+            limit_input_tokens_per_min: Some(30_000),
+            limit_requests_per_min: Some(50),
+            ..Default::default()
+        };
+        assert_eq!(deployment_limits_text(&limited), "50 requests, 30,000 input tokens a minute");
+        assert_eq!(deployment_limits_text(&DeploymentInfo::default()), "No limits");
+    }
 
     #[test]
     fn limits_are_typed_the_way_people_write_them() {

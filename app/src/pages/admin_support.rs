@@ -28,6 +28,7 @@ pub fn rule_label(rule: &str) -> &'static str {
         "store_full" => "The document store is full",
         "provider_held" => "The provider's quota is spent",
         "deadline_at_risk" => "Deadlines are at risk",
+        "primary_resting" => "The primary provider deployment is down",
         _ => "Alert",
     }
 }
@@ -41,6 +42,7 @@ pub fn alert_value_text(rule: &str, value: f64) -> String {
         "store_full" => crate::format::size_text(value.max(0.0) as u64),
         "provider_held" => (if value > 0.0 { "held" } else { "taking calls" }).to_string(),
         "deadline_at_risk" => format!("{value:.0} documents"),
+        "primary_resting" => format!("{:.0} min", value / 60.0),
         _ => format!("{value:.0}"),
     }
 }

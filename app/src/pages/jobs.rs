@@ -428,6 +428,37 @@ pub fn AttemptTimeline(attempts: Vec<crate::model::AttemptInfo>) -> impl IntoVie
     }
 }
 
+/// Pure: one provider call in words, for operators.
+pub fn call_text(call: &crate::model::CallInfo) -> String {
+    match (&call.failure, call.answered) {
+        (_, true) => format!("{} answered", call.deployment),
+        (Some(why), false) => format!("{} failed ({why}); the call moved on", call.deployment),
+        (None, false) => format!("{} did not answer; the call moved on", call.deployment),
+    }
+}
+
+/// Which provider deployment each of a job's calls went to (operators only).
+#[component]
+fn ProviderCalls(calls: Vec<crate::model::CallInfo>) -> impl IntoView {
+    view! {
+        <h2>"Provider calls"</h2>
+        <ol class="timeline" data-testid="provider-calls">
+            {calls
+                .into_iter()
+                .map(|c| {
+                    let text = call_text(&c);
+                    view! {
+                        <li data-deployment=c.deployment.clone() class:error-text=!c.answered>
+                            <span class="muted">{format!("{} · ", local_time(&c.at))}</span>
+                            {text}
+                        </li>
+                    }
+                })
+                .collect_view()}
+        </ol>
+    }
+}
+
 /// Copies `text` to the clipboard and says so.
 #[component]
 fn CopyButton(text: String) -> impl IntoView {
@@ -704,6 +735,7 @@ pub fn JobPage() -> impl IntoView {
                                     })}
                                     <h2>"Attempts"</h2>
                                     <AttemptTimeline attempts=d.attempts/>
+                                    {(!d.calls.is_empty()).then(|| view! { <ProviderCalls calls=d.calls.clone()/> })}
                                 }
                                     .into_any()
                             }
@@ -716,7 +748,7 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{cost_text, formatting_lost_text, queued_text, running_text, writing_text};
+    use super::{call_text, cost_text, formatting_lost_text, queued_text, running_text, writing_text};
     use crate::model::JobStage;
 
     #[test]
@@ -737,6 +769,21 @@ mod tests {
             "The provider has already done part of big.pdf: canceling now keeps 6 credits and gives back 6 credits. Cancel anyway?"
         );
         assert_eq!(cancel_question("free.txt", 0, Some(JobStage::Writing), None), "Cancel free.txt?");
+    }
+
+    #[test]
+    fn a_call_says_which_deployment_answered_or_why_it_moved_on() {
+        let call = |answered, failure: Option<&str>| crate::model::CallInfo {
+            at: String::new(),
+            deployment: "primary".into(),
+            answered,
+            failure: failure.map(String::from),
+        };
+        assert_eq!(call_text(&call(true, None)), "primary answered");
+        assert_eq!(
+            call_text(&call(false, Some("the provider could not be reached"))),
+            "primary failed (the provider could not be reached); the call moved on"
+        );
     }
 
     #[test]

@@ -57,11 +57,26 @@ pub async fn job_detail(id: String) -> Result<JobDetails, AppError> {
             Some(markdown) => Some(render_result(markdown).await?),
             None => None,
         };
+        // Operators see which deployment each call went to; owners see the document's progress.
+        let calls = if user.may(engine::accounts::users::Permission::SeeConsole) {
+            engine::documents::providers::router::calls_of(&ctx.pool, job.id).await?
+        } else {
+            Vec::new()
+        };
         Ok(JobDetails {
             job: job_status(&ctx, &job).await?,
             result_html,
             result,
             attempts: attempts.into_iter().map(Into::into).collect(),
+            calls: calls
+                .into_iter()
+                .map(|c| crate::model::CallInfo {
+                    at: crate::model::time_text(c.at),
+                    deployment: c.deployment,
+                    answered: c.answered,
+                    failure: c.failure,
+                })
+                .collect(),
         })
     })
     .await

@@ -97,6 +97,12 @@ pub async fn observe(pool: &PgPool) -> Result<Observation> {
         provider_held: row.provider_held,
         deadlines_at_risk: row.deadlines_at_risk,
         nearest_latest_start_secs: row.nearest_latest_start_secs,
+        primary: sqlx::query_as(
+            "SELECT name, extract(epoch FROM now() - resting_since)::float8 FROM provider_deployments
+             WHERE in_file ORDER BY position LIMIT 1",
+        )
+        .fetch_optional(pool)
+        .await?,
     })
 }
 

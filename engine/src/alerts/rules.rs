@@ -28,10 +28,13 @@ pub enum Rule {
     /// Documents with a deadline are still waiting within the lead of when they must start to
     /// be done in time: the operator can still act (raise the gate, move work, tell the user).
     DeadlineAtRisk,
+    /// The providers file's first deployment has failed without answering for longer than
+    /// allowed: its calls go to the others, which may be dearer or slower.
+    PrimaryResting,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 10] = [
         Rule::OldestWait,
         Rule::NotDraining,
         Rule::DlqDepth,
@@ -41,6 +44,7 @@ impl Rule {
         Rule::StoreFull,
         Rule::ProviderHeld,
         Rule::DeadlineAtRisk,
+        Rule::PrimaryResting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -54,6 +58,7 @@ impl Rule {
             Rule::StoreFull => "store_full",
             Rule::ProviderHeld => "provider_held",
             Rule::DeadlineAtRisk => "deadline_at_risk",
+            Rule::PrimaryResting => "primary_resting",
         }
     }
 
@@ -81,6 +86,8 @@ pub struct Thresholds {
     pub drift: i64,
     /// The least free space the document store may have, in bytes (where it can be measured).
     pub store_min_free_bytes: i64,
+    /// Seconds the primary deployment may fail without answering before the alert fires.
+    pub primary_resting_secs: f64,
     /// The shortest a firing lasts (against flapping at a threshold).
     pub min_firing_secs: f64,
 }
@@ -96,6 +103,7 @@ impl Default for Thresholds {
             provider_min_calls: 20,
             drift: 0,
             store_min_free_bytes: 1 << 30,
+            primary_resting_secs: 300.0,
             min_firing_secs: 300.0,
         }
     }
@@ -128,6 +136,9 @@ pub struct Observation {
     /// latest start (negative: it should have started already).
     pub deadlines_at_risk: i64,
     pub nearest_latest_start_secs: Option<f64>,
+    /// The providers file's first deployment: its name, and for how long it has failed without
+    /// answering (none: it answers, or there is no file).
+    pub primary: Option<(String, Option<f64>)>,
 }
 
 /// One rule's verdict.
@@ -237,6 +248,25 @@ pub fn evaluate(obs: &Observation, t: &Thresholds) -> Vec<Reading> {
                 None => "no document with a deadline is at risk".to_string(),
             },
         ),
+        {
+            let failing = obs.primary.as_ref().and_then(|(_, secs)| *secs).unwrap_or(0.0);
+            let name = obs.primary.as_ref().map_or("", |(name, _)| name.as_str());
+            reading(
+                Rule::PrimaryResting,
+                failing > t.primary_resting_secs,
+                failing,
+                t.primary_resting_secs,
+                if failing > 0.0 {
+                    format!(
+                        "the primary provider deployment {name:?} has failed without answering for {} min: its \
+                         calls go to the next deployments",
+                        (failing / 60.0).floor()
+                    )
+                } else {
+                    "the primary provider deployment answers".to_string()
+                },
+            )
+        },
     ]
 }
 
@@ -286,7 +316,8 @@ mod tests {
 
     #[test]
     fn each_rule_fires_past_its_threshold_only() {
-        let cases: [(Rule, Observation, Observation); 9] = [
+        let primary = |secs: Option<f64>| Some(("primary".to_string(), secs));
+        let cases: [(Rule, Observation, Observation); 11] = [
             (
                 Rule::OldestWait,
                 Observation { backlog: 1, oldest_wait_secs: Some(900.0), ..quiet() },
@@ -327,6 +358,16 @@ mod tests {
                 Rule::ProviderHeld,
                 Observation { processing_enabled: false, ..quiet() },
                 Observation { processing_enabled: false, provider_held: true, ..quiet() },
+            ),
+            (
+                Rule::PrimaryResting,
+                Observation { primary: primary(Some(300.0)), ..quiet() },
+                Observation { primary: primary(Some(301.0)), ..quiet() },
+            ),
+            (
+                Rule::PrimaryResting,
+                Observation { primary: primary(None), ..quiet() },
+                Observation { primary: primary(Some(4000.0)), ..quiet() },
             ),
         ];
         for (rule, below, above) in cases {

@@ -1363,6 +1363,11 @@ impl DocumentProcessor {
             }
         }
         let output = output?;
+        if let (Some(pool), Some(_)) = (self.parts.pool(), &output.deployment) {
+            if let Err(e) = crate::documents::providers::router::record_calls(pool, job.id, &output).await {
+                tracing::warn!(error = %e, "could not record which deployment answered");
+            }
+        }
         // The provider counted what it counted: settle the reservation with the real usage, as
         // far as it is believable (tokenizers differ from our count, but not fourfold; an
         // answer is never longer than the `max_tokens` asked for).

@@ -98,6 +98,11 @@ pub struct PartStore {
 }
 
 impl PartStore {
+    /// Its database (none: parts are not kept), for what is recorded beside a job's parts.
+    pub fn pool(&self) -> Option<&PgPool> {
+        self.pool.as_ref()
+    }
+
     pub fn new(pool: PgPool) -> PartStore {
         PartStore { pool: Some(pool) }
     }

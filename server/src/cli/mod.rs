@@ -348,6 +348,49 @@ mod tests {
         assert!("25000:1,100000:2".parse::<PriceTable>().is_ok() && "1:99999999999".parse::<PriceTable>().is_err());
     }
 
+    /// A providers file replaces the single-provider flags: the claim's budget is the
+    /// deployments' limits added up, parts fit the smallest context and answer, the prices are
+    /// the primary's; a key comes from the environment variable it names, never printed.
+    #[test]
+    fn a_providers_file_sizes_the_budget_and_the_parts_and_names_what_is_wrong() {
+        let folder = std::env::temp_dir().join(format!("sluice-providers-{}", std::process::id()));
+        std::fs::create_dir_all(&folder).unwrap();
+        let file = folder.join("providers.toml");
+        std::env::set_var("SLUICE_TEST_PRIMARY_KEY", "sk-live-primary-secret");
+        std::fs::write(
+            &file,
+            "[[provider]]\nname = \"primary\"\nkind = \"anthropic\"\nurl = \"https://api.anthropic.com\"\n\
+             api_key_env = \"SLUICE_TEST_PRIMARY_KEY\"\nmodel = \"claude-sonnet-4-5\"\ninput_tokens_per_min = 2000000\n\
+             input_usd_per_mtok = 3.0\noutput_usd_per_mtok = 15.0\n\n\
+             [[provider]]\nname = \"second\"\nkind = \"openai\"\nurl = \"http://127.0.0.1:1/v1\"\nmodel = \"gpt-4o\"\n\
+             input_tokens_per_min = 100000\ncontext_tokens = 128000\n",
+        )
+        .unwrap();
+        let cli =
+            Cli::parse_from(["server", "--providers-file", file.to_str().unwrap(), "--provider-api-key", "ignored"]);
+        let provider = &cli.config.provider;
+        let deployments = provider.deployments().unwrap().unwrap();
+        assert_eq!(deployments.len(), 2);
+        assert_eq!(provider.capacity_config().limits.input_tokens_per_min, Some(2_100_000));
+        assert_eq!(provider.context_tokens(), Some(128_000));
+        assert_eq!(provider.max_output_tokens(), 16_384, "gpt-4o's answer is the shorter");
+        assert_eq!(provider.provider_prices().unwrap().output_usd_per_mtok, 15.0);
+        assert_eq!(provider.provider_config().api_key.as_deref(), Some("sk-live-primary-secret"));
+        let printed = format!("{cli:?}");
+        assert!(!printed.contains("sk-live-primary-secret"), "{printed}");
+
+        std::fs::write(&file, "[[provider]]\nname = \"p\"\nkind = \"anthropic\"\nurl = \"https://x\"\napi_key_env = \"SLUICE_TEST_UNSET_KEY\"\n").unwrap();
+        let cli = Cli::parse_from(["server", "--providers-file", file.to_str().unwrap()]);
+        let refused = cli.config.provider.deployments().unwrap_err();
+        assert!(
+            refused.contains("provider \"p\"") && refused.contains("SLUICE_TEST_UNSET_KEY is not set"),
+            "{refused}"
+        );
+        let cli = Cli::parse_from(["server", "--providers-file", folder.join("absent.toml").to_str().unwrap()]);
+        assert!(cli.config.provider.deployments().unwrap_err().contains("absent.toml"));
+        std::fs::remove_dir_all(&folder).unwrap();
+    }
+
     #[test]
     fn secrets_never_show_in_debug_output() {
         let cli = Cli::parse_from([

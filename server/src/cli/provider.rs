@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::Args;
 
 use engine::documents::calls::CallLimits;
+use engine::documents::providers::deployments::{self, Deployment};
+use engine::documents::providers::routing::RestPolicy;
 use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
 use engine::queue::capacity::{CapacityConfig, ProviderLimits};
 use engine::sizing::{ProviderPrices, TimeLimits};
@@ -94,13 +96,66 @@ pub struct ProviderArgs {
     /// After a 429/529 the gate is halved; it grows back one slot per this many seconds.
     #[arg(long, env = "SLUICE_GATE_RECOVER_SECS", default_value_t = 10.0, global = true)]
     pub gate_recover_secs: f64,
+    /// Several provider deployments, tried in order with fallback (TOML; see the book's
+    /// providers chapter). Set, it replaces the single-provider flags above (the timeouts,
+    /// streaming and burst still apply to every deployment).
+    #[arg(long, env = "SLUICE_PROVIDERS_FILE", global = true)]
+    pub providers_file: Option<std::path::PathBuf>,
+    /// Failures in a row (5xx, 529, timeouts, broken connections) that put a deployment of
+    /// the providers file to rest: its calls go to the next one meanwhile.
+    #[arg(long, env = "SLUICE_PROVIDER_FAILURES_TO_REST", default_value_t = 3, global = true)]
+    pub provider_failures_to_rest: u32,
+    /// Seconds a deployment first rests; each further failure in a row doubles it.
+    #[arg(long, env = "SLUICE_PROVIDER_REST_SECS", default_value_t = 10.0, global = true)]
+    pub provider_rest_secs: f64,
+    /// The longest a deployment rests before a call tries it again.
+    #[arg(long, env = "SLUICE_PROVIDER_LONGEST_REST_SECS", default_value_t = 300.0, global = true)]
+    pub provider_longest_rest_secs: f64,
+    /// The providers file, read once.
+    #[arg(skip)]
+    loaded: std::sync::OnceLock<Result<Vec<Deployment>, String>>,
 }
 
 impl ProviderArgs {
-    /// The most input tokens one request may carry: the provider's context, and no more than
-    /// one input-token bucket holds (a larger request could never pass the provider's limit).
+    /// The deployments of the providers file (none without one), read once: its refusal in
+    /// words, naming the deployment and the field.
+    pub fn deployments(&self) -> Result<Option<&[Deployment]>, String> {
+        let Some(path) = &self.providers_file else { return Ok(None) };
+        let loaded = self.loaded.get_or_init(|| {
+            use std::io::Read;
+            let mut text = String::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(deployments::MAX_FILE_BYTES as u64 + 1).read_to_string(&mut text))
+                .map_err(|e| format!("the providers file {}: {e}", path.display()))?;
+            deployments::parse(&text, &self.single_provider_config(), |var| std::env::var(var).ok())
+        });
+        loaded.as_deref().map(Some).map_err(Clone::clone)
+    }
+
+    /// The file's deployments when it was read well (startup refuses it otherwise).
+    fn file(&self) -> Option<&[Deployment]> {
+        self.deployments().ok().flatten()
+    }
+
+    /// How failing deployments rest.
+    pub fn rest_policy(&self) -> RestPolicy {
+        let secs = |s: f64| Duration::from_secs_f64(s.max(0.1).min(86_400.0));
+        let first_rest = secs(self.provider_rest_secs);
+        RestPolicy {
+            failures_to_rest: self.provider_failures_to_rest.max(1),
+            first_rest,
+            longest_rest: secs(self.provider_longest_rest_secs).max(first_rest),
+        }
+    }
+
+    /// The most input tokens one request may carry: the provider's context (the smallest of the
+    /// deployments'), and no more than one input-token bucket holds (a larger request could
+    /// never pass the provider's limit).
     pub fn context_tokens(&self) -> Option<u64> {
-        let context = (self.provider_context_tokens > 0).then_some(self.provider_context_tokens);
+        let context = match self.file() {
+            Some(file) => deployments::common_limits(file).0,
+            None => (self.provider_context_tokens > 0).then_some(self.provider_context_tokens),
+        };
         let capacity = self.capacity_config();
         let bucket = capacity
             .limits
@@ -127,12 +182,24 @@ impl ProviderArgs {
 
     /// The provider's limits, the budget's burst and the adaptive gate's pace.
     pub fn capacity_config(&self) -> CapacityConfig {
-        CapacityConfig {
-            limits: ProviderLimits {
+        // With several deployments the claim's budget paces them together: their limits added.
+        let limits = match self.file() {
+            Some(file) => {
+                let all = deployments::combined_limits(file);
+                ProviderLimits {
+                    requests_per_min: all.requests_per_min,
+                    input_tokens_per_min: all.input_tokens_per_min,
+                    output_tokens_per_min: all.output_tokens_per_min,
+                }
+            }
+            None => ProviderLimits {
                 requests_per_min: self.provider_requests_per_min.filter(|v| *v > 0),
                 input_tokens_per_min: self.provider_input_tokens_per_min.filter(|v| *v > 0),
                 output_tokens_per_min: self.provider_output_tokens_per_min.filter(|v| *v > 0),
             },
+        };
+        CapacityConfig {
+            limits,
             // `max` first: it turns NaN into the floor.
             burst: Duration::from_secs_f64(self.provider_burst_secs.max(0.01).min(3600.0)),
             // What a call's answer is expected to hold until its usage is known: a translation
@@ -144,13 +211,26 @@ impl ProviderArgs {
     }
 
     /// The provider's prices per million tokens, when either is given.
+    /// With a providers file, the primary deployment's (the console's costs count every call at
+    /// the primary's prices).
     pub fn provider_prices(&self) -> Option<ProviderPrices> {
         let price = |v: Option<f64>| v.filter(|p| p.is_finite() && *p >= 0.0);
-        let (input, output) = (price(self.provider_input_usd_per_mtok), price(self.provider_output_usd_per_mtok));
+        let (input, output, cached) = match self.file() {
+            Some(file) => {
+                let p = file[0].prices;
+                (p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd_per_mtok)
+            }
+            None => (
+                self.provider_input_usd_per_mtok,
+                self.provider_output_usd_per_mtok,
+                self.provider_cached_input_usd_per_mtok,
+            ),
+        };
+        let (input, output) = (price(input), price(output));
         // Unset, cached input is at the vendor's documented share of input: Anthropic's cache
         // reads a tenth; OpenAI's a half (gpt-4o; newer models less: set it).
         let cached_share = if self.provider_kind() == ProviderKind::Anthropic { 0.1 } else { 0.5 };
-        let cached = price(self.provider_cached_input_usd_per_mtok).unwrap_or(input.unwrap_or(0.0) * cached_share);
+        let cached = price(cached).unwrap_or(input.unwrap_or(0.0) * cached_share);
         (input.is_some() || output.is_some()).then(|| ProviderPrices {
             input_usd_per_mtok: input.unwrap_or(0.0),
             output_usd_per_mtok: output.unwrap_or(0.0),
@@ -159,15 +239,32 @@ impl ProviderArgs {
     }
 
     /// The most output tokens one answer may have: as configured, or the model's documented
-    /// maximum.
+    /// maximum (with a providers file, the smallest of the deployments').
     pub fn max_output_tokens(&self) -> u32 {
-        let kind = self.provider_kind();
+        match self.file() {
+            Some(file) => deployments::common_limits(file).1,
+            None => self.single_max_output_tokens(),
+        }
+    }
+
+    /// `--provider-max-tokens`, or the `--provider-model`'s documented maximum (never the file:
+    /// reading it asks this).
+    fn single_max_output_tokens(&self) -> u32 {
+        let kind = self.single_provider_kind();
         self.provider_max_tokens
             .filter(|n| *n > 0)
             .unwrap_or_else(|| providers::documented_max_output_tokens(kind, &self.provider_model))
     }
 
+    /// The primary deployment's kind (the file's first, or `--provider`).
     fn provider_kind(&self) -> ProviderKind {
+        match self.file() {
+            Some(file) => file[0].config.kind,
+            None => self.single_provider_kind(),
+        }
+    }
+
+    fn single_provider_kind(&self) -> ProviderKind {
         match self.provider {
             ProviderChoice::Local => ProviderKind::Local,
             ProviderChoice::Anthropic => ProviderKind::Anthropic,
@@ -175,14 +272,23 @@ impl ProviderArgs {
         }
     }
 
-    /// The AI provider.
+    /// The AI provider: the primary deployment's with a providers file.
     pub fn provider_config(&self) -> ProviderConfig {
+        match self.file() {
+            Some(file) => file[0].config.clone(),
+            None => self.single_provider_config(),
+        }
+    }
+
+    /// The provider the single-provider flags name (and what a file's deployments take from
+    /// them: timeouts, streaming).
+    fn single_provider_config(&self) -> ProviderConfig {
         ProviderConfig {
-            kind: self.provider_kind(),
+            kind: self.single_provider_kind(),
             base_url: self.provider_url.clone(),
             api_key: self.provider_api_key.as_ref().map(|k| k.expose().to_string()),
             model: self.provider_model.clone(),
-            max_tokens: self.max_output_tokens(),
+            max_tokens: self.single_max_output_tokens(),
             timeout: Duration::from_secs_f64(self.provider_timeout_secs.max(0.1)),
             timeout_per_100k_tokens: self.per_100k_tokens(),
             stream: self.provider_stream,
@@ -216,9 +322,13 @@ impl ProviderArgs {
         })
     }
 
-    /// The presets this provider can do.
+    /// The presets this provider can do (every deployment, with a providers file).
     pub fn presets(&self) -> Vec<Preset> {
-        let provider = providers::build(&self.provider_config());
-        Preset::ALL.into_iter().filter(|p| provider.supports(*p)).collect()
+        let configs = match self.file() {
+            Some(file) => file.iter().map(|d| d.config.clone()).collect(),
+            None => vec![self.provider_config()],
+        };
+        let providers: Vec<_> = configs.iter().map(providers::build).collect();
+        Preset::ALL.into_iter().filter(|p| providers.iter().all(|provider| provider.supports(*p))).collect()
     }
 }

@@ -183,3 +183,63 @@ fn console_functions<'a>(
         ("admin/set_in_flight_limit", vec![("user_id", &owner), ("limit", "10")], ManageUsers),
     ]
 }
+
+/// With several provider deployments, staff see which one answered each of a job's calls (and
+/// those it moved on from, and why) and each deployment's state on the capacity page; the
+/// document's owner sees none of it.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn staff_see_which_deployment_answered_each_call_and_each_deployments_state(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let owner = users::create_user(&app.pool, "owner@example.com", "password123", Role::User, 10).await.unwrap();
+    let (_, token) = app.user_with_token("other@example.com", 10, 10).await;
+    let job = app.upload(&token, doc(1), None).await.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sqlx::query("UPDATE jobs SET owner_id = $1 WHERE id = $2::uuid")
+        .bind(owner.id)
+        .bind(&job)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    for sql in [
+        "INSERT INTO provider_deployments (name, position, kind, model, failures_in_a_row, resting_since, resting_until,
+                                           last_failure, limit_input_tokens_per_min, level_input)
+         VALUES ('primary', 0, 'anthropic', 'claude-sonnet-4-5', 4, now() - interval '2 minutes',
+                 now() + interval '40 seconds', 'the provider could not be reached', 30000, 12000),
+                ('second', 1, 'openai', 'gpt-4o', 0, NULL, NULL, NULL, NULL, 'Infinity')",
+        "INSERT INTO provider_calls (job_id, deployment, answered, failure)
+         VALUES ($1::uuid, 'primary', false, 'the provider could not be reached'), ($1::uuid, 'second', true, NULL)",
+    ] {
+        sqlx::query(sql).bind(&job).execute(&app.pool).await.unwrap();
+    }
+
+    let (support, _) = staff(&app, Role::Support).await;
+    let detail: serde_json::Value = call(&support, &app, "job_detail", &[("id", &job)]).await.json().await.unwrap();
+    let calls: Vec<(String, bool)> = detail["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["deployment"].as_str().unwrap().to_string(), c["answered"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(calls, [("primary".to_string(), false), ("second".to_string(), true)]);
+    assert_eq!(detail["calls"][0]["failure"], "the provider could not be reached");
+
+    let capacity: serde_json::Value =
+        call(&support, &app, "admin/capacity", &[("days", "7")]).await.json().await.unwrap();
+    let deployments = capacity["deployments"].as_array().unwrap();
+    assert_eq!(deployments.len(), 2);
+    assert_eq!(
+        (deployments[0]["name"].as_str(), deployments[0]["failures_in_a_row"].as_i64()),
+        (Some("primary"), Some(4))
+    );
+    assert!(deployments[0]["resting_for_secs"].as_f64().unwrap() > 30.0);
+    assert!(deployments[0]["failing_for_secs"].as_f64().unwrap() >= 120.0);
+    assert!(deployments[0]["input_tokens_left"].as_f64().unwrap() >= 12_000.0);
+    assert!(deployments[1]["resting_for_secs"].is_null() && deployments[1]["input_tokens_left"].is_null());
+
+    let browser = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    call(&browser, &app, "log_in", &[("email", "owner@example.com"), ("password", "password123")]).await;
+    let own: serde_json::Value = call(&browser, &app, "job_detail", &[("id", &job)]).await.json().await.unwrap();
+    assert_eq!(own["calls"], serde_json::json!([]), "the owner sees the document, not the deployments");
+}

@@ -538,6 +538,7 @@ impl Answer {
             cached_input_tokens: self.cached_input_tokens,
             reasoning_tokens: self.reasoning_tokens,
             asked_tokens: Some(i64::from(asked)),
+            ..Default::default()
         })
     }
 }

@@ -50,6 +50,7 @@ impl Provider for LocalProvider {
                 cached_input_tokens: None,
                 reasoning_tokens: None,
                 asked_tokens: None,
+                ..Default::default()
             })
         })
     }

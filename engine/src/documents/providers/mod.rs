@@ -2,8 +2,11 @@
 //! `openai` (any OpenAI-compatible server: Ollama, vLLM, llama.cpp) call HTTP APIs. Clients do
 //! no retries of their own: they classify each failure, and the engine's policy decides.
 
+pub mod deployments;
 mod http;
 pub mod local;
+pub mod router;
+pub mod routing;
 mod sse;
 pub mod vendor;
 
@@ -126,6 +129,12 @@ pub struct ProviderOutput {
     /// The `max_tokens` the call asked for.
     #[serde(default)]
     pub asked_tokens: Option<i64>,
+    /// The deployment that answered, when several are configured (the providers file).
+    #[serde(default)]
+    pub deployment: Option<String>,
+    /// The deployments the call moved on from before it, and why.
+    #[serde(default)]
+    pub moved_on: Vec<(String, String)>,
 }
 
 /// An AI provider: one call per attempt, no retries of its own.

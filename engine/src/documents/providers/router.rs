@@ -1,0 +1,378 @@
+//! Several provider deployments behind one [`Provider`]: each call goes to the first one, in
+//! the providers file's order, that is not resting and has room in its own budget; a failure
+//! that is the deployment's moves the call on to the next (within the same attempt: nothing is
+//! answered twice, nothing more is charged), and enough of them in a row put it to rest
+//! ([`super::routing`]). Health and budgets live in `provider_deployments`, so every process
+//! sees a deployment go down, rest and come back.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use sqlx::PgPool;
+
+use super::deployments::{Deployment, Limits};
+use super::routing::{self, FailureRoute, RestPolicy, Standing};
+use super::{build, Preset, Provider, ProviderOutput, Task};
+use crate::error::Result;
+use crate::queue::policy::retry::ErrorClass;
+use crate::queue::JobError;
+
+/// The deployments, as the router calls them.
+pub struct Router {
+    pool: PgPool,
+    deployments: Vec<Routed>,
+    rest: RestPolicy,
+}
+
+struct Routed {
+    name: String,
+    provider: Arc<dyn Provider>,
+}
+
+impl Router {
+    /// Store the deployments' order and limits for every process (a deployment whose limits
+    /// changed starts with a full budget; one no longer in the file is kept, marked so, for its
+    /// calls' history) and make the router.
+    pub async fn start(pool: PgPool, deployments: &[Deployment], rest: RestPolicy) -> Result<Router> {
+        configure(&pool, deployments).await?;
+        let deployments =
+            deployments.iter().map(|d| Routed { name: d.name.clone(), provider: build(&d.config) }).collect();
+        Ok(Router { pool, deployments, rest })
+    }
+
+    fn primary(&self) -> &dyn Provider {
+        self.deployments[0].provider.as_ref()
+    }
+
+    async fn standings(&self, task: &Task) -> Result<Vec<Standing>> {
+        let (input, output) = needs(task);
+        let rows: Vec<(String, bool, bool)> = sqlx::query_as(&format!(
+            "SELECT name, coalesce(resting_until > now(), false), {ROOM}
+             FROM provider_deployments WHERE in_file ORDER BY position"
+        ))
+        .bind(input)
+        .bind(output)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(self
+            .deployments
+            .iter()
+            .map(|d| match rows.iter().find(|(name, ..)| *name == d.name) {
+                Some((_, resting, has_room)) => Standing { resting: *resting, has_room: *has_room },
+                None => Standing { resting: false, has_room: true },
+            })
+            .collect())
+    }
+
+    /// Take a call's needs from the deployment's budget: only when it has room, unless
+    /// `anyway` (the last resort: the budget goes below zero and the next calls wait).
+    async fn take(&self, name: &str, task: &Task, anyway: bool) -> Result<bool> {
+        let (input, output) = needs(task);
+        let taken = sqlx::query(&format!(
+            "UPDATE provider_deployments SET
+                level_requests = {REFILL_REQUESTS} - least(1, {CAP_REQUESTS}),
+                level_input = {REFILL_INPUT} - least($1, {CAP_INPUT}),
+                level_output = {REFILL_OUTPUT} - least($2, {CAP_OUTPUT}),
+                levels_at = clock_timestamp()
+             WHERE name = $3 AND ($4 OR {ROOM})"
+        ))
+        .bind(input)
+        .bind(output)
+        .bind(name)
+        .bind(anyway)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(taken > 0)
+    }
+
+    async fn failed(&self, name: &str, error: &JobError) -> Result<()> {
+        let in_a_row: i32 = sqlx::query_scalar(
+            "UPDATE provider_deployments SET failures_in_a_row = failures_in_a_row + 1, last_failure = $2,
+                    last_failure_at = now()
+             WHERE name = $1 RETURNING failures_in_a_row",
+        )
+        .bind(name)
+        .bind(&error.message)
+        .fetch_optional(&self.pool)
+        .await?
+        .unwrap_or(0);
+        if let Some(rest) = routing::rest_after(&self.rest, in_a_row.max(0) as u32) {
+            sqlx::query(
+                "UPDATE provider_deployments SET resting_until = now() + make_interval(secs => $2),
+                        resting_since = coalesce(resting_since, now())
+                 WHERE name = $1",
+            )
+            .bind(name)
+            .bind(rest.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+            tracing::warn!(
+                deployment = name,
+                failures_in_a_row = in_a_row,
+                rest_secs = rest.as_secs_f64(),
+                "a provider deployment rests"
+            );
+        }
+        Ok(())
+    }
+
+    /// A success ends a rest and the failures in a row (written only when it changes something,
+    /// or every 10 s for the console's "last answered").
+    async fn answered(&self, name: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE provider_deployments SET failures_in_a_row = 0, resting_until = NULL, resting_since = NULL,
+                    last_success_at = now()
+             WHERE name = $1 AND (failures_in_a_row > 0 OR resting_since IS NOT NULL
+                                  OR last_success_at IS NULL OR last_success_at < now() - interval '10 seconds')",
+        )
+        .bind(name)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn route(&self, task: &Task) -> std::result::Result<ProviderOutput, JobError> {
+        let unavailable = |e: crate::error::EngineError| {
+            JobError::new(ErrorClass::Connection, format!("the provider deployments' state could not be read: {e}"))
+        };
+        let standings = self.standings(task).await.map_err(unavailable)?;
+        let order = routing::order(&standings);
+        if order.is_empty() {
+            return Err(JobError::new(
+                ErrorClass::Overloaded,
+                "every provider deployment is resting after failures; the document waits for one to come back",
+            ));
+        }
+        let mut moved_on: Vec<(String, String)> = Vec::new();
+        let mut last_error = None;
+        for (k, &i) in order.iter().enumerate() {
+            let deployment = &self.deployments[i];
+            let last_resort = k + 1 == order.len() && moved_on.is_empty();
+            if !self.take(&deployment.name, task, last_resort).await.map_err(unavailable)? && !last_resort {
+                continue; // another process took its room meanwhile
+            }
+            match deployment.provider.run(task).await {
+                Ok(mut output) => {
+                    if let Err(e) = self.answered(&deployment.name).await {
+                        tracing::warn!(error = %e, "could not record a deployment's answer");
+                    }
+                    output.deployment = Some(deployment.name.clone());
+                    output.moved_on = moved_on;
+                    return Ok(output);
+                }
+                Err(error) => match routing::on_failure(error.class) {
+                    FailureRoute::Stop => return Err(error),
+                    route => {
+                        if route == FailureRoute::CountAndMoveOn {
+                            if let Err(e) = self.failed(&deployment.name, &error).await {
+                                tracing::warn!(error = %e, "could not record a deployment's failure");
+                            }
+                        }
+                        tracing::info!(deployment = %deployment.name, error = %error.message, "moving the call to the next deployment");
+                        moved_on.push((deployment.name.clone(), error.message.clone()));
+                        last_error = Some(error);
+                    }
+                },
+            }
+        }
+        let mut error = last_error.unwrap_or_else(|| {
+            JobError::new(ErrorClass::Overloaded, "no provider deployment had room for the call; it is tried again")
+        });
+        if moved_on.len() > 1 {
+            let tried: Vec<&str> = moved_on.iter().map(|(name, _)| name.as_str()).collect();
+            error.message = format!("{} (every deployment failed: {})", error.message, tried.join(", "));
+        }
+        Err(error)
+    }
+}
+
+/// What a call takes from a budget: its input as counted, and the output it asks for.
+fn needs(task: &Task) -> (f64, f64) {
+    (task.estimated_tokens().max(0) as f64, f64::from(task.answer_tokens.unwrap_or(1024)))
+}
+
+// Each deployment's budget holds a minute of its rate (as the vendors' do) and plans to use
+// 0.95 of it (the claim's budget paces all of them together). A bucket refilled to now:
+macro_rules! refill {
+    ($limit:literal, $level:literal) => {
+        concat!(
+            "(CASE WHEN ",
+            $limit,
+            " IS NULL THEN 'Infinity'::float8 ELSE least(",
+            $limit,
+            " * 0.95 * 60.0 / 60.0, ",
+            $level,
+            " + ",
+            $limit,
+            " * 0.95 / 60.0 * extract(epoch FROM clock_timestamp() - levels_at)) END)"
+        )
+    };
+}
+macro_rules! cap {
+    ($limit:literal) => {
+        concat!("coalesce(", $limit, " * 0.95 * 60.0 / 60.0, 'Infinity'::float8)")
+    };
+}
+const REFILL_REQUESTS: &str = refill!("limit_requests_per_min", "level_requests");
+const REFILL_INPUT: &str = refill!("limit_input_tokens_per_min", "level_input");
+const REFILL_OUTPUT: &str = refill!("limit_output_tokens_per_min", "level_output");
+const CAP_REQUESTS: &str = cap!("limit_requests_per_min");
+const CAP_INPUT: &str = cap!("limit_input_tokens_per_min");
+const CAP_OUTPUT: &str = cap!("limit_output_tokens_per_min");
+/// Room for a call of `$1` input and `$2` output tokens (a call larger than a whole bucket
+/// needs the whole bucket).
+const ROOM: &str = concat!(
+    "(",
+    refill!("limit_requests_per_min", "level_requests"),
+    " >= least(1, ",
+    cap!("limit_requests_per_min"),
+    ") AND ",
+    refill!("limit_input_tokens_per_min", "level_input"),
+    " >= least($1, ",
+    cap!("limit_input_tokens_per_min"),
+    ") AND ",
+    refill!("limit_output_tokens_per_min", "level_output"),
+    " >= least($2, ",
+    cap!("limit_output_tokens_per_min"),
+    "))"
+);
+
+async fn configure(pool: &PgPool, deployments: &[Deployment]) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE provider_deployments SET in_file = false").execute(&mut *tx).await?;
+    for (position, d) in deployments.iter().enumerate() {
+        let limit = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
+        let Limits { requests_per_min, input_tokens_per_min, output_tokens_per_min, .. } = d.limits;
+        sqlx::query(concat!(
+            "INSERT INTO provider_deployments AS d (name, position, kind, model, limit_requests_per_min,
+                    limit_input_tokens_per_min, limit_output_tokens_per_min, in_file)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, true)
+             ON CONFLICT (name) DO UPDATE SET position = $2, kind = $3, model = $4, in_file = true,
+                 level_requests = CASE WHEN d.limit_requests_per_min IS NOT DISTINCT FROM $5 THEN d.level_requests
+                                       ELSE ",
+            cap!("$5"),
+            " END,
+                 level_input = CASE WHEN d.limit_input_tokens_per_min IS NOT DISTINCT FROM $6 THEN d.level_input
+                                    ELSE ",
+            cap!("$6"),
+            " END,
+                 level_output = CASE WHEN d.limit_output_tokens_per_min IS NOT DISTINCT FROM $7 THEN d.level_output
+                                     ELSE ",
+            cap!("$7"),
+            " END,
+                 limit_requests_per_min = $5, limit_input_tokens_per_min = $6, limit_output_tokens_per_min = $7"
+        ))
+        .bind(&d.name)
+        .bind(position as i32)
+        .bind(format!("{:?}", d.config.kind).to_lowercase())
+        .bind(&d.config.model)
+        .bind(limit(requests_per_min))
+        .bind(limit(input_tokens_per_min))
+        .bind(limit(output_tokens_per_min))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+impl Provider for Router {
+    /// The primary's: what is learned of the model (its tokenizer, its expansion) is kept
+    /// under it; the deployments serve one model family.
+    fn name(&self) -> &'static str {
+        self.primary().name()
+    }
+    fn supports(&self, preset: Preset) -> bool {
+        self.deployments.iter().all(|d| d.provider.supports(preset))
+    }
+    /// The shortest answer any deployment allows: a part may go to any.
+    fn max_output_tokens(&self) -> Option<u64> {
+        self.deployments.iter().filter_map(|d| d.provider.max_output_tokens()).min()
+    }
+    fn reasons(&self) -> bool {
+        self.deployments.iter().any(|d| d.provider.reasons())
+    }
+    fn model(&self) -> &str {
+        self.primary().model()
+    }
+    fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, std::result::Result<ProviderOutput, JobError>> {
+        Box::pin(self.route(task))
+    }
+}
+
+/// A deployment as the console shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct DeploymentState {
+    pub name: String,
+    pub kind: String,
+    pub model: String,
+    pub failures_in_a_row: i32,
+    /// Seconds it rests still (none: it takes calls).
+    pub resting_for_secs: Option<f64>,
+    /// Seconds since it began failing without an answer since (none: it answers).
+    pub failing_for_secs: Option<f64>,
+    pub last_failure: Option<String>,
+    pub last_success_secs_ago: Option<f64>,
+    pub limit_requests_per_min: Option<i64>,
+    pub limit_input_tokens_per_min: Option<i64>,
+    pub limit_output_tokens_per_min: Option<i64>,
+    /// What its input-token budget holds now (none: no limit).
+    pub input_tokens_left: Option<f64>,
+}
+
+/// Every deployment in the file, in its order (none when no providers file is used).
+pub async fn states(pool: &PgPool) -> Result<Vec<DeploymentState>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT name, kind, model, failures_in_a_row,
+                CASE WHEN resting_until > now() THEN extract(epoch FROM resting_until - now())::float8 END AS resting_for_secs,
+                extract(epoch FROM now() - resting_since)::float8 AS failing_for_secs,
+                last_failure,
+                extract(epoch FROM now() - last_success_at)::float8 AS last_success_secs_ago,
+                limit_requests_per_min, limit_input_tokens_per_min, limit_output_tokens_per_min,
+                CASE WHEN limit_input_tokens_per_min IS NOT NULL THEN {REFILL_INPUT} END AS input_tokens_left
+         FROM provider_deployments WHERE in_file ORDER BY position"
+    ))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Record which deployment answered a job's call, and those it moved on from (for operators).
+pub async fn record_calls(pool: &PgPool, job: uuid::Uuid, output: &ProviderOutput) -> Result<()> {
+    let Some(answered_by) = &output.deployment else { return Ok(()) };
+    let mut names: Vec<&str> = output.moved_on.iter().map(|(name, _)| name.as_str()).collect();
+    let mut failures: Vec<Option<&str>> = output.moved_on.iter().map(|(_, why)| Some(why.as_str())).collect();
+    names.push(answered_by);
+    failures.push(None);
+    sqlx::query(
+        "INSERT INTO provider_calls (job_id, deployment, answered, failure)
+         SELECT $1, name, failure IS NULL, failure FROM unnest($2::text[], $3::text[]) AS c (name, failure)",
+    )
+    .bind(job)
+    .bind(&names)
+    .bind(&failures)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// One call of a job's, as the job page shows it to operators.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct CallRecord {
+    pub at: chrono::DateTime<chrono::Utc>,
+    pub deployment: String,
+    pub answered: bool,
+    pub failure: Option<String>,
+}
+
+/// A job's calls, in order (at most the last 200).
+pub async fn calls_of(pool: &PgPool, job: uuid::Uuid) -> Result<Vec<CallRecord>> {
+    let mut calls: Vec<CallRecord> = sqlx::query_as(
+        "SELECT at, deployment, answered, failure FROM provider_calls WHERE job_id = $1 ORDER BY id DESC LIMIT 200",
+    )
+    .bind(job)
+    .fetch_all(pool)
+    .await?;
+    calls.reverse();
+    Ok(calls)
+}
