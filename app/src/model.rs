@@ -542,26 +542,7 @@ pub struct CapacityInfo {
     pub time_limits: sluice_types::capacity::TimeLimits,
     /// The providers file's deployments, in order (none without one).
     #[serde(default)]
-    pub deployments: Vec<DeploymentInfo>,
-}
-
-/// A provider deployment as the console shows it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct DeploymentInfo {
-    pub name: String,
-    pub kind: String,
-    pub model: String,
-    pub failures_in_a_row: i32,
-    /// Seconds it rests still (none: it takes calls).
-    pub resting_for_secs: Option<f64>,
-    /// Seconds it has failed without answering (none: it answers).
-    pub failing_for_secs: Option<f64>,
-    pub last_failure: Option<String>,
-    pub last_success_secs_ago: Option<f64>,
-    pub limit_requests_per_min: Option<i64>,
-    pub limit_input_tokens_per_min: Option<i64>,
-    pub limit_output_tokens_per_min: Option<i64>,
-    pub input_tokens_left: Option<f64>,
+    pub deployments: Vec<sluice_types::capacity::DeploymentState>,
 }
 
 /// One provider call of a job's, for operators: which deployment, and whether it answered.

@@ -517,3 +517,25 @@ mod tests {
         assert_eq!(SizeKind::from_file_name("docx"), SizeKind::Text);
     }
 }
+
+/// A provider deployment of the providers file, as the console shows it: its state, its own
+/// limits and what its input budget holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+pub struct DeploymentState {
+    pub name: String,
+    pub kind: String,
+    pub model: String,
+    pub failures_in_a_row: i32,
+    /// Seconds it rests still (none: it takes calls).
+    pub resting_for_secs: Option<f64>,
+    /// Seconds since it began failing without an answer since (none: it answers).
+    pub failing_for_secs: Option<f64>,
+    pub last_failure: Option<String>,
+    pub last_success_secs_ago: Option<f64>,
+    pub limit_requests_per_min: Option<i64>,
+    pub limit_input_tokens_per_min: Option<i64>,
+    pub limit_output_tokens_per_min: Option<i64>,
+    /// What its input-token budget holds now (none: no limit).
+    pub input_tokens_left: Option<f64>,
+}

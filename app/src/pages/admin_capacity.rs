@@ -6,8 +6,9 @@
 use leptos::prelude::*;
 
 use crate::errors::AppError;
-use crate::model::{CapacityInfo, DeploymentInfo};
+use crate::model::CapacityInfo;
 use crate::server::admin::capacity;
+use sluice_types::capacity::DeploymentState;
 use sluice_types::capacity::{plan, AttemptStats, ProviderLimits, Sizing};
 use sluice_types::Preset;
 
@@ -232,7 +233,7 @@ pub fn CapacityCard(admitted: Memo<Option<bool>>) -> impl IntoView {
 }
 
 /// Pure: a deployment's state in words: taking calls, failing, or resting and until when.
-pub fn deployment_state_text(d: &DeploymentInfo) -> String {
+pub fn deployment_state_text(d: &DeploymentState) -> String {
     let minutes = |secs: f64| {
         if secs < 90.0 {
             format!("{:.0} s", secs.max(0.0))
@@ -259,7 +260,7 @@ pub fn deployment_state_text(d: &DeploymentInfo) -> String {
 }
 
 /// Pure: a deployment's own limits, as the providers file gives them.
-pub fn deployment_limits_text(d: &DeploymentInfo) -> String {
+pub fn deployment_limits_text(d: &DeploymentState) -> String {
     let limits: Vec<String> = [
         (d.limit_requests_per_min, "requests"),
         (d.limit_input_tokens_per_min, "input tokens"),
@@ -277,7 +278,7 @@ pub fn deployment_limits_text(d: &DeploymentInfo) -> String {
 
 /// The providers file's deployments, in the order calls try them.
 #[component]
-fn DeploymentTable(deployments: Vec<DeploymentInfo>) -> impl IntoView {
+fn DeploymentTable(deployments: Vec<DeploymentState>) -> impl IntoView {
     let rows = deployments
         .into_iter()
         .map(|d| {
@@ -325,12 +326,12 @@ mod tests {
 
     #[test]
     fn a_deployment_says_whether_it_takes_calls_or_rests_and_for_how_long() {
-        let d = |resting: Option<f64>, failing: Option<f64>, ago: Option<f64>, failures| DeploymentInfo {
+        let d = |resting: Option<f64>, failing: Option<f64>, ago: Option<f64>, failures| DeploymentState {
             resting_for_secs: resting,
             failing_for_secs: failing,
             last_success_secs_ago: ago,
             failures_in_a_row: failures,
-            ..DeploymentInfo::default()
+            ..DeploymentState::default()
         };
         assert_eq!(deployment_state_text(&d(None, None, None, 0)), "Taking calls; not called yet");
         assert_eq!(deployment_state_text(&d(None, None, Some(4.0), 0)), "Taking calls; last answered 4 s ago");
@@ -346,13 +347,13 @@ mod tests {
             deployment_state_text(&d(None, Some(30.0), None, 3)),
             "Trying again after failing for 30 s (3 failures in a row)"
         );
-        let limited = DeploymentInfo {
+        let limited = DeploymentState {
             limit_input_tokens_per_min: Some(30_000),
             limit_requests_per_min: Some(50),
             ..Default::default()
         };
         assert_eq!(deployment_limits_text(&limited), "50 requests, 30,000 input tokens a minute");
-        assert_eq!(deployment_limits_text(&DeploymentInfo::default()), "No limits");
+        assert_eq!(deployment_limits_text(&DeploymentState::default()), "No limits");
     }
 
     #[test]

@@ -94,24 +94,7 @@ pub async fn capacity(days: u32) -> Result<CapacityInfo, AppError> {
             days,
             stats: engine::queue::capacity::attempt_stats(&ctx.pool, days).await?,
             time_limits: ctx.settings.time_limits,
-            deployments: engine::documents::providers::router::states(&ctx.pool)
-                .await?
-                .into_iter()
-                .map(|d| crate::model::DeploymentInfo {
-                    name: d.name,
-                    kind: d.kind,
-                    model: d.model,
-                    failures_in_a_row: d.failures_in_a_row,
-                    resting_for_secs: d.resting_for_secs,
-                    failing_for_secs: d.failing_for_secs,
-                    last_failure: d.last_failure,
-                    last_success_secs_ago: d.last_success_secs_ago,
-                    limit_requests_per_min: d.limit_requests_per_min,
-                    limit_input_tokens_per_min: d.limit_input_tokens_per_min,
-                    limit_output_tokens_per_min: d.limit_output_tokens_per_min,
-                    input_tokens_left: d.input_tokens_left,
-                })
-                .collect(),
+            deployments: engine::documents::providers::router::states(&ctx.pool).await?,
         })
     })
     .await

@@ -16,6 +16,7 @@ use super::{build, Preset, Provider, ProviderOutput, Task};
 use crate::error::Result;
 use crate::queue::policy::retry::ErrorClass;
 use crate::queue::JobError;
+pub use sluice_types::capacity::DeploymentState;
 
 /// The deployments, as the router calls them.
 pub struct Router {
@@ -299,26 +300,6 @@ impl Provider for Router {
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, std::result::Result<ProviderOutput, JobError>> {
         Box::pin(self.route(task))
     }
-}
-
-/// A deployment as the console shows it.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, sqlx::FromRow)]
-pub struct DeploymentState {
-    pub name: String,
-    pub kind: String,
-    pub model: String,
-    pub failures_in_a_row: i32,
-    /// Seconds it rests still (none: it takes calls).
-    pub resting_for_secs: Option<f64>,
-    /// Seconds since it began failing without an answer since (none: it answers).
-    pub failing_for_secs: Option<f64>,
-    pub last_failure: Option<String>,
-    pub last_success_secs_ago: Option<f64>,
-    pub limit_requests_per_min: Option<i64>,
-    pub limit_input_tokens_per_min: Option<i64>,
-    pub limit_output_tokens_per_min: Option<i64>,
-    /// What its input-token budget holds now (none: no limit).
-    pub input_tokens_left: Option<f64>,
 }
 
 /// Every deployment in the file, in its order (none when no providers file is used).
