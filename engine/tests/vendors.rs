@@ -426,3 +426,121 @@ async fn hostile_streams_are_bounded() {
     fake.push([events(&["data: {not json"], 0)]);
     assert_eq!(p.run(&task()).await.unwrap_err().class, ErrorClass::ServerError);
 }
+
+// The batch APIs (issue 60's economy lane builds on them): each vendor's documented shape,
+// each result checked exactly as an interactive answer is.
+
+fn batch_provider(kind: ProviderKind, fake: &FakeProvider) -> providers::HttpProvider {
+    let base_url = if kind == ProviderKind::Openai { format!("{}/v1", fake.base_url()) } else { fake.base_url() };
+    providers::HttpProvider::new(&ProviderConfig {
+        kind,
+        base_url,
+        api_key: Some("test-key".into()),
+        model: "m".into(),
+        max_tokens: 64_000,
+        ..Default::default()
+    })
+}
+
+fn clause(n: usize) -> Task {
+    Task { text: format!("Clause number {n} binds both parties."), ..task() }
+}
+
+async fn until_ended(http: &providers::HttpProvider, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http.batch_state(id).await.unwrap() != providers::batch::BatchState::Ended {
+        assert!(Instant::now() < deadline, "the batch ends");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_batch_goes_in_polled_and_read_in_each_vendors_shape_and_each_result_is_checked_as_an_answer_is() {
+    for kind in [ProviderKind::Anthropic, ProviderKind::Openai] {
+        let fake = FakeProvider::start().await;
+        let (whole, cut) =
+            if kind == ProviderKind::Anthropic { ("end_turn", "max_tokens") } else { ("stop", "length") };
+        let finished = |text: &str, stop: &str| Reply::Finished {
+            text: text.into(),
+            stop_reason: stop.into(),
+            input_tokens: 12,
+            output_tokens: 7,
+        };
+        fake.push_matching("Clause number 1 ", [finished("La clause 1 lie les parties.", whole)]);
+        fake.push_matching("Clause number 2 ", [Reply::ServerError]);
+        fake.push_matching("Clause number 3 ", [Reply::ContentPolicy { delay_ms: 0 }]);
+        fake.push_matching("Clause number 4 ", [finished("La clause 4", cut)]);
+        fake.push_matching("Clause number 5 ", [finished("  ", whole)]);
+        fake.push_matching("Clause number 6 ", [finished("La clause 6", "tool_use_but_not_really")]);
+        let http = batch_provider(kind, &fake);
+        let tasks: Vec<Task> = (1..=6).map(clause).collect();
+        let requests: Vec<providers::batch::BatchRequest> = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, task)| providers::batch::BatchRequest { custom_id: format!("job-part-{}", i + 1), task })
+            .collect();
+        let id = http.submit_batch(&requests).await.unwrap();
+        assert!(matches!(http.batch_state(&id).await.unwrap(), providers::batch::BatchState::Running { total: 6, .. }));
+        until_ended(&http, &id).await;
+        let asked: std::collections::HashMap<String, u32> = (1..=7).map(|i| (format!("job-part-{i}"), 700)).collect();
+        let results = http.batch_results(&id, &asked).await.unwrap();
+        let class = |n: usize| results[&format!("job-part-{n}")].as_ref().err().map(|e| e.class);
+        let answer = results[&"job-part-1".to_string()].as_ref().unwrap();
+        assert_eq!(
+            (answer.text.as_str(), answer.input_tokens, answer.cut),
+            ("La clause 1 lie les parties.", Some(12), false)
+        );
+        assert_eq!(class(2), Some(ErrorClass::ServerError), "{kind:?}: an error inside the batch keeps its class");
+        assert_eq!(class(3), Some(ErrorClass::InvalidInput), "{kind:?}: a refusal is the document's");
+        assert!(results[&"job-part-4".to_string()].as_ref().unwrap().cut, "{kind:?}: a cut answer is marked cut");
+        assert_eq!(class(5), Some(ErrorClass::Unfinished), "{kind:?}: an empty answer is never a success");
+        assert_eq!(class(6), Some(ErrorClass::Unfinished), "{kind:?}: an unknown stop reason is never a success");
+        assert_eq!(class(7), Some(ErrorClass::Unfinished), "{kind:?}: a request the results leave out is unfinished");
+        assert_eq!((fake.batch_requests(), fake.calls()), (6, 6), "{kind:?}: one batch, each request answered once");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_past_its_window_expires_and_a_canceled_one_answers_nothing_more() {
+    for kind in [ProviderKind::Anthropic, ProviderKind::Openai] {
+        let fake = FakeProvider::start().await;
+        let http = batch_provider(kind, &fake);
+        let tasks: Vec<Task> = (1..=3).map(clause).collect();
+        let requests: Vec<providers::batch::BatchRequest> = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, task)| providers::batch::BatchRequest { custom_id: format!("r{i}"), task })
+            .collect();
+        let asked: std::collections::HashMap<String, u32> = (0..3).map(|i| (format!("r{i}"), 700)).collect();
+
+        // "24 hours" are half a second here; the provider takes a second.
+        fake.batch_timing(fakeprovider::BatchTiming {
+            delay: Duration::from_secs(1),
+            window: Duration::from_millis(500),
+        });
+        let id = http.submit_batch(&requests).await.unwrap();
+        until_ended(&http, &id).await;
+        let results = http.batch_results(&id, &asked).await.unwrap();
+        assert!(
+            results.values().all(|r| r.as_ref().err().map(|e| e.class) == Some(ErrorClass::Timeout)),
+            "{kind:?}: {results:?}"
+        );
+
+        fake.batch_timing(fakeprovider::BatchTiming {
+            delay: Duration::from_millis(400),
+            window: Duration::from_secs(30),
+        });
+        let id = http.submit_batch(&requests).await.unwrap();
+        http.cancel_batch(&id).await.unwrap();
+        until_ended(&http, &id).await;
+        let results = http.batch_results(&id, &asked).await.unwrap();
+        assert!(
+            results.values().all(|r| r.as_ref().err().map(|e| e.class) == Some(ErrorClass::Overloaded)),
+            "{kind:?}: {results:?}"
+        );
+        assert_eq!(fake.calls(), 0, "{kind:?}: nothing was answered");
+        // A request id the vendors would refuse is refused before anything is sent.
+        let bad = [providers::batch::BatchRequest { custom_id: "not ok/../x".into(), task: &tasks[0] }];
+        assert_eq!(http.submit_batch(&bad).await.unwrap_err().class, ErrorClass::Rejected);
+    }
+}

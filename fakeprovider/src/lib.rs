@@ -19,6 +19,8 @@
 //! request's `max_tokens` with the provider's own stop reason (`finish_reason: "length"`,
 //! `stop_reason: "max_tokens"`), as real providers do.
 
+mod batches;
+pub use batches::BatchTiming;
 #[cfg(feature = "mail")]
 pub mod mailbox;
 pub mod receiver;
@@ -236,6 +238,8 @@ struct Script {
     most_answering: u64,
     /// Until then every request is refused for a spent quota.
     quota_spent_until: Option<Instant>,
+    /// The batch APIs' files and batches.
+    batches: batches::Batches,
 }
 
 /// Serve the fake's routes on `listener`, each connection a task of the returned one's (so
@@ -247,6 +251,15 @@ fn serve(listener: tokio::net::TcpListener, script: Shared) -> tokio::task::Join
         .route("/_script", post(set_script))
         .route("/_calls", get(calls))
         .route("/_model", post(set_model).get(model_report))
+        .route("/v1/files", post(batches::upload_file))
+        .route("/v1/files/{id}/content", get(batches::file_content))
+        .route("/v1/batches", post(batches::openai_create))
+        .route("/v1/batches/{id}", get(batches::openai_get))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
+        .route("/v1/messages/batches", post(batches::anthropic_create))
+        .route("/v1/messages/batches/{id}", get(batches::anthropic_get))
+        .route("/v1/messages/batches/{id}/results", get(batches::anthropic_results))
+        .route("/v1/messages/batches/{id}/cancel", post(batches::cancel))
         .with_state(script);
     tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
@@ -509,6 +522,16 @@ impl FakeProvider {
         let addr = listener.local_addr().unwrap();
         let serving = Arc::new(Mutex::new(Some(serve(listener, script.clone()))));
         FakeProvider { addr, script, serving }
+    }
+
+    /// How long its batches take and how long their window is (past it, they expire).
+    pub fn batch_timing(&self, timing: BatchTiming) {
+        self.script.lock().unwrap().batches.timing = timing;
+    }
+
+    /// Requests submitted in batches so far, and the batches made.
+    pub fn batch_requests(&self) -> u64 {
+        self.script.lock().unwrap().batches.requests
     }
 
     /// Kill it, as a deployment goes down: its port refuses connections, and the calls it was

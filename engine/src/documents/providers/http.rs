@@ -99,7 +99,7 @@ pub fn remaining_from_headers(headers: &HeaderMap) -> RateRemaining {
     }
 }
 
-fn transport_failure(e: &reqwest::Error) -> JobError {
+pub(super) fn transport_failure(e: &reqwest::Error) -> JobError {
     if e.is_timeout() {
         JobError::new(ErrorClass::Timeout, "the provider did not answer in time")
     } else {
@@ -120,7 +120,11 @@ pub const MAX_ANSWER_BYTES: usize = 8 << 20;
 
 /// Read the body up to [`MAX_ANSWER_BYTES`] (the client's timeout bounds the time, and a body
 /// that sends nothing for `stall` is given up).
-async fn read_body(mut response: reqwest::Response, status: u16, stall: Duration) -> Result<String, JobError> {
+pub(super) async fn read_body(
+    mut response: reqwest::Response,
+    status: u16,
+    stall: Duration,
+) -> Result<String, JobError> {
     let mut body = Vec::new();
     loop {
         let chunk = tokio::time::timeout(stall, response.chunk())
@@ -150,7 +154,7 @@ fn or_default(value: &str, default: &str) -> String {
 
 /// Which API a provider speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Api {
+pub(super) enum Api {
     /// Anthropic's Messages API.
     Messages,
     /// OpenAI-compatible chat completions (OpenAI, Ollama, vLLM, llama.cpp).
@@ -159,7 +163,9 @@ enum Api {
 
 /// A hosted model behind Anthropic's Messages API or an OpenAI-compatible chat completions API.
 pub struct HttpProvider {
-    api: Api,
+    pub(super) api: Api,
+    /// The API's base (Anthropic's without `/v1`; an OpenAI-compatible one ending in `/v1`).
+    pub(super) base: String,
     client: reqwest::Client,
     url: String,
     api_key: Option<String>,
@@ -172,20 +178,25 @@ pub struct HttpProvider {
 impl HttpProvider {
     /// A client for the configured API, base URL, key and model.
     pub fn new(config: &ProviderConfig) -> Self {
-        let (api, url, model) = match config.kind {
+        let (api, base, model) = match config.kind {
             ProviderKind::Anthropic => (
                 Api::Messages,
-                format!("{}/v1/messages", or_default(&config.base_url, "https://api.anthropic.com")),
+                or_default(&config.base_url, "https://api.anthropic.com"),
                 or_default(&config.model, "claude-sonnet-4-5"),
             ),
             _ => (
                 Api::ChatCompletions,
-                format!("{}/chat/completions", or_default(&config.base_url, "https://api.openai.com/v1")),
+                or_default(&config.base_url, "https://api.openai.com/v1"),
                 or_default(&config.model, "gpt-4o-mini"),
             ),
         };
+        let url = match api {
+            Api::Messages => format!("{base}/v1/messages"),
+            Api::ChatCompletions => format!("{base}/chat/completions"),
+        };
         HttpProvider {
             api,
+            base,
             client: client(config.timeout),
             url,
             api_key: config.api_key.clone(),
@@ -229,17 +240,51 @@ impl HttpProvider {
         }
     }
 
-    async fn call(&self, task: &Task) -> Result<ProviderOutput, JobError> {
-        let asked = task.answer_tokens.unwrap_or(self.max_tokens).clamp(1, self.max_tokens.max(1));
-        let mut request =
-            self.client.post(&self.url).timeout(self.config.task_timeout(task)).json(&self.body(task, asked));
-        request = match (self.api, &self.api_key) {
+    /// The answer's size a task asks for: its own, within the model's maximum.
+    pub(super) fn asked(&self, task: &Task) -> u32 {
+        task.answer_tokens.unwrap_or(self.max_tokens).clamp(1, self.max_tokens.max(1))
+    }
+
+    /// A request to the API with its key (Anthropic's header, or a bearer token).
+    pub(super) fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match (self.api, &self.api_key) {
             (Api::Messages, key) => request
                 .header("x-api-key", key.as_deref().unwrap_or_default())
                 .header("anthropic-version", "2023-06-01"),
             (Api::ChatCompletions, Some(key)) => request.bearer_auth(key),
             (Api::ChatCompletions, None) => request,
+        }
+    }
+
+    pub(super) fn http(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// A task's request as a batch carries it: the same body, never streamed.
+    pub(super) fn batch_body(&self, task: &Task) -> Value {
+        let mut body = self.body(task, self.asked(task));
+        body["stream"] = Value::Bool(false);
+        if let Some(object) = body.as_object_mut() {
+            object.remove("stream_options");
+        }
+        body
+    }
+
+    /// A whole answer's body (a batch's result) checked as an interactive answer is: cut,
+    /// refused, empty or ended for an unknown reason is never a success.
+    pub(super) fn answer_of(&self, json: &Value, asked: u32) -> Result<ProviderOutput, JobError> {
+        let answer = match self.api {
+            Api::Messages => Answer::from_message(json),
+            Api::ChatCompletions => Answer::from_completion(json),
         };
+        answer.into_output(self.api, &HeaderMap::new(), asked)
+    }
+
+    async fn call(&self, task: &Task) -> Result<ProviderOutput, JobError> {
+        let asked = self.asked(task);
+        let request = self.authorized(
+            self.client.post(&self.url).timeout(self.config.task_timeout(task)).json(&self.body(task, asked)),
+        );
         let response = request.send().await.map_err(|e| transport_failure(&e))?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();

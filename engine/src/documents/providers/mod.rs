@@ -2,6 +2,7 @@
 //! `openai` (any OpenAI-compatible server: Ollama, vLLM, llama.cpp) call HTTP APIs. Clients do
 //! no retries of their own: they classify each failure, and the engine's policy decides.
 
+pub mod batch;
 pub mod deployments;
 mod http;
 pub mod local;
