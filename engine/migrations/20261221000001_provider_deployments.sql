@@ -24,9 +24,11 @@ CREATE TABLE provider_deployments (
     last_success_at timestamptz
 );
 
+-- A log, as provider_cache_reads is: kept as long as the evidence (the upkeep prunes it by
+-- age), no key on jobs (a job's deletion writes nothing here; its rows hold no words of its).
 CREATE TABLE provider_calls (
     id bigserial PRIMARY KEY,
-    job_id uuid NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    job_id uuid NOT NULL,
     at timestamptz NOT NULL DEFAULT now(),
     deployment text NOT NULL,
     answered boolean NOT NULL,
@@ -34,3 +36,4 @@ CREATE TABLE provider_calls (
     failure text
 );
 CREATE INDEX provider_calls_by_job ON provider_calls (job_id, id);
+CREATE INDEX provider_calls_at ON provider_calls (at);

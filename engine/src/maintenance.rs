@@ -227,6 +227,11 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
         .execute(pool)
         .await?
         .rows_affected();
+    let calls = sqlx::query("DELETE FROM provider_calls WHERE at < now() - make_interval(secs => $1)")
+        .bind(keep.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected();
     let audit = sqlx::query("DELETE FROM audit_log WHERE at < now() - make_interval(secs => $1)")
         .bind(keep.as_secs_f64())
         .execute(pool)
@@ -237,5 +242,5 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
         .execute(pool)
         .await?
         .rows_affected();
-    Ok(reports + alerts + cache_reads + discarded + audit + notices)
+    Ok(reports + alerts + cache_reads + discarded + calls + audit + notices)
 }

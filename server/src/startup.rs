@@ -122,7 +122,12 @@ impl Application {
                                 .context("storing the provider deployments")?,
                         )
                     }
-                    None => engine::documents::providers::build(&provider_config),
+                    None => {
+                        engine::documents::providers::router::forget_deployments(&pool)
+                            .await
+                            .context("forgetting an earlier providers file's deployments")?;
+                        engine::documents::providers::build(&provider_config)
+                    }
                 };
             tracing::info!(provider = provider.name(), "documents go to this provider");
             let token_ratio = match provider_config.kind {

@@ -372,7 +372,8 @@ mod tests {
         let deployments = provider.deployments().unwrap().unwrap();
         assert_eq!(deployments.len(), 2);
         assert_eq!(provider.capacity_config().limits.input_tokens_per_min, Some(2_100_000));
-        assert_eq!(provider.context_tokens(), Some(128_000));
+        // The second's own bucket (100,000 a minute) holds less than its context.
+        assert_eq!(provider.context_tokens(), Some(100_000));
         assert_eq!(provider.max_output_tokens(), 16_384, "gpt-4o's answer is the shorter");
         assert_eq!(provider.provider_prices().unwrap().output_usd_per_mtok, 15.0);
         assert_eq!(provider.provider_config().api_key.as_deref(), Some("sk-live-primary-secret"));

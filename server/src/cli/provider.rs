@@ -148,22 +148,25 @@ impl ProviderArgs {
         }
     }
 
-    /// The most input tokens one request may carry: the provider's context (the smallest of the
-    /// deployments'), and no more than one input-token bucket holds (a larger request could
-    /// never pass the provider's limit).
+    /// The most input tokens one request may carry: the provider's context, and no more than
+    /// one input-token bucket holds (a larger request could never pass the provider's limit).
+    /// With a providers file, the least of every deployment's (a part may go to any), a
+    /// deployment without its own context taking `--provider-context-tokens`.
     pub fn context_tokens(&self) -> Option<u64> {
-        let context = match self.file() {
-            Some(file) => deployments::common_limits(file).0,
-            None => (self.provider_context_tokens > 0).then_some(self.provider_context_tokens),
+        // None is no limit: the smaller of two limits, or the one there is.
+        let least = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
-        let capacity = self.capacity_config();
-        let bucket = capacity
-            .limits
-            .input_tokens_per_min
-            .map(|per_min| (per_min as f64 * capacity.burst.as_secs_f64() / 60.0) as u64);
-        match (context, bucket) {
-            (Some(c), Some(b)) => Some(c.min(b)),
-            (c, b) => c.or(b),
+        let burst = self.capacity_config().burst.as_secs_f64();
+        let bucket = |per_min: Option<u64>| per_min.map(|per_min| (per_min as f64 * burst / 60.0) as u64);
+        let flag = (self.provider_context_tokens > 0).then_some(self.provider_context_tokens);
+        match self.file() {
+            Some(file) => file
+                .iter()
+                .map(|d| least(d.limits.context_tokens.or(flag), bucket(d.limits.input_tokens_per_min)))
+                .fold(None, least),
+            None => least(flag, bucket(self.capacity_config().limits.input_tokens_per_min)),
         }
     }
 
@@ -242,7 +245,7 @@ impl ProviderArgs {
     /// maximum (with a providers file, the smallest of the deployments').
     pub fn max_output_tokens(&self) -> u32 {
         match self.file() {
-            Some(file) => deployments::common_limits(file).1,
+            Some(file) => deployments::shortest_answer(file),
             None => self.single_max_output_tokens(),
         }
     }

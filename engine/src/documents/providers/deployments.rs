@@ -168,16 +168,15 @@ pub fn parse(
     Ok(deployments)
 }
 
-/// What every call may carry whichever deployment answers it: the smallest context and the
-/// shortest answer among them (a document's parts are sized once, and may go to any).
-pub fn common_limits(deployments: &[Deployment]) -> (Option<u64>, u32) {
-    let context = deployments.iter().filter_map(|d| d.limits.context_tokens).min();
-    let answer = deployments.iter().map(|d| d.config.max_tokens).min().unwrap_or(super::DEFAULT_MAX_OUTPUT_TOKENS);
-    (context, answer)
+/// The longest answer every deployment allows (a document's parts are sized once, and may go
+/// to any).
+pub fn shortest_answer(deployments: &[Deployment]) -> u32 {
+    deployments.iter().map(|d| d.config.max_tokens).min().unwrap_or(super::DEFAULT_MAX_OUTPUT_TOKENS)
 }
 
-/// The deployments' limits added up (the claim's budget paces all of them together); a
-/// dimension any deployment leaves unlimited is unlimited.
+/// The deployments' per-minute limits added up (the claim's budget paces all of them
+/// together); a dimension any deployment leaves unlimited is unlimited. (The context is each
+/// deployment's own: a part must fit the smallest.)
 pub fn combined_limits(deployments: &[Deployment]) -> Limits {
     let sum = |of: fn(&Limits) -> Option<u64>| -> Option<u64> {
         deployments.iter().map(|d| of(&d.limits)).try_fold(0u64, |total, v| v.map(|v| total.saturating_add(v)))
@@ -186,7 +185,7 @@ pub fn combined_limits(deployments: &[Deployment]) -> Limits {
         requests_per_min: sum(|l| l.requests_per_min),
         input_tokens_per_min: sum(|l| l.input_tokens_per_min),
         output_tokens_per_min: sum(|l| l.output_tokens_per_min),
-        context_tokens: common_limits(deployments).0,
+        context_tokens: None,
     }
 }
 
@@ -235,7 +234,7 @@ mod tests {
         assert!(d[0].batch && !d[1].batch);
         assert_eq!(d[1].config.api_key, None, "a local server needs no key");
         assert_eq!(d[1].config.max_tokens, crate::documents::providers::DEFAULT_MAX_OUTPUT_TOKENS);
-        assert_eq!(common_limits(&d), (Some(32_000), 8_192));
+        assert_eq!(shortest_answer(&d), 8_192);
         let combined = combined_limits(&d);
         assert_eq!(combined.input_tokens_per_min, Some(2_030_000));
         assert_eq!(combined.output_tokens_per_min, None, "the second has no output limit");

@@ -47,8 +47,8 @@ impl Router {
 
     async fn standings(&self, task: &Task) -> Result<Vec<Standing>> {
         let (input, output) = needs(task);
-        let rows: Vec<(String, bool, bool)> = sqlx::query_as(&format!(
-            "SELECT name, coalesce(resting_until > now(), false), {ROOM}
+        let rows: Vec<(String, f64, bool)> = sqlx::query_as(&format!(
+            "SELECT name, greatest(coalesce(extract(epoch FROM resting_until - now())::float8, 0), 0), {ROOM}
              FROM provider_deployments WHERE in_file ORDER BY position"
         ))
         .bind(input)
@@ -59,8 +59,8 @@ impl Router {
             .deployments
             .iter()
             .map(|d| match rows.iter().find(|(name, ..)| *name == d.name) {
-                Some((_, resting, has_room)) => Standing { resting: *resting, has_room: *has_room },
-                None => Standing { resting: false, has_room: true },
+                Some((_, rest_left, has_room)) => Standing { rest_left: *rest_left, has_room: *has_room },
+                None => Standing { rest_left: 0.0, has_room: true },
             })
             .collect())
     }
@@ -87,21 +87,25 @@ impl Router {
         Ok(taken > 0)
     }
 
+    /// A failure of the deployment's own counts toward its rest, unless it rests already (the
+    /// calls in flight when it went down fail together: one outage, not fifty).
     async fn failed(&self, name: &str, error: &JobError) -> Result<()> {
-        let in_a_row: i32 = sqlx::query_scalar(
+        let in_a_row: Option<i32> = sqlx::query_scalar(
             "UPDATE provider_deployments SET failures_in_a_row = failures_in_a_row + 1, last_failure = $2,
                     last_failure_at = now()
-             WHERE name = $1 RETURNING failures_in_a_row",
+             WHERE name = $1 AND (resting_until IS NULL OR resting_until <= now())
+             RETURNING failures_in_a_row",
         )
         .bind(name)
         .bind(&error.message)
         .fetch_optional(&self.pool)
-        .await?
-        .unwrap_or(0);
+        .await?;
+        let Some(in_a_row) = in_a_row else { return Ok(()) };
         if let Some(rest) = routing::rest_after(&self.rest, in_a_row.max(0) as u32) {
             sqlx::query(
-                "UPDATE provider_deployments SET resting_until = now() + make_interval(secs => $2),
-                        resting_since = coalesce(resting_since, now())
+                "UPDATE provider_deployments
+                 SET resting_until = greatest(coalesce(resting_until, now()), now() + make_interval(secs => $2)),
+                     resting_since = coalesce(resting_since, now())
                  WHERE name = $1",
             )
             .bind(name)
@@ -118,14 +122,34 @@ impl Router {
         Ok(())
     }
 
-    /// A success ends a rest and the failures in a row (written only when it changes something,
-    /// or every 10 s for the console's "last answered").
-    async fn answered(&self, name: &str) -> Result<()> {
+    /// A success ends a rest and the failures in a row, when the call began after they did (a
+    /// call sent before the outage and answered late proves nothing); written only when it
+    /// changes something, or every 10 s for the console's "last answered".
+    async fn answered(&self, name: &str, began: chrono::DateTime<chrono::Utc>) -> Result<()> {
         sqlx::query(
-            "UPDATE provider_deployments SET failures_in_a_row = 0, resting_until = NULL, resting_since = NULL,
-                    last_success_at = now()
+            "UPDATE provider_deployments SET
+                failures_in_a_row = CASE WHEN recovered THEN 0 ELSE failures_in_a_row END,
+                resting_until = CASE WHEN recovered THEN NULL ELSE resting_until END,
+                resting_since = CASE WHEN recovered THEN NULL ELSE resting_since END,
+                last_success_at = now()
+             FROM (SELECT last_failure_at IS NULL OR last_failure_at <= $2 AS recovered
+                   FROM provider_deployments WHERE name = $1) r
              WHERE name = $1 AND (failures_in_a_row > 0 OR resting_since IS NOT NULL
                                   OR last_success_at IS NULL OR last_success_at < now() - interval '10 seconds')",
+        )
+        .bind(name)
+        .bind(began)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A 429: the deployment's budget is spent for now, whatever our count said.
+    async fn limited(&self, name: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE provider_deployments SET level_requests = least(level_requests, 0), level_input = least(level_input, 0),
+                    level_output = least(level_output, 0), levels_at = clock_timestamp()
+             WHERE name = $1",
         )
         .bind(name)
         .execute(&self.pool)
@@ -135,57 +159,75 @@ impl Router {
 
     async fn route(&self, task: &Task) -> std::result::Result<ProviderOutput, JobError> {
         let unavailable = |e: crate::error::EngineError| {
-            JobError::new(ErrorClass::Connection, format!("the provider deployments' state could not be read: {e}"))
+            tracing::warn!(error = %e, "the provider deployments' state could not be read");
+            JobError::new(ErrorClass::Connection, "the provider could not be reached")
         };
         let standings = self.standings(task).await.map_err(unavailable)?;
         let order = routing::order(&standings);
-        if order.is_empty() {
-            return Err(JobError::new(
-                ErrorClass::Overloaded,
-                "every provider deployment is resting after failures; the document waits for one to come back",
-            ));
-        }
         let mut moved_on: Vec<(String, String)> = Vec::new();
-        let mut last_error = None;
+        let mut errors: Vec<JobError> = Vec::new();
         for (k, &i) in order.iter().enumerate() {
             let deployment = &self.deployments[i];
             let last_resort = k + 1 == order.len() && moved_on.is_empty();
             if !self.take(&deployment.name, task, last_resort).await.map_err(unavailable)? && !last_resort {
                 continue; // another process took its room meanwhile
             }
+            let began = chrono::Utc::now();
             match deployment.provider.run(task).await {
                 Ok(mut output) => {
-                    if let Err(e) = self.answered(&deployment.name).await {
+                    if let Err(e) = self.answered(&deployment.name, began).await {
                         tracing::warn!(error = %e, "could not record a deployment's answer");
+                    }
+                    // One deployment's rate-limit headers say nothing of the others'.
+                    if self.deployments.len() > 1 {
+                        output.remaining = Default::default();
                     }
                     output.deployment = Some(deployment.name.clone());
                     output.moved_on = moved_on;
                     return Ok(output);
                 }
-                Err(error) => match routing::on_failure(error.class) {
-                    FailureRoute::Stop => return Err(error),
-                    route => {
-                        if route == FailureRoute::CountAndMoveOn {
-                            if let Err(e) = self.failed(&deployment.name, &error).await {
-                                tracing::warn!(error = %e, "could not record a deployment's failure");
-                            }
+                Err(error) => {
+                    let route = routing::on_failure(error.class);
+                    let recorded = match route {
+                        FailureRoute::Stop => return Err(error),
+                        FailureRoute::CountAndMoveOn => self.failed(&deployment.name, &error).await,
+                        FailureRoute::MoveOn if error.class == ErrorClass::RateLimited => {
+                            self.limited(&deployment.name).await
                         }
-                        tracing::info!(deployment = %deployment.name, error = %error.message, "moving the call to the next deployment");
-                        moved_on.push((deployment.name.clone(), error.message.clone()));
-                        last_error = Some(error);
+                        FailureRoute::MoveOn => Ok(()),
+                    };
+                    if let Err(e) = recorded {
+                        tracing::warn!(error = %e, "could not record a deployment's failure");
                     }
-                },
+                    tracing::info!(deployment = %deployment.name, error = %error.message, "moving the call to the next deployment");
+                    moved_on.push((deployment.name.clone(), error.message.clone()));
+                    errors.push(error);
+                }
             }
         }
-        let mut error = last_error.unwrap_or_else(|| {
-            JobError::new(ErrorClass::Overloaded, "no provider deployment had room for the call; it is tried again")
-        });
-        if moved_on.len() > 1 {
-            let tried: Vec<&str> = moved_on.iter().map(|(name, _)| name.as_str()).collect();
-            error.message = format!("{} (every deployment failed: {})", error.message, tried.join(", "));
-        }
-        Err(error)
+        Err(final_error(errors))
     }
+}
+
+/// The error a call that every deployment failed ends with: a passing one's (an outage is
+/// retried) over a spent account's (which holds all processing: only when every deployment's
+/// is spent) over a lasting one (a wrong key on a fallback must not fail a document the
+/// primary only dropped for a moment), the latest of each; said in words that name no
+/// deployment (users read it).
+fn final_error(mut errors: Vec<JobError>) -> JobError {
+    let tried = errors.len();
+    let passing = |e: &JobError| e.class.is_transient() && e.class != ErrorClass::QuotaExhausted;
+    let chosen = errors.iter().rposition(passing).or_else(|| errors.iter().rposition(|e| e.class.is_transient()));
+    let mut error = match chosen {
+        Some(i) => errors.swap_remove(i),
+        None => {
+            errors.pop().unwrap_or_else(|| JobError::new(ErrorClass::Connection, "the provider could not be reached"))
+        }
+    };
+    if tried > 1 {
+        error.message = format!("{} (all {tried} provider deployments failed)", error.message);
+    }
+    error
 }
 
 /// What a call takes from a budget: its input as counted, and the output it asks for.
@@ -241,6 +283,9 @@ const ROOM: &str = concat!(
 
 async fn configure(pool: &PgPool, deployments: &[Deployment]) -> Result<()> {
     let mut tx = pool.begin().await?;
+    // Processes starting together write the rows one after the other (no deadlock between
+    // two files' orders).
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('provider_deployments'))").execute(&mut *tx).await?;
     sqlx::query("UPDATE provider_deployments SET in_file = false").execute(&mut *tx).await?;
     for (position, d) in deployments.iter().enumerate() {
         let limit = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
@@ -302,6 +347,13 @@ impl Provider for Router {
     }
 }
 
+/// No providers file: the deployments of an earlier one are history, shown and alerted on no
+/// more.
+pub async fn forget_deployments(pool: &PgPool) -> Result<()> {
+    sqlx::query("UPDATE provider_deployments SET in_file = false WHERE in_file").execute(pool).await?;
+    Ok(())
+}
+
 /// Every deployment in the file, in its order (none when no providers file is used).
 pub async fn states(pool: &PgPool) -> Result<Vec<DeploymentState>> {
     Ok(sqlx::query_as(&format!(
@@ -356,4 +408,31 @@ pub async fn calls_of(pool: &PgPool, job: uuid::Uuid) -> Result<Vec<CallRecord>>
     .await?;
     calls.reverse();
     Ok(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(class: ErrorClass) -> JobError {
+        JobError::new(class, format!("{class:?}"))
+    }
+
+    #[test]
+    fn a_call_every_deployment_failed_ends_with_the_error_that_lets_the_document_go_on() {
+        let last = |classes: &[ErrorClass]| final_error(classes.iter().map(|c| error(*c)).collect());
+        let outage_then_bad_key = last(&[ErrorClass::ServerError, ErrorClass::Rejected]);
+        assert_eq!(outage_then_bad_key.class, ErrorClass::ServerError, "retried, not failed for the fallback's key");
+        assert_eq!(outage_then_bad_key.message, "ServerError (all 2 provider deployments failed)");
+        assert_eq!(last(&[ErrorClass::Timeout, ErrorClass::QuotaExhausted]).class, ErrorClass::Timeout);
+        assert_eq!(last(&[ErrorClass::QuotaExhausted, ErrorClass::QuotaExhausted]).class, ErrorClass::QuotaExhausted);
+        assert_eq!(last(&[ErrorClass::Rejected, ErrorClass::Rejected]).class, ErrorClass::Rejected);
+        let one = last(&[ErrorClass::Overloaded]);
+        assert_eq!(
+            (one.class, one.message.as_str()),
+            (ErrorClass::Overloaded, "Overloaded"),
+            "one deployment: its own words"
+        );
+        assert_eq!(last(&[]).class, ErrorClass::Connection);
+    }
 }

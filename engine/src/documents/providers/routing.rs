@@ -41,17 +41,20 @@ pub fn rest_after(policy: &RestPolicy, failures_in_a_row: u32) -> Option<Duratio
 }
 
 /// Whether a failure is the deployment's (it counts toward its rest, and the call is tried on
-/// the next one), and whether the call moves on without counting (a rate limit: its budget is
-/// the gate's business, but another deployment may have room now).
+/// the next one: an outage, and what is wrong with its key, model, address or account), whether
+/// the call moves on without counting (a rate limit, an unfinished answer: another deployment
+/// may do now), or whether it is the document's and stops (a refusal of its content, a prompt
+/// past the context: another deployment of the same model answers alike).
 pub fn on_failure(class: ErrorClass) -> FailureRoute {
     match class {
-        ErrorClass::ServerError | ErrorClass::Overloaded | ErrorClass::Timeout | ErrorClass::Connection => {
-            FailureRoute::CountAndMoveOn
-        }
-        ErrorClass::RateLimited => FailureRoute::MoveOn,
-        // The document's, the request's or the account's: another deployment of the same
-        // model answers alike (a spend limit holds processing, as with one deployment).
-        _ => FailureRoute::Stop,
+        ErrorClass::ServerError
+        | ErrorClass::Overloaded
+        | ErrorClass::Timeout
+        | ErrorClass::Connection
+        | ErrorClass::Rejected
+        | ErrorClass::QuotaExhausted => FailureRoute::CountAndMoveOn,
+        ErrorClass::RateLimited | ErrorClass::Unfinished => FailureRoute::MoveOn,
+        ErrorClass::InvalidInput | ErrorClass::TooLong | ErrorClass::LeaseExpired => FailureRoute::Stop,
     }
 }
 
@@ -63,20 +66,30 @@ pub enum FailureRoute {
 }
 
 /// A deployment as the router sees it before a call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Standing {
-    pub resting: bool,
+    /// Seconds of rest left (0: awake).
+    pub rest_left: f64,
     pub has_room: bool,
 }
 
+impl Standing {
+    pub fn resting(&self) -> bool {
+        self.rest_left > 0.0
+    }
+}
+
 /// The order to try deployments in for one call: those neither resting nor out of room, in the
-/// file's order. When every one rests, none is tried (the call waits for its retry); when
-/// every awake one is out of room, the first awake one is tried anyway (its provider's bucket,
-/// not ours, has the last word, and the claim's budget already paced the call).
+/// file's order, then the awake ones out of room (their provider's bucket, not ours, has the
+/// last word, and the claim's budget already paced the call). When every one rests, the one
+/// whose rest ends first is tried: a document never waits on a guess, only on a real answer.
 pub fn order(standings: &[Standing]) -> Vec<usize> {
-    let awake: Vec<usize> = (0..standings.len()).filter(|&i| !standings[i].resting).collect();
+    let awake: Vec<usize> = (0..standings.len()).filter(|&i| !standings[i].resting()).collect();
     let with_room: Vec<usize> = awake.iter().copied().filter(|&i| standings[i].has_room).collect();
-    if with_room.is_empty() {
+    if awake.is_empty() {
+        let soonest = (0..standings.len()).min_by(|&a, &b| standings[a].rest_left.total_cmp(&standings[b].rest_left));
+        soonest.into_iter().collect()
+    } else if with_room.is_empty() {
         awake.into_iter().take(1).collect()
     } else {
         // Those with room first, then the awake ones without, as a last resort.
@@ -111,38 +124,48 @@ mod tests {
         assert_eq!(on_failure(ErrorClass::Timeout), FailureRoute::CountAndMoveOn);
         assert_eq!(on_failure(ErrorClass::Connection), FailureRoute::CountAndMoveOn);
         assert_eq!(on_failure(ErrorClass::RateLimited), FailureRoute::MoveOn);
-        for class in [ErrorClass::InvalidInput, ErrorClass::Rejected, ErrorClass::TooLong, ErrorClass::QuotaExhausted] {
+        // A wrong key, model or address, or a spent account, is the deployment's.
+        assert_eq!(on_failure(ErrorClass::Rejected), FailureRoute::CountAndMoveOn);
+        assert_eq!(on_failure(ErrorClass::QuotaExhausted), FailureRoute::CountAndMoveOn);
+        assert_eq!(on_failure(ErrorClass::Unfinished), FailureRoute::MoveOn);
+        for class in [ErrorClass::InvalidInput, ErrorClass::TooLong] {
             assert_eq!(on_failure(class), FailureRoute::Stop, "{class:?}");
         }
     }
 
     #[test]
     fn a_call_goes_to_the_first_awake_deployment_with_room() {
-        let s = |resting, has_room| Standing { resting, has_room };
-        assert_eq!(order(&[s(false, true), s(false, true)]), [0, 1]);
-        assert_eq!(order(&[s(true, true), s(false, true)]), [1]);
-        assert_eq!(order(&[s(false, false), s(false, true)]), [1, 0]);
-        assert_eq!(order(&[s(false, false), s(false, false)]), [0], "the first awake, as a last resort");
-        assert_eq!(order(&[s(true, true), s(true, true)]), Vec::<usize>::new(), "all resting: none");
+        let s = |rest_left, has_room| Standing { rest_left, has_room };
+        assert_eq!(order(&[s(0.0, true), s(0.0, true)]), [0, 1]);
+        assert_eq!(order(&[s(5.0, true), s(0.0, true)]), [1]);
+        assert_eq!(order(&[s(0.0, false), s(0.0, true)]), [1, 0]);
+        assert_eq!(order(&[s(0.0, false), s(0.0, false)]), [0], "the first awake, as a last resort");
+        assert_eq!(order(&[s(9.0, true), s(2.0, true)]), [1], "all resting: the one awake soonest");
     }
 
     proptest! {
         #[test]
         fn the_order_tries_each_awake_deployment_once_and_never_a_resting_one(
-            standings in proptest::collection::vec((any::<bool>(), any::<bool>()), 0..8)
+            standings in proptest::collection::vec((prop_oneof![Just(0.0), 0.1f64..100.0], any::<bool>()), 0..8)
         ) {
-            let standings: Vec<Standing> = standings.into_iter().map(|(resting, has_room)| Standing { resting, has_room }).collect();
+            let standings: Vec<Standing> = standings.into_iter().map(|(rest_left, has_room)| Standing { rest_left, has_room }).collect();
             let tried = order(&standings);
             let mut seen = tried.clone();
             seen.sort();
             seen.dedup();
             prop_assert_eq!(seen.len(), tried.len());
-            prop_assert!(tried.iter().all(|&i| !standings[i].resting));
-            let first_with_room = (0..standings.len()).find(|&i| !standings[i].resting && standings[i].has_room);
+            prop_assert_eq!(tried.is_empty(), standings.is_empty(), "a call always has somewhere to go");
+            let any_awake = standings.iter().any(|s| !s.resting());
+            if any_awake {
+                prop_assert!(tried.iter().all(|&i| !standings[i].resting()), "a resting one waits while another is awake");
+            } else if let Some(&only) = tried.first() {
+                prop_assert_eq!(tried.len(), 1);
+                prop_assert!(standings.iter().all(|s| s.rest_left >= standings[only].rest_left));
+            }
+            let first_with_room = (0..standings.len()).find(|&i| !standings[i].resting() && standings[i].has_room);
             if let Some(first) = first_with_room {
                 prop_assert_eq!(tried[0], first);
             }
-            prop_assert_eq!(tried.is_empty(), standings.iter().all(|s| s.resting));
         }
 
         #[test]
