@@ -199,6 +199,12 @@ pub struct JobStatus {
     /// In the urgent lane (small, asked for, or the account's).
     #[serde(default)]
     pub urgent: bool,
+    /// In the economy lane: done through the provider's batch API, at its discount.
+    #[serde(default)]
+    pub economy: bool,
+    /// While the provider's batch has its calls: when they were sent (RFC 3339).
+    #[serde(default)]
+    pub in_provider_batch_since: Option<String>,
 }
 
 /// Where a job's deadline stands.
@@ -414,6 +420,8 @@ mod convert {
                     .iter()
                     .map(engine::documents::glossary::shown)
                     .collect(),
+                economy: j.payload["economy"] == serde_json::Value::Bool(true),
+                in_provider_batch_since: None,
                 deleted: j.deleted_at.is_some(),
                 under_review: false,
                 translated_file: serde_json::from_value::<engine::documents::payload::DocumentJob>(j.payload.clone())
@@ -521,6 +529,9 @@ pub struct SiteTerms {
     pub signup_grant: i64,
     /// The grant waits for the address to be proved by a mailed link.
     pub verify_email: bool,
+    /// The economy lane's terms, where the provider has a batch API (none: not offered).
+    #[serde(default)]
+    pub economy: Option<sluice_types::capacity::EconomyTerms>,
 }
 
 /// The admin page's capacity card: the provider's limits and what the budget holds now, and

@@ -369,6 +369,7 @@ impl Bench {
             // Nothing known of the provider's tokenizer: it is learned as the run goes.
             token_ratio: engine::documents::ratio::TokenRatio::in_memory(1.0),
             writing: Default::default(),
+            economy: None,
         };
         (fake, processor)
     }

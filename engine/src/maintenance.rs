@@ -227,6 +227,13 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
         .execute(pool)
         .await?
         .rows_affected();
+    // An ended batch's requests go with it (their answers were taken, or their jobs went on
+    // without them).
+    let batches = sqlx::query("DELETE FROM provider_batches WHERE ended_at < now() - make_interval(secs => $1)")
+        .bind(keep.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected();
     let calls = sqlx::query("DELETE FROM provider_calls WHERE at < now() - make_interval(secs => $1)")
         .bind(keep.as_secs_f64())
         .execute(pool)
@@ -242,5 +249,5 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
         .execute(pool)
         .await?
         .rows_affected();
-    Ok(reports + alerts + cache_reads + discarded + calls + audit + notices)
+    Ok(reports + alerts + cache_reads + discarded + batches + calls + audit + notices)
 }

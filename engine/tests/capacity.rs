@@ -81,6 +81,7 @@ fn workers(pool: &PgPool, docs: &TempBlobs, fake: &FakeProvider, budget: Budget,
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let mut config = fast_worker("capacity", concurrency);
     config.policy.max_delay = Duration::from_secs(3);

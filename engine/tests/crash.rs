@@ -139,6 +139,7 @@ async fn postgres_killed_while_parts_are_called_never_calls_a_part_twice() {
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let mut config = fast_worker("crash-parts", 8);
     config.lease = Duration::from_secs(20);

@@ -238,6 +238,7 @@ fn workers(s: &Setup) -> WorkerPool {
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     WorkerPool::start(s.pool.clone(), fast_worker("docs", 2), Arc::new(processor), Arc::new(AccountHooks))
 }
@@ -380,6 +381,7 @@ async fn the_local_provider_summarises_a_pdf_without_network() {
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let job = claimed_pdf(&key, "key_facts");
     let out = engine::queue::worker::Processor::process(&processor, job).await.unwrap();
@@ -441,6 +443,7 @@ async fn a_pdf_whose_text_is_longer_than_the_context_fails_as_invalid_input_befo
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let job = claimed_pdf(&key, "summarize");
     let error = engine::queue::worker::Processor::process(&processor, job).await.unwrap_err();

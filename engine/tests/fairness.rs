@@ -147,7 +147,8 @@ async fn every_path_into_the_line_tags_the_job_as_the_model_does(pool: PgPool) {
     queue::unclaim(&pool, &[of(b[1]).lease_token]).await.unwrap();
     assert_eq!(tag_of(&pool, b[1]).await, before, "an undone claim keeps its place");
     // A document's parts back in line (stopped between parts): a new arrival of its next part.
-    let progress = JobOutput { part: Some(PartsProgress { next_est_tokens: 60_000 }), ..JobOutput::default() };
+    let progress =
+        JobOutput { part: Some(PartsProgress { next_est_tokens: 60_000, wait: None }), ..JobOutput::default() };
     assert_eq!(queue::complete(&pool, &NoHooks, &of(a[2]), &progress).await.unwrap(), queue::Recorded::PartDone);
     assert_eq!(tag_of(&pool, a[2]).await, model.enter(1, 60_000), "parts back in line");
     // A failure while processing is paused goes back without using its attempt: a new arrival.
@@ -314,7 +315,8 @@ async fn a_result_batch_with_parts_back_in_line_and_a_rescue_of_one_of_its_jobs_
     let writer = {
         let (pool, jobs) = (pool.clone(), claimed.clone());
         tokio::spawn(async move {
-            let part = JobOutput { part: Some(PartsProgress { next_est_tokens: 1_000 }), ..JobOutput::default() };
+            let part =
+                JobOutput { part: Some(PartsProgress { next_est_tokens: 1_000, wait: None }), ..JobOutput::default() };
             queue::complete_many(&pool, &NoHooks, &[(&jobs[0], &part), (&jobs[1], &JobOutput::default())]).await
         })
     };

@@ -130,6 +130,7 @@ async fn run_until_ended(pool: &PgPool, blobs: &Blobs, jobs: i64) -> bool {
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let workers =
         WorkerPool::start(pool.clone(), fast_worker("hostile", 4), Arc::new(processor), Arc::new(AccountHooks));

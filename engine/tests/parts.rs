@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use engine::accounts::{notices, users, AccountHooks, Role};
 use engine::documents::blobs::Blobs;
+use engine::documents::economy::{self, EconomyLane};
 use engine::documents::processor::DocumentProcessor;
 use engine::documents::processor::HoldSettlement;
 use engine::documents::providers::deployments::Deployment;
@@ -45,6 +46,19 @@ fn report(paragraphs: usize) -> String {
 /// Admit `text` for `user` as a document job with `preset`, priced by the default table; the
 /// job's first claim reserves at most `call_tokens`.
 async fn submit(pool: &PgPool, docs: &TempBlobs, user: i64, text: &str, preset: &str, call_tokens: u64) -> Uuid {
+    submit_in_lane(pool, docs, user, text, preset, call_tokens, false).await
+}
+
+/// [`submit`], in the economy lane (at half the price) when `economy`.
+async fn submit_in_lane(
+    pool: &PgPool,
+    docs: &TempBlobs,
+    user: i64,
+    text: &str,
+    preset: &str,
+    call_tokens: u64,
+    economy: bool,
+) -> Uuid {
     let key = Blobs::new_key();
     docs.blobs.put(&key, text.as_bytes().to_vec().into()).await.unwrap();
     let tokens =
@@ -53,12 +67,14 @@ async fn submit(pool: &PgPool, docs: &TempBlobs, user: i64, text: &str, preset: 
         "document": { "key": key, "type": "plain_text", "sha256": key, "size": text.len(), "name": "report.txt" },
         "preset": preset,
         "language": "French",
+        "economy": economy,
     });
+    let price = PriceTable::default().price(tokens);
     let submission = Submission {
         price_by_size: None,
         lane: Default::default(),
         shared_document: None,
-        cost: PriceTable::default().price(tokens),
+        cost: if economy { HALF.price(price) } else { price },
         est_input_tokens: tokens.min(call_tokens) as i64,
         user_id: user,
         payload,
@@ -102,6 +118,7 @@ fn processor_with(
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     }
 }
 
@@ -605,7 +622,7 @@ async fn submit_held(
 }
 
 fn settling(pool: &PgPool) -> Option<HoldSettlement> {
-    Some(HoldSettlement { pool: pool.clone(), prices: PriceTable::default() })
+    Some(HoldSettlement { pool: pool.clone(), prices: PriceTable::default(), economy: None })
 }
 
 /// A PDF is admitted at the price of its worst case and settled to its text's price once read:
@@ -1527,4 +1544,106 @@ async fn with_every_deployment_down_a_document_waits_for_its_retry_and_is_not_ch
     assert!(error.contains("(all 2 provider deployments failed)"), "{error}");
     assert!(!error.contains("primary"), "users are not told the deployments' names: {error}");
     assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit, no refund yet");
+}
+
+// The economy lane: a document's first round of calls goes to the provider's batch API as one
+// batch; its answers are taken by the job's next claim and checked as interactive ones are.
+
+const HALF: sluice_types::capacity::EconomyTerms =
+    sluice_types::capacity::EconomyTerms { discount: 0.5, window_hours: 24.0 };
+
+fn economy_processor(pool: &PgPool, docs: &TempBlobs, fake: &FakeProvider) -> DocumentProcessor {
+    DocumentProcessor {
+        economy: Some(EconomyLane::new(pool.clone(), Duration::from_secs(3600))),
+        ..processor(pool, docs, ProviderConfig { max_tokens: 256, ..fake_config(fake) }, 200_000, Budget::disabled())
+    }
+}
+
+/// Poll the open batches until one ends.
+async fn until_a_batch_ends(pool: &PgPool, processor: &DocumentProcessor) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while economy::poll_batches(pool, processor.provider.as_ref(), Duration::ZERO).await.unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the batch ends");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_economy_translation_goes_whole_into_one_batch_and_comes_back_checked_at_half_the_price(pool: PgPool) {
+    let docs = docs("economy");
+    let fake = FakeProvider::start().await;
+    fake.behave_like(instant_model());
+    fake.batch_timing(fakeprovider::BatchTiming { delay: Duration::from_millis(200), window: Duration::from_secs(30) });
+    let user = users::create_user(&pool, "economy@example.com", "password123", Role::User, 20).await.unwrap();
+    let text = report(40);
+    let job = submit_in_lane(&pool, &docs, user.id, &text, "translate", 200_000, true).await;
+    let processor = economy_processor(&pool, &docs, &fake);
+
+    // Its first claim plans it and sends every part's call as one batch: no attempt used, the
+    // job waits for the batch (until the window's end at most), and says so.
+    work_once(&pool, &fast_worker("economy", 4), Arc::new(processor.clone()), Arc::new(AccountHooks), 4).await.unwrap();
+    let waiting = queue::get(&pool, job).await.unwrap();
+    let total = waiting.parts_total.expect("planned in parts") as u64;
+    assert!(total >= 5, "{total} parts");
+    assert_eq!(waiting.state, JobState::Queued, "{waiting:?}");
+    assert!(waiting.run_at > chrono::Utc::now() + chrono::TimeDelta::minutes(50), "it waits for its batch");
+    assert_eq!(fake.batch_requests(), total, "every part in one batch");
+    assert!(economy::in_batch_since(&pool, &[job]).await.unwrap().contains_key(&job));
+
+    // The poller finds the batch ended and makes the job due; a process started afresh (a
+    // restart: nothing in memory) finishes it from the batch's answers.
+    until_a_batch_ends(&pool, &processor).await;
+    assert!(queue::get(&pool, job).await.unwrap().run_at <= chrono::Utc::now());
+    assert!(economy::in_batch_since(&pool, &[job]).await.unwrap().is_empty());
+    let restarted = economy_processor(&pool, &docs, &fake);
+    let view = drive(&pool, &restarted, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert_eq!(
+        words(view.result.as_ref().unwrap()["markdown"].as_str().unwrap()),
+        words(&text),
+        "every word, in order"
+    );
+    // Only the key terms were asked at once; every part was answered by the batch, once.
+    assert_eq!(fake.calls(), total + 1, "the batch's requests and the one call for the key terms");
+    let cost = HALF.price(PriceTable::default().price(sluice_types::capacity::estimate_input_tokens(
+        sluice_types::capacity::SizeKind::Text,
+        text.len() as u64,
+    )));
+    assert_eq!(view.cost as i64, cost);
+    assert_eq!(ledger_of(&pool, job).await, vec![("debit".to_string(), -cost)], "one debit, at half the price");
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_requests WHERE job_id = $1 AND answer IS NOT NULL")
+        .bind(job)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 0, "the batch's answers are not kept twice once taken");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn what_the_batch_did_not_answer_is_asked_at_once_at_no_extra_charge(pool: PgPool) {
+    let docs = docs("economy-fallback");
+    let fake = FakeProvider::start().await;
+    fake.behave_like(instant_model());
+    fake.batch_timing(fakeprovider::BatchTiming { delay: Duration::from_millis(100), window: Duration::from_secs(30) });
+    // Inside the batch, part 2's request fails.
+    fake.push_matching("part 2 of", [Reply::ServerError]);
+    let user = users::create_user(&pool, "fallback-economy@example.com", "password123", Role::User, 20).await.unwrap();
+    let text = report(40);
+    let job = submit_in_lane(&pool, &docs, user.id, &text, "translate", 200_000, true).await;
+    let processor = economy_processor(&pool, &docs, &fake);
+    work_once(&pool, &fast_worker("economy", 4), Arc::new(processor.clone()), Arc::new(AccountHooks), 4).await.unwrap();
+    let total = queue::get(&pool, job).await.unwrap().parts_total.unwrap() as u64;
+    until_a_batch_ends(&pool, &processor).await;
+    let failure: Option<String> =
+        sqlx::query_scalar("SELECT failure FROM batch_requests WHERE job_id = $1 AND failure IS NOT NULL")
+            .bind(job)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    assert!(failure.is_some(), "the batch's failure is on the record");
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert_eq!(words(view.result.as_ref().unwrap()["markdown"].as_str().unwrap()), words(&text));
+    assert_eq!(fake.calls(), total + 2, "the batch's requests, the key terms, and part 2 asked again at once");
+    assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit: the call asked again costs the user nothing");
 }

@@ -187,6 +187,7 @@ async fn main() {
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let workers = WorkerConfig { name: "busy-bench".into(), concurrency: 70, ..WorkerConfig::default() };
     let pool_handle = WorkerPool::start(pool.clone(), workers, Arc::new(processor), Arc::new(SluiceHooks));

@@ -146,6 +146,8 @@ impl Application {
                     .await
                     .context("storing the lanes")?;
             }
+            let batch_poller = (config.economy_terms().is_some() && config.workers.workers > 0 && role != Role::Web)
+                .then(|| provider.clone());
             let processor = Arc::new(DocumentProcessor {
                 blobs: blobs.clone(),
                 provider,
@@ -158,9 +160,16 @@ impl Application {
                 settle_held: Some(engine::documents::processor::HoldSettlement {
                     pool: pool.clone(),
                     prices: config.admission.prices.clone(),
+                    economy: config.economy_terms(),
                 }),
                 token_ratio,
                 writing: Default::default(),
+                economy: config.economy_terms().map(|terms| {
+                    engine::documents::economy::EconomyLane::new(
+                        pool.clone(),
+                        Duration::from_secs_f64(terms.window_hours * 3600.0),
+                    )
+                }),
             });
             let worker_config =
                 WorkerConfig { role: if role == Role::All { "all" } else { "worker" }, ..config.worker_config() };
@@ -179,6 +188,10 @@ impl Application {
             // Every process evaluates alerts (an advisory lock lets one at a time) and sends
             // due webhooks (claims keep senders apart), whatever its role.
             background.push(tokio::spawn(engine::alerts::run(pool.clone(), config.alerts.alert_config()?)));
+            if let Some(provider) = batch_poller {
+                let every = config.admission.economy_poll();
+                background.push(tokio::spawn(engine::documents::economy::run(pool.clone(), provider, every)));
+            }
             background.push(tokio::spawn(engine::webhooks::outbox::run(pool.clone(), config.alerts.delivery_config())));
             // ...and sends due mail the same way.
             let mail = config.mail_config();

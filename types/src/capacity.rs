@@ -371,6 +371,21 @@ pub fn plan(stats: &AttemptStats, limits: &ProviderLimits) -> Plan {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_economy_lane_takes_its_discount_rounded_up_and_never_gives_work_away() {
+        let half = super::EconomyTerms { discount: 0.5, window_hours: 24.0 };
+        assert_eq!([1, 2, 3, 7, 1_000].map(|c| half.price(c)), [1, 1, 2, 4, 500]);
+        assert_eq!(half.price(0), 0);
+        let odd = |discount| super::EconomyTerms { discount, window_hours: 24.0 };
+        assert_eq!(odd(f64::NAN).price(10), 10, "no discount from nonsense");
+        assert_eq!(odd(5.0).price(10), 1, "at most 90 % off");
+        assert_eq!(odd(-1.0).price(10), 10, "never dearer");
+        for credits in 1..500 {
+            let p = half.price(credits);
+            assert!(p >= 1 && p <= credits && p * 2 >= credits, "{credits} -> {p}");
+        }
+    }
+
     use super::*;
 
     /// Anthropic's Tier 4 for Claude Sonnet: 4,000 requests, 2,000,000 input and 400,000 output
@@ -515,6 +530,29 @@ mod tests {
         assert_eq!(SizeKind::from_file_name("manual.odt"), SizeKind::Packed);
         assert_eq!(SizeKind::from_file_name("page.htm"), SizeKind::Page);
         assert_eq!(SizeKind::from_file_name("docx"), SizeKind::Text);
+    }
+}
+
+/// The economy lane's terms: a document done through the provider's batch API (half its
+/// price, answered within a day), for `discount` off its price, within `window_hours`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EconomyTerms {
+    /// The share taken off (0.5: half the credits).
+    pub discount: f64,
+    /// Hours within which it is done (past them, what the batch did not answer is done at once,
+    /// at the same price).
+    pub window_hours: f64,
+}
+
+impl EconomyTerms {
+    /// What a document priced `credits` in the interactive lane costs in this one: rounded up,
+    /// never free unless it was (a discount is kept within 0 to 90 %).
+    pub fn price(&self, credits: i64) -> i64 {
+        if credits <= 0 {
+            return credits.max(0);
+        }
+        let discount = if self.discount.is_finite() { self.discount.clamp(0.0, 0.9) } else { 0.0 };
+        ((credits as f64) * (1.0 - discount)).ceil().clamp(1.0, credits as f64) as i64
     }
 }
 

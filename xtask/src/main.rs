@@ -542,6 +542,9 @@ fn browser_suite(cluster: &pgcluster::Cluster, playwright_args: &[String], after
         .env("SLUICE_PROVIDER", "anthropic")
         .env("SLUICE_PROVIDER_URL", &fake_url)
         .env("SLUICE_PROVIDER_API_KEY", "e2e-test-key")
+        // The fake speaks both batch APIs (its batches take a fraction of a second).
+        .env("SLUICE_PROVIDER_BATCH", "true")
+        .env("SLUICE_ECONOMY_POLL_SECS", "1")
         .env("SLUICE_PROVIDER_TIMEOUT_SECS", "5")
         // A small context (about 39 KB of text a call), so a flow can watch a document done in parts.
         .env("SLUICE_PROVIDER_CONTEXT_TOKENS", "10000")

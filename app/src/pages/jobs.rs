@@ -64,6 +64,9 @@ pub fn state_label(state: JobState) -> &'static str {
 pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
     let state = job.state;
     let detail = move || match job.state {
+        JobState::Queued if job.in_provider_batch_since.is_some() => {
+            in_batch_text(job.in_provider_batch_since.as_deref().map(local_time).as_deref().unwrap_or(""))
+        }
         JobState::Queued => queued_text(job.paused, job.jobs_ahead, job.starts_in_secs),
         JobState::Running if job.cancel_requested => match job.cancel_kept {
             0 => "Cancel requested: it stops at its next safe point, and nothing is charged.".to_string(),
@@ -377,6 +380,11 @@ pub fn formatting_lost_text(paragraphs: i32) -> String {
         if paragraphs == 1 { "it is" } else { "they are" },
         if paragraphs == 1 { "its" } else { "their" },
     )
+}
+
+/// Pure: an economy document waiting for the provider's batch.
+pub fn in_batch_text(submitted: &str) -> String {
+    format!("In the provider's batch, submitted {submitted}; it is done as soon as the batch answers.")
 }
 
 /// Pure: the line under a queued badge.
@@ -748,7 +756,7 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{call_text, cost_text, formatting_lost_text, queued_text, running_text, writing_text};
+    use super::{call_text, cost_text, formatting_lost_text, in_batch_text, queued_text, running_text, writing_text};
     use crate::model::JobStage;
 
     #[test]
@@ -838,6 +846,10 @@ mod tests {
     #[test]
     fn queued_lines_say_the_place_and_the_estimate() {
         assert_eq!(queued_text(false, Some(0), Some(0)), "Next in line; starting now.");
+        assert_eq!(
+            in_batch_text("14:02"),
+            "In the provider's batch, submitted 14:02; it is done as soon as the batch answers."
+        );
         assert_eq!(queued_text(false, Some(1), Some(40)), "1 job ahead; starts in about 40 s.");
         assert_eq!(queued_text(false, Some(12), Some(150)), "12 jobs ahead; starts in about 3 min.");
         assert_eq!(queued_text(false, Some(3), None), "3 jobs ahead; no estimate yet (nothing has finished lately).");

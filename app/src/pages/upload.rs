@@ -179,6 +179,21 @@ pub fn confirm_summary(estimates: &[Estimate]) -> String {
     )
 }
 
+/// Pure: the economy lane's choice in words: "By tomorrow, at half the credits".
+pub fn economy_choice_text(terms: &sluice_types::capacity::EconomyTerms) -> String {
+    let when = match terms.window_hours {
+        h if h <= 1.0 => format!("Within {} min", (h * 60.0).round()),
+        h if h < 20.0 => format!("Within {} hours", h.round()),
+        h if h <= 26.0 => "By tomorrow".to_string(),
+        h => format!("Within {} days", (h / 24.0).round()),
+    };
+    let off = match terms.discount {
+        d if (d - 0.5).abs() < 1e-9 => "half the credits".to_string(),
+        d => format!("{:.0} % off", d * 100.0),
+    };
+    format!("{when}, at {off} (through the provider's batch)")
+}
+
 /// A chosen file: priced and timed by the server first, sent once the user confirms.
 #[derive(Clone)]
 struct UploadRow {
@@ -191,6 +206,9 @@ struct UploadRow {
     due_by: Option<String>,
     #[cfg(feature = "hydrate")]
     urgent: bool,
+    /// In the economy lane.
+    #[cfg(feature = "hydrate")]
+    economy: bool,
     /// A translation's guidance, as the form fields say it (empty: not sent).
     #[cfg(feature = "hydrate")]
     guidance: Vec<(&'static str, String)>,
@@ -234,6 +252,8 @@ pub fn UploadPage() -> impl IntoView {
     // "Needed by", as the browser's local date and time (empty: no deadline), and "urgent".
     let needed_by = RwSignal::new(String::new());
     let urgent = RwSignal::new(false);
+    // "By tomorrow, at half the credits": the economy lane, where it is offered.
+    let economy = RwSignal::new(false);
     // A translation's formality and glossary: pasted pairs, a saved one, and a name to save the
     // pasted one under.
     let formality = RwSignal::new("as_source".to_string());
@@ -263,6 +283,7 @@ pub fn UploadPage() -> impl IntoView {
                     preset: chosen,
                     due_by: local_time_as_rfc3339(&needed_by.get_untracked()),
                     urgent: urgent.get_untracked(),
+                    economy: economy.get_untracked(),
                     guidance: if chosen_is_translation {
                         [
                             ("formality", formality.get_untracked()),
@@ -400,6 +421,29 @@ pub fn UploadPage() -> impl IntoView {
                     />
                     " Urgent: keep it out of the line behind long documents"
                 </label>
+                {move || {
+                    terms.get().and_then(|t| t.ok()).and_then(|t| t.economy).map(|offered| {
+                        view! {
+                            <label class="check">
+                                <input
+                                    type="checkbox"
+                                    data-testid="economy"
+                                    prop:checked=move || economy.get()
+                                    on:change=move |ev| {
+                                        let chosen = event_target_checked(&ev);
+                                        economy.set(chosen);
+                                        // The economy lane keeps no deadline and is not urgent.
+                                        if chosen {
+                                            urgent.set(false);
+                                            needed_by.set(String::new());
+                                        }
+                                    }
+                                />
+                                {format!(" {}", economy_choice_text(&offered))}
+                            </label>
+                        }
+                    })
+                }}
             </div>
             <div
                 class="dropzone"
@@ -569,6 +613,9 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     if row.urgent {
         let _ = form.append_with_str("urgent", "true");
     }
+    if row.economy {
+        let _ = form.append_with_str("lane", "economy");
+    }
     for (name, value) in &row.guidance {
         let _ = form.append_with_str(name, value);
     }
@@ -621,6 +668,24 @@ pub fn refund_policy() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_economy_choice_says_when_and_at_what_price() {
+        let terms = |discount, window_hours| sluice_types::capacity::EconomyTerms { discount, window_hours };
+        assert_eq!(
+            economy_choice_text(&terms(0.5, 24.0)),
+            "By tomorrow, at half the credits (through the provider's batch)"
+        );
+        assert_eq!(economy_choice_text(&terms(0.3, 6.0)), "Within 6 hours, at 30 % off (through the provider's batch)");
+        assert_eq!(
+            economy_choice_text(&terms(0.5, 0.05)),
+            "Within 3 min, at half the credits (through the provider's batch)"
+        );
+        assert_eq!(
+            economy_choice_text(&terms(0.5, 72.0)),
+            "Within 3 days, at half the credits (through the provider's batch)"
+        );
+    }
 
     #[test]
     fn the_terms_hint_follows_the_configuration() {

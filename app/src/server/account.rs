@@ -125,6 +125,7 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
             max_upload_bytes: settings.max_upload_bytes,
             signup_grant: settings.signup_grant,
             verify_email: settings.require_email_verification,
+            economy: settings.admission.economy,
         })
     })
     .await

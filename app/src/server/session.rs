@@ -535,12 +535,27 @@ pub async fn job_statuses(ctx: &ServerContext, owner_id: i64, jobs: &[JobView]) 
         if waiting.is_empty() { None } else { Some(ctx.line.waiting_line(&ctx.pool, owner_id, &waiting).await?) };
     let paused = line.as_ref().is_some_and(|line| !line.processing_enabled);
     let failed: Vec<Uuid> = jobs.iter().filter(|j| j.state == engine::JobState::Failed).map(|j| j.id).collect();
+    let in_economy: Vec<Uuid> = jobs
+        .iter()
+        .filter(|j| j.state.is_waiting() && j.payload["economy"] == serde_json::Value::Bool(true))
+        .map(|j| j.id)
+        .collect();
+    let in_batch = if in_economy.is_empty() {
+        Default::default()
+    } else {
+        engine::documents::economy::in_batch_since(&ctx.pool, &in_economy).await?
+    };
     let under_review =
         if failed.is_empty() { Vec::new() } else { engine::queue::reviews::under_review(&ctx.pool, &failed).await? };
     Ok(jobs
         .iter()
         .map(|j| {
-            let mut status = JobStatus { paused, under_review: under_review.contains(&j.id), ..JobStatus::from(j) };
+            let mut status = JobStatus {
+                paused,
+                under_review: under_review.contains(&j.id),
+                in_provider_batch_since: in_batch.get(&j.id).map(|at| crate::model::time_text(*at)),
+                ..JobStatus::from(j)
+            };
             if let Some(line) = &line {
                 status.jobs_ahead = line.ahead.get(&j.id).map(|&n| n as i64);
                 status.starts_in_secs = line.estimated_start(j.id).map(|d| d.as_secs_f64().ceil() as i64);

@@ -184,12 +184,13 @@ where
             return Err(e.into());
         }
     };
-    let price = intake::price(&settings.admission, &stored.upload, options.preset);
+    let price = intake::price(&settings.admission, &stored.upload, options.preset, options.economy);
     let keyed = client_key.clone();
     // A deadline is kept by when the work must start: its expected run time before it.
     let expected_run = match options.due_by {
         Some(_) => {
-            let tokens = intake::document_price(&settings.admission, stored.upload.size(), options.preset).0;
+            let tokens =
+                intake::document_price(&settings.admission, stored.upload.size(), options.preset, options.economy).0;
             let settings = estimate_settings(ctx).await?;
             engine::documents::estimate::expected_run(&ctx.pool, &settings, tokens, options.preset).await?
         }
@@ -342,8 +343,15 @@ where
     let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
     let upload = upload.checked().clone();
     let estimate_settings = estimate_settings(ctx).await?;
-    let estimate =
-        engine::documents::estimate::estimate(&ctx.pool, estimate_settings, user.id, &upload, options.preset).await?;
+    let estimate = engine::documents::estimate::estimate(
+        &ctx.pool,
+        estimate_settings,
+        user.id,
+        &upload,
+        options.preset,
+        options.economy,
+    )
+    .await?;
     let estimate = estimate.map_err(AppError::from)?;
     let meets_deadline = options.due_by.and_then(|due| estimate.meets(due, chrono::Utc::now()));
     let estimate = crate::model::Estimate::from(estimate);
@@ -429,9 +437,9 @@ pub async fn run_again(
     };
     options.complete(&ctx.settings.presets)?;
     // What this run costs: its own preset's price (a translation's answer is billed too).
-    let charged = spec
-        .as_ref()
-        .map_or(0, |s| intake::document_price(&ctx.settings.admission, s.document.size_for_price(), options.preset).1);
+    let charged = spec.as_ref().map_or(0, |s| {
+        intake::document_price(&ctx.settings.admission, s.document.size_for_price(), options.preset, options.economy).1
+    });
     let admitted = intake::run_again(&ctx.pool, &ctx.settings.admission, user.id, &earlier.payload, &options).await;
     match admitted {
         Ok(Admission::Accepted { job_id }) => {
@@ -576,6 +584,8 @@ struct FormRules<'a> {
     max_bytes: u64,
     max_document_tokens: Option<u64>,
     presets: &'a [Preset],
+    /// The economy lane is offered (the provider has a batch API).
+    economy: bool,
     /// The longest nothing may arrive, and the longest the whole form may take.
     idle: Duration,
     deadline: Duration,
@@ -586,6 +596,7 @@ fn form_rules(settings: &super::session::WebSettings) -> FormRules<'_> {
         max_bytes: settings.max_upload_bytes,
         max_document_tokens: settings.admission.max_document_tokens,
         presets: &settings.presets,
+        economy: settings.admission.economy.is_some(),
         idle: settings.upload_idle,
         deadline: settings.upload_deadline,
     }
@@ -689,6 +700,10 @@ async fn read_form(
                     let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
                     options.urgent = intake::parse_flag("urgent", &value)?;
                 }
+                Some("lane") => {
+                    let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
+                    options.economy = intake::parse_lane(&value)?;
+                }
                 // A translation's glossary in DeepL's CSV or TSV, pasted or a file's text.
                 Some("glossary") => {
                     let max = engine::documents::glossary::MAX_BYTES;
@@ -725,12 +740,13 @@ async fn read_form(
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(AppError::invalid(format!(
                         "unknown form field {name:?}; send `file`, `preset`, `language` (or `languages`), `due_by`, \
-                         `urgent`, `callback_url`, `glossary`, `glossary_name`, `save_glossary_as` and `formality`"
+                         `urgent`, `lane`, `callback_url`, `glossary`, `glossary_name`, `save_glossary_as` and `formality`"
                     )));
                 }
             }
         }
         options.complete(rules.presets)?;
+        options.check_lane(rules.economy)?;
         Ok::<_, AppError>(())
     };
     // The deadline drops the reading, not this function: what was stored is deleted below.

@@ -49,6 +49,8 @@ pub struct AdmissionConfig {
     pub backlog_reading_age: Duration,
     /// This process's reading of the backlog (shared by the clones of this config).
     pub backlog: Arc<BacklogGauge>,
+    /// The economy lane's terms, when the provider has a batch API (none: it is not offered).
+    pub economy: Option<sluice_types::capacity::EconomyTerms>,
 }
 
 /// The default lifetime of a client's `Idempotency-Key` (Stripe's and most APIs' figure).
@@ -69,6 +71,7 @@ impl Default for AdmissionConfig {
             client_key_lifetime: CLIENT_KEY_LIFETIME,
             backlog_reading_age: BACKLOG_READING_AGE,
             backlog: Arc::default(),
+            economy: None,
         }
     }
 }

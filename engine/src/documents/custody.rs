@@ -25,6 +25,13 @@ pub async fn still_kept(tx: &mut PgConnection, key: &str) -> Result<bool> {
     sweep::document_needed(tx, key).await
 }
 
+/// Erase what the provider's batches answered for deleted jobs (their words), in the
+/// caller's transaction.
+pub async fn forget_batch_answers(conn: &mut PgConnection, jobs: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM batch_requests WHERE job_id = ANY($1)").bind(jobs).execute(&mut *conn).await?;
+    Ok(())
+}
+
 /// Forget the stored documents of jobs their owners deleted, once those have ended (one job's,
 /// or all: an account's). Returns how many jobs were released.
 pub async fn forget_deleted_jobs_documents(pool: &PgPool, blobs: &Blobs, only: Option<Uuid>) -> Result<usize> {

@@ -69,16 +69,18 @@ impl UploadEstimate {
     }
 }
 
-/// Estimate `upload` for `user_id` as `preset` would do it: `Err(refusal)` where its upload
-/// would be refused before a job exists (as the same check answers it then).
+/// Estimate `upload` for `user_id` as `preset` would do it (in the economy lane, at its
+/// price): `Err(refusal)` where its upload would be refused before a job exists (as the same
+/// check answers it then).
 pub async fn estimate(
     pool: &PgPool,
     settings: EstimateSettings<'_>,
     user_id: i64,
     upload: &CheckedUpload,
     preset: Preset,
+    economy: bool,
 ) -> Result<std::result::Result<UploadEstimate, Refusal>> {
-    let (input_tokens, credits) = document_price(settings.admission, upload.size(), preset);
+    let (input_tokens, credits) = document_price(settings.admission, upload.size(), preset, economy);
     if let Some(refusal) = admission::precheck(pool, settings.admission, user_id, credits, upload.size).await? {
         return Ok(Err(refusal));
     }

@@ -211,6 +211,9 @@ pub struct UploadOptions {
     pub due_by: Option<chrono::DateTime<chrono::Utc>>,
     /// The user asked for the urgent lane.
     pub urgent: bool,
+    /// The user asked for the economy lane: done through the provider's batch API within its
+    /// window, at its discount.
+    pub economy: bool,
     /// A translation's glossary (pasted, a file's, or saved: merged by
     /// [`UploadOptions::resolve_glossary`]) and formality.
     pub guidance: super::glossary::Guidance,
@@ -230,6 +233,7 @@ impl Default for UploadOptions {
             callback_url: None,
             due_by: None,
             urgent: false,
+            economy: false,
             guidance: Default::default(),
             glossary_name: None,
             save_glossary_as: None,
@@ -268,6 +272,16 @@ pub fn parse_flag(name: &str, value: &str) -> Result<bool> {
         "true" | "1" | "on" | "yes" => Ok(true),
         "" | "false" | "0" | "off" | "no" => Ok(false),
         _ => Err(EngineError::Invalid(format!("{name} should be true or false"))),
+    }
+}
+
+/// Pure: the lane a form asks for: `economy` (through the provider's batch API, at its
+/// discount) or `standard` (the default).
+pub fn parse_lane(value: &str) -> Result<bool> {
+    match value.trim() {
+        "economy" => Ok(true),
+        "" | "standard" => Ok(false),
+        _ => Err(EngineError::Invalid("lane is standard or economy".into())),
     }
 }
 
@@ -350,6 +364,24 @@ impl UploadOptions {
             return Err(EngineError::Invalid("a glossary and a formality are for translations only".into()));
         }
         Ok(())
+    }
+
+    /// The economy lane is asked for only where it is offered, and never with what it cannot
+    /// keep: the urgent lane or a deadline (it answers within its window, not sooner).
+    pub fn check_lane(&self, economy_offered: bool) -> Result<()> {
+        match (self.economy, economy_offered) {
+            (false, _) => Ok(()),
+            (true, false) => Err(EngineError::Invalid(
+                "the economy lane needs a provider with a batch API, and this server has none configured".into(),
+            )),
+            (true, true) if self.urgent => {
+                Err(EngineError::Invalid("a document is urgent or in the economy lane, not both".into()))
+            }
+            (true, true) if self.due_by.is_some() => Err(EngineError::Invalid(
+                "an economy document is done within the lane's window; a deadline is for the standard lane".into(),
+            )),
+            (true, true) => Ok(()),
+        }
     }
 
     /// The glossary in full: a saved one named (its entries under the pasted ones). An unknown
@@ -466,24 +498,33 @@ where
 
 /// What a checked upload costs: the price table at its estimated tokens, settled once its
 /// bytes are in (the estimate before reading, from the declared size, was only a hint).
-pub fn price(config: &AdmissionConfig, upload: &CheckedUpload, preset: Preset) -> i64 {
-    document_price(config, upload.size(), preset).1
+pub fn price(config: &AdmissionConfig, upload: &CheckedUpload, preset: Preset, economy: bool) -> i64 {
+    document_price(config, upload.size(), preset, economy).1
 }
 
 /// A stored document's estimated input tokens and what admission charges: its price, or for a
 /// PDF the price held until its text is read (see [`document_price_by_size`]).
 /// The price covers what the provider bills: a translation's answer too
 /// ([`capacity::billed_tokens`]).
-pub fn document_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset) -> (u64, i64) {
+/// In the economy lane, at its terms' discount.
+pub fn document_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset, economy: bool) -> (u64, i64) {
     let tokens = size.input_tokens();
     let priced = settlement::hold_tokens(size_kind(size.doc_type), tokens, config.max_document_tokens);
-    (tokens, config.prices.price(capacity::billed_tokens(preset, priced)))
+    (tokens, in_lane(config, config.prices.price(capacity::billed_tokens(preset, priced)), economy))
+}
+
+/// A price in the interactive lane as the lane asked for charges it.
+pub fn in_lane(config: &AdmissionConfig, credits: i64, economy: bool) -> i64 {
+    match config.economy.filter(|_| economy) {
+        Some(terms) => terms.price(credits),
+        None => credits,
+    }
 }
 
 /// A document's price by its size alone: what a PDF costs if its text is never read (an
 /// unreadable one past the day's allowance), before it is settled to its text.
-pub fn document_price_by_size(config: &AdmissionConfig, size: DocumentSize, preset: Preset) -> i64 {
-    config.prices.price(capacity::billed_tokens(preset, size.input_tokens()))
+pub fn document_price_by_size(config: &AdmissionConfig, size: DocumentSize, preset: Preset, economy: bool) -> i64 {
+    in_lane(config, config.prices.price(capacity::billed_tokens(preset, size.input_tokens())), economy)
 }
 
 /// What a document's first claim reserves from the token budget: all of it, or its first
@@ -534,6 +575,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         preset: intake.options.preset,
         language: intake.options.language.clone(),
         guidance: intake.options.guidance.clone(),
+        economy: intake.options.economy,
     };
     let mut payload = serde_json::to_value(job).expect("a document job serialises");
     if let Some(callback) = &intake.callback {
@@ -546,9 +588,14 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         fingerprint: content_key.clone(),
         content_key,
         client_key: intake.client_key,
-        cost: price(intake.admission, &upload, intake.options.preset),
+        cost: price(intake.admission, &upload, intake.options.preset, intake.options.economy),
         est_input_tokens: first_claim_tokens(intake.admission, upload.estimated_tokens()),
-        price_by_size: Some(document_price_by_size(intake.admission, upload.size(), intake.options.preset)),
+        price_by_size: Some(document_price_by_size(
+            intake.admission,
+            upload.size(),
+            intake.options.preset,
+            intake.options.economy,
+        )),
         lane: intake.options.lane(upload.estimated_tokens(), intake.expected_run),
     };
     let admitted = admission::submit(pool, intake.admission, &submission).await;
@@ -616,7 +663,7 @@ async fn share_document(
 ) -> Result<Admission> {
     let job: DocumentJob = serde_json::from_value(earlier.clone())
         .map_err(|_| EngineError::Invalid("only a document job can be run again".into()))?;
-    let (tokens, cost) = document_price(admission, job.document.size_for_price(), options.preset);
+    let (tokens, cost) = document_price(admission, job.document.size_for_price(), options.preset, options.economy);
     // Refused before anything is copied (a user out of credits copies nothing).
     if let Some(refusal) = admission::precheck(pool, admission, user_id, cost, 0).await? {
         return Ok(Admission::Refused(refusal));
@@ -628,6 +675,7 @@ async fn share_document(
         preset: options.preset,
         language: options.language.clone(),
         guidance: options.guidance.clone(),
+        economy: options.economy,
         ..job
     };
     let submission = Submission {
@@ -639,7 +687,12 @@ async fn share_document(
         cost,
         est_input_tokens: first_claim_tokens(admission, tokens),
         shared_document: Some(key),
-        price_by_size: Some(document_price_by_size(admission, again.document.size_for_price(), again.preset)),
+        price_by_size: Some(document_price_by_size(
+            admission,
+            again.document.size_for_price(),
+            again.preset,
+            again.economy,
+        )),
         lane: options.lane(tokens, std::time::Duration::ZERO),
     };
     admission::submit(pool, admission, &submission).await
@@ -653,21 +706,21 @@ mod tests {
     fn a_pdf_is_charged_a_hold_of_its_worst_case_and_a_text_its_price() {
         let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
         // 600 KB of PDF suggests 15K tokens (1 credit); its hold is priced at 120K (4 credits).
-        assert_eq!(document_price(&config, by_size(DocType::Pdf, 600_000), Preset::Summarize), (15_040, 4));
-        assert_eq!(document_price_by_size(&config, by_size(DocType::Pdf, 600_000), Preset::Summarize), 1);
+        assert_eq!(document_price(&config, by_size(DocType::Pdf, 600_000), Preset::Summarize, false), (15_040, 4));
+        assert_eq!(document_price_by_size(&config, by_size(DocType::Pdf, 600_000), Preset::Summarize, false), 1);
         // A text's price is its price: nothing held.
         assert_eq!(
-            document_price(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize).1,
-            document_price_by_size(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize)
+            document_price(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize, false).1,
+            document_price_by_size(&config, by_size(DocType::PlainText, 60_000), Preset::Summarize, false)
         );
         // A Word file suggests a token per 2 bytes: 30 KB is 15K tokens, held at 120K as well;
         // a page's markup already overstates its text, so it is held at its estimate alone.
-        assert_eq!(document_price(&config, by_size(DocType::Docx, 30_000), Preset::Summarize), (15_040, 4));
-        assert_eq!(document_price(&config, by_size(DocType::Odt, 30_000), Preset::Summarize).1, 4);
-        assert_eq!(document_price(&config, by_size(DocType::Html, 60_000), Preset::Summarize), (15_040, 1));
+        assert_eq!(document_price(&config, by_size(DocType::Docx, 30_000), Preset::Summarize, false), (15_040, 4));
+        assert_eq!(document_price(&config, by_size(DocType::Odt, 30_000), Preset::Summarize, false).1, 4);
+        assert_eq!(document_price(&config, by_size(DocType::Html, 60_000), Preset::Summarize, false), (15_040, 1));
         // The hold never passes the document ceiling.
         let capped = AdmissionConfig { max_document_tokens: Some(50_000), ..config };
-        assert_eq!(document_price(&capped, by_size(DocType::Pdf, 600_000), Preset::Summarize).1, 2);
+        assert_eq!(document_price(&capped, by_size(DocType::Pdf, 600_000), Preset::Summarize, false).1, 2);
     }
 
     fn by_size(doc_type: DocType, bytes: u64) -> DocumentSize {
@@ -684,10 +737,10 @@ mod tests {
         assert!(counted > emoji.len() as u64 / 4, "{counted} tokens in {} bytes", emoji.len());
         let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
         assert_eq!(
-            document_price_by_size(&config, by_size(DocType::PlainText, emoji.len() as u64), Preset::Summarize),
+            document_price_by_size(&config, by_size(DocType::PlainText, emoji.len() as u64), Preset::Summarize, false),
             1
         );
-        assert!(price(&config, &checked, Preset::Summarize) >= 2, "priced by what the provider counts");
+        assert!(price(&config, &checked, Preset::Summarize, false) >= 2, "priced by what the provider counts");
         // The ceiling is held to the counted tokens too, as the bytes arrive.
         let mut check = UploadCheck::new(Some("a.txt"), 1 << 20).with_ceiling(Some(10_000));
         let refused = emoji.as_bytes().chunks(4_096).try_for_each(|part| check.push(part));
@@ -752,6 +805,15 @@ mod tests {
         assert_eq!(into_english.language.as_deref(), Some("English"), "a translation names no language: English");
         let mut into_german = UploadOptions { language: Some("German".into()), ..translate };
         into_german.complete(&Preset::ALL).unwrap();
+        // The economy lane: where offered, and not with the urgent lane or a deadline.
+        assert_eq!(parse_lane("economy").unwrap(), true);
+        assert_eq!(parse_lane(" standard ").unwrap(), false);
+        assert!(parse_lane("cheap").is_err());
+        let economy = UploadOptions { economy: true, ..UploadOptions::default() };
+        assert!(economy.check_lane(true).is_ok());
+        assert!(economy.check_lane(false).unwrap_err().to_string().contains("batch API"));
+        assert!(UploadOptions { urgent: true, ..economy.clone() }.check_lane(true).is_err());
+        assert!(UploadOptions { due_by: Some(chrono::Utc::now()), ..economy }.check_lane(true).is_err());
         assert_eq!(into_german.language.as_deref(), Some("German"));
         assert!(parse_preset("nope").is_err());
         assert_eq!(parse_language("").unwrap(), None);

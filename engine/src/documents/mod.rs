@@ -8,6 +8,7 @@ pub mod blobs;
 pub mod calls;
 pub mod cpu;
 pub mod custody;
+pub mod economy;
 pub mod encoding;
 pub mod estimate;
 pub mod extract;

@@ -42,6 +42,9 @@ pub struct DocumentJob {
     /// A translation's glossary and formality.
     #[serde(default, skip_serializing_if = "super::glossary::Guidance::is_empty")]
     pub guidance: super::glossary::Guidance,
+    /// In the economy lane: its calls go to the provider's batch API first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub economy: bool,
 }
 
 impl DocumentJob {
@@ -95,6 +98,7 @@ mod tests {
     fn only_a_translated_word_or_opendocument_file_comes_back_as_a_file() {
         let job = |doc_type, preset| DocumentJob {
             guidance: Default::default(),
+            economy: false,
             document: DocumentRef {
                 key: "k".into(),
                 doc_type,

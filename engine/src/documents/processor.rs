@@ -55,6 +55,8 @@ pub struct DocumentProcessor {
     pub token_ratio: TokenRatio,
     /// The answers being written, per attempt, for the job page.
     pub writing: WritingBoard,
+    /// The economy lane (none: it is not offered; an economy job is done interactively).
+    pub economy: Option<super::economy::EconomyLane>,
 }
 
 /// About how much of the answers each attempt's calls are writing is written (streamed),
@@ -90,6 +92,8 @@ const WRITING_EVERY: Duration = Duration::from_secs(2);
 pub struct HoldSettlement {
     pub pool: sqlx::PgPool,
     pub prices: sluice_types::capacity::PriceTable,
+    /// The economy lane's terms (an economy document is settled at its discount).
+    pub economy: Option<sluice_types::capacity::EconomyTerms>,
 }
 
 /// What a call still holds of the budget (reserved, not yet settled).
@@ -243,12 +247,14 @@ impl DocumentProcessor {
         let reserve = if self.budget.is_enabled() { self.budget.output_reserve } else { 0 };
         let mut held = Held { input: job.est_input_tokens, output: reserve };
         let writing = WritingReport::start(self, &job);
+        let gathering = self.gathers_a_batch(&job).await;
         // Before anything that costs: were this process to die from here on, the attempt is
         // counted, never taken for work fetched ahead and not started.
         let outcome = match self.stages.started(&job).await {
             Ok(()) => self.attempt(&job, &mut held).await,
             Err(e) => Err(e),
         };
+        let outcome = if gathering { self.send_batch(&job, outcome).await } else { outcome };
         if writing.stop() {
             self.stages.writing_ended(&job).await;
         }
@@ -257,6 +263,41 @@ impl DocumentProcessor {
             Ok(_) => self.budget.correct(-held.input, -held.output).await,
         }
         outcome
+    }
+
+    /// Whether this claim gathers the job's calls into a batch (the economy lane's first claim).
+    async fn gathers_a_batch(&self, job: &ClaimedJob) -> bool {
+        let Some(economy) = &self.economy else { return false };
+        match economy.begin(job, self.provider.as_ref()).await {
+            Ok(gathering) => gathering,
+            Err(e) => {
+                tracing::warn!(job = %job.id, error = %e, "could not tell whether a job's calls were sent to a batch; done at once");
+                false
+            }
+        }
+    }
+
+    /// The gathering claim's end: the calls it kept sent as one batch, and the job back in line
+    /// until the window's end (the poller makes it due as soon as the batch answers). A claim
+    /// that kept nothing ends as it ended.
+    async fn send_batch(&self, job: &ClaimedJob, outcome: Result<JobOutput, JobError>) -> Result<JobOutput, JobError> {
+        let Some(economy) = &self.economy else { return outcome };
+        let tasks = economy.end(job);
+        match outcome {
+            Err(e) if e.deferred && !tasks.is_empty() => {
+                economy.submit(self.provider.as_ref(), job, &tasks).await?;
+                let (input, output) = e.usage.unwrap_or_default();
+                Ok(JobOutput {
+                    result: serde_json::Value::Null,
+                    input_tokens: Some(input),
+                    output_tokens: Some(output),
+                    part: Some(PartsProgress { next_est_tokens: job.est_input_tokens, wait: Some(economy.window) }),
+                })
+            }
+            // Never a failure of its own: should one escape, it is an ordinary passing one.
+            Err(e) if e.deferred => Err(JobError { deferred: false, ..e }),
+            other => other,
+        }
     }
 
     /// One claim: the whole document, or its next part, or the combination of its parts.
@@ -405,8 +446,12 @@ impl DocumentProcessor {
             let by_size = sluice_types::capacity::estimate_input_tokens(kind, spec.document.size);
             return Ok(estimated.max(0) as u64 <= by_size.saturating_mul(hold_factor(kind)));
         };
-        let text_price =
+        let interactive =
             settlement.prices.price(sluice_types::capacity::billed_tokens(spec.preset, estimated.max(0) as u64));
+        let text_price = match settlement.economy.filter(|_| spec.economy) {
+            Some(terms) => terms.price(interactive),
+            None => interactive,
+        };
         let held: Option<i32> = sqlx::query_scalar(
             "UPDATE jobs SET settled_cost = least(cost, $3) WHERE id = $1 AND lease_token = $2 AND state = 'running'
              RETURNING cost",
@@ -557,6 +602,13 @@ impl DocumentProcessor {
             let count = self.parts.count(job.id, level).await.map_err(database_error)? as i32;
             let end = match self.run_level(job, spec, level, count, &mut first, &mut used, started + turn).await {
                 Ok(end) => end,
+                // Kept for a batch: nothing was called; what the claim reserved goes back.
+                Err(e) if e.deferred => {
+                    if let Some(unused) = first.take() {
+                        self.budget.correct(-unused.input, -unused.output).await;
+                    }
+                    return Err(JobError { usage: Some((used.input, used.output)), ..e });
+                }
                 // What the parts answered before the failure was paid for: its attempt says so.
                 Err(e) => return Err(JobError { usage: Some((used.input, used.output)), ..e }),
             };
@@ -569,7 +621,7 @@ impl DocumentProcessor {
                     result: serde_json::Value::Null,
                     input_tokens: Some(used.input),
                     output_tokens: Some(used.output),
-                    part: Some(PartsProgress { next_est_tokens: next.first().map_or(0, |p| p.est_tokens) }),
+                    part: Some(PartsProgress { next_est_tokens: next.first().map_or(0, |p| p.est_tokens), wait: None }),
                 });
             }
             let outputs = self.parts.outputs(job.id, level).await.map_err(database_error)?;
@@ -684,6 +736,15 @@ impl DocumentProcessor {
         let mut running = PartCalls::default();
         let mut failed: Option<(JobError, i32)> = None;
         let mut go_on = true;
+        // The economy lane's first claim keeps each part's call for the batch: they cost
+        // nothing now, so every part starts at once, with no reservation.
+        let gathering = self.economy.as_ref().is_some_and(|e| e.is_gathering(job));
+        let mut sent_to_batch = false;
+        if gathering {
+            while let Some(part) = waiting.pop_front() {
+                running.start(self, job, spec, part, Held::default(), false);
+            }
+        }
         loop {
             let may_start = go_on && failed.is_none() && Instant::now() < turn_ends;
             let room = MAX_PARTS_AT_ONCE.saturating_sub(running.len()).min(waiting.len());
@@ -714,6 +775,9 @@ impl DocumentProcessor {
                 }
             }
             if running.is_empty() {
+                if sent_to_batch && failed.is_none() && waiting.is_empty() {
+                    return Err(super::economy::in_batch());
+                }
                 if let Some((error, attempts)) = failed {
                     let next = self.parts.pending(job.id, level, count, 1).await.map_err(database_error)?;
                     let next_est = next.first().map_or(0, |p| p.est_tokens);
@@ -759,6 +823,7 @@ impl DocumentProcessor {
                         }
                     }
                 }
+                Err(e) if e.deferred => sent_to_batch = true,
                 Err(mut e) if e.class == ErrorClass::QuotaExhausted => {
                     // Nobody's failure: no part counts it; the job waits while processing is
                     // held, its parts kept.
@@ -1169,15 +1234,17 @@ impl DocumentProcessor {
     /// request (a 429/529, a timeout, a server error, an unfinished or broken-off answer it
     /// wrote): keeping it spent brings the budget back under the provider's own count.
     async fn give_back_unless_counted(&self, error: &JobError, held: Held) {
-        let counted = matches!(
-            error.class,
-            ErrorClass::RateLimited
-                | ErrorClass::Overloaded
-                | ErrorClass::Timeout
-                | ErrorClass::ServerError
-                | ErrorClass::Unfinished
-                | ErrorClass::Connection
-        );
+        // A call kept for a batch reached no provider.
+        let counted = !error.deferred
+            && matches!(
+                error.class,
+                ErrorClass::RateLimited
+                    | ErrorClass::Overloaded
+                    | ErrorClass::Timeout
+                    | ErrorClass::ServerError
+                    | ErrorClass::Unfinished
+                    | ErrorClass::Connection
+            );
         if !counted {
             self.budget.correct(-held.input, -held.output).await;
         }
@@ -1264,7 +1331,10 @@ impl DocumentProcessor {
         let cut_by_room = |output: &ProviderOutput, asked: Option<u32>| {
             output.cut && asked.map_or(0, u64::from) >= room && model_max.is_some_and(|m| room < m)
         };
-        let first = self.call_once(job, task, estimated, held).await?;
+        let first = match self.from_batch(job, task, held).await? {
+            Some(answered) => answered,
+            None => self.call_once(job, task, estimated, held).await?,
+        };
         if cut_by_room(&first, task.answer_tokens) {
             return Err(no_room_for_the_answer());
         }
@@ -1291,6 +1361,31 @@ impl DocumentProcessor {
         second.input_tokens = sum(first.input_tokens, second.input_tokens, estimated);
         second.output_tokens = sum(first.output_tokens, second.output_tokens, 0);
         Ok(second)
+    }
+
+    /// The economy lane: the batch's answer for this call's text (what it held of the budget
+    /// given back: no call is made), or the call kept for the batch the claim gathers (an
+    /// error that is not a failure), or nothing (the call is made now).
+    async fn from_batch(
+        &self,
+        job: &ClaimedJob,
+        task: &Task,
+        held: &mut Held,
+    ) -> Result<Option<ProviderOutput>, JobError> {
+        let Some(economy) = &self.economy else { return Ok(None) };
+        match economy.prefetched(job, task).await {
+            Ok(Some(answered)) => {
+                let unused = std::mem::take(held);
+                self.budget.correct(-unused.input, -unused.output).await;
+                return Ok(Some(answered));
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(job = %job.id, error = %e, "could not read the batch's answer; asked at once"),
+        }
+        if economy.collect(job, task) {
+            return Err(super::economy::in_batch());
+        }
+        Ok(None)
     }
 
     /// One provider call: the budget reserves what it asks for and settles to its usage; its

@@ -51,6 +51,21 @@ pub(crate) async fn notify_pause(conn: &mut sqlx::PgConnection) -> crate::error:
     Ok(())
 }
 
+/// Make waiting `jobs` due at once (an answer they waited for came: their provider's batch
+/// ended), and wake the workers when the caller's transaction commits. Returns how many.
+pub async fn due_now(conn: &mut sqlx::PgConnection, jobs: &[uuid::Uuid]) -> crate::error::Result<u64> {
+    let moved =
+        sqlx::query("UPDATE jobs SET run_at = now() WHERE id = ANY($1) AND state = 'queued' AND run_at > now()")
+            .bind(jobs)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+    if moved > 0 {
+        notify_workers(conn).await?;
+    }
+    Ok(moved)
+}
+
 /// Wake idle workers in every process when the caller's transaction commits.
 pub(crate) async fn notify_workers(conn: &mut sqlx::PgConnection) -> crate::error::Result<()> {
     sqlx::query("SELECT pg_notify($1, 'work')").bind(JOBS_CHANNEL).execute(conn).await?;

@@ -21,6 +21,9 @@ use crate::error::Result;
 pub struct PartsProgress {
     /// What the job's next claim reserves from the token budget (its next part's estimate).
     pub next_est_tokens: i64,
+    /// How long it waits before it is due again (none: at once); the economy lane's job waits
+    /// for its batch.
+    pub wait: Option<std::time::Duration>,
 }
 
 /// What [`PartStore::calls`] granted.
@@ -390,15 +393,17 @@ pub(crate) async fn requeue(
     let next: Vec<i64> = items.iter().map(|(_, p, ..)| p.next_est_tokens.max(0)).collect();
     let input_tokens: Vec<Option<i64>> = items.iter().map(|(.., i, _)| *i).collect();
     let output_tokens: Vec<Option<i64>> = items.iter().map(|(.., o)| *o).collect();
+    let waits: Vec<f64> = items.iter().map(|(_, p, ..)| p.wait.map_or(0.0, |w| w.as_secs_f64())).collect();
     // Found by key, fenced by the lease token (which implies `running`), as `write_results` does;
     // `o` is the row as the attempt left it (its number and worker), for the attempt's row.
     let moved: Vec<Uuid> = sqlx::query_scalar(
         "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::int8[], $5::int8[])
-                 AS t(id, token, next_est, input_tokens, output_tokens)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::int8[], $5::int8[], $6::float8[])
+                 AS t(id, token, next_est, input_tokens, output_tokens, wait_secs)
          ),
          moved AS (
-             UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now(), est_input_tokens = i.next_est,
+             UPDATE jobs j SET state = 'queued', attempts = 0, run_at = now() + make_interval(secs => i.wait_secs),
+                 est_input_tokens = i.next_est,
                  extra_calls = 0, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
                  updated_at = now()
              FROM input i JOIN jobs o ON o.id = i.id
@@ -419,6 +424,7 @@ pub(crate) async fn requeue(
     .bind(&next)
     .bind(&input_tokens)
     .bind(&output_tokens)
+    .bind(&waits)
     .fetch_all(&mut *tx)
     .await?;
     if !moved.is_empty() {

@@ -55,6 +55,10 @@ pub struct JobError {
     /// parts it answered): recorded on its attempt, so outcomes and costs count them.
     #[serde(default)]
     pub usage: Option<(i64, i64)>,
+    /// Not a failure: the call was kept for the provider's batch (the economy lane), and the
+    /// job goes back in line until the batch answers.
+    #[serde(default, skip)]
+    pub deferred: bool,
 }
 
 impl JobError {
@@ -69,6 +73,7 @@ impl JobError {
             unreadable: false,
             provider_counted_tokens: None,
             usage: None,
+            deferred: false,
         }
     }
 

@@ -34,6 +34,17 @@ pub struct AdmissionArgs {
     /// Uploads past it get 413 `storage_full` before their body is read. 0 = none.
     #[arg(long, env = "SLUICE_STORAGE_QUOTA_MIB", default_value_t = 1024, global = true)]
     pub storage_quota_mib: u64,
+    /// The economy lane ("by tomorrow, at half the credits"; offered when the provider has a
+    /// batch API): the share of a document's price taken off (0 to 0.9).
+    #[arg(long, env = "SLUICE_ECONOMY_DISCOUNT", default_value_t = 0.5, global = true)]
+    pub economy_discount: f64,
+    /// Hours an economy document may take: its batch's answers are awaited this long, then
+    /// whatever it did not answer is done at once, at the same price.
+    #[arg(long, env = "SLUICE_ECONOMY_WINDOW_HOURS", default_value_t = 24.0, global = true)]
+    pub economy_window_hours: f64,
+    /// Seconds between asking the provider where each open batch stands.
+    #[arg(long, env = "SLUICE_ECONOMY_POLL_SECS", default_value_t = 30.0, global = true)]
+    pub economy_poll_secs: f64,
 }
 
 impl AdmissionArgs {
@@ -51,6 +62,21 @@ impl AdmissionArgs {
             client_key_lifetime: self.client_key_lifetime(),
             ..Default::default()
         }
+    }
+
+    /// The economy lane's terms as set (a window of 1 minute to 7 days, a discount of 0 to 90 %).
+    pub fn economy_terms(&self) -> engine::sizing::EconomyTerms {
+        let finite = |v: f64, default: f64| if v.is_finite() { v } else { default };
+        engine::sizing::EconomyTerms {
+            discount: finite(self.economy_discount, 0.5).clamp(0.0, 0.9),
+            window_hours: finite(self.economy_window_hours, 24.0).clamp(1.0 / 60.0, 168.0),
+        }
+    }
+
+    /// How often open batches are polled (1 s to an hour).
+    pub fn economy_poll(&self) -> Duration {
+        let secs = if self.economy_poll_secs.is_finite() { self.economy_poll_secs } else { 30.0 };
+        Duration::from_secs_f64(secs.clamp(1.0, 3600.0))
     }
 
     /// The most estimated tokens one document may have (None: no ceiling).

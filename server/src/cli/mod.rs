@@ -286,11 +286,19 @@ impl Config {
         self.documents.blobs(&self.server.data_dir)
     }
 
+    /// The economy lane's terms, when the provider has a batch API to offer it through.
+    pub fn economy_terms(&self) -> Option<engine::sizing::EconomyTerms> {
+        self.provider.offers_batches().then(|| self.admission.economy_terms())
+    }
+
     /// What the web layer charges, limits and offers.
     pub fn web_settings(&self) -> WebSettings {
         let (web, documents, accounts) = (&self.web, &self.documents, &self.accounts);
         WebSettings {
-            admission: self.admission.admission_config(self.provider.context_tokens(), self.workers.max_attempts),
+            admission: engine::accounts::admission::AdmissionConfig {
+                economy: self.economy_terms(),
+                ..self.admission.admission_config(self.provider.context_tokens(), self.workers.max_attempts)
+            },
             signup_grant: accounts.signup_grant.max(0),
             require_email_verification: self.mail.require_email_verification,
             secure_cookies: accounts.secure_cookies,

@@ -96,6 +96,10 @@ pub struct ProviderArgs {
     /// After a 429/529 the gate is halved; it grows back one slot per this many seconds.
     #[arg(long, env = "SLUICE_GATE_RECOVER_SECS", default_value_t = 10.0, global = true)]
     pub gate_recover_secs: f64,
+    /// The provider has a batch API (OpenAI's `/v1/batches`, Anthropic's message batches): the
+    /// economy lane is offered. With a providers file, each deployment's `batch` says so.
+    #[arg(long, env = "SLUICE_PROVIDER_BATCH", default_value_t = false, action = clap::ArgAction::Set, global = true)]
+    pub provider_batch: bool,
     /// Several provider deployments, tried in order with fallback (TOML; see the book's
     /// providers chapter). Set, it replaces the single-provider flags above (the timeouts,
     /// streaming and burst still apply to every deployment).
@@ -323,6 +327,14 @@ impl ProviderArgs {
             model: provider.model().to_string(),
             start: engine::documents::ratio::starting_ratio(kind),
         })
+    }
+
+    /// Whether a batch API is there to send economy documents to.
+    pub fn offers_batches(&self) -> bool {
+        match self.file() {
+            Some(file) => file.iter().any(|d| d.batch && d.config.kind != ProviderKind::Local),
+            None => self.provider_batch && self.provider_kind() != ProviderKind::Local,
+        }
     }
 
     /// The presets this provider can do (every deployment, with a providers file).

@@ -43,6 +43,12 @@ pub struct UploadForm {
     /// documents are there anyway): honoured up to four times the operator's size for small
     /// documents; a larger one stays in the bulk lane.
     urgent: Option<bool>,
+    /// `economy`: done through the provider's batch API within the operator's window ("by
+    /// tomorrow"), at the operator's discount (half the credits by default); the job waits
+    /// "in the provider's batch" meanwhile. 422 where the provider has no batch API, and with
+    /// `urgent` or `due_by`. `standard` when left out.
+    #[schema(schema_with = lanes)]
+    lane: Option<String>,
     /// A translation into several languages, comma-separated (up to 10, none twice; instead of
     /// `language`): each is its own job, priced and admitted on its own; the answer's `also`
     /// names the jobs after the first (or why one was refused).
@@ -63,6 +69,15 @@ pub struct UploadForm {
     /// How a translation addresses its reader.
     #[schema(schema_with = formality)]
     formality: Option<String>,
+}
+
+/// The lane an upload asks for.
+fn lanes() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["standard", "economy"]))
+        .description(Some("The standard lane, or the economy lane: by tomorrow, at the operator's discount."))
+        .build()
 }
 
 /// A translation's formality.

@@ -179,6 +179,7 @@ pub async fn work_with(
         settle_held: None,
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
+        economy: None,
     };
     let config = engine::testing::fast_worker("hooks", jobs);
     let hooks = std::sync::Arc::new(engine::hooks::SluiceHooks);

@@ -100,3 +100,74 @@ async fn a_text_longer_than_the_context_is_413_and_a_short_balance_402_with_noth
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     assert_eq!(app.user_state(user).await, (2, 1, 2, 1));
 }
+
+/// The economy lane: where the provider has a batch API, `lane=economy` is charged the
+/// operator's discount (half, rounded up) and its estimate says so; elsewhere, or with
+/// `urgent` or a deadline, it is refused in words and nothing is charged.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn the_economy_lane_costs_its_discount_and_is_refused_where_it_cannot_be_kept(pool: PgPool) {
+    let terms = engine::sizing::EconomyTerms { discount: 0.5, window_hours: 24.0 };
+    let offered = WebSettings { admission: AdmissionConfig { economy: Some(terms), ..priced().admission }, ..priced() };
+    let app = TestApp::spawn(pool.clone(), offered).await;
+    let (user, token) = app.user_with_token("economy@example.com", 100, 10).await;
+    let send = |path: &'static str, doc: Vec<u8>, fields: Vec<(&'static str, String)>| {
+        let (app, token) = (&app, token.clone());
+        async move {
+            let mut form = reqwest::multipart::Form::new()
+                .part("file", reqwest::multipart::Part::bytes(doc).file_name("report.txt"));
+            for (name, value) in fields {
+                form = form.text(name, value);
+            }
+            reqwest::Client::new().post(app.url(path)).bearer_auth(&token).multipart(form).send().await.unwrap()
+        }
+    };
+    // 7 credits in the standard lane: 4 in the economy lane, as the estimate says first.
+    let economy = || vec![("lane", "economy".to_string())];
+    let estimate = send("/api/v1/estimate", text(1, 10_000), economy()).await;
+    assert_eq!(estimate.status(), StatusCode::OK);
+    assert_eq!(estimate.json::<serde_json::Value>().await.unwrap()["credits"], 4);
+    let upload = send("/api/v1/jobs", text(1, 10_000), economy()).await;
+    assert_eq!(upload.status(), StatusCode::ACCEPTED);
+    let body: serde_json::Value = upload.json().await.unwrap();
+    assert_eq!(body["charged"], 4);
+    let job: serde_json::Value = reqwest::Client::new()
+        .get(app.url(&format!("/api/v1/jobs/{}", body["id"].as_str().unwrap())))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((job["economy"].as_bool(), job["cost"].as_i64()), (Some(true), Some(4)));
+    assert_eq!(app.user_state(user).await.0, 96);
+
+    let due_by = (chrono::Utc::now() + chrono::TimeDelta::days(2)).to_rfc3339();
+    for (fields, says) in [
+        ([economy(), vec![("urgent", "true".to_string())]].concat(), "urgent or in the economy lane"),
+        ([economy(), vec![("due_by", due_by)]].concat(), "a deadline is for the standard lane"),
+        (vec![("lane", "cheapest".to_string())], "lane is standard or economy"),
+    ] {
+        let refused = send("/api/v1/jobs", text(2, 100), fields).await;
+        assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let message = refused.json::<serde_json::Value>().await.unwrap()["message"].as_str().unwrap().to_string();
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(app.user_state(user).await.0, 96, "nothing charged for a refusal");
+
+    // Without a batch API it is not offered.
+    let plain = TestApp::spawn(pool, priced()).await;
+    let (_, token) = plain.user_with_token("plain@example.com", 100, 10).await;
+    let form = reqwest::multipart::Form::new()
+        .part("file", reqwest::multipart::Part::bytes(text(3, 100)).file_name("report.txt"))
+        .text("lane", "economy");
+    let refused = reqwest::Client::new()
+        .post(plain.url("/api/v1/jobs"))
+        .bearer_auth(&token)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.text().await.unwrap().contains("batch API"));
+}

@@ -627,6 +627,10 @@ impl Provider for HttpProvider {
         self.reasoning
     }
 
+    fn batch_api(&self, deployment: Option<&str>) -> Option<(String, &HttpProvider)> {
+        deployment.is_none_or(str::is_empty).then(|| (String::new(), self))
+    }
+
     fn model(&self) -> &str {
         &self.model
     }

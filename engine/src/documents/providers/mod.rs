@@ -159,6 +159,11 @@ pub trait Provider: Send + Sync + 'static {
     }
     /// Run the task; a failure is classified so the engine's retry policy can decide.
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<ProviderOutput, JobError>>;
+    /// Its batch API (the economy lane's): the one to send a batch to (`deployment` none), or
+    /// the one named (a batch's, to poll it), with the name it is kept under. None: it has none.
+    fn batch_api(&self, _deployment: Option<&str>) -> Option<(String, &HttpProvider)> {
+        None
+    }
 }
 
 /// Which provider the server uses.

@@ -28,6 +28,8 @@ pub struct Router {
 struct Routed {
     name: String,
     provider: Arc<dyn Provider>,
+    /// Its batch API, when the file says it has one (`batch = true`).
+    batch: Option<super::HttpProvider>,
 }
 
 impl Router {
@@ -36,8 +38,15 @@ impl Router {
     /// calls' history) and make the router.
     pub async fn start(pool: PgPool, deployments: &[Deployment], rest: RestPolicy) -> Result<Router> {
         configure(&pool, deployments).await?;
-        let deployments =
-            deployments.iter().map(|d| Routed { name: d.name.clone(), provider: build(&d.config) }).collect();
+        let deployments = deployments
+            .iter()
+            .map(|d| Routed {
+                name: d.name.clone(),
+                provider: build(&d.config),
+                batch: (d.batch && d.config.kind != super::ProviderKind::Local)
+                    .then(|| super::HttpProvider::new(&d.config)),
+            })
+            .collect();
         Ok(Router { pool, deployments, rest })
     }
 
@@ -344,6 +353,13 @@ impl Provider for Router {
     }
     fn run<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, std::result::Result<ProviderOutput, JobError>> {
         Box::pin(self.route(task))
+    }
+    /// The first deployment with a batch API (in the file's order), or the one named.
+    fn batch_api(&self, deployment: Option<&str>) -> Option<(String, &super::HttpProvider)> {
+        self.deployments
+            .iter()
+            .filter(|d| deployment.is_none_or(|name| name == d.name))
+            .find_map(|d| d.batch.as_ref().map(|api| (d.name.clone(), api)))
     }
 }
 
