@@ -29,6 +29,11 @@
 //! row: a 129K-token translation into a language writing 35 % longer, to a provider counting
 //! 15 % more: its calls, output billed over output kept (target at most 1.05), and its time.
 //!
+//! With `economy` (`cargo xtask bench economy`), issue 60's row: 50 documents of 20K tokens
+//! in the standard lane, then in the economy lane against the fake's batch API (its batches
+//! take 5 s, a time scale on which a day's window is a minute): provider calls and batches,
+//! credits charged against the standard price (1 credit a 1,000 tokens here), time to result.
+//!
 //! Prints `RESULT ...` lines and tables for the book's Benchmarks chapter. Needs `sluice-extract` built beside
 //! this example (`cargo build --release -p engine --bin sluice-extract`; the xtask does it).
 
@@ -111,6 +116,19 @@ struct Run {
 impl Bench {
     async fn enqueue(&self, owner: i64, text: &str, preset: &str) -> Uuid {
         self.enqueue_due(owner, text, preset, None).await
+    }
+
+    /// Enqueue a document priced `cost`, in the economy lane when `economy`.
+    async fn enqueue_priced(&self, owner: i64, text: &str, cost: i64, economy: bool) -> Uuid {
+        let id = self.enqueue(owner, text, "summarize").await;
+        sqlx::query("UPDATE jobs SET cost = $2, payload = payload || jsonb_build_object('economy', $3) WHERE id = $1")
+            .bind(id)
+            .bind(cost as i32)
+            .bind(economy)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        id
     }
 
     /// Enqueue as admission does: its lane by its size, and its deadline, if any.
@@ -456,6 +474,85 @@ async fn translation_writing_longer(bench: &Bench) {
     println!("RESULT parts_translate_writes_longer_ratio={:.3}", run.ideal_secs / secs);
 }
 
+/// `cargo xtask bench economy`: issue 60's row.
+async fn economy_lane(bench: &Bench) {
+    const DOCUMENTS: usize = 50;
+    const TOKENS: usize = 20_000;
+    let prices: sluice_types::capacity::PriceTable = "1000:1".parse().unwrap();
+    let terms = sluice_types::capacity::EconomyTerms { discount: 0.5, window_hours: 1.0 / 60.0 };
+    println!("| {DOCUMENTS} documents of 20K tokens (summaries) | provider calls at once | batches (requests) | credits charged | against the standard price | time to the last result | p50 |");
+    println!("|---|---|---|---|---|---|---|");
+    for economy in [false, true] {
+        sqlx::query("TRUNCATE jobs, provider_batches CASCADE").execute(&bench.pool).await.unwrap();
+        sqlx::query("TRUNCATE batch_requests").execute(&bench.pool).await.unwrap();
+        let (fake, mut processor) = bench.hosted(OURS).await;
+        fake.batch_timing(fakeprovider::BatchTiming { delay: Duration::from_secs(5), window: Duration::from_secs(60) });
+        if economy {
+            processor.economy =
+                Some(engine::documents::economy::EconomyLane::new(bench.pool.clone(), Duration::from_secs(60)));
+        }
+        let standard: i64 = prices.price(TOKENS as u64);
+        let cost = if economy { terms.price(standard) } else { standard };
+        let mut ids = Vec::new();
+        for n in 0..DOCUMENTS {
+            let text = text_of(TOKENS, &format!("document {n}"));
+            ids.push(bench.enqueue_priced(200 + (n % 10) as i64, &text, cost, economy).await);
+        }
+        let started = Instant::now();
+        let poller = economy.then(|| {
+            tokio::spawn(engine::documents::economy::run(
+                bench.pool.clone(),
+                processor.provider.clone(),
+                Duration::from_millis(500),
+            ))
+        });
+        let workers = bench.workers(processor);
+        loop {
+            let open: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state NOT IN ('done', 'failed')")
+                .fetch_one(&bench.pool)
+                .await
+                .unwrap();
+            if open == 0 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(600), "the run ends within 10 minutes");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let last = started.elapsed().as_secs_f64();
+        workers.shutdown().await;
+        if let Some(poller) = poller {
+            poller.abort();
+        }
+        let (done, charged, p50): (i64, i64, f64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'done'), sum(cost)::int8,
+                    percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - accepted_at))::float8
+             FROM jobs WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_one(&bench.pool)
+        .await
+        .unwrap();
+        assert_eq!(done, DOCUMENTS as i64, "every document done");
+        let batches: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM provider_batches").fetch_one(&bench.pool).await.unwrap();
+        let interactive = fake.calls() - fake.batch_requests();
+        let label = if economy { "economy lane (the provider's batch API)" } else { "standard lane" };
+        println!(
+            "| {label} | {interactive} | {batches} ({}) | {charged} | {:.2} | {last:.1} s | {p50:.1} s |",
+            fake.batch_requests(),
+            charged as f64 / (standard * DOCUMENTS as i64) as f64
+        );
+        let key = if economy { "economy" } else { "standard" };
+        println!(
+            "RESULT economy_{key}_credits_over_standard={:.3}",
+            charged as f64 / (standard * DOCUMENTS as i64) as f64
+        );
+        println!("RESULT economy_{key}_interactive_calls={interactive}");
+        println!("RESULT economy_{key}_batches={batches}");
+        println!("RESULT economy_{key}_last_secs={last:.1}");
+    }
+}
+
 fn p95(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
@@ -478,6 +575,11 @@ async fn main() {
         }
         Some("translations") => {
             translation_writing_longer(&bench).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        Some("economy") => {
+            economy_lane(&bench).await;
             let _ = std::fs::remove_dir_all(&dir);
             return;
         }

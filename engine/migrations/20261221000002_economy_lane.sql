@@ -9,6 +9,8 @@ CREATE TABLE provider_batches (
     requests int NOT NULL,
     submitted_at timestamptz NOT NULL DEFAULT now(),
     polled_at timestamptz,
+    -- Times its results could not be read (after a few it is ended without them).
+    read_failures int NOT NULL DEFAULT 0,
     ended_at timestamptz
 );
 CREATE INDEX provider_batches_open ON provider_batches (submitted_at) WHERE ended_at IS NULL;

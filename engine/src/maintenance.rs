@@ -227,13 +227,23 @@ pub async fn prune_evidence(pool: &PgPool, keep: Duration) -> crate::error::Resu
         .execute(pool)
         .await?
         .rows_affected();
-    // An ended batch's requests go with it (their answers were taken, or their jobs went on
-    // without them).
-    let batches = sqlx::query("DELETE FROM provider_batches WHERE ended_at < now() - make_interval(secs => $1)")
-        .bind(keep.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected();
+    // A batch's requests (the words it answered) go once their document has ended, and an
+    // ended batch with them: they are not evidence, and no live document needs them.
+    let requests = sqlx::query(
+        "DELETE FROM batch_requests r WHERE NOT EXISTS (
+             SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.state IN ('queued', 'retrying', 'running'))",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let batches = sqlx::query(
+        "DELETE FROM provider_batches b WHERE b.ended_at IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM batch_requests r WHERE r.batch_id = b.id)",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected()
+        + requests;
     let calls = sqlx::query("DELETE FROM provider_calls WHERE at < now() - make_interval(secs => $1)")
         .bind(keep.as_secs_f64())
         .execute(pool)

@@ -1647,3 +1647,31 @@ async fn what_the_batch_did_not_answer_is_asked_at_once_at_no_extra_charge(pool:
     assert_eq!(fake.calls(), total + 2, "the batch's requests, the key terms, and part 2 asked again at once");
     assert_eq!(ledger_of(&pool, job).await.len(), 1, "one debit: the call asked again costs the user nothing");
 }
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_batch_answer_holding_a_nul_is_kept_without_it_and_the_summary_is_done(pool: PgPool) {
+    let docs = docs("economy-nul");
+    let fake = FakeProvider::start().await;
+    fake.batch_timing(fakeprovider::BatchTiming { delay: Duration::from_millis(100), window: Duration::from_secs(30) });
+    // Postgres keeps no NUL in jsonb: a model writing one must not stall the lane.
+    let finished = |text: &str| Reply::Finished {
+        text: text.into(),
+        stop_reason: "end_turn".into(),
+        input_tokens: 100,
+        output_tokens: 10,
+    };
+    fake.push_matching("part 1 of", [finished("The first part\u{0} in short.")]);
+    let user = users::create_user(&pool, "nul@example.com", "password123", Role::User, 20).await.unwrap();
+    let job = submit_in_lane(&pool, &docs, user.id, &report(60), "summarize", 600, true).await;
+    let processor = DocumentProcessor { context_tokens: Some(600), ..economy_processor(&pool, &docs, &fake) };
+    work_once(&pool, &fast_worker("economy", 4), Arc::new(processor.clone()), Arc::new(AccountHooks), 4).await.unwrap();
+    until_a_batch_ends(&pool, &processor).await;
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    let first: String = sqlx::query_scalar("SELECT output FROM job_parts WHERE job_id = $1 AND level = 0 AND idx = 0")
+        .bind(job)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(first, "The first part in short.", "the batch's answer, without its NUL");
+}

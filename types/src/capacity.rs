@@ -380,6 +380,11 @@ mod tests {
         assert_eq!(odd(f64::NAN).price(10), 10, "no discount from nonsense");
         assert_eq!(odd(5.0).price(10), 1, "at most 90 % off");
         assert_eq!(odd(-1.0).price(10), 10, "never dearer");
+        assert_eq!(odd(0.7).price(10), 3, "no rounding error turns 3 into 4");
+        for percent in 0..=90 {
+            let expected = (10 * (100 - percent) as i64 + 99) / 100;
+            assert_eq!(odd(percent as f64 / 100.0).price(10), expected.max(1), "{percent} % off 10 credits");
+        }
         for credits in 1..500 {
             let p = half.price(credits);
             assert!(p >= 1 && p <= credits && p * 2 >= credits, "{credits} -> {p}");
@@ -551,8 +556,10 @@ impl EconomyTerms {
         if credits <= 0 {
             return credits.max(0);
         }
-        let discount = if self.discount.is_finite() { self.discount.clamp(0.0, 0.9) } else { 0.0 };
-        ((credits as f64) * (1.0 - discount)).ceil().clamp(1.0, credits as f64) as i64
+        // In whole basis points, so 70 % off 10 credits is 3, not 3.0000000000000004 rounded up.
+        let off = if self.discount.is_finite() { (self.discount.clamp(0.0, 0.9) * 10_000.0).round() as i64 } else { 0 };
+        let kept = credits.saturating_mul(10_000 - off);
+        (kept / 10_000 + i64::from(kept % 10_000 != 0)).clamp(1, credits)
     }
 }
 

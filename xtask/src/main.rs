@@ -24,7 +24,8 @@ const CARGO_LEPTOS_VERSION: &str = "0.3.10";
 const VERBS: [&str; 7] = ["run", "test", "bench", "pg", "setup", "dist", "docs"];
 
 /// `cargo xtask bench <name>`: the benchmarks one can ask for by name (none: all of them).
-const BENCHMARKS: [&str; 8] = ["queue", "shapes", "parts", "lanes", "translations", "poll", "upload", "busy"];
+const BENCHMARKS: [&str; 9] =
+    ["queue", "shapes", "parts", "lanes", "translations", "economy", "poll", "upload", "busy"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -517,6 +518,8 @@ fn browser_suite(cluster: &pgcluster::Cluster, playwright_args: &[String], after
     let fake_url = format!("http://127.0.0.1:{fake_port}");
     let fake = Command::new("target/debug/fakeprovider")
         .arg(format!("127.0.0.1:{fake_port}"))
+        // Its batches take long enough for a flow to see a job wait in one.
+        .env("FAKE_BATCH_DELAY_MS", "4000")
         .stdout(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting the fake provider: {e}"))?;
@@ -613,7 +616,12 @@ fn bench(args: &[String]) -> Result {
     if which.is_none_or(|w| w == "shapes") {
         storage_shapes(&temp.cluster)?;
     }
-    for (name, mode) in [("parts", None), ("lanes", Some("lanes")), ("translations", Some("translations"))] {
+    for (name, mode) in [
+        ("parts", None),
+        ("lanes", Some("lanes")),
+        ("translations", Some("translations")),
+        ("economy", Some("economy")),
+    ] {
         // The full parts run has the translations' row: alone only when asked for.
         if which.map_or(name != "translations", |w| w == name) {
             let db = format!("bench_{name}");

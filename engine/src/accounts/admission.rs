@@ -164,7 +164,9 @@ pub(crate) async fn intake_state(pool: &PgPool, bound: i64, since: WaitSince) ->
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM waiting_jobs WHERE run_at <= now() LIMIT $1) b),
                 least((SELECT min(run_at) FROM waiting_jobs WHERE run_at <= now()),
                       (SELECT min(accepted_at) FROM jobs
-                       WHERE $2 AND state IN ('queued', 'retrying') AND parts_total IS NOT NULL AND run_at <= now())),
+                       WHERE $2 AND state IN ('queued', 'retrying') AND parts_total IS NOT NULL AND run_at <= now()
+                         -- An economy document waited for its batch, not in line.
+                         AND NOT coalesce((payload ->> 'economy')::boolean, false))),
                 now()",
     )
     .bind(bound)

@@ -103,8 +103,9 @@ impl EconomyLane {
 
     /// Send `tasks` as one batch, and keep what the job's next claim needs to find the answers.
     /// The requests are stored before the batch is sent: were this process to die in between,
-    /// the job is done interactively, never sent twice.
-    pub async fn submit(&self, provider: &dyn Provider, job: &ClaimedJob, tasks: &[Task]) -> Result<(), JobError> {
+    /// the job is done interactively, never sent twice. Returns whether the provider took it
+    /// (not: the job's next claim asks at once).
+    pub async fn submit(&self, provider: &dyn Provider, job: &ClaimedJob, tasks: &[Task]) -> Result<bool, JobError> {
         let (deployment, api) = provider
             .batch_api(None)
             .ok_or_else(|| JobError::new(ErrorClass::Rejected, "the provider has no batch API"))?;
@@ -151,10 +152,7 @@ impl EconomyLane {
                     .execute(&self.pool)
                     .await
                     .map_err(database)?;
-                return Err(JobError::new(
-                    ErrorClass::Connection,
-                    "the provider's batch was not taken; the document is done at once",
-                ));
+                return Ok(false);
             }
         };
         sqlx::query("UPDATE provider_batches SET provider_batch_id = $2 WHERE id = $1")
@@ -164,12 +162,13 @@ impl EconomyLane {
             .await
             .map_err(database)?;
         tracing::info!(job = %job.id, batch = %provider_batch, requests = tasks.len(), "sent to the provider's batch");
-        Ok(())
+        Ok(true)
     }
 
     /// The batch's answer for `task`'s text, if the batch answered it and no call took it yet.
     pub async fn prefetched(&self, job: &ClaimedJob, task: &Task) -> Result<Option<ProviderOutput>> {
-        if job.payload["economy"] != serde_json::Value::Bool(true) || task.finds_terms {
+        // Nothing while this claim gathers: nothing was sent yet.
+        if job.payload["economy"] != serde_json::Value::Bool(true) || task.finds_terms || self.is_gathering(job) {
             return Ok(None);
         }
         // Taken once, and its words not kept twice (the part's answer is stored with the part).
@@ -225,45 +224,89 @@ pub async fn poll_batches(pool: &PgPool, provider: &dyn Provider, every: Duratio
     .await?;
     let mut ended = 0;
     for (batch, deployment, provider_batch) in open {
-        let Some((_, api)) = provider.batch_api(Some(&deployment)) else {
-            tracing::warn!(batch = %provider_batch, %deployment, "no batch API for this batch's deployment any more");
-            end_batch(pool, batch, &HashMap::new()).await?;
-            ended += 1;
-            continue;
-        };
-        let outcomes = match api.batch_state(&provider_batch).await {
-            Ok(BatchState::Running { .. }) => continue,
-            Ok(BatchState::Refused(why)) => {
-                tracing::warn!(batch = %provider_batch, %why, "the provider refused a batch; its documents are done at once");
-                HashMap::new()
-            }
-            Ok(BatchState::Ended) => {
-                let asked: HashMap<String, u32> = sqlx::query_as::<_, (String, i32)>(
-                    "SELECT custom_id, answer_tokens FROM batch_requests WHERE batch_id = $1",
-                )
-                .bind(batch)
-                .fetch_all(pool)
-                .await?
-                .into_iter()
-                .map(|(id, asked)| (id, asked.max(1) as u32))
-                .collect();
-                match api.batch_results(&provider_batch, &asked).await {
-                    Ok(outcomes) => outcomes,
-                    Err(e) => {
-                        tracing::warn!(batch = %provider_batch, error = %e.message, "a batch's results could not be read; asked again later");
-                        continue;
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(batch = %provider_batch, error = %e.message, "a batch could not be asked where it stands");
-                continue;
-            }
-        };
-        end_batch(pool, batch, &outcomes).await?;
-        ended += 1;
+        match poll_one(pool, provider, batch, &deployment, &provider_batch).await {
+            Ok(true) => ended += 1,
+            Ok(false) => {}
+            // One batch's trouble is not the others'.
+            Err(e) => tracing::warn!(batch = %provider_batch, error = %e, "could not poll a provider batch"),
+        }
     }
     Ok(ended)
+}
+
+/// Reads of a batch's results that may fail before it is ended without them (its documents
+/// are then done at once).
+const MAX_READ_FAILURES: i32 = 3;
+
+/// Poll one batch; whether it ended.
+async fn poll_one(
+    pool: &PgPool,
+    provider: &dyn Provider,
+    batch: i64,
+    deployment: &str,
+    provider_batch: &str,
+) -> Result<bool> {
+    let Some((_, api)) = provider.batch_api(Some(deployment)) else {
+        tracing::warn!(batch = %provider_batch, %deployment, "no batch API for this batch's deployment any more");
+        end_batch(pool, batch, &HashMap::new()).await?;
+        return Ok(true);
+    };
+    // Every document of it ended (canceled, deleted, failed): the provider is asked to stop,
+    // and nothing more is kept of it.
+    let live: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM batch_requests r JOIN jobs j ON j.id = r.job_id
+                        WHERE r.batch_id = $1 AND j.state IN ('queued', 'retrying', 'running'))",
+    )
+    .bind(batch)
+    .fetch_one(pool)
+    .await?;
+    if !live {
+        if let Err(e) = api.cancel_batch(provider_batch).await {
+            tracing::info!(batch = %provider_batch, error = %e.message, "a batch none of whose documents waits could not be canceled");
+        }
+        end_batch(pool, batch, &HashMap::new()).await?;
+        return Ok(true);
+    }
+    let outcomes = match api.batch_state(provider_batch).await {
+        Ok(BatchState::Running { .. }) => return Ok(false),
+        Ok(BatchState::Refused(why)) => {
+            tracing::warn!(batch = %provider_batch, %why, "the provider refused a batch; its documents are done at once");
+            HashMap::new()
+        }
+        Ok(BatchState::Ended) => {
+            let asked: HashMap<String, u32> = sqlx::query_as::<_, (String, i32)>(
+                "SELECT custom_id, answer_tokens FROM batch_requests WHERE batch_id = $1",
+            )
+            .bind(batch)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|(id, asked)| (id, asked.max(1) as u32))
+            .collect();
+            match api.batch_results(provider_batch, &asked).await {
+                Ok(outcomes) => outcomes,
+                Err(e) => {
+                    let failures: i32 = sqlx::query_scalar(
+                        "UPDATE provider_batches SET read_failures = read_failures + 1 WHERE id = $1 RETURNING read_failures",
+                    )
+                    .bind(batch)
+                    .fetch_one(pool)
+                    .await?;
+                    tracing::warn!(batch = %provider_batch, error = %e.message, failures, "a batch's results could not be read");
+                    if failures < MAX_READ_FAILURES {
+                        return Ok(false);
+                    }
+                    HashMap::new()
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(batch = %provider_batch, error = %e.message, "a batch could not be asked where it stands");
+            return Ok(false);
+        }
+    };
+    end_batch(pool, batch, &outcomes).await?;
+    Ok(true)
 }
 
 /// Store a batch's answers (the failures as words), mark it ended and make its jobs due.
@@ -278,13 +321,15 @@ async fn end_batch(
     for (id, outcome) in outcomes {
         ids.push(id.clone());
         match outcome {
+            // Postgres keeps no NUL in text or jsonb: a model's answer may hold one.
             Ok(output) => {
+                let output = ProviderOutput { text: output.text.replace('\0', ""), ..output.clone() };
                 answers.push(Some(serde_json::to_value(output).unwrap_or_default()));
                 failures.push(None);
             }
             Err(e) => {
                 answers.push(None);
-                failures.push(Some(e.message.clone()));
+                failures.push(Some(e.message.replace('\0', "")));
             }
         }
     }

@@ -94,7 +94,11 @@ pub async fn estimate(
         input_tokens,
         credits,
         held,
-        least_credits: if held { settings.admission.prices.cheapest().min(credits) } else { credits },
+        least_credits: if held {
+            super::intake::in_lane(settings.admission, settings.admission.prices.cheapest(), economy).min(credits)
+        } else {
+            credits
+        },
         parts: expected_parts(preset, input_tokens, settings.calls),
         jobs_ahead: place.ahead,
         starts_in: place.starts_in,

@@ -417,7 +417,11 @@ impl UploadOptions {
 
     /// Pure: [`Self::content_key`] of the document whose bytes hash to `sha256`.
     pub fn content_key_of(&self, sha256: &str) -> String {
-        let key = format!("{sha256}:{}:{}", self.preset.as_str(), self.language.as_deref().unwrap_or(""));
+        let mut key = format!("{sha256}:{}:{}", self.preset.as_str(), self.language.as_deref().unwrap_or(""));
+        // The economy lane is other work (other price, other time): not a duplicate.
+        if self.economy {
+            key.push_str(":economy");
+        }
         match self.guidance.digest() {
             digest if digest.is_empty() => key,
             digest => format!("{key}:{digest}"),
@@ -576,6 +580,7 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
         language: intake.options.language.clone(),
         guidance: intake.options.guidance.clone(),
         economy: intake.options.economy,
+        economy_discount: intake.admission.economy.filter(|_| intake.options.economy).map(|t| t.discount),
     };
     let mut payload = serde_json::to_value(job).expect("a document job serialises");
     if let Some(callback) = &intake.callback {
@@ -676,6 +681,7 @@ async fn share_document(
         language: options.language.clone(),
         guidance: options.guidance.clone(),
         economy: options.economy,
+        economy_discount: admission.economy.filter(|_| options.economy).map(|t| t.discount),
         ..job
     };
     let submission = Submission {

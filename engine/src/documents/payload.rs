@@ -45,6 +45,10 @@ pub struct DocumentJob {
     /// In the economy lane: its calls go to the provider's batch API first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub economy: bool,
+    /// The economy lane's discount when it was admitted (a held document is settled at it,
+    /// whatever the lane's terms are by then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub economy_discount: Option<f64>,
 }
 
 impl DocumentJob {
@@ -99,6 +103,7 @@ mod tests {
         let job = |doc_type, preset| DocumentJob {
             guidance: Default::default(),
             economy: false,
+            economy_discount: None,
             document: DocumentRef {
                 key: "k".into(),
                 doc_type,

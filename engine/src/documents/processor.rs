@@ -285,13 +285,19 @@ impl DocumentProcessor {
         let tasks = economy.end(job);
         match outcome {
             Err(e) if e.deferred && !tasks.is_empty() => {
-                economy.submit(self.provider.as_ref(), job, &tasks).await?;
+                // Taken: the job waits for the batch (the poller makes it due sooner). Not
+                // taken: it is back in line at once, its next claim asking as the standard
+                // lane does; no attempt used either way.
+                let taken = economy.submit(self.provider.as_ref(), job, &tasks).await?;
                 let (input, output) = e.usage.unwrap_or_default();
                 Ok(JobOutput {
                     result: serde_json::Value::Null,
                     input_tokens: Some(input),
                     output_tokens: Some(output),
-                    part: Some(PartsProgress { next_est_tokens: job.est_input_tokens, wait: Some(economy.window) }),
+                    part: Some(PartsProgress {
+                        next_est_tokens: job.est_input_tokens,
+                        wait: taken.then_some(economy.window),
+                    }),
                 })
             }
             // Never a failure of its own: should one escape, it is an ordinary passing one.
@@ -448,8 +454,10 @@ impl DocumentProcessor {
         };
         let interactive =
             settlement.prices.price(sluice_types::capacity::billed_tokens(spec.preset, estimated.max(0) as u64));
-        let text_price = match settlement.economy.filter(|_| spec.economy) {
-            Some(terms) => terms.price(interactive),
+        // At the discount it was admitted at (its hold was).
+        let discount = spec.economy_discount.or(settlement.economy.map(|t| t.discount));
+        let text_price = match discount.filter(|_| spec.economy) {
+            Some(discount) => sluice_types::capacity::EconomyTerms { discount, window_hours: 0.0 }.price(interactive),
             None => interactive,
         };
         let held: Option<i32> = sqlx::query_scalar(

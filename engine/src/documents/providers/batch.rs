@@ -46,6 +46,11 @@ fn unreadable(what: &str) -> JobError {
     JobError::new(ErrorClass::ServerError, format!("the provider's batch answer could not be read ({what})"))
 }
 
+/// What a provider's id for a batch or a file may be (it goes into a URL with the key).
+fn is_provider_id(id: &str) -> bool {
+    (1..=200).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
+}
+
 fn custom_id_ok(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
@@ -103,9 +108,7 @@ impl HttpProvider {
         };
         created["id"]
             .as_str()
-            .filter(|id| {
-                (1..=200).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
-            })
+            .filter(|id| is_provider_id(id))
             .map(str::to_string)
             .ok_or_else(|| unreadable("no batch id"))
     }
@@ -172,6 +175,8 @@ impl HttpProvider {
                 ["output_file_id", "error_file_id"]
                     .iter()
                     .filter_map(|field| batch[*field].as_str())
+                    // An id goes into a URL with the key: only what an id can be.
+                    .filter(|file| is_provider_id(file))
                     .map(|file| format!("{}/files/{file}/content", self.base))
                     .collect()
             }
