@@ -72,6 +72,8 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
             "max_upload_bytes": 52428800,
             "signup_grant": 20,
             "verify_email": false,
+            // No batch API here: the economy lane is not offered.
+            "economy": null,
         })
     );
 
