@@ -16,7 +16,12 @@ test('"By tomorrow, at half the credits": the lower price before confirming, the
 
   const economy = page.getByTestId('economy');
   await expect(economy.locator('xpath=..')).toContainText('By tomorrow, at half the credits');
+  // The economy lane is neither urgent nor kept to a deadline: choosing one clears the other.
   await economy.check();
+  await page.getByTestId('urgent').check();
+  await expect(economy).not.toBeChecked();
+  await economy.check();
+  await expect(page.getByTestId('urgent')).not.toBeChecked();
   await chooseFiles(page, file);
   await expect(row).toHaveAttribute('data-outcome', 'estimated');
   await expect(row.getByTestId('price')).toContainText('1 credit');

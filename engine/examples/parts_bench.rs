@@ -480,7 +480,7 @@ async fn economy_lane(bench: &Bench) {
     const TOKENS: usize = 20_000;
     let prices: sluice_types::capacity::PriceTable = "1000:1".parse().unwrap();
     let terms = sluice_types::capacity::EconomyTerms { discount: 0.5, window_hours: 1.0 / 60.0 };
-    println!("| {DOCUMENTS} documents of 20K tokens (summaries) | provider calls at once | batches (requests) | credits charged | against the standard price | time to the last result | p50 |");
+    println!("| {DOCUMENTS} documents of 20K tokens (summaries) | calls asked at once (interactive) | batches (requests in them) | credits charged | against the standard price | time to the last result | p50 |");
     println!("|---|---|---|---|---|---|---|");
     for economy in [false, true] {
         sqlx::query("TRUNCATE jobs, provider_batches CASCADE").execute(&bench.pool).await.unwrap();

@@ -410,14 +410,27 @@ pub fn UploadPage() -> impl IntoView {
                     data-testid="due-by"
                     type="datetime-local"
                     prop:value=move || needed_by.get()
-                    on:input=move |ev| needed_by.set(event_target_value(&ev))
+                    on:input=move |ev| {
+                        let when = event_target_value(&ev);
+                        // A deadline is the standard lane's.
+                        if !when.is_empty() {
+                            economy.set(false);
+                        }
+                        needed_by.set(when);
+                    }
                 />
                 <label class="check">
                     <input
                         type="checkbox"
                         data-testid="urgent"
                         prop:checked=move || urgent.get()
-                        on:change=move |ev| urgent.set(event_target_checked(&ev))
+                        on:change=move |ev| {
+                            let chosen = event_target_checked(&ev);
+                            if chosen {
+                                economy.set(false);
+                            }
+                            urgent.set(chosen);
+                        }
                     />
                     " Urgent: keep it out of the line behind long documents"
                 </label>
