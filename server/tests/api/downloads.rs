@@ -63,15 +63,7 @@ async fn owners_download_the_original_and_the_result_and_nobody_else_can(pool: P
     assert_eq!(md.headers()["content-disposition"], "attachment; filename=\"contract _final_-result.md\"");
     let text = md.text().await.unwrap();
     assert!(text.contains("900 EUR") && text.contains("2026-02-01"), "{text}");
-    let json: serde_json::Value = client
-        .get(app.url(&format!("/api/v1/jobs/{id}/result")))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let json = app.get_json(&token, &format!("/api/v1/jobs/{id}/result")).await;
     assert_eq!(json["result"]["provider"], "local");
 }
 

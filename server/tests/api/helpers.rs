@@ -87,6 +87,11 @@ impl TestApp {
         (user.id, secret)
     }
 
+    /// `GET path` through the REST API as `token`'s holder, its JSON answer.
+    pub async fn get_json(&self, token: &str, path: &str) -> serde_json::Value {
+        reqwest::Client::new().get(self.url(path)).bearer_auth(token).send().await.unwrap().json().await.unwrap()
+    }
+
     /// Upload `bytes` as `doc.txt` through the REST API.
     pub async fn upload(&self, token: &str, bytes: Vec<u8>, idempotency_key: Option<&str>) -> reqwest::Response {
         let form = reqwest::multipart::Form::new()

@@ -130,15 +130,7 @@ async fn the_economy_lane_costs_its_discount_and_is_refused_where_it_cannot_be_k
     assert_eq!(upload.status(), StatusCode::ACCEPTED);
     let body: serde_json::Value = upload.json().await.unwrap();
     assert_eq!(body["charged"], 4);
-    let job: serde_json::Value = reqwest::Client::new()
-        .get(app.url(&format!("/api/v1/jobs/{}", body["id"].as_str().unwrap())))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let job = app.get_json(&token, &format!("/api/v1/jobs/{}", body["id"].as_str().unwrap())).await;
     assert_eq!((job["economy"].as_bool(), job["cost"].as_i64()), (Some(true), Some(4)));
     assert_eq!(app.user_state(user).await.0, 96);
 

@@ -323,15 +323,7 @@ async fn a_deadline_and_the_urgent_lane_are_asked_for_with_the_upload_and_shown_
     let accepted = upload_with(&app, &token, 1, &[("due_by", due_text.clone()), ("urgent", "true".into())]).await;
     assert_eq!(accepted.status(), StatusCode::ACCEPTED, "{:?}", accepted.text().await);
     let id = accepted.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
-    let job: serde_json::Value = reqwest::Client::new()
-        .get(app.url(&format!("/api/v1/jobs/{id}")))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let job = app.get_json(&token, &format!("/api/v1/jobs/{id}")).await;
     let shown = chrono::DateTime::parse_from_rfc3339(job["due_by"].as_str().unwrap()).unwrap();
     assert_eq!(shown.timestamp(), due.timestamp());
     assert_eq!(job["deadline"], "on_track");
