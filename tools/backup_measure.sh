@@ -1,5 +1,5 @@
 #!/bin/bash
-# Measures `server backup` and `server restore` (README, Backup and restore): 20,000 jobs and
+# Measures `server backup` and `server restore` (the book's docs/src/operating.md, Backup and restore): 20,000 jobs and
 # 1,000 documents of 100 KiB on the dev cluster (`cargo xtask pg` running; a debug build).
 set -e
 cd /work/main

@@ -417,7 +417,7 @@ mod tests {
     /// `server --help` reads in sections, one per concern, and the book's configuration chapter
     /// lists the same flags under the same headings (with their environment variables).
     #[test]
-    fn help_reads_in_sections_and_the_readme_follows_them() {
+    fn help_reads_in_sections_and_the_configuration_chapter_follows_them() {
         let command = Cli::command();
         let mut by_heading: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
         for arg in command.get_arguments() {
