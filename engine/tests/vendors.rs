@@ -544,3 +544,30 @@ async fn a_batch_past_its_window_expires_and_a_canceled_one_answers_nothing_more
         assert_eq!(http.submit_batch(&bad).await.unwrap_err().class, ErrorClass::Rejected);
     }
 }
+
+#[tokio::test]
+async fn batch_results_past_what_was_asked_are_refused_within_their_bounds() {
+    let fake = FakeProvider::start().await;
+    let http = batch_provider(ProviderKind::Anthropic, &fake);
+    let task = clause(1);
+    let id =
+        http.submit_batch(&[providers::batch::BatchRequest { custom_id: "r0".into(), task: &task }]).await.unwrap();
+    until_ended(&http, &id).await;
+    let asked: std::collections::HashMap<String, u32> = [("r0".to_string(), 700)].into();
+    let line =
+        |custom_id: &str| serde_json::json!({ "custom_id": custom_id, "result": { "type": "expired" } }).to_string();
+    // Far more results than requests: refused, not read to the end.
+    fake.batch_results_instead((0..10_000).map(|i| line(&format!("x{i}"))).collect::<Vec<_>>().join("\n"));
+    let error = http.batch_results(&id, &asked).await.unwrap_err();
+    assert!(error.message.contains("more results than requests"), "{}", error.message);
+    // One line longer than any answer: refused.
+    fake.batch_results_instead(format!("{{\"custom_id\": \"r0\", \"pad\": \"{}\"}}", "a".repeat(9 << 20)));
+    let error = http.batch_results(&id, &asked).await.unwrap_err();
+    assert!(error.message.contains("longer than any answer"), "{}", error.message);
+    // Garbage, another request's id, and ours twice: only ours, the first, is kept.
+    let ours = serde_json::json!({ "custom_id": "r0", "result": { "type": "canceled" } }).to_string();
+    fake.batch_results_instead(format!("not json\n{}\n{ours}\n{}", line("someone-else"), line("r0")));
+    let results = http.batch_results(&id, &asked).await.unwrap();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results["r0"].as_ref().unwrap_err().class, ErrorClass::Overloaded, "the first of ours: canceled");
+}

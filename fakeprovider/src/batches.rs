@@ -38,6 +38,8 @@ pub(crate) struct Batches {
     made: u64,
     /// Requests submitted in batches, over all batches.
     pub requests: u64,
+    /// A results body served instead of the batch's own (a hostile or broken provider's).
+    pub results_instead: Option<String>,
 }
 
 struct Batch {
@@ -362,7 +364,8 @@ pub(crate) async fn anthropic_results(State(script): State<Shared>, Path(id): Pa
         }
         Some(b) => {
             let lines: Vec<&String> = b.output.iter().chain(&b.errors).collect();
-            let body = lines.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n");
+            let own = lines.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n");
+            let body = s.batches.results_instead.clone().unwrap_or(own);
             ([("content-type", "application/binary")], body).into_response()
         }
         None => not_found(Shape::Anthropic),

@@ -529,6 +529,12 @@ impl FakeProvider {
         self.script.lock().unwrap().batches.timing = timing;
     }
 
+    /// Serve this body as every Anthropic batch's results from now on (a provider answering
+    /// more, or longer, than it was asked).
+    pub fn batch_results_instead(&self, body: String) {
+        self.script.lock().unwrap().batches.results_instead = Some(body);
+    }
+
     /// Requests submitted in batches so far, and the batches made.
     pub fn batch_requests(&self) -> u64 {
         self.script.lock().unwrap().batches.requests
