@@ -49,6 +49,19 @@ pub async fn open_pool(options: PgConnectOptions, connections: u32, acquire: Dur
         .await?)
 }
 
+/// Whether every connection `pool` may open is open and in use: a request would wait its
+/// acquire timeout for one. The web process then reads its caller's session and account on the
+/// connections kept for health and the console, so the console still answers.
+pub fn is_full(pool: &PgPool) -> bool {
+    pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections()
+}
+
+/// Whether `error` is a pool's acquire timing out (every connection taken), however it was
+/// wrapped into text by a library in between.
+pub fn is_pool_timeout_text(error: &str) -> bool {
+    error == sqlx::Error::PoolTimedOut.to_string()
+}
+
 /// The server's version string, for `/healthz`.
 pub async fn server_version(pool: &PgPool) -> Result<String> {
     Ok(sqlx::query_scalar("SHOW server_version").fetch_one(pool).await?)

@@ -355,9 +355,17 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
 }
 
 /// The account from the database, kept for the next requests unless access changed meanwhile.
+/// With every request connection taken, it is read on the reserved ones: who the caller is
+/// decides whether the console answers.
 async fn read_user(ctx: &ServerContext, id: i64) -> engine::error::Result<User> {
     let read_at = ctx.auth.generation();
-    users::get(&ctx.pool, id).await.inspect(|user| ctx.auth.put_user(user.clone(), read_at))
+    let pool = if engine::db::is_full(&ctx.pool) { &ctx.reserved } else { &ctx.pool };
+    let user = match users::get(pool, id).await {
+        Err(engine::EngineError::Database(sqlx::Error::PoolTimedOut)) => users::get(&ctx.reserved, id).await,
+        other => other,
+    }?;
+    ctx.auth.put_user(user.clone(), read_at);
+    Ok(user)
 }
 
 /// The caller as the database has them now (their balance to the credit): the cached one is

@@ -65,7 +65,7 @@ pub async fn router(state: AppState, secure_cookies: bool) -> anyhow::Result<Rou
     store.migrate().await.context("session store migration")?;
     // Every process forgets revoked tokens and ended sessions as soon as it is told.
     tokio::spawn(engine::accounts::auth_cache::listen(state.ctx.pool.clone(), state.ctx.auth.clone()));
-    let store = sessions::CachedStore::new(store, state.ctx.auth.clone(), state.ctx.pool.clone());
+    let store = sessions::CachedStore::new(state.ctx.pool.clone(), state.ctx.reserved.clone(), state.ctx.auth.clone());
     let sessions = SessionManagerLayer::new(store)
         .with_name("sluice_session")
         .with_http_only(true)

@@ -1,7 +1,9 @@
 //! The session store: Postgres, with each record kept in this process for a few seconds
 //! ([`engine::accounts::auth_cache`]), so a poll reads no session row. A session deleted here
 //! (log-out, a new id at log-in) is forgotten by every process through a notification sent
-//! when the delete is done; a record saved here replaces the kept one.
+//! when the delete is done; a record saved here replaces the kept one. With every connection
+//! of the web requests' pool taken, records are read and saved on the connections kept for
+//! health and the console, so an operator can still reach the console and its kill switch.
 
 use std::sync::Arc;
 
@@ -18,6 +20,8 @@ use engine::accounts::auth_cache::{announce, CachedSession, Revoked};
 #[derive(Clone)]
 pub struct CachedStore {
     inner: PostgresStore,
+    /// The same table through the reserved connections.
+    reserved: PostgresStore,
     cache: Arc<AuthCache>,
     pool: PgPool,
 }
@@ -29,8 +33,19 @@ impl std::fmt::Debug for CachedStore {
 }
 
 impl CachedStore {
-    pub fn new(inner: PostgresStore, cache: Arc<AuthCache>, pool: PgPool) -> Self {
-        CachedStore { inner, cache, pool }
+    /// `pool` is the web requests' (the store's own), `reserved` the connections kept for
+    /// health and the console.
+    pub fn new(pool: PgPool, reserved: PgPool, cache: Arc<AuthCache>) -> Self {
+        CachedStore { inner: PostgresStore::new(pool.clone()), reserved: PostgresStore::new(reserved), cache, pool }
+    }
+
+    /// The store to use now: the reserved connections' while the requests' are all taken.
+    fn store(&self) -> &PostgresStore {
+        if engine::db::is_full(&self.pool) {
+            &self.reserved
+        } else {
+            &self.inner
+        }
     }
 
     fn keep(&self, record: &Record) {
@@ -48,7 +63,10 @@ impl SessionStore for CachedStore {
     }
 
     async fn save(&self, record: &Record) -> Result<()> {
-        self.inner.save(record).await?;
+        match self.store().save(record).await {
+            Err(Error::Backend(e)) if engine::db::is_pool_timeout_text(&e) => self.reserved.save(record).await?,
+            other => other?,
+        }
         self.keep(record);
         Ok(())
     }
@@ -59,7 +77,10 @@ impl SessionStore for CachedStore {
                 return Ok(Some(kept.record));
             }
         }
-        let record = self.inner.load(id).await?;
+        let record = match self.store().load(id).await {
+            Err(Error::Backend(e)) if engine::db::is_pool_timeout_text(&e) => self.reserved.load(id).await?,
+            other => other?,
+        };
         if let Some(record) = &record {
             self.keep(record);
         }

@@ -1,11 +1,13 @@
 //! Issue 58: with every connection of the web requests' pool taken, requests are answered 503
 //! with `Retry-After` within about a second (not after the workers' 10 s, never 500), nothing
-//! is stored or charged, the health check still answers on connections of its own, and
+//! is stored or charged, the health check and the console (its overview and kill switch, the
+//! operator's session and account included) still answer on connections of their own, and
 //! everything works again once connections are free.
 
 use std::time::{Duration, Instant};
 
 use app::server::session::WebSettings;
+use engine::accounts::{users, Role};
 use reqwest::StatusCode;
 use sqlx::PgPool;
 
@@ -18,11 +20,16 @@ async fn a_full_pool_answers_503_within_a_second_and_health_still_answers(pool: 
     let reserved = engine::db::open_pool(options, 1, engine::db::REQUEST_ACQUIRE).await.unwrap();
     let blob_dir = std::env::temp_dir().join(format!("sluice-test-pool-full-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&blob_dir);
-    let app =
-        TestApp::spawn_with_pools(pool.clone(), requests.clone(), reserved, WebSettings::default(), blob_dir).await;
+    // Nothing kept in memory: the operator's session and account are read from the database.
+    let settings = WebSettings { auth_cache_lifetime: Duration::ZERO, ..WebSettings::default() };
+    let app = TestApp::spawn_with_pools(pool.clone(), requests.clone(), reserved, settings, blob_dir).await;
     let (user, token) = app.user_with_token("busy@example.com", 10, 5).await;
     let client = reqwest::Client::new();
     let before = app.user_state(user).await;
+    users::create_user(&app.pool, "ops@example.com", "password123", Role::Admin, 0).await.unwrap();
+    let operator = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let logged_in = call(&operator, &app, "log_in", &[("email", "ops@example.com"), ("password", "password123")]);
+    assert_eq!(logged_in.await.status(), StatusCode::OK);
 
     // Every request connection is taken (a burst of slow queries, say): as many as the pool
     // gives (the app may keep one of them, e.g. to listen).
@@ -35,6 +42,16 @@ async fn a_full_pool_answers_503_within_a_second_and_health_still_answers(pool: 
     let health = client.get(app.url("/healthz")).send().await.unwrap();
     assert_eq!(health.status(), StatusCode::OK, "the health check has connections of its own");
     assert!(started.elapsed() < Duration::from_millis(900), "health answered in {:?}", started.elapsed());
+
+    // The operator reaches the console and stops processing: their session and account are
+    // read on the reserved connections, as are the overview and the switch.
+    let started = Instant::now();
+    let overview = call(&operator, &app, "admin/overview", &[]).await;
+    assert_eq!(overview.status(), StatusCode::OK, "the console answers: {}", overview.text().await.unwrap());
+    assert!(started.elapsed() < Duration::from_millis(900), "the console answered in {:?}", started.elapsed());
+    let stopped = call(&operator, &app, "admin/set_processing", &[("enabled", "false")]).await;
+    assert_eq!(stopped.status(), StatusCode::OK, "the kill switch answers: {}", stopped.text().await.unwrap());
+    assert!(!engine::queue::switches::read(&pool).await.unwrap().processing_enabled, "processing stopped");
 
     for (what, request) in [
         ("a poll", client.get(app.url(&format!("/api/v1/jobs/{}", uuid::Uuid::nil()))).bearer_auth(&token)),
