@@ -968,6 +968,8 @@ async fn an_empty_answer_or_an_unknown_stop_reason_is_never_done_and_is_tried_on
     assert_eq!(view.failure_kind, Some(engine::FailureKind::RetriesExhausted));
     let ledger = ledger_of(&pool, empty).await;
     assert_eq!(ledger.iter().map(|(_, a)| a).sum::<i64>(), 0, "refunded in full: {ledger:?}");
+    // Answers not kept were billed all the same: each failed attempt counts the provider's usage.
+    assert_eq!(failed_attempts_tokens(&pool, empty).await, vec![(Some(300), Some(20)); 2]);
     // Half an answer with a reason nobody documented, then a whole one: done with the whole.
     let half = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
     fake.push([
@@ -977,6 +979,19 @@ async fn an_empty_answer_or_an_unknown_stop_reason_is_never_done_and_is_tried_on
     let view = drive(&pool, &processor, half).await;
     assert_eq!((view.state, view.attempts), (JobState::Done, 2), "{view:?}");
     assert_eq!(view.result.unwrap()["markdown"], "## Summary\nParagraphs 1 to 3.");
+    assert_eq!(failed_attempts_tokens(&pool, half).await, vec![(Some(300), Some(20))]);
+}
+
+/// The tokens each failed attempt of `job` counts, in order.
+async fn failed_attempts_tokens(pool: &PgPool, job: Uuid) -> Vec<(Option<i64>, Option<i64>)> {
+    sqlx::query_as(
+        "SELECT input_tokens, output_tokens FROM attempt_history WHERE job_id = $1 AND outcome <> 'succeeded'
+         ORDER BY attempt",
+    )
+    .bind(job)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
@@ -1367,8 +1382,15 @@ async fn a_failed_attempts_answered_parts_count_in_its_tokens(pool: PgPool) {
     let fake = FakeProvider::start().await;
     let user = users::create_user(&pool, "tokens@example.com", "password123", Role::User, 20).await.unwrap();
     let job = submit(&pool, &docs, user.id, &report(30), "summarize", 500).await;
-    // Part 2 fails once: the first attempt answers the others and fails; the second does part 2.
-    fake.push_matching("part 2 of", [Reply::ServerError]);
+    // Part 2 fails once, answered with a stop reason nobody documented (billed, not kept): the
+    // first attempt answers the others and fails; the second does part 2.
+    let unfinished = Reply::Finished {
+        text: "Half of it".into(),
+        stop_reason: "pause_turn".into(),
+        input_tokens: 300,
+        output_tokens: 20,
+    };
+    fake.push_matching("part 2 of", [unfinished]);
     let processor = processor(&pool, &docs, fake_config(&fake), 500, Budget::disabled());
     let view = drive(&pool, &processor, job).await;
     assert_eq!(view.state, JobState::Done, "{view:?}");
@@ -1387,8 +1409,12 @@ async fn a_failed_attempts_answered_parts_count_in_its_tokens(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(failed_in.unwrap_or(0) > 0, "the failed attempt's answered parts are counted on it");
-    assert_eq!((attempts_in, attempts_out), (parts_in, parts_out), "every part, once");
+    assert!(failed_in.unwrap_or(0) > 300, "the failed attempt's answered parts are counted on it");
+    assert_eq!(
+        (attempts_in, attempts_out),
+        (parts_in + 300, parts_out + 20),
+        "every part once, and the answer not kept as it was billed"
+    );
 }
 
 // Several deployments (the providers file): a call goes to the first one awake with room; a

@@ -112,10 +112,13 @@ async fn anthropic_whole_answers_are_judged_by_their_documented_stop_reasons() {
     assert!(run(&p, &fake, message("max_tokens", "Le contrat")).await.unwrap().cut, "cut");
     let refused = run(&p, &fake, message("refusal", "")).await.unwrap_err();
     assert_eq!(refused.class, ErrorClass::InvalidInput, "a refusal is the document's");
+    // Answers not kept were billed all the same: each carries the usage the provider gave.
+    assert_eq!(refused.usage, Some((2095, 503)), "a refusal's usage");
     for reason in ["pause_turn", "tool_use", "a_reason_added_next_year"] {
         let e = run(&p, &fake, message(reason, "Le contrat lie")).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::Unfinished, "{reason}");
         assert!(e.message.contains(reason), "{}", e.message);
+        assert_eq!(e.usage, Some((2095, 503)), "{reason}: its usage");
     }
     for empty in ["", "  \n\t "] {
         let e = run(&p, &fake, message("end_turn", empty)).await.unwrap_err();
@@ -123,6 +126,7 @@ async fn anthropic_whole_answers_are_judged_by_their_documented_stop_reasons() {
             (e.class, e.message.as_str()),
             (ErrorClass::Unfinished, "the provider's answer was empty, so it was not kept")
         );
+        assert_eq!(e.usage, Some((2095, 503)), "an empty answer's usage");
     }
 }
 
@@ -240,6 +244,13 @@ async fn a_stream_that_stalls_is_given_up_at_the_stall_timeout_and_one_that_brea
         assert_eq!(e.class, ErrorClass::Timeout, "{kind:?}: {}", e.message);
         assert!(e.message.contains("wrote nothing for"), "{}", e.message);
         assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        // Begun, so billed: Anthropic said its prompt's count at the start (cache included);
+        // OpenAI says nothing before its end, so only what was written ("Le": one token).
+        let begun = match kind {
+            ProviderKind::Anthropic => (2_300, 1),
+            _ => (0, 1),
+        };
+        assert_eq!(e.usage, Some(begun), "{kind:?}: what the stalled call was billed");
         // The same start, then the connection ends without the stream's end.
         fake.push([stream_of(start, 0, 0)]);
         let e = p.run(&task()).await.unwrap_err();
@@ -247,6 +258,10 @@ async fn a_stream_that_stalls_is_given_up_at_the_stall_timeout_and_one_that_brea
             (e.class, e.message.as_str()),
             (ErrorClass::Connection, "the provider's answer broke off before its end")
         );
+        assert_eq!(e.usage, Some(begun), "{kind:?}: what the broken call was billed");
+        // A connection that ends before anything came: nothing known to be billed.
+        fake.push([stream_of(Vec::new(), 0, 0)]);
+        assert_eq!(p.run(&task()).await.unwrap_err().usage, None, "{kind:?}");
     }
 }
 

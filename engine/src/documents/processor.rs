@@ -496,7 +496,11 @@ impl DocumentProcessor {
             // The answer stopped at its limit: never a success. The text goes in parts of half
             // its size (each a whole answer), at no extra charge to the user.
             if !joins(spec.preset) || !self.parts.is_enabled() || !self.may_halve(estimated) {
-                return Err(self.cut_error());
+                let used = Usage {
+                    input: output.input_tokens.unwrap_or(estimated),
+                    output: output.output_tokens.unwrap_or(0),
+                };
+                return Err(billed(self.cut_error(), used));
             }
             tracing::info!(job = %job.id, estimated, "answer cut at its limit; the document goes in parts");
             let half = (estimated as u64).div_ceil(2) + PART_PROMPT_TOKENS;
@@ -804,6 +808,13 @@ impl DocumentProcessor {
                 _ = tokio::time::sleep(ASK_AGAIN) => continue,
             };
             let PartEnded { part, reserved, result } = ended;
+            // A failed part's calls were billed too: its attempt counts them with the rest.
+            let result = result.map_err(|mut e| {
+                if let Some((input, output)) = e.usage.take() {
+                    used.add(Usage { input, output });
+                }
+                e
+            });
             let place = part_place(&part);
             match result {
                 Ok(answer) => {
@@ -934,7 +945,7 @@ impl DocumentProcessor {
                     // provider's price.
                     let level = task.part.as_ref().map_or(0, |p| p.level);
                     if !joins(spec.preset) || level > 0 || halvings >= MAX_HALVINGS || !self.may_halve(estimated) {
-                        return Err(self.cut_error());
+                        return Err(billed(self.cut_error(), usage));
                     }
                     tracing::info!(job = %job.id, estimated, "answer cut at its limit; the part is redone in halves");
                 }
@@ -964,7 +975,7 @@ impl DocumentProcessor {
                 if let Err(e) = &result {
                     self.give_back_unless_counted(e, half_held).await;
                 }
-                let half_answer = result?;
+                let half_answer = result.map_err(|e| billed(e, usage))?;
                 usage.add(half_answer.usage);
                 discarded += half_answer.discarded;
                 answers.push(half_answer.text);
@@ -1000,7 +1011,7 @@ impl DocumentProcessor {
                 // No call was made with what it holds: all of it goes back.
                 let unused = std::mem::take(held);
                 self.budget.correct(-unused.input, -unused.output).await;
-                return Err(paragraphs_not_kept());
+                return Err(billed(paragraphs_not_kept(), answer.usage));
             }
             let asked = markers::numbers(&ask);
             let mut task = Task {
@@ -1033,7 +1044,10 @@ impl DocumentProcessor {
                 Err(e) if e.class == ErrorClass::TooLong && of.is_some() && halvings < MAX_HALVINGS => {
                     tracing::info!(job = %job.id, estimated, "the provider counted the part past its context; it is redone in halves");
                     self.budget.correct(-reserved.input, -reserved.output).await;
-                    let halves = self.in_halves(job, spec, &ask, &of, halvings, calls).await?;
+                    let halves = self
+                        .in_halves(job, spec, &ask, &of, halvings, calls)
+                        .await
+                        .map_err(|e| billed(e, answer.usage))?;
                     answer.absorb(&halves);
                     kept.extend(
                         markers::segments(&halves.text)
@@ -1044,7 +1058,7 @@ impl DocumentProcessor {
                 }
                 Err(e) => {
                     self.give_back_unless_counted(&e, reserved).await;
-                    return Err(e);
+                    return Err(billed(e, answer.usage));
                 }
             };
             let most_out = self.provider.max_output_tokens().map_or(i64::MAX / 4, |n| n.min(i64::MAX as u64) as i64);
@@ -1089,9 +1103,15 @@ impl DocumentProcessor {
                 let rest_tokens = tokens::count(&rest) as i64;
                 let one_cut = last.len() == 1 && output.cut && !self.may_halve(rest_tokens);
                 if halvings >= MAX_HALVINGS || one_cut {
-                    return Err(if output.cut { self.cut_error() } else { paragraphs_not_kept() });
+                    return Err(billed(
+                        if output.cut { self.cut_error() } else { paragraphs_not_kept() },
+                        answer.usage,
+                    ));
                 }
-                let halves = self.in_halves(job, spec, &rest, &of, halvings, calls).await?;
+                let halves = self
+                    .in_halves(job, spec, &rest, &of, halvings, calls)
+                    .await
+                    .map_err(|e| billed(e, answer.usage))?;
                 answer.absorb(&halves);
                 answer.plain_paragraphs += keep_tags_or_plain(&ask, &mut checked.kept);
                 kept.extend(checked.kept);
@@ -1288,6 +1308,24 @@ impl DocumentProcessor {
         }
     }
 
+    /// A failed call's error with what it was billed: a call the provider answered, or began
+    /// to, costs its prompt (as it counted it, else as we did) and what it wrote (as it said,
+    /// else what was seen), within the same bounds as an answer's usage. A call it refused
+    /// before answering costs nothing.
+    fn billed_for(&self, error: JobError, estimated: i64, asked: i64, written: u64) -> JobError {
+        let written = written.min(i64::MAX as u64) as i64;
+        let (input, output) = match error.usage {
+            Some((input, output)) => (if input > 0 { input } else { estimated }, output.max(written)),
+            None if written > 0 => (estimated, written),
+            None => return error,
+        };
+        let most_out = self.provider.max_output_tokens().map_or(asked, |n| n.min(i64::MAX as u64) as i64);
+        JobError {
+            usage: Some((input.clamp(0, believable_input(estimated)), output.clamp(0, most_out.max(asked).max(0)))),
+            ..error
+        }
+    }
+
     /// `tokens` of ours as the provider counts them (the ratio learned).
     fn theirs(&self, tokens: i64) -> u64 {
         (tokens.max(0) as f64 * self.token_ratio.get()).ceil() as u64
@@ -1343,8 +1381,10 @@ impl DocumentProcessor {
             Some(answered) => answered,
             None => self.call_once(job, task, estimated, held).await?,
         };
+        let first_used =
+            Usage { input: first.input_tokens.unwrap_or(estimated), output: first.output_tokens.unwrap_or(0) };
         if cut_by_room(&first, task.answer_tokens) {
-            return Err(no_room_for_the_answer());
+            return Err(billed(no_room_for_the_answer(), first_used));
         }
         let asked = task.answer_tokens.map_or(u64::MAX, u64::from);
         // A translation's cut answer keeps its whole paragraphs and only the rest is asked
@@ -1359,9 +1399,11 @@ impl DocumentProcessor {
         if let Err(e) = &second {
             self.give_back_unless_counted(e, again).await;
         }
-        let mut second = second?;
+        let mut second = second.map_err(|e| billed(e, first_used))?;
         if cut_by_room(&second, task.answer_tokens) {
-            return Err(no_room_for_the_answer());
+            let second_used =
+                Usage { input: second.input_tokens.unwrap_or(estimated), output: second.output_tokens.unwrap_or(0) };
+            return Err(billed(billed(no_room_for_the_answer(), first_used), second_used));
         }
         let sum = |a: Option<i64>, b: Option<i64>, unknown: i64| {
             Some(a.unwrap_or(unknown).saturating_add(b.unwrap_or(unknown)))
@@ -1465,7 +1507,7 @@ impl DocumentProcessor {
                 }
             }
         }
-        let output = output?;
+        let output = output.map_err(|e| self.billed_for(e, estimated, held.output, mine.load(Ordering::Relaxed)))?;
         if let (Some(pool), Some(_)) = (self.parts.pool(), &output.deployment) {
             if let Err(e) = crate::documents::providers::router::record_calls(pool, job.id, &output).await {
                 tracing::warn!(error = %e, "could not record which deployment answered");
@@ -1592,6 +1634,11 @@ fn too_long_in_words(mut e: JobError) -> JobError {
 
 /// Count `task`'s prompt once, off the async runtime, and keep the count on it (the client's
 /// timeout reads it).
+/// `error` with `usage` more billed before it (the answers its attempt got and kept nothing of).
+fn billed(error: JobError, usage: Usage) -> JobError {
+    error.with_usage_added(usage.input, usage.output)
+}
+
 async fn count_prompt(task: &mut Task) -> i64 {
     let tokens = tokens::count_off_runtime(providers::prompt(task)).await.min(i64::MAX as u64) as i64;
     task.prompt_tokens = Some(tokens);

@@ -102,6 +102,14 @@ impl JobError {
         self.provider_status = Some(status);
         self
     }
+
+    /// `input` and `output` tokens more billed for the failed attempt (a failed call's, or the
+    /// answers before the failure): its attempt row counts them.
+    pub fn with_usage_added(mut self, input: i64, output: i64) -> JobError {
+        let (was_in, was_out) = self.usage.unwrap_or_default();
+        self.usage = Some((was_in.saturating_add(input.max(0)), was_out.saturating_add(output.max(0))));
+        self
+    }
 }
 
 /// Pure: `text` with every word that looks like a credential (an API key, a bearer token:

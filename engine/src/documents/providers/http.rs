@@ -325,24 +325,25 @@ impl HttpProvider {
                 self.config.stall_timeout
             };
             let chunk = tokio::time::timeout(stall, response.chunk()).await.map_err(|_| {
-                JobError::new(
+                answer.billed(JobError::new(
                     ErrorClass::Timeout,
                     format!("the provider wrote nothing for {} s, and the call was given up", stall.as_secs()),
-                )
+                ))
             })?;
-            let Some(chunk) = chunk.map_err(|e| transport_failure(&e))? else { break };
+            let Some(chunk) = chunk.map_err(|e| answer.billed(transport_failure(&e)))? else { break };
             // The events' framing is many times their text (a token's event is some 250
             // bytes): the wire is bounded apart from the answer.
             bytes += chunk.len();
             if bytes > MAX_STREAM_BYTES {
-                return Err(too_large());
+                return Err(answer.billed(too_large()));
             }
-            let events = reader.feed(&chunk).map_err(|_| unreadable_answer(200))?;
+            let events = reader.feed(&chunk).map_err(|_| answer.billed(unreadable_answer(200)))?;
             for event in events {
-                match self.api {
-                    Api::Messages => answer.read_message_event(&event)?,
-                    Api::ChatCompletions => answer.read_completion_event(&event)?,
-                }
+                let read = match self.api {
+                    Api::Messages => answer.read_message_event(&event),
+                    Api::ChatCompletions => answer.read_completion_event(&event),
+                };
+                read.map_err(|e| answer.billed(e))?;
             }
             if let Some(on_written) = &task.on_written {
                 let written = answer.written_estimate();
@@ -356,7 +357,9 @@ impl HttpProvider {
             }
         }
         if !answer.ended {
-            return Err(JobError::new(ErrorClass::Connection, "the provider's answer broke off before its end"));
+            return Err(
+                answer.billed(JobError::new(ErrorClass::Connection, "the provider's answer broke off before its end"))
+            );
         }
         Ok(answer)
     }
@@ -529,6 +532,18 @@ impl Answer {
         (self.text.len() as u64).div_ceil(4)
     }
 
+    /// `error` for an answer the provider gave, or began, and Sluice did not keep: it was
+    /// billed all the same, so it carries what the provider said it used (else what was seen
+    /// of its answer; a prompt it did not count is 0, for the caller to put its own count).
+    fn billed(&self, error: JobError) -> JobError {
+        if self.input_tokens.is_none() && self.output_tokens.is_none() && self.text.is_empty() {
+            // Nothing came: nothing known to be billed.
+            return error;
+        }
+        let written = self.written_estimate().min(i64::MAX as u64) as i64;
+        error.with_usage_added(self.input_tokens.unwrap_or(0), self.output_tokens.unwrap_or(written))
+    }
+
     /// What the answer is worth: only a known complete stop reason with some text is a whole
     /// answer; a cut one is marked cut; a refusal is the document's; anything else (an unknown
     /// reason, none, an empty text) is unfinished, never a success.
@@ -538,17 +553,20 @@ impl Answer {
             Api::ChatCompletions => vendor::openai_stop(self.stop_reason.as_deref()),
         };
         let cut = match stop {
-            _ if self.refused => return Err(declined()),
-            Stop::Declined => return Err(declined()),
+            _ if self.refused => return Err(self.billed(declined())),
+            Stop::Declined => return Err(self.billed(declined())),
             Stop::Unknown(reason) => {
-                return Err(JobError::new(
+                return Err(self.billed(JobError::new(
                     ErrorClass::Unfinished,
                     format!("the provider's answer ended for a reason Sluice does not take as finished ({reason}), so it was not kept"),
-                ))
+                )))
             }
             Stop::Cut => true,
             Stop::Whole if vendor::is_empty_answer(&self.text) => {
-                return Err(JobError::new(ErrorClass::Unfinished, "the provider's answer was empty, so it was not kept"))
+                return Err(self.billed(JobError::new(
+                    ErrorClass::Unfinished,
+                    "the provider's answer was empty, so it was not kept",
+                )))
             }
             Stop::Whole => false,
         };
