@@ -277,12 +277,11 @@ impl Bench {
         smalls: bool,
         small_after: Duration,
         due_in: Option<Duration>,
-        shares: LaneShares,
+        config: &engine::queue::lanes::LaneConfig,
     ) -> MixRun {
         sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&self.pool).await.unwrap();
         queue::switches::set_gate_size(&self.pool, 24, "bench").await.unwrap();
-        let config = engine::queue::lanes::LaneConfig { shares, ..Default::default() };
-        engine::queue::lanes::configure(&self.pool, &config).await.unwrap();
+        engine::queue::lanes::configure(&self.pool, config).await.unwrap();
         let (_fake, processor) = self.hosted(OURS).await;
         let workers = self.workers(processor);
         let started = Instant::now();
@@ -404,37 +403,49 @@ struct MixRun {
 
 /// `cargo xtask bench lanes`: issue 58's two cases.
 async fn lanes(bench: &Bench) {
-    let shares = |urgent_share: f64, bulk_floor: f64| LaneShares { urgent_share, bulk_floor };
+    use engine::queue::lanes::LaneConfig;
+    let lanes = |urgent_share: f64, bulk_floor: f64, urgent_budget_share: f64| LaneConfig {
+        shares: LaneShares { urgent_share, bulk_floor },
+        urgent_budget_share,
+        ..LaneConfig::default()
+    };
+    let defaults = LaneConfig::default();
+    let none = lanes(0.0, 0.0, 0.0);
     let after = Duration::from_secs(1);
-    println!("| one 250K-token translation, then 20 users' 2K-token ones a second later (gate 24) | small documents' p95 time to done | against them alone | the translation's time |");
-    println!("|---|---|---|---|");
-    let alone = bench.lanes_run(&[], true, after, None, shares(0.25, 0.25)).await;
+    let translation = [("translate", 250_000)];
+    println!("| one 250K-token translation, then 20 users' 2K-token ones a second later (gate 24) | small documents' p95 time to done | against them alone | the translation's time | against it alone (same settings) |");
+    println!("|---|---|---|---|---|");
+    let alone = bench.lanes_run(&[], true, after, None, &defaults).await;
     let alone_p95 = p95(&alone.small_done);
-    println!("| the small documents alone | {alone_p95:.1} s | 1.00x | |");
-    for (label, key, lanes) in [
-        ("no lanes (as before issue 58)", "none", shares(0.0, 0.0)),
-        ("lanes at their defaults (urgent share 0.25)", "default", shares(0.25, 0.25)),
-        ("urgent share 0.5", "half", shares(0.5, 0.25)),
-        ("urgent share 0.75 (the burst's output tokens: 20 × 2.4K of a 66K bucket)", "burst", shares(0.75, 0.25)),
+    println!("| the small documents alone | {alone_p95:.1} s | 1.00x | | |");
+    for (label, key, config) in [
+        ("no lanes (as before issue 58)", "none", none.clone()),
+        ("lanes, the buckets' reserve as the gate's (0.25, as before)", "gate_share", lanes(0.25, 0.25, 0.25)),
+        ("lanes at their defaults (gate 0.25, buckets 0.75)", "default", defaults.clone()),
+        ("buckets 0.9", "most", lanes(0.25, 0.25, 0.9)),
     ] {
-        let run = bench.lanes_run(&[("translate", 250_000)], true, after, None, lanes).await;
+        let by_itself = bench.lanes_run(&translation, false, after, None, &config).await;
+        let run = bench.lanes_run(&translation, true, after, None, &config).await;
         let p = p95(&run.small_done);
+        let (with, without) = (
+            run.big_secs.first().copied().unwrap_or(f64::NAN),
+            by_itself.big_secs.first().copied().unwrap_or(f64::NAN),
+        );
         println!(
-            "| {label} | {p:.1} s | **{:.2}x** | {:.1} s |",
+            "| {label} | {p:.1} s | **{:.2}x** | {with:.1} s | {:.2}x ({without:.1} s by itself) |",
             p / alone_p95.max(0.001),
-            run.big_secs.first().copied().unwrap_or(f64::NAN)
+            with / without.max(0.001),
         );
         println!("RESULT lanes_{key}_small_p95_vs_alone={:.3}", p / alone_p95.max(0.001));
+        println!("RESULT lanes_{key}_translation_alone_secs={without:.1}");
     }
     println!();
     println!("| two users' 492K-token summaries, then 20 users' 2K-token translations due in 60 s (gate 24) | deadlines missed | small p95 wait to start | large documents' time against them alone |");
     println!("|---|---|---|---|");
     let bigs = [("summarize", 492_000), ("summarize", 492_000)];
-    for (label, key, lanes) in
-        [("no lanes", "none", shares(0.0, 0.0)), ("lanes at their defaults", "default", shares(0.25, 0.25))]
-    {
-        let by_themselves = bench.lanes_run(&bigs, false, after, None, lanes).await;
-        let run = bench.lanes_run(&bigs, true, after, Some(Duration::from_secs(60)), lanes).await;
+    for (label, key, config) in [("no lanes", "none", none.clone()), ("lanes at their defaults", "default", defaults)] {
+        let by_themselves = bench.lanes_run(&bigs, false, after, None, &config).await;
+        let run = bench.lanes_run(&bigs, true, after, Some(Duration::from_secs(60)), &config).await;
         let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
         let slowdown = slowest(&run.big_secs) / slowest(&by_themselves.big_secs).max(0.001);
         println!(

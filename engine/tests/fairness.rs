@@ -510,6 +510,56 @@ async fn a_large_document_in_parts_leaves_the_urgent_lanes_reserve_to_small_ones
     }
 }
 
+/// The token buckets have a reserve of their own (`urgent_budget_share`), apart from the gate's:
+/// a large document's parts leave it, and a small document's calls take it. A part larger than
+/// what the bulk lane may take still goes each time the buckets are full, however many of its
+/// job's calls run (before, only when none ran: one part at a time).
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_large_document_leaves_the_urgent_lanes_share_of_the_buckets_and_goes_at_their_pace(pool: PgPool) {
+    use engine::queue::capacity::{self, CapacityConfig, ProviderLimits};
+    use engine::queue::parts::PartStore;
+    queue::switches::set_gate_size(&pool, 24, "test").await.unwrap();
+    // A bucket of 20K output tokens (120K a minute in 10 s), all of it planned for; claims hold
+    // nothing of it here, so only the parts' calls draw it.
+    let limits = ProviderLimits { output_tokens_per_min: Some(120_000), ..Default::default() };
+    let budget =
+        CapacityConfig { limits, burst: Duration::from_secs(10), output_reserve: 0, share: 1.0, ..Default::default() };
+    capacity::configure(&pool, &budget).await.unwrap();
+    let parts = PartStore::new(pool.clone());
+    let fill = || async {
+        sqlx::query("UPDATE queue_settings SET level_output = 20000, levels_at = clock_timestamp()")
+            .execute(&pool)
+            .await
+            .unwrap();
+    };
+    for (budget_share, big_first, small_calls) in [(0.75, 1, 3), (0.0, 3, 0)] {
+        sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&pool).await.unwrap();
+        let config = engine::queue::lanes::LaneConfig { urgent_budget_share: budget_share, ..Default::default() };
+        engine::queue::lanes::configure(&pool, &config).await.unwrap();
+        fill().await;
+        job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 100_000, bulk: true, ..Default::default() }).await;
+        let big = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap().remove(0);
+        // Parts answering 6K each: with the reserve the bulk lane may take 5K of the 20K, so only
+        // the full bucket lets one go; without it, three go at once.
+        let grant = parts.calls(&big, 1, &[(1_000, 6_000); 10]).await.unwrap();
+        assert_eq!(grant.granted, big_first, "urgent budget share {budget_share}");
+        job(&pool, &JobOpts { owner_id: 2, est_input_tokens: 2_000, ..Default::default() }).await;
+        let small = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap().remove(0);
+        let grant = parts.calls(&small, 1, &[(500, 4_000); 10]).await.unwrap();
+        assert_eq!(grant.granted, small_calls, "the small one's calls in what is left: {budget_share}");
+    }
+    // The bucket full again with two of the large document's calls running: one more goes.
+    sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&pool).await.unwrap();
+    engine::queue::lanes::configure(&pool, &Default::default()).await.unwrap();
+    fill().await;
+    job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 100_000, bulk: true, ..Default::default() }).await;
+    let big = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap().remove(0);
+    assert_eq!(parts.calls(&big, 1, &[(1_000, 6_000); 10]).await.unwrap().granted, 1);
+    assert_eq!(parts.calls(&big, 2, &[(1_000, 6_000); 10]).await.unwrap().granted, 0, "the bucket is not full");
+    fill().await;
+    assert_eq!(parts.calls(&big, 2, &[(1_000, 6_000); 10]).await.unwrap().granted, 1, "full: one more goes");
+}
+
 /// Small documents in a burst leave large ones their floor: a large document waiting behind
 /// 30 small ones (its tag after theirs) is claimed in the same claim, not after them all.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

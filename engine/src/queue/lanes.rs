@@ -11,6 +11,11 @@ use crate::error::Result;
 /// Documents of at most this many tokens are urgent work (a page or two; seed 000's median
 /// document is about 8K tokens).
 pub const DEFAULT_URGENT_MAX_TOKENS: i64 = 16_000;
+/// Share of each provider token bucket the bulk lane leaves for small documents. It costs
+/// large documents a bucket's share once per busy spell (a bucket refills at the same pace
+/// whoever draws it), unlike a share of the gate, which they lose for as long as they run;
+/// measured in `cargo xtask bench lanes` (docs/src/lanes.md).
+pub const DEFAULT_URGENT_BUDGET_SHARE: f64 = 0.75;
 /// Work whose latest start is within this of now is taken before the line's order.
 pub const DEFAULT_DEADLINE_LEAD: Duration = Duration::from_secs(300);
 /// ...if its tag is within this many token weights (25K tokens each) of the line's front.
@@ -20,6 +25,8 @@ pub const DEFAULT_DEADLINE_FAIR_WINDOW: i64 = 8;
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaneConfig {
     pub shares: LaneShares,
+    /// The share of each token bucket (0 to 0.95) the bulk lane leaves for the urgent lane.
+    pub urgent_budget_share: f64,
     /// Documents of at most this many tokens go in the urgent lane.
     pub urgent_max_tokens: i64,
     pub deadline_lead: Duration,
@@ -30,6 +37,7 @@ impl Default for LaneConfig {
     fn default() -> Self {
         LaneConfig {
             shares: LaneShares { urgent_share: DEFAULT_URGENT_SHARE, bulk_floor: DEFAULT_BULK_FLOOR },
+            urgent_budget_share: DEFAULT_URGENT_BUDGET_SHARE,
             urgent_max_tokens: DEFAULT_URGENT_MAX_TOKENS,
             deadline_lead: DEFAULT_DEADLINE_LEAD,
             deadline_fair_window: DEFAULT_DEADLINE_FAIR_WINDOW,
@@ -43,7 +51,7 @@ pub async fn configure(pool: &PgPool, config: &LaneConfig) -> Result<()> {
     let share = |s: f64| s.max(0.0).min(0.9);
     sqlx::query(
         "UPDATE queue_settings SET urgent_share = $1, bulk_floor = $2, urgent_max_tokens = $3,
-             deadline_lead_secs = $4, deadline_fair_window = $5
+             deadline_lead_secs = $4, deadline_fair_window = $5, urgent_budget_share = $6
          WHERE id = 1",
     )
     .bind(share(config.shares.urgent_share))
@@ -51,6 +59,7 @@ pub async fn configure(pool: &PgPool, config: &LaneConfig) -> Result<()> {
     .bind(config.urgent_max_tokens.max(0))
     .bind(config.deadline_lead.as_secs_f64())
     .bind(config.deadline_fair_window.max(0))
+    .bind(config.urgent_budget_share.max(0.0).min(0.95))
     .execute(pool)
     .await?;
     Ok(())

@@ -7,7 +7,8 @@ use std::time::Duration;
 use clap::Args;
 
 use engine::queue::lanes::{
-    LaneConfig, DEFAULT_DEADLINE_FAIR_WINDOW, DEFAULT_DEADLINE_LEAD, DEFAULT_URGENT_MAX_TOKENS,
+    LaneConfig, DEFAULT_DEADLINE_FAIR_WINDOW, DEFAULT_DEADLINE_LEAD, DEFAULT_URGENT_BUDGET_SHARE,
+    DEFAULT_URGENT_MAX_TOKENS,
 };
 use engine::queue::policy::lanes::{LaneShares, DEFAULT_BULK_FLOOR, DEFAULT_URGENT_SHARE};
 
@@ -18,6 +19,11 @@ pub struct LaneArgs {
     /// start there at once, whatever large ones hold. Size it to the bursts of small work.
     #[arg(long, env = "SLUICE_URGENT_SHARE", default_value_t = DEFAULT_URGENT_SHARE, global = true)]
     pub urgent_share: f64,
+    /// Share of each of the provider's token buckets (0 to 0.95) large documents leave for
+    /// small and urgent ones: small documents behind a large one wait for tokens more than for
+    /// slots. Large documents lose it once per busy spell, not for as long as they run.
+    #[arg(long, env = "SLUICE_URGENT_BUDGET_SHARE", default_value_t = DEFAULT_URGENT_BUDGET_SHARE, global = true)]
+    pub urgent_budget_share: f64,
     /// Share of the gate (0 to 0.9) small documents leave large ones while those have work.
     #[arg(long, env = "SLUICE_BULK_FLOOR", default_value_t = DEFAULT_BULK_FLOOR, global = true)]
     pub bulk_floor: f64,
@@ -39,6 +45,7 @@ impl LaneArgs {
     pub fn lane_config(&self) -> LaneConfig {
         LaneConfig {
             shares: LaneShares { urgent_share: self.urgent_share, bulk_floor: self.bulk_floor },
+            urgent_budget_share: self.urgent_budget_share,
             urgent_max_tokens: self.urgent_max_tokens.max(0),
             // `max` first: it turns NaN into the floor.
             deadline_lead: Duration::from_secs_f64(self.deadline_lead_secs.max(0.0).min(86_400.0)),
