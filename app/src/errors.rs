@@ -50,6 +50,9 @@ pub enum AppError {
     /// "Retry now" for a job that is not waiting to retry.
     #[error("only a job waiting to retry can retry now (this one is {state})")]
     NotRetrying { state: String },
+    /// "Run next" for a job that is not waiting.
+    #[error("only a waiting job can be put first in line (this one is {state})")]
+    NotWaiting { state: String },
     /// Deleting a job that has not ended.
     #[error("the job has not ended (it is {state}); cancel it first")]
     NotEnded { state: String },
@@ -112,6 +115,7 @@ impl AppError {
             | AppError::AlreadyEnded { .. }
             | AppError::NotEnded { .. }
             | AppError::NotRetrying { .. }
+            | AppError::NotWaiting { .. }
             | AppError::CannotDownload { .. } => 409,
             AppError::EmailTaken => 409,
             AppError::Gone | AppError::Deleted | AppError::LinkExpired => 410,

@@ -15,7 +15,7 @@
 -- text repeats here) with those two changes.
 
 ALTER TABLE queue_settings
-    ADD COLUMN urgent_budget_share float8 NOT NULL DEFAULT 0.75
+    ADD COLUMN urgent_budget_share float8 NOT NULL DEFAULT 0.5
         CHECK (urgent_budget_share >= 0 AND urgent_budget_share <= 0.95);
 
 CREATE OR REPLACE FUNCTION sluice_claim_with_places(p_max bigint, p_worker text, p_lease_secs float8,

@@ -126,6 +126,9 @@ pub async fn run(
             }
             _ = release_tick.tick() => {
                 if let Some(blobs) = &blobs {
+                    if let Err(e) = crate::documents::kept_answers::forget_ended(&pool).await {
+                        tracing::warn!(error = %e, "forgetting the kept answers of ended jobs failed");
+                    }
                     if let Err(e) = crate::documents::store_space::record(&pool, blobs).await {
                         tracing::warn!(error = %e, "recording the document store's free space failed");
                     }

@@ -560,6 +560,37 @@ async fn a_large_document_leaves_the_urgent_lanes_share_of_the_buckets_and_goes_
     assert_eq!(parts.calls(&big, 2, &[(1_000, 6_000); 10]).await.unwrap().granted, 1, "full: one more goes");
 }
 
+/// "Run next": an operator puts a waiting job first in line; the next claim takes it before
+/// every other owner's, it is audited, and a job not waiting is left as it is.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn run_next_puts_a_waiting_job_first_in_line(pool: PgPool) {
+    use engine::queue::run_next::{run_next, RunNext};
+    for owner in 1..=5 {
+        job(&pool, &JobOpts { owner_id: owner, est_input_tokens: 2_000, ..Default::default() }).await;
+    }
+    // The last owner's second job: behind all five.
+    let late = job(&pool, &JobOpts { owner_id: 5, est_input_tokens: 2_000, ..Default::default() }).await;
+    assert!(!lowest_tags(&pool, 5).await.contains(&late));
+    assert_eq!(run_next(&pool, late, "ops@example.com").await.unwrap(), RunNext::Next);
+    let first = queue::claim(&pool, "w", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![late], "it went first");
+    assert_eq!(
+        run_next(&pool, late, "ops@example.com").await.unwrap(),
+        RunNext::NotWaiting(JobState::Running),
+        "a running job is not moved"
+    );
+    assert!(matches!(run_next(&pool, Uuid::new_v4(), "ops").await, Err(engine::EngineError::NotFound)));
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'run_next' AND actor = 'ops@example.com'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audited, 1);
+    // The rest keep their order.
+    let rest = queue::claim(&pool, "w", 5, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(rest.len(), 5);
+}
+
 /// Small documents in a burst leave large ones their floor: a large document waiting behind
 /// 30 small ones (its tag after theirs) is claimed in the same claim, not after them all.
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

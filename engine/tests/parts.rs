@@ -994,6 +994,35 @@ async fn failed_attempts_tokens(pool: &PgPool, job: Uuid) -> Vec<(Option<i64>, O
     .unwrap()
 }
 
+/// Issue 58, point 5: an attempt answered, and its process died before the completer wrote
+/// the result. The rescue puts the job back (its attempt counted: it reached the provider),
+/// and the next attempt finds the answer kept and calls nobody: paid once. The upkeep forgets
+/// the kept answer once the job has ended.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_answer_whose_completion_died_with_its_process_is_not_asked_for_again(pool: PgPool) {
+    use engine::queue::worker::Processor;
+    let (docs, fake, user, processor) = hosted(&pool, "kept", Some(instant_model()), 4_000, 200_000).await;
+    let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
+    let claimed = queue::claim(&pool, "dies", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+    let answered = processor.process(claimed).await.expect("answered");
+    assert_eq!(fake.calls(), 1);
+    // The process is gone: its completion never comes, its lease runs out, the rescue acts.
+    sqlx::query("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .unwrap();
+    queue::rescue::rescue_expired(&pool, &AccountHooks, &Default::default()).await.unwrap();
+    assert_eq!(queue::get(&pool, job).await.unwrap().state, JobState::Retrying);
+    sqlx::query("UPDATE jobs SET run_at = now() WHERE id = $1").bind(job).execute(&pool).await.unwrap();
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert_eq!(fake.calls(), 1, "the provider was not asked again");
+    assert_eq!(view.result, Some(answered.result), "the answer paid for is the result");
+    assert_eq!(engine::documents::kept_answers::forget_ended(&pool).await.unwrap(), 1);
+    assert!(engine::documents::kept_answers::kept(&pool, job).await.unwrap().is_none());
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_spent_quota_holds_processing_alerts_the_operator_and_fails_nobody(pool: PgPool) {
     let (docs, fake, user, processor) = hosted(&pool, "quota", Some(instant_model()), 4_000, 200_000).await;

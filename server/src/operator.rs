@@ -108,6 +108,14 @@ async fn run_with(url: &str, command: Command, blobs: Option<engine::documents::
             let lane = if urgent { "the urgent lane" } else { "the lane their size gives" };
             println!("{}'s next documents go in {lane}", user.email);
         }
+        Command::RunNext { job } => match engine::queue::run_next::run_next(&pool, job, "cli").await {
+            Ok(engine::queue::run_next::RunNext::Next) => println!("job {job} is first in line"),
+            Ok(engine::queue::run_next::RunNext::NotWaiting(state)) => {
+                anyhow::bail!("job {job} is {}, not waiting: only a waiting job can be moved", state.as_str())
+            }
+            Err(engine::EngineError::NotFound) => anyhow::bail!("no job {job}"),
+            Err(e) => return Err(e.into()),
+        },
         Command::ListUsers => {
             println!("{:>6}  {:<40} {:<8} {:>8} {:>9}", "id", "email", "role", "balance", "in flight");
             for u in users::list(&pool).await? {

@@ -52,6 +52,7 @@ pub fn describe_audit(a: &AuditInfo) -> String {
         "cancel" => format!("canceled job {subject} ({old})"),
         "download_original" => format!("downloaded the original document of {subject}"),
         "retry_now" => format!("made job {subject} retry now"),
+        "run_next" => format!("put job {subject} first in line"),
         "review" => format!("marked {subject} for review by {new}"),
         "review_resolved" => format!("resolved the review of {subject}: {new}"),
         "acknowledge" if new.is_empty() => format!("acknowledged {subject}"),

@@ -13,7 +13,7 @@ use crate::pages::clock::local_date_time;
 use crate::pages::clock::now_ms;
 use crate::pages::console::may;
 use crate::pages::jobs::{state_label, CancelButton, RetryNowButton, StateBadge};
-use crate::server::admin::{find_user, search_jobs, DlqReplayJob, GrantCredits, SetInFlightLimit};
+use crate::server::admin::{find_user, search_jobs, DlqReplayJob, GrantCredits, RunNext, SetInFlightLimit};
 use crate::server::console::{bulk_preview, Acknowledge, BulkAction};
 
 /// Pure: a rule's name for people.
@@ -267,11 +267,36 @@ fn FoundJob(
             {(failed && may(Permission::MarkForReview)).then(|| view! { <MarkReviewForm job=review_id marked=refresh/> })}
             {may(Permission::ActOnJobs).then(|| view! {
                 <RetryNowButton job=job.clone() done=refresh/>
+                <RunNextButton job=job.clone() done=refresh/>
                 <CancelButton job=job done=refresh/>
             })}
             <ReviewBadge review/>
         </li>
     }
+}
+
+/// Puts a waiting job first in line (a deadline at risk, say); shown for waiting jobs only.
+#[component]
+fn RunNextButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
+    let run_next = ServerAction::<RunNext>::new();
+    Effect::new(move |_| {
+        if let Some(Ok(())) = run_next.value().get() {
+            done.run(());
+        }
+    });
+    let id = job.id.clone();
+    matches!(job.state, JobState::Queued | JobState::Retrying).then(|| {
+        let name = job.file_name.clone().unwrap_or_else(|| "this document".into());
+        view! {
+            <span class="run-next">
+                <button class="button small" aria-label=format!("Run {name} next")
+                    on:click=move |_| { run_next.dispatch(RunNext { id: id.clone() }); }>
+                    "Run next"
+                </button>
+                <span class="form-error">{move || run_next.value().get().and_then(|r| r.err()).map(|e| e.to_string())}</span>
+            </span>
+        }
+    })
 }
 
 /// Pure: what a bulk action will do, as the confirmation asks it.

@@ -192,6 +192,23 @@ pub async fn dlq_replay_job(id: String) -> Result<ReplayInfo, AppError> {
     answer(async move { replay(job_selection(&id)?).await }).await
 }
 
+/// Put a waiting job at the front of the line (audited); 409 when it is not waiting.
+#[server(endpoint = "admin/run_next")]
+pub async fn run_next(id: String) -> Result<(), AppError> {
+    answer(async move {
+        let ctx = context()?;
+        let staff = require_permission(&ctx, Permission::ActOnJobs).await?;
+        let id = uuid::Uuid::parse_str(&id).map_err(|_| AppError::NotFound)?;
+        match engine::queue::run_next::run_next(&ctx.pool, id, &staff.email).await? {
+            engine::queue::run_next::RunNext::Next => Ok(()),
+            engine::queue::run_next::RunNext::NotWaiting(state) => {
+                Err(AppError::NotWaiting { state: state.as_str().to_string() })
+            }
+        }
+    })
+    .await
+}
+
 /// Take one job out of the DLQ.
 #[server(endpoint = "admin/dlq_discard_job")]
 pub async fn dlq_discard_job(id: String) -> Result<u64, AppError> {

@@ -17,6 +17,7 @@ pub mod glossary;
 pub mod html;
 pub mod inline;
 pub mod intake;
+pub mod kept_answers;
 pub mod markers;
 pub mod office;
 pub mod payload;

@@ -17,7 +17,7 @@ use super::ratio::TokenRatio;
 use super::sandbox::{extract_in_child, SandboxConfig};
 use super::split;
 use super::tokens;
-use super::{glossary, inline, markers};
+use super::{glossary, inline, kept_answers, markers};
 use crate::error::EngineError;
 use crate::queue::capacity::Budget;
 use crate::queue::parts::{NewPart, PartStore, PartsProgress, PendingPart, Progress, StoredPart};
@@ -251,7 +251,7 @@ impl DocumentProcessor {
         // Before anything that costs: were this process to die from here on, the attempt is
         // counted, never taken for work fetched ahead and not started.
         let outcome = match self.stages.started(&job).await {
-            Ok(()) => self.attempt(&job, &mut held).await,
+            Ok(()) => self.attempt_unless_answered(&job, &mut held).await,
             Err(e) => Err(e),
         };
         let outcome = if gathering { self.send_batch(&job, outcome).await } else { outcome };
@@ -307,6 +307,26 @@ impl DocumentProcessor {
     }
 
     /// One claim: the whole document, or its next part, or the combination of its parts.
+    /// The answer an earlier attempt got and could not complete (its process died before its
+    /// completion was written), or this attempt's; a final answer is kept before it is handed
+    /// on, so it is never paid for twice.
+    async fn attempt_unless_answered(&self, job: &ClaimedJob, held: &mut Held) -> Result<JobOutput, JobError> {
+        let Some(pool) = self.parts.pool() else { return self.attempt(job, held).await };
+        if let Some(kept) = kept_answers::kept(pool, job.id).await.map_err(database_error)? {
+            tracing::info!(job = %job.id, "an earlier attempt's answer was kept: used, no call made");
+            return Ok(kept);
+        }
+        let output = self.attempt(job, held).await?;
+        if output.part.is_none() && !output.result.is_null() {
+            // A paid answer is worth a few tries of the database before it is given up.
+            let kept = with_db_retries("a document's answer", || kept_answers::keep(pool, job, &output)).await;
+            if kept.is_none() {
+                tracing::warn!(job = %job.id, "could not keep the answer before completing it");
+            }
+        }
+        Ok(output)
+    }
+
     async fn attempt(&self, job: &ClaimedJob, held: &mut Held) -> Result<JobOutput, JobError> {
         let spec: DocumentJob = serde_json::from_value(job.payload.clone()).map_err(|e| {
             JobError::new(ErrorClass::InvalidInput, format!("the job's description is unreadable: {e}"))

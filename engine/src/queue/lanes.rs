@@ -15,7 +15,7 @@ pub const DEFAULT_URGENT_MAX_TOKENS: i64 = 16_000;
 /// large documents a bucket's share once per busy spell (a bucket refills at the same pace
 /// whoever draws it), unlike a share of the gate, which they lose for as long as they run;
 /// measured in `cargo xtask bench lanes` (docs/src/lanes.md).
-pub const DEFAULT_URGENT_BUDGET_SHARE: f64 = 0.75;
+pub const DEFAULT_URGENT_BUDGET_SHARE: f64 = 0.5;
 /// Work whose latest start is within this of now is taken before the line's order.
 pub const DEFAULT_DEADLINE_LEAD: Duration = Duration::from_secs(300);
 /// ...if its tag is within this many token weights (25K tokens each) of the line's front.

@@ -18,6 +18,7 @@ pub mod rescue;
 pub mod retention;
 pub mod retry_now;
 pub mod reviews;
+pub mod run_next;
 pub mod stages;
 pub mod switches;
 mod transitions;

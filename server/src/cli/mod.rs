@@ -166,6 +166,13 @@ pub enum Command {
         #[arg(long, action = clap::ArgAction::Set)]
         urgent: bool,
     },
+    /// Put a waiting document at the front of the line (a deadline at risk, say): due at once and
+    /// first in its lane; the gate, the lanes and the kill switch still decide when it starts.
+    /// Audited.
+    RunNext {
+        #[arg(long)]
+        job: uuid::Uuid,
+    },
     /// List users with their balance and jobs in flight.
     ListUsers,
     /// The sandboxed document reader the workers start (document on stdin, text on stdout).

@@ -97,6 +97,13 @@ async fn each_role_may_do_exactly_what_its_permissions_say_and_nothing_else_exis
     assert_eq!(call(&support, &app, "cancel_job", &[("id", &waiting)]).await.status(), StatusCode::NOT_FOUND);
     let operator = reqwest::Client::builder().cookie_store(true).build().unwrap();
     call(&operator, &app, "log_in", &[("email", "operator@example.com"), ("password", "password123")]).await;
+    // An operator puts a waiting job first in line; one not waiting is refused with why.
+    assert_eq!(call(&operator, &app, "admin/run_next", &[("id", &waiting)]).await.status(), StatusCode::OK);
+    fresh_failure().await;
+    let refused = call(&operator, &app, "admin/run_next", &[("id", &failed)]).await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    let why = refused.text().await.unwrap();
+    assert!(why.contains("not_waiting") && why.contains("failed"), "{why}");
     assert_eq!(call(&operator, &app, "cancel_job", &[("id", &waiting)]).await.status(), StatusCode::OK);
 }
 
@@ -174,6 +181,7 @@ fn console_functions<'a>(
         ("admin/dlq_replay", vec![("kind", "invalid_input"), ("reason", "nothing like it")], ActOnJobs),
         ("admin/dlq_discard", vec![("kind", "invalid_input"), ("reason", "nothing like it")], ActOnJobs),
         ("admin/dlq_replay_job", vec![("id", &failed)], ActOnJobs),
+        ("admin/run_next", vec![("id", &failed)], ActOnJobs),
         ("admin/dlq_discard_job", vec![("id", &failed)], ActOnJobs),
         ("admin/reconcile", vec![], ActOnJobs),
         ("admin/set_processing", vec![("enabled", "true")], PauseProcessing),
