@@ -44,7 +44,7 @@ async fn noop(_job: ClaimedJob) -> Result<JobOutput, JobError> {
 }
 
 async fn reset(pool: &PgPool) {
-    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews")
+    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews, kept_answers")
         .execute(pool)
         .await
         .unwrap();

@@ -8,8 +8,8 @@
 --
 -- A part larger than what the bulk lane may take of a bucket went only when the buckets were
 -- full and nothing of its job was running: one part at a time. Now one such call goes each
--- time the buckets are full, however many of its job's run: the bucket's pace, not a part's
--- whole run, sets the large document's pace.
+-- time the buckets are full, however many of its job's run, while no other owner's work is
+-- due: the bucket's pace, not a part's whole run, sets the large document's pace.
 --
 -- The two functions are those of 20261219000001 (an applied migration never changes, so their
 -- text repeats here) with those two changes.
@@ -293,8 +293,9 @@ BEGIN
         EXIT WHEN p_running + v_granted >= 1 AND (v_free <= 0 OR v_lane_room <= 0 OR p_running + v_granted >= v_share);
         -- A call goes when the buckets are full, whatever its size (one a grant): a part larger
         -- than what the bulk lane may take of a bucket still goes as fast as the bucket refills,
-        -- not one at a time.
-        EXIT WHEN NOT (v_granted = 0 AND v_req_full AND v_in_full AND v_out_full)
+        -- not one at a time. Beyond the job's own slot, only while no other owner's work is due:
+        -- a job asking again every moment must not win every full bucket ahead of them.
+        EXIT WHEN NOT (v_granted = 0 AND (p_running = 0 OR v_others = 0) AND v_req_full AND v_in_full AND v_out_full)
               AND (v_granted + 1 > v_req - v_others
                    OR v_input + p_tokens[i] > v_in - v_others_tokens
                    OR v_output + coalesce(p_outputs[i], 0) > v_out - v_others * v_s.output_reserve);

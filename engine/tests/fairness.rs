@@ -548,9 +548,11 @@ async fn a_large_document_leaves_the_urgent_lanes_share_of_the_buckets_and_goes_
         let grant = parts.calls(&small, 1, &[(500, 4_000); 10]).await.unwrap();
         assert_eq!(grant.granted, small_calls, "the small one's calls in what is left: {budget_share}");
     }
-    // The bucket full again with two of the large document's calls running: one more goes.
+    // The bucket full again with two of the large document's calls running: one more goes,
+    // larger than the 5K the bulk lane may take.
     sqlx::query("TRUNCATE jobs, owner_lines CASCADE").execute(&pool).await.unwrap();
-    engine::queue::lanes::configure(&pool, &Default::default()).await.unwrap();
+    let config = engine::queue::lanes::LaneConfig { urgent_budget_share: 0.75, ..Default::default() };
+    engine::queue::lanes::configure(&pool, &config).await.unwrap();
     fill().await;
     job(&pool, &JobOpts { owner_id: 1, est_input_tokens: 100_000, bulk: true, ..Default::default() }).await;
     let big = queue::claim(&pool, "w", 24, Duration::from_secs(60)).await.unwrap().remove(0);
@@ -558,6 +560,10 @@ async fn a_large_document_leaves_the_urgent_lanes_share_of_the_buckets_and_goes_
     assert_eq!(parts.calls(&big, 2, &[(1_000, 6_000); 10]).await.unwrap().granted, 0, "the bucket is not full");
     fill().await;
     assert_eq!(parts.calls(&big, 2, &[(1_000, 6_000); 10]).await.unwrap().granted, 1, "full: one more goes");
+    // Not while another owner's work is due: a full bucket is theirs first.
+    job(&pool, &JobOpts { owner_id: 3, est_input_tokens: 100_000, bulk: true, ..Default::default() }).await;
+    fill().await;
+    assert_eq!(parts.calls(&big, 3, &[(1_000, 6_000); 10]).await.unwrap().granted, 0, "another owner waits");
 }
 
 /// "Run next": an operator puts a waiting job first in line; the next claim takes it before
@@ -589,6 +595,15 @@ async fn run_next_puts_a_waiting_job_first_in_line(pool: PgPool) {
     // The rest keep their order.
     let rest = queue::claim(&pool, "w", 5, Duration::from_secs(60)).await.unwrap();
     assert_eq!(rest.len(), 5);
+    // A job not yet due (a retry's backoff, an economy document's batch) keeps its due time.
+    let later = job(&pool, &JobOpts { owner_id: 9, est_input_tokens: 2_000, ..Default::default() }).await;
+    sqlx::query("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE id = $1")
+        .bind(later)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(run_next(&pool, later, "ops@example.com").await.unwrap(), RunNext::Next);
+    assert!(queue::claim(&pool, "w", 5, Duration::from_secs(60)).await.unwrap().is_empty(), "not due yet");
 }
 
 /// Small documents in a burst leave large ones their floor: a large document waiting behind

@@ -1023,6 +1023,32 @@ async fn an_answer_whose_completion_died_with_its_process_is_not_asked_for_again
     assert!(engine::documents::kept_answers::kept(&pool, job).await.unwrap().is_none());
 }
 
+/// The same on a job's last attempt: the rescue fails it (refunded), its kept answer stays,
+/// and a replay from the dead-letter queue uses it: still one call.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_kept_answer_outlives_a_failure_on_the_last_attempt_and_the_replay_uses_it(pool: PgPool) {
+    use engine::queue::worker::Processor;
+    let (docs, fake, user, processor) = hosted(&pool, "kept-last", Some(instant_model()), 4_000, 200_000).await;
+    let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
+    let claimed = queue::claim(&pool, "dies", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+    let answered = processor.process(claimed).await.expect("answered");
+    sqlx::query("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let one_attempt = engine::queue::policy::retry::RetryPolicy { max_attempts: 1, ..Default::default() };
+    queue::rescue::rescue_expired(&pool, &AccountHooks, &one_attempt).await.unwrap();
+    assert_eq!(queue::get(&pool, job).await.unwrap().state, JobState::Failed);
+    assert_eq!(engine::documents::kept_answers::forget_ended(&pool).await.unwrap(), 0, "a failed job's is kept");
+    let selection = engine::queue::dlq::Selection::Job(job);
+    engine::queue::dlq::replay(&pool, &AccountHooks, &selection, "ops@example.com").await.unwrap();
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert_eq!(fake.calls(), 1, "the replay used the answer paid for");
+    assert_eq!(view.result, Some(answered.result));
+}
+
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn a_spent_quota_holds_processing_alerts_the_operator_and_fails_nobody(pool: PgPool) {
     let (docs, fake, user, processor) = hosted(&pool, "quota", Some(instant_model()), 4_000, 200_000).await;

@@ -1018,7 +1018,7 @@ async fn the_listing_follows_every_job_from_insert_to_delete_and_lists_them_newe
     assert_eq!(listing_drift(&pool).await, 0);
     let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM job_listing").fetch_one(&pool).await.unwrap();
     assert_eq!(listed, 5);
-    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews")
+    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews, kept_answers")
         .execute(&pool)
         .await
         .unwrap();
@@ -1051,7 +1051,10 @@ async fn a_jobs_attempts_go_with_it_however_it_goes(pool: PgPool) {
     expected.sort();
     assert_eq!(left, expected);
     // The table emptied, the attempts with it (they may not be named).
-    sqlx::query("TRUNCATE jobs, job_parts, parts_read, job_writing, reviews").execute(&pool).await.unwrap();
+    sqlx::query("TRUNCATE jobs, job_parts, parts_read, job_writing, reviews, kept_answers")
+        .execute(&pool)
+        .await
+        .unwrap();
     assert_eq!(attempts(pool.clone()).await, 0);
 }
 

@@ -354,15 +354,38 @@ pub async fn session_user(ctx: &ServerContext, session: &Session) -> Result<Opti
     }
 }
 
+tokio::task_local! {
+    /// Set while a console request is served (see [`as_console_request`]).
+    static CONSOLE_REQUEST: ();
+}
+
+/// Serve `work` as a console request: with every request connection taken, its caller's
+/// session and account are read on the connections kept for health and the console, so an
+/// operator still reaches the console and its kill switch. Other requests never use those.
+pub async fn as_console_request<F: Future>(work: F) -> F::Output {
+    CONSOLE_REQUEST.scope((), work).await
+}
+
+/// Whether this request is the console's ([`as_console_request`]).
+pub fn is_console_request() -> bool {
+    CONSOLE_REQUEST.try_with(|_| ()).is_ok()
+}
+
 /// The account from the database, kept for the next requests unless access changed meanwhile.
-/// With every request connection taken, it is read on the reserved ones: who the caller is
-/// decides whether the console answers.
+/// A console request finding every request connection taken reads it on the reserved ones:
+/// who the caller is decides whether the console answers.
 async fn read_user(ctx: &ServerContext, id: i64) -> engine::error::Result<User> {
     let read_at = ctx.auth.generation();
-    let pool = if engine::db::is_full(&ctx.pool) { &ctx.reserved } else { &ctx.pool };
-    let user = match users::get(pool, id).await {
-        Err(engine::EngineError::Database(sqlx::Error::PoolTimedOut)) => users::get(&ctx.reserved, id).await,
-        other => other,
+    let console = is_console_request();
+    let user = if console && engine::db::is_full(&ctx.pool) {
+        users::get(&ctx.reserved, id).await
+    } else {
+        match users::get(&ctx.pool, id).await {
+            Err(engine::EngineError::Database(sqlx::Error::PoolTimedOut)) if console => {
+                users::get(&ctx.reserved, id).await
+            }
+            other => other,
+        }
     }?;
     ctx.auth.put_user(user.clone(), read_at);
     Ok(user)

@@ -39,7 +39,7 @@ pub async fn erase_deleted_jobs(conn: &mut PgConnection, job_ids: &[Uuid]) -> sq
         return Ok(erased);
     }
     sqlx::query("DELETE FROM job_parts WHERE job_id = ANY($1)").bind(&erased).execute(&mut *conn).await?;
-    crate::documents::custody::forget_batch_answers(conn, &erased).await?;
+    crate::documents::custody::forget_answers(conn, &erased).await?;
     sqlx::query("DELETE FROM notices WHERE job_id = ANY($1)").bind(&erased).execute(&mut *conn).await?;
     sqlx::query("UPDATE job_attempts SET detail = NULL WHERE job_id = ANY($1) AND detail IS NOT NULL")
         .bind(&erased)

@@ -2,7 +2,9 @@
 //! results in batches, so a process dying in between lost a paid answer and the rescue called
 //! the provider again. The processor keeps each final answer here (durably: the commit waits
 //! for the WAL flush, the database's default) before handing it on; the next attempt of the
-//! same job finds it and calls nobody. The upkeep forgets the answers of ended jobs.
+//! same job finds it and calls nobody. The upkeep forgets the answers of jobs done or canceled;
+//! a failed job's stays (its last attempt's process may have died with it kept), so a replay
+//! from the dead-letter queue uses it, until the job is pruned or its owner deletes it.
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -37,11 +39,11 @@ pub async fn kept(pool: &PgPool, job: Uuid) -> Result<Option<JobOutput>> {
     Ok(row.map(|(result, input_tokens, output_tokens)| JobOutput { result, input_tokens, output_tokens, part: None }))
 }
 
-/// Forget the answers of jobs that ended (done, failed or canceled): their results are written.
+/// Forget the answers of jobs done (their results are written) or canceled.
 pub async fn forget_ended(pool: &PgPool) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM kept_answers k USING jobs j
-         WHERE k.job_id = j.id AND j.state NOT IN ('queued', 'retrying', 'running')",
+         WHERE k.job_id = j.id AND j.state IN ('done', 'canceled')",
     )
     .execute(pool)
     .await?;

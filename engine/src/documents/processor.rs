@@ -306,7 +306,6 @@ impl DocumentProcessor {
         }
     }
 
-    /// One claim: the whole document, or its next part, or the combination of its parts.
     /// The answer an earlier attempt got and could not complete (its process died before its
     /// completion was written), or this attempt's; a final answer is kept before it is handed
     /// on, so it is never paid for twice.
@@ -327,6 +326,7 @@ impl DocumentProcessor {
         Ok(output)
     }
 
+    /// One claim: the whole document, or its next part, or the combination of its parts.
     async fn attempt(&self, job: &ClaimedJob, held: &mut Held) -> Result<JobOutput, JobError> {
         let spec: DocumentJob = serde_json::from_value(job.payload.clone()).map_err(|e| {
             JobError::new(ErrorClass::InvalidInput, format!("the job's description is unreadable: {e}"))
@@ -1247,8 +1247,10 @@ impl DocumentProcessor {
         let mut answer = Answer::default();
         let mut texts = Vec::with_capacity(halves.len());
         for half in halves {
-            let half_answer =
-                self.answer(job, spec, half, of.clone(), &mut Held::default(), halvings + 1, calls).await?;
+            let half_answer = self
+                .answer(job, spec, half, of.clone(), &mut Held::default(), halvings + 1, calls)
+                .await
+                .map_err(|e| billed(e, answer.usage))?;
             answer.absorb(&half_answer);
             texts.push(half_answer.text);
         }
@@ -1652,13 +1654,13 @@ fn too_long_in_words(mut e: JobError) -> JobError {
     e
 }
 
-/// Count `task`'s prompt once, off the async runtime, and keep the count on it (the client's
-/// timeout reads it).
 /// `error` with `usage` more billed before it (the answers its attempt got and kept nothing of).
 fn billed(error: JobError, usage: Usage) -> JobError {
     error.with_usage_added(usage.input, usage.output)
 }
 
+/// Count `task`'s prompt once, off the async runtime, and keep the count on it (the client's
+/// timeout reads it).
 async fn count_prompt(task: &mut Task) -> i64 {
     let tokens = tokens::count_off_runtime(providers::prompt(task)).await.min(i64::MAX as u64) as i64;
     task.prompt_tokens = Some(tokens);

@@ -1,7 +1,10 @@
 //! "Run next": an operator puts a waiting job at the front of the line, for a deadline at
-//! risk, say. It is due at once and tagged before every waiting job, so the next claim with
-//! room in its lane takes it; the gate, the lanes and the kill switch still decide when that
-//! is. Its owner is charged nothing more (it keeps its owner's line as it was). Audited.
+//! risk, say. It is tagged before every waiting job, so the next claim with room in its lane
+//! takes it once it is due; the gate, the lanes and the kill switch still decide when that is.
+//! Its due time stays: a retry still waits out its backoff and the provider's `Retry-After`
+//! ("retry now" is the deliberate way past them), and a document in the economy lane still
+//! waits for its batch's answer (calling now would pay twice). Its owner is charged nothing
+//! more (its owner's line stays as it was). Audited.
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -33,7 +36,7 @@ pub async fn run_next(pool: &PgPool, job_id: Uuid, actor: &str) -> Result<RunNex
     }
     // One tag before the lowest waiting (the claim orders by tag, then due time, then id).
     sqlx::query(
-        "UPDATE jobs SET run_at = least(run_at, now()), updated_at = now(),
+        "UPDATE jobs SET updated_at = now(),
              fair_tag = least(fair_tag, (SELECT coalesce(min(w.fair_tag), 0) FROM jobs w
                                          WHERE w.state IN ('queued', 'retrying')) - 1)
          WHERE id = $1",

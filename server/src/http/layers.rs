@@ -194,16 +194,19 @@ pub async fn admin_area_only_for_admins(
     if !request.uri().path().starts_with(ADMIN_AREA) {
         return next.run(request).await;
     }
-    let session = request.extensions().get::<tower_sessions::Session>().cloned();
-    let admin = match session {
-        Some(session) => app::server::session::session_user(&ctx, &session).await,
-        None => Ok(None),
-    };
-    match admin {
-        Ok(Some(user)) if user.role.is_staff() => next.run(request).await,
-        Ok(_) => super::error::ApiError(app::errors::AppError::NotFound).into_response(),
-        Err(e) => super::error::ApiError(e).into_response(),
-    }
+    app::server::session::as_console_request(async move {
+        let session = request.extensions().get::<tower_sessions::Session>().cloned();
+        let admin = match session {
+            Some(session) => app::server::session::session_user(&ctx, &session).await,
+            None => Ok(None),
+        };
+        match admin {
+            Ok(Some(user)) if user.role.is_staff() => next.run(request).await,
+            Ok(_) => super::error::ApiError(app::errors::AppError::NotFound).into_response(),
+            Err(e) => super::error::ApiError(e).into_response(),
+        }
+    })
+    .await
 }
 
 /// Where the admin area's server functions are served.

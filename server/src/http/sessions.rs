@@ -1,9 +1,10 @@
 //! The session store: Postgres, with each record kept in this process for a few seconds
 //! ([`engine::accounts::auth_cache`]), so a poll reads no session row. A session deleted here
 //! (log-out, a new id at log-in) is forgotten by every process through a notification sent
-//! when the delete is done; a record saved here replaces the kept one. With every connection
-//! of the web requests' pool taken, records are read and saved on the connections kept for
-//! health and the console, so an operator can still reach the console and its kill switch.
+//! when the delete is done; a record saved here replaces the kept one. A console request
+//! finding every connection of the web requests' pool taken reads and saves its record on the
+//! connections kept for health and the console, so an operator can still reach the console
+//! and its kill switch; no other request uses those.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use tower_sessions::session_store::{Error, Result};
 use tower_sessions::SessionStore;
 use tower_sessions_sqlx_store::PostgresStore;
 
-use app::server::session::{AuthCache, USER_KEY};
+use app::server::session::{is_console_request, AuthCache, USER_KEY};
 use engine::accounts::auth_cache::{announce, CachedSession, Revoked};
 
 #[derive(Clone)]
@@ -39,13 +40,17 @@ impl CachedStore {
         CachedStore { inner: PostgresStore::new(pool.clone()), reserved: PostgresStore::new(reserved), cache, pool }
     }
 
-    /// The store to use now: the reserved connections' while the requests' are all taken.
-    fn store(&self) -> &PostgresStore {
-        if engine::db::is_full(&self.pool) {
-            &self.reserved
-        } else {
-            &self.inner
-        }
+    /// Whether this request reads and writes its record on the reserved connections: a
+    /// console request, while the requests' are all taken ([`Self::on_timeout`] when they turn
+    /// out taken only once asked).
+    fn reserved_now(&self) -> bool {
+        is_console_request() && engine::db::is_full(&self.pool)
+    }
+
+    /// Whether a failure of the requests' pool is a console request's cue to use the reserved
+    /// connections.
+    fn on_timeout(error: &Error) -> bool {
+        matches!(error, Error::Backend(e) if engine::db::is_pool_timeout_text(e)) && is_console_request()
     }
 
     fn keep(&self, record: &Record) {
@@ -63,9 +68,13 @@ impl SessionStore for CachedStore {
     }
 
     async fn save(&self, record: &Record) -> Result<()> {
-        match self.store().save(record).await {
-            Err(Error::Backend(e)) if engine::db::is_pool_timeout_text(&e) => self.reserved.save(record).await?,
-            other => other?,
+        if self.reserved_now() {
+            self.reserved.save(record).await?;
+        } else {
+            match self.inner.save(record).await {
+                Err(e) if Self::on_timeout(&e) => self.reserved.save(record).await?,
+                other => other?,
+            }
         }
         self.keep(record);
         Ok(())
@@ -77,9 +86,13 @@ impl SessionStore for CachedStore {
                 return Ok(Some(kept.record));
             }
         }
-        let record = match self.store().load(id).await {
-            Err(Error::Backend(e)) if engine::db::is_pool_timeout_text(&e) => self.reserved.load(id).await?,
-            other => other?,
+        let record = if self.reserved_now() {
+            self.reserved.load(id).await?
+        } else {
+            match self.inner.load(id).await {
+                Err(e) if Self::on_timeout(&e) => self.reserved.load(id).await?,
+                other => other?,
+            }
         };
         if let Some(record) = &record {
             self.keep(record);
