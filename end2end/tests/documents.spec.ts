@@ -402,7 +402,7 @@ test('a Word contract with bold, italics, a link, a note and a table comes back 
 });
 
 test('a document needed by a time says so before it is sent and on its job, and goes in the urgent lane when asked', async ({ page, browser }) => {
-  await signUp(page, 'deadline');
+  const email = await signUp(page, 'deadline');
   const admin = await newPage(browser);
   await logInAsAdmin(admin);
   try {
@@ -426,6 +426,16 @@ test('a document needed by a time says so before it is sent and on its job, and 
     const deadline = page.getByTestId('deadline');
     await expect(deadline).toHaveText(`Needed by ${local.replace('T', ' ')}: on track`);
     await expect(deadline).toHaveAttribute('data-standing', 'on track');
+    // An operator puts it first in line from the console's search, on the record.
+    const id = page.url().split('/').pop();
+    await open(admin, '/admin/jobs');
+    const search = admin.getByTestId('job-search');
+    await search.getByLabel('Job id, e-mail or file name').fill(email);
+    await search.getByRole('button', { name: 'Search' }).click();
+    await expect(search.getByTestId('found-job')).toHaveCount(1);
+    await search.getByRole('button', { name: /^Run .* next$/ }).click();
+    await open(admin, '/admin/audit');
+    await expect(admin.locator('.audit li').filter({ hasText: `put job ${id} first in line` })).toHaveCount(1);
   } finally {
     await setProcessing(admin, true);
   }
