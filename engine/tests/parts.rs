@@ -982,6 +982,42 @@ async fn an_empty_answer_or_an_unknown_stop_reason_is_never_done_and_is_tried_on
     assert_eq!(failed_attempts_tokens(&pool, half).await, vec![(Some(300), Some(20))]);
 }
 
+/// The call for a translation's key terms answered with a stop reason nobody documented: the
+/// translation goes on without key terms, and the call, billed, counts in the job's tokens.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_key_terms_answer_not_kept_still_counts_in_the_jobs_tokens(pool: PgPool) {
+    let docs = docs("terms-billed");
+    let fake = FakeProvider::start().await;
+    fake.behave_like(instant_model());
+    let user = users::create_user(&pool, "terms@example.com", "password123", Role::User, 20).await.unwrap();
+    let job = submit(&pool, &docs, user.id, &report(20), "translate", 200_000).await;
+    let unfinished = Reply::Finished {
+        text: "Paragraph → Absatz".into(),
+        stop_reason: "pause_turn".into(),
+        input_tokens: 300,
+        output_tokens: 20,
+    };
+    fake.push_matching("key terms of the document below", [unfinished]);
+    let processor =
+        processor(&pool, &docs, ProviderConfig { max_tokens: 256, ..fake_config(&fake) }, 200_000, Budget::disabled());
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Done, "{view:?}");
+    assert!(view.parts_total.unwrap_or(0) >= 2, "{view:?}");
+    let (parts_in, parts_out): (i64, i64) =
+        sqlx::query_as("SELECT sum(input_tokens)::int8, sum(output_tokens)::int8 FROM job_parts WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let (job_in, job_out): (Option<i64>, Option<i64>) =
+        sqlx::query_as("SELECT input_tokens, output_tokens FROM jobs WHERE id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((job_in, job_out), (Some(parts_in + 300), Some(parts_out + 20)), "the parts, and the key terms' call");
+}
+
 /// The tokens each failed attempt of `job` counts, in order.
 async fn failed_attempts_tokens(pool: &PgPool, job: Uuid) -> Vec<(Option<i64>, Option<i64>)> {
     sqlx::query_as(

@@ -741,7 +741,8 @@ impl DocumentProcessor {
             Err(e) => {
                 self.give_back_unless_counted(&e, held).await;
                 tracing::info!(job = %job.id, error = %e.message, "no key terms found; the translation goes on without");
-                (Vec::new(), Usage::default())
+                // An answer not kept was billed all the same.
+                (Vec::new(), billed_usage(&e))
             }
         }
     }
@@ -1200,7 +1201,8 @@ impl DocumentProcessor {
                     }
                 }
                 Err(e) => {
-                    tracing::info!(job = %job.id, error = %e.message, "asking again for agreed terms failed; the first answers stay")
+                    tracing::info!(job = %job.id, error = %e.message, "asking again for agreed terms failed; the first answers stay");
+                    answer.usage.add(billed_usage(&e));
                 }
             }
         }
@@ -1652,6 +1654,12 @@ fn too_long_in_words(mut e: JobError) -> JobError {
         e.message = "the provider counted the text past its context however it was split; it was not kept".into();
     }
     e
+}
+
+/// What a failed call was billed, as its error carries it (nothing when the provider refused it
+/// before answering).
+fn billed_usage(error: &JobError) -> Usage {
+    error.usage.map_or_else(Usage::default, |(input, output)| Usage { input, output })
 }
 
 /// `error` with `usage` more billed before it (the answers its attempt got and kept nothing of).
