@@ -142,6 +142,26 @@ pub fn language() -> Object {
         .build()
 }
 
+/// `schema`, also taking null (a body's "the earlier job's"): a schema of its own replaces the
+/// field's, `nullable` included.
+fn or_null(mut schema: Object) -> Object {
+    schema.schema_type = utoipa::openapi::schema::SchemaType::from_iter([Type::String, Type::Null]);
+    if let Some(values) = schema.enum_values.as_mut() {
+        values.push(serde_json::Value::Null);
+    }
+    schema
+}
+
+/// [`presets`], or null.
+fn preset_or_null() -> Object {
+    or_null(presets())
+}
+
+/// [`language`], or null.
+fn language_or_null() -> Object {
+    or_null(language())
+}
+
 /// What [`language`] allows, as a regular expression both the server's tests and the fuzzer read.
 pub const LANGUAGE_PATTERN: &str = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]{0,38}[^\s\x00-\x1f\x7f-\x9f])?$";
 
@@ -165,9 +185,9 @@ pub fn callback_url() -> Object {
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct RunAgainBody {
-    #[schema(schema_with = presets, nullable)]
+    #[schema(schema_with = preset_or_null)]
     preset: Option<String>,
-    #[schema(schema_with = language, nullable)]
+    #[schema(schema_with = language_or_null)]
     language: Option<String>,
 }
 

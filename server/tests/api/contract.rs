@@ -85,3 +85,17 @@ async fn the_docs_page_is_served_from_the_binary(pool: PgPool) {
         }
     }
 }
+
+/// A run-again body's fields may be null ("the earlier job's"), as the server takes them: the
+/// schema says so, so a client (or a fuzzer) sending null is within the contract.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_run_again_bodys_fields_may_be_null_as_the_server_takes_them(pool: PgPool) {
+    let app = TestApp::spawn(pool, WebSettings::default()).await;
+    let doc: serde_json::Value = reqwest::get(app.url("/api/v1/openapi.json")).await.unwrap().json().await.unwrap();
+    let body = &doc["components"]["schemas"]["RunAgainBody"]["properties"];
+    for field in ["preset", "language"] {
+        let types = body[field]["type"].as_array().unwrap_or_else(|| panic!("{field}: {}", body[field]));
+        assert!(types.contains(&serde_json::json!("null")) && types.contains(&serde_json::json!("string")), "{field}");
+    }
+    assert!(body["preset"]["enum"].as_array().unwrap().contains(&serde_json::Value::Null));
+}
