@@ -1018,6 +1018,31 @@ async fn a_key_terms_answer_not_kept_still_counts_in_the_jobs_tokens(pool: PgPoo
     assert_eq!((job_in, job_out), (Some(parts_in + 300), Some(parts_out + 20)), "the parts, and the key terms' call");
 }
 
+/// A provider claiming absurd usage for an answer Sluice did not keep (a trillion tokens for an
+/// empty answer) is believed only within the bounds of any answer's usage: the prompt's count
+/// with room, the most an answer may hold.
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn an_answer_not_kept_with_absurd_usage_counts_within_bounds(pool: PgPool) {
+    let (docs, fake, user, processor) = hosted(&pool, "absurd", None, 4_000, 200_000).await;
+    let job = submit(&pool, &docs, user.id, &report(3), "summarize", 200_000).await;
+    let absurd = |stop: &str| Reply::Finished {
+        text: String::new(),
+        stop_reason: stop.into(),
+        input_tokens: 1_000_000_000_000,
+        output_tokens: 1_000_000_000_000,
+    };
+    fake.push([absurd("end_turn"), absurd("a_reason_added_next_year")]);
+    let view = drive(&pool, &processor, job).await;
+    assert_eq!(view.state, JobState::Failed, "{view:?}");
+    let counted = failed_attempts_tokens(&pool, job).await;
+    assert_eq!(counted.len(), 2, "{counted:?}");
+    for (input, output) in counted {
+        let (input, output) = (input.unwrap_or(0), output.unwrap_or(0));
+        assert!(input > 0 && input <= 20_000, "input {input}: within the prompt's count with room");
+        assert!(output > 0 && output <= 4_000, "output {output}: at most what an answer may hold");
+    }
+}
+
 /// The tokens each failed attempt of `job` counts, in order.
 async fn failed_attempts_tokens(pool: &PgPool, job: Uuid) -> Vec<(Option<i64>, Option<i64>)> {
     sqlx::query_as(
@@ -1083,6 +1108,20 @@ async fn a_kept_answer_outlives_a_failure_on_the_last_attempt_and_the_replay_use
     assert_eq!(view.state, JobState::Done, "{view:?}");
     assert_eq!(fake.calls(), 1, "the replay used the answer paid for");
     assert_eq!(view.result, Some(answered.result));
+    // Done: its kept answer goes. A failed job whose document is released keeps none either.
+    assert_eq!(engine::documents::kept_answers::forget_ended(&pool).await.unwrap(), 1);
+    let again = submit(&pool, &docs, user.id, &report(4), "summarize", 200_000).await;
+    let claimed = queue::claim(&pool, "dies", 1, Duration::from_secs(60)).await.unwrap().remove(0);
+    processor.process(claimed).await.expect("answered");
+    sqlx::query("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(again)
+        .execute(&pool)
+        .await
+        .unwrap();
+    queue::rescue::rescue_expired(&pool, &AccountHooks, &one_attempt).await.unwrap();
+    assert_eq!(engine::documents::kept_answers::forget_ended(&pool).await.unwrap(), 0);
+    queue::retention::mark_released(&pool, &[again]).await.unwrap();
+    assert_eq!(engine::documents::kept_answers::forget_ended(&pool).await.unwrap(), 1, "gone with its document");
 }
 
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]

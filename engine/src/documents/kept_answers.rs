@@ -4,7 +4,8 @@
 //! for the WAL flush, the database's default) before handing it on; the next attempt of the
 //! same job finds it and calls nobody. The upkeep forgets the answers of jobs done or canceled;
 //! a failed job's stays (its last attempt's process may have died with it kept), so a replay
-//! from the dead-letter queue uses it, until the job is pruned or its owner deletes it.
+//! from the dead-letter queue uses it, until its document is released, the job is pruned or its
+//! owner deletes it.
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -39,11 +40,13 @@ pub async fn kept(pool: &PgPool, job: Uuid) -> Result<Option<JobOutput>> {
     Ok(row.map(|(result, input_tokens, output_tokens)| JobOutput { result, input_tokens, output_tokens, part: None }))
 }
 
-/// Forget the answers of jobs done (their results are written) or canceled.
+/// Forget the answers of jobs done (their results are written) or canceled, and of failed jobs
+/// whose document was released (no replay can come; what was read from it goes with it).
 pub async fn forget_ended(pool: &PgPool) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM kept_answers k USING jobs j
-         WHERE k.job_id = j.id AND j.state IN ('done', 'canceled')",
+         WHERE k.job_id = j.id
+           AND (j.state IN ('done', 'canceled') OR (j.state = 'failed' AND j.document_released_at IS NOT NULL))",
     )
     .execute(pool)
     .await?;
