@@ -580,3 +580,210 @@ pub async fn jobs_done_twice(pool: &PgPool) -> i64 {
     .await
     .unwrap()
 }
+
+/// A PDF page for [`pdf_of_pages`]: a text layer, or a scan of the same lines (no text layer).
+#[derive(Clone, Debug)]
+pub enum TestPage {
+    Text(Vec<String>),
+    Scanned(Vec<String>),
+}
+
+/// Lines in Helvetica 16 on a letter page, as a content stream.
+fn large_text_operators(lines: &[String]) -> Vec<u8> {
+    let mut ops = vec!["BT".to_string(), "/F1 16 Tf".into(), "72 700 Td".into(), "24 TL".into()];
+    for line in lines {
+        let escaped = line.replace('\\', "\\\\").replace('(', "\\(").replace(')', "\\)");
+        ops.push(format!("({escaped}) Tj T*"));
+    }
+    ops.push("ET".into());
+    ops.join("\n").into_bytes()
+}
+
+/// `lines` of each page rendered as a scanner would: gray JPEGs at 150 DPI, by poppler's
+/// `pdftoppm` (the test machine's, as the server's OCR uses).
+pub fn scans_of(pages: &[Vec<String>]) -> Vec<Vec<u8>> {
+    let texts: Vec<TestPage> = pages.iter().cloned().map(TestPage::Text).collect();
+    let pdf = pdf_of_pages(&texts);
+    let dir = std::env::temp_dir().join(format!("sluice-scan-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    std::fs::write(dir.join("text.pdf"), &pdf).expect("write the text PDF");
+    let rendered = std::process::Command::new("pdftoppm")
+        .args(["-r", "150", "-gray", "-jpeg"])
+        .arg(dir.join("text.pdf"))
+        .arg(dir.join("page"))
+        .status()
+        .expect("pdftoppm runs (apt-get install poppler-utils)");
+    assert!(rendered.success(), "pdftoppm rendered the pages");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect();
+    files.sort();
+    let scans = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    scans
+}
+
+/// A PNG photo of a page holding `lines` (rendered by `pdftoppm`).
+pub fn png_of_lines(lines: &[&str]) -> Vec<u8> {
+    let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    let pdf = pdf_of_pages(&[TestPage::Text(lines)]);
+    let mut child = std::process::Command::new("pdftoppm")
+        .args(["-r", "150", "-gray", "-png", "-singlefile", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("pdftoppm runs");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&pdf).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+/// A PDF of letter pages, each with a text layer or a scan of its lines (an image, no text).
+pub fn pdf_of_pages(pages: &[TestPage]) -> Vec<u8> {
+    use lopdf::{dictionary, Document, Object, Stream};
+    let scanned: Vec<Vec<String>> = pages
+        .iter()
+        .filter_map(|p| match p {
+            TestPage::Scanned(lines) => Some(lines.clone()),
+            TestPage::Text(_) => None,
+        })
+        .collect();
+    let mut scans = if scanned.is_empty() { Vec::new() } else { scans_of(&scanned) }.into_iter();
+    let mut doc = Document::with_version("1.5");
+    let pages_id = doc.new_object_id();
+    let font_id = doc.add_object(dictionary! { "Type" => "Font", "Subtype" => "Type1", "BaseFont" => "Helvetica" });
+    let kids: Vec<Object> = pages
+        .iter()
+        .map(|page| {
+            let (content, resources) = match page {
+                TestPage::Text(lines) => {
+                    (large_text_operators(lines), dictionary! { "Font" => dictionary! { "F1" => font_id } })
+                }
+                TestPage::Scanned(_) => {
+                    let jpeg = scans.next().expect("a scan for each scanned page");
+                    let size = crate::documents::images::measure(&jpeg, crate::documents::images::ImageBounds::DEFAULT)
+                        .expect("pdftoppm's JPEG measures");
+                    let image = doc.add_object(Stream::new(
+                        dictionary! {
+                            "Type" => "XObject", "Subtype" => "Image", "Width" => size.width as i64,
+                            "Height" => size.height as i64, "ColorSpace" => "DeviceRGB",
+                            "BitsPerComponent" => 8, "Filter" => "DCTDecode",
+                        },
+                        jpeg,
+                    ));
+                    (
+                        b"q 612 0 0 792 0 0 cm /Im0 Do Q".to_vec(),
+                        dictionary! { "XObject" => dictionary! { "Im0" => image } },
+                    )
+                }
+            };
+            let content_id = doc.add_object(Stream::new(dictionary! {}, content));
+            doc.add_object(dictionary! {
+                "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources,
+                "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],
+            })
+            .into()
+        })
+        .collect();
+    let count = kids.len() as i64;
+    doc.objects
+        .insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
+    let catalog_id = doc.add_object(dictionary! { "Type" => "Catalog", "Pages" => pages_id });
+    doc.trailer.set("Root", catalog_id);
+    let mut out = Vec::new();
+    doc.save_to(&mut out).expect("write the PDF");
+    out
+}
+
+/// A page that takes its renderer many seconds: an 80,000 × 80,000 pixel image (800 MB of
+/// pixels in a 5 MB stream, a pixel bomb) between two honest scanned pages. Text extraction
+/// never decodes images, so only the OCR of that page meets it.
+pub fn pdf_with_a_page_that_never_finishes(before: &[&str], after: &[&str]) -> Vec<u8> {
+    let scans =
+        scans_of(&[before.iter().map(|l| l.to_string()).collect(), after.iter().map(|l| l.to_string()).collect()]);
+    let image = |dictionary: String, data: &[u8]| {
+        let mut body = format!("<< {dictionary} /Length {} >>\nstream\n", data.len()).into_bytes();
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\nendstream");
+        body
+    };
+    let scan = |jpeg: &[u8]| {
+        let size = crate::documents::images::measure(jpeg, crate::documents::images::ImageBounds::DEFAULT).unwrap();
+        let dictionary = format!(
+            "/Type /XObject /Subtype /Image /Width {} /Height {} /ColorSpace /DeviceRGB /BitsPerComponent 8 /Filter /DCTDecode",
+            size.width, size.height
+        );
+        image(dictionary, jpeg)
+    };
+    const SIDE: u64 = 80_000;
+    let bomb = image(
+        format!("/Type /XObject /Subtype /Image /Width {SIDE} /Height {SIDE} /ColorSpace /DeviceGray /BitsPerComponent 1 /Filter /FlateDecode"),
+        &zlib_of_zeros(SIDE * SIDE / 8),
+    );
+    let page = |contents: usize, image: usize| {
+        format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {contents} 0 R /Resources << /XObject << /Im0 {image} 0 R >> >> >>")
+            .into_bytes()
+    };
+    let draw = b"q 612 0 0 792 0 0 cm /Im0 Do Q";
+    raw_pdf(&[
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [3 0 R 4 0 R 5 0 R] /Count 3 >>".to_vec(),
+        page(6, 7),
+        page(6, 8),
+        page(6, 9),
+        stream("", draw),
+        scan(&scans[0]),
+        bomb,
+        scan(&scans[1]),
+    ])
+}
+
+/// A zlib stream of at least `length` zero bytes, written by hand (one fixed-Huffman block:
+/// a zero, then copies of 258 bytes from one back), about 5 MB a GB, made in no time.
+pub fn zlib_of_zeros(length: u64) -> Vec<u8> {
+    struct Bits {
+        out: Vec<u8>,
+        byte: u8,
+        used: u8,
+    }
+    impl Bits {
+        /// `count` bits of `value`, least significant first (deflate's header bits).
+        fn push(&mut self, value: u32, count: u8) {
+            for i in 0..count {
+                self.byte |= (((value >> i) & 1) as u8) << self.used;
+                self.used += 1;
+                if self.used == 8 {
+                    self.out.push(self.byte);
+                    (self.byte, self.used) = (0, 0);
+                }
+            }
+        }
+        /// A Huffman code of `count` bits, most significant first.
+        fn code(&mut self, code: u32, count: u8) {
+            for i in (0..count).rev() {
+                self.push((code >> i) & 1, 1);
+            }
+        }
+    }
+    let copies = length.saturating_sub(1).div_ceil(258);
+    let mut bits = Bits { out: vec![0x78, 0x01], byte: 0, used: 0 };
+    bits.push(1, 1); // the final block
+    bits.push(1, 2); // fixed Huffman codes
+    bits.code(0x30, 8); // the literal 0
+    for _ in 0..copies {
+        bits.code(0b1100_0101, 8); // length 258 (code 285)
+        bits.code(0, 5); // distance 1
+    }
+    bits.code(0, 7); // end of block
+    if bits.used > 0 {
+        bits.out.push(bits.byte);
+    }
+    let total = 1 + copies * 258;
+    let adler = ((total % 65_521) << 16) | 1;
+    bits.out.extend_from_slice(&(adler as u32).to_be_bytes());
+    bits.out
+}

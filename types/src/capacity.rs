@@ -121,12 +121,52 @@ pub struct PriceTier {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriceTable {
     tiers: Vec<PriceTier>,
+    /// A scanned page's price (read by OCR), in thousandths of a credit: scans are priced by
+    /// page, not by their text's tokens ([`crate::scan::scan_credits`]).
+    #[serde(default = "default_scan_page_price")]
+    scan_page_millicredits: u32,
+}
+
+/// A scanned page's price by default: 0.3 credits (40 pages, 12 credits).
+pub const DEFAULT_SCAN_PAGE_MILLICREDITS: u32 = 300;
+
+fn default_scan_page_price() -> u32 {
+    DEFAULT_SCAN_PAGE_MILLICREDITS
 }
 
 impl PriceTable {
     /// Every document costs `credits`, whatever its size.
     pub fn flat(credits: i64) -> PriceTable {
-        PriceTable { tiers: vec![PriceTier { up_to_tokens: u64::MAX, credits }] }
+        PriceTable {
+            tiers: vec![PriceTier { up_to_tokens: u64::MAX, credits }],
+            scan_page_millicredits: DEFAULT_SCAN_PAGE_MILLICREDITS,
+        }
+    }
+
+    /// The same table with scanned pages at `millicredits` each.
+    pub fn with_scan_page_price(self, millicredits: u32) -> PriceTable {
+        PriceTable { scan_page_millicredits: millicredits, ..self }
+    }
+
+    /// A scanned page's price, in thousandths of a credit.
+    pub fn scan_page_millicredits(&self) -> u32 {
+        self.scan_page_millicredits
+    }
+
+    /// What `pages` pages read by OCR cost.
+    pub fn scan_price(&self, pages: u32) -> i64 {
+        crate::scan::scan_credits(pages, self.scan_page_millicredits)
+    }
+
+    /// What a document with `scanned_pages` pages read by OCR costs for `preset`: its text
+    /// layer by the price table at its own tokens (`text_tokens`, with the prompt's few; nothing
+    /// when it has no text layer) and its scanned pages by page.
+    pub fn scanned_document_price(&self, preset: crate::Preset, text_tokens: u64, scanned_pages: u32) -> i64 {
+        let text = match text_tokens > PROMPT_OVERHEAD_TOKENS {
+            true => self.price(billed_tokens(preset, text_tokens)),
+            false => 0,
+        };
+        text.saturating_add(self.scan_price(scanned_pages)).min(i64::from(i32::MAX))
     }
 
     /// The tiers, smallest first.
@@ -186,7 +226,7 @@ impl FromStr for PriceTable {
             }
             tiers.push(PriceTier { up_to_tokens, credits });
         }
-        Ok(PriceTable { tiers })
+        Ok(PriceTable { tiers, scan_page_millicredits: DEFAULT_SCAN_PAGE_MILLICREDITS })
     }
 }
 

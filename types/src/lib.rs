@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod capacity;
 pub mod roles;
+pub mod scan;
 pub mod settlement;
 
 /// Where a job is in its life: `queued -> running -> done`, with `retrying` and `failed`.

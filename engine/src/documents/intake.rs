@@ -11,7 +11,7 @@ use super::blobs::{BlobWriter, Blobs};
 use super::encoding::Transcoder;
 use super::payload::{size_kind, DocumentJob, DocumentRef, DocumentSize};
 use super::sniff::{sniff, DocType, MarkupScan, Utf8Stream, SNIFF_BYTES};
-use super::tokens::TokenTally;
+use super::tokens::{self, TokenTally};
 use crate::accounts::admission::{self, Admission, AdmissionConfig, Submission};
 use crate::error::{EngineError, Result};
 use crate::webhooks::completion::Callback;
@@ -46,8 +46,13 @@ pub struct CheckedUpload {
     pub size: u64,
     pub sha256: String,
     pub doc_type: DocType,
-    /// A text's tokens, counted (none for a PDF: its text is known once read).
+    /// A text's tokens, counted (none for a PDF: its text is known once read; a scan's text
+    /// layer's, once surveyed).
     pub tokens: Option<u64>,
+    /// A PDF's or an image's pages, and those without a text layer, once surveyed
+    /// ([`survey`]); a scan is priced by them.
+    pub pages: Option<u32>,
+    pub scanned_pages: Option<u32>,
 }
 
 impl UploadCheck {
@@ -171,6 +176,8 @@ impl UploadCheck {
             sha256: hex::encode(self.hasher.finalize()),
             doc_type,
             tokens,
+            pages: None,
+            scanned_pages: None,
         })
     }
 }
@@ -178,7 +185,12 @@ impl UploadCheck {
 impl CheckedUpload {
     /// What it is, as admission prices it.
     pub fn size(&self) -> DocumentSize {
-        DocumentSize { doc_type: self.doc_type, bytes: self.size, tokens: self.tokens }
+        DocumentSize {
+            doc_type: self.doc_type,
+            bytes: self.size,
+            tokens: self.tokens,
+            scanned_pages: self.scanned_pages.unwrap_or(0),
+        }
     }
 
     /// Its provider request's input tokens: a text's counted, a PDF's estimated from its size.
@@ -223,6 +235,8 @@ pub struct UploadOptions {
     pub save_glossary_as: Option<String>,
     /// A translation into several languages: those after `language`, each its own job.
     pub also_into: Vec<String>,
+    /// The language a scan is read in by OCR (checked against the operator's list).
+    pub document_language: Option<String>,
 }
 
 impl Default for UploadOptions {
@@ -238,6 +252,7 @@ impl Default for UploadOptions {
             glossary_name: None,
             save_glossary_as: None,
             also_into: Vec::new(),
+            document_language: None,
         }
     }
 }
@@ -422,6 +437,10 @@ impl UploadOptions {
         if self.economy {
             key.push_str(":economy");
         }
+        // A scan read in another language is another reading.
+        if let Some(language) = &self.document_language {
+            key.push_str(&format!(":ocr={language}"));
+        }
         match self.guidance.digest() {
             digest if digest.is_empty() => key,
             digest => format!("{key}:{digest}"),
@@ -513,6 +532,9 @@ pub fn price(config: &AdmissionConfig, upload: &CheckedUpload, preset: Preset, e
 /// In the economy lane, at its terms' discount.
 pub fn document_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset, economy: bool) -> (u64, i64) {
     let tokens = size.input_tokens();
+    if size.is_scan() {
+        return (tokens, scan_price(config, size, preset, economy));
+    }
     let priced = settlement::hold_tokens(size_kind(size.doc_type), tokens, config.max_document_tokens);
     (tokens, in_lane(config, config.prices.price(capacity::billed_tokens(preset, priced)), economy))
 }
@@ -528,7 +550,43 @@ pub fn in_lane(config: &AdmissionConfig, credits: i64, economy: bool) -> i64 {
 /// A document's price by its size alone: what a PDF costs if its text is never read (an
 /// unreadable one past the day's allowance), before it is settled to its text.
 pub fn document_price_by_size(config: &AdmissionConfig, size: DocumentSize, preset: Preset, economy: bool) -> i64 {
+    if size.is_scan() {
+        return scan_price(config, size, preset, economy);
+    }
     in_lane(config, config.prices.price(capacity::billed_tokens(preset, size.input_tokens())), economy)
+}
+
+/// A surveyed scan's price: its text layer by its tokens, its scanned pages by page.
+fn scan_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset, economy: bool) -> i64 {
+    let text_tokens = size.tokens.unwrap_or(0).saturating_add(capacity::PROMPT_OVERHEAD_TOKENS);
+    in_lane(config, config.prices.scanned_document_price(preset, text_tokens, size.scanned_pages), economy)
+}
+
+/// Survey a stored or measured PDF or image in the sandboxed reader: its pages, those without a
+/// text layer (scans, read by OCR and priced by page) and its text layer's tokens. A PDF the
+/// survey cannot read is priced by its size as before (its job says why it cannot be read); an
+/// image it cannot read (damaged, or past its bounds: a decompression bomb) is refused, and a
+/// scan where no OCR is installed is refused in words, before anything is charged.
+pub async fn survey(reader: &super::sandbox::SandboxConfig, upload: &mut CheckedUpload, bytes: Bytes) -> Result<()> {
+    if !upload.doc_type.has_pages() {
+        return Ok(());
+    }
+    let extracted = match super::sandbox::extract_in_child(reader, upload.doc_type, bytes).await {
+        Ok(extracted) => extracted,
+        Err(e) if upload.doc_type.is_image() => return Err(EngineError::Invalid(e.message)),
+        Err(_) => return Ok(()),
+    };
+    if extracted.scanned.is_empty() {
+        return Ok(());
+    }
+    if reader.ocr.is_none() && extracted.text.trim().is_empty() {
+        return Err(EngineError::Invalid(super::ocr::no_ocr_error().message));
+    }
+    let text = extracted.text;
+    upload.tokens = Some(tokens::count_off_runtime(text).await);
+    upload.pages = extracted.pages;
+    upload.scanned_pages = Some(extracted.scanned.len() as u32);
+    Ok(())
 }
 
 /// What a document's first claim reserves from the token budget: all of it, or its first
@@ -575,7 +633,9 @@ pub async fn submit(pool: &PgPool, blobs: &Blobs, intake: Intake<'_>) -> Result<
             size: upload.size,
             name: upload.name.clone(),
             tokens: upload.tokens,
+            scanned_pages: upload.scanned_pages,
         },
+        document_language: intake.options.document_language.clone(),
         preset: intake.options.preset,
         language: intake.options.language.clone(),
         guidance: intake.options.guidance.clone(),
@@ -730,7 +790,7 @@ mod tests {
     }
 
     fn by_size(doc_type: DocType, bytes: u64) -> DocumentSize {
-        DocumentSize { doc_type, bytes, tokens: None }
+        DocumentSize { doc_type, bytes, tokens: None, scanned_pages: 0 }
     }
 
     #[test]

@@ -23,12 +23,21 @@ pub struct DocumentRef {
     /// tokens were counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
+    /// A scan's pages without a text layer, as surveyed at upload (then `tokens` are its text
+    /// layer's): priced by page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scanned_pages: Option<u32>,
 }
 
 impl DocumentRef {
     /// What it is, as admission prices it.
     pub fn size_for_price(&self) -> DocumentSize {
-        DocumentSize { doc_type: self.doc_type, bytes: self.size, tokens: self.tokens }
+        DocumentSize {
+            doc_type: self.doc_type,
+            bytes: self.size,
+            tokens: self.tokens,
+            scanned_pages: self.scanned_pages.unwrap_or(0),
+        }
     }
 }
 
@@ -49,6 +58,10 @@ pub struct DocumentJob {
     /// whatever the lane's terms are by then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub economy_discount: Option<f64>,
+    /// The language its scanned pages are read in by OCR (Tesseract's code, or `auto`); none:
+    /// the operator's first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document_language: Option<String>,
 }
 
 impl DocumentJob {
@@ -67,22 +80,35 @@ pub struct DocumentSize {
     pub doc_type: DocType,
     pub bytes: u64,
     pub tokens: Option<u64>,
+    /// Pages read by OCR (a scan's, surveyed at upload): its `tokens` are its text layer's.
+    pub scanned_pages: u32,
 }
 
+/// About what a page of text read by OCR adds to a document's tokens (a dense typed page).
+pub const TOKENS_PER_SCANNED_PAGE: u64 = 700;
+
 impl DocumentSize {
-    /// Its provider request's input tokens: counted, or estimated from its size and type.
+    /// Its provider request's input tokens: counted (with a scan's pages at about a dense
+    /// page's each), or estimated from its size and type.
     pub fn input_tokens(&self) -> u64 {
+        let scanned = u64::from(self.scanned_pages) * TOKENS_PER_SCANNED_PAGE;
         match self.tokens {
-            Some(tokens) => tokens.saturating_add(capacity::PROMPT_OVERHEAD_TOKENS),
+            Some(tokens) => tokens.saturating_add(scanned).saturating_add(capacity::PROMPT_OVERHEAD_TOKENS),
             None => capacity::estimate_input_tokens(size_kind(self.doc_type), self.bytes),
         }
+    }
+
+    /// Whether it is a scan surveyed at upload, priced by page.
+    pub fn is_scan(&self) -> bool {
+        self.scanned_pages > 0 && self.tokens.is_some()
     }
 }
 
 /// How a document type's size turns into tokens.
 pub fn size_kind(doc_type: DocType) -> SizeKind {
     match doc_type {
-        DocType::Pdf => SizeKind::Pdf,
+        // An image is priced by its pages once surveyed; by size it is held as a PDF is.
+        DocType::Pdf | DocType::Png | DocType::Jpeg | DocType::Tiff => SizeKind::Pdf,
         DocType::PlainText | DocType::Markdown => SizeKind::Text,
         DocType::Docx | DocType::Odt => SizeKind::Packed,
         DocType::Html => SizeKind::Page,
@@ -111,7 +137,9 @@ mod tests {
                 size: 1,
                 name: None,
                 tokens: None,
+                scanned_pages: None,
             },
+            document_language: None,
             preset,
             language: Some("German".into()),
         };

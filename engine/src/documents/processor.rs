@@ -59,6 +59,12 @@ pub struct DocumentProcessor {
     pub economy: Option<super::economy::EconomyLane>,
 }
 
+/// What a scan's settlement goes by: its text layer's own tokens and its pages read by OCR.
+struct ScanRead {
+    text_layer_tokens: i64,
+    read: u32,
+}
+
 /// About how much of the answers each attempt's calls are writing is written (streamed),
 /// written to `job_writing` every few seconds while it changes.
 #[derive(Clone, Default)]
@@ -358,7 +364,9 @@ impl DocumentProcessor {
             other => JobError::new(ErrorClass::Connection, format!("could not read the document: {other}")),
         })?;
         let reading = tracing::info_span!("read document", doc_type = ?spec.document.doc_type, bytes = bytes.len());
-        let extracted = extract_in_child(&self.sandbox, spec.document.doc_type, bytes).instrument(reading).await?;
+        let extracted =
+            extract_in_child(&self.sandbox, spec.document.doc_type, bytes.clone()).instrument(reading).await?;
+        let (extracted, scan) = self.read_scans(job, spec, extracted, bytes).await?;
         // A translation's paragraphs are numbered, so its answer is checked paragraph by
         // paragraph and its result has the source's paragraphs.
         // Only Sluice's readers of Word and OpenDocument files and web pages make inline tags:
@@ -389,8 +397,10 @@ impl DocumentProcessor {
         };
         let estimated = count_prompt(&mut task).await;
         let kind = size_kind(spec.document.doc_type);
-        let within_hold = if kind.priced_once_read() {
-            self.settle_hold(job, spec, own_text_tokens(&task.text).await).await?
+        let within_hold = if let Some(scan) = &scan {
+            self.settle_hold(job, spec, scan.text_layer_tokens, scan.read).await?
+        } else if kind.priced_once_read() {
+            self.settle_hold(job, spec, own_text_tokens(&task.text).await, 0).await?
         } else {
             true
         };
@@ -444,6 +454,96 @@ impl DocumentProcessor {
         self.split_and_run(job, spec, task.text, part_tokens, held).await
     }
 
+    /// A PDF's or an image's scanned pages (without a text layer), read by OCR one at a time
+    /// in the sandbox: the job shows the page being read, and its owner which pages OCR read
+    /// with what confidence. Returns the document with its text in page order, and what the
+    /// scan's settlement goes by (none for a document without scanned pages).
+    async fn read_scans(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        extracted: super::extract::Extracted,
+        bytes: bytes::Bytes,
+    ) -> Result<(super::extract::Extracted, Option<ScanRead>), JobError> {
+        if extracted.scanned.is_empty() {
+            return Ok((extracted, None));
+        }
+        let pages = extracted.pages.unwrap_or(extracted.page_texts.len() as u32);
+        let text_layer_tokens = match extracted.text.trim().is_empty() {
+            true => 0,
+            false => own_text_tokens(&extracted.text).await,
+        };
+        let Some(ocr) = self.sandbox.ocr.clone() else {
+            // No OCR here: a document with text is read without its scanned pages (they are
+            // named); one with none fails in words, free.
+            if text_layer_tokens == 0 {
+                return Err(super::ocr::no_ocr_error());
+            }
+            let skipped: Vec<super::ocr::PageReading> = extracted
+                .scanned
+                .iter()
+                .map(|&page| super::ocr::PageReading {
+                    page,
+                    skipped: Some("no OCR is installed on this server".into()),
+                    ..Default::default()
+                })
+                .collect();
+            self.stages.record_scan(job, &super::ocr::report(pages, "", &skipped, 0.0)).await;
+            return Ok((extracted, Some(ScanRead { text_layer_tokens, read: 0 })));
+        };
+        let mut language = ocr
+            .language_for(spec.document_language.as_deref())
+            .map_err(|reason| JobError::new(ErrorClass::InvalidInput, reason))?;
+        let mut readings = Vec::new();
+        let source = |page| match spec.document.doc_type.is_image() {
+            true => super::ocr::OcrSource::Image,
+            false => super::ocr::OcrSource::PdfPage(page),
+        };
+        for &page in &extracted.scanned {
+            if readings.iter().any(|r: &super::ocr::PageReading| r.page == page) {
+                continue; // an image's frames come back together
+            }
+            self.stages.reading_page(job, page, pages).await?;
+            let read = if language == super::ocr::AUTO {
+                let (detected, read) = self.detect_language(&ocr, source(page), bytes.clone()).await?;
+                language = detected;
+                read
+            } else {
+                super::ocr::read_in_child(&self.sandbox, &ocr, source(page), &language, bytes.clone()).await?
+            };
+            readings.extend(read);
+        }
+        let report = super::ocr::report(pages, &language, &readings, ocr.confidence_floor);
+        self.stages.record_scan(job, &report).await;
+        let text = super::ocr::compose(&extracted.page_texts, &readings);
+        if text.trim().is_empty() {
+            return Err(super::ocr::nothing_read_error());
+        }
+        let read = report.read.len() as u32;
+        tracing::info!(job = %job.id, pages, read, skipped = report.skipped.len(), %language, "scan read by OCR");
+        Ok((super::extract::Extracted { text, ..extracted }, Some(ScanRead { text_layer_tokens, read })))
+    }
+
+    /// The first scanned page read in each offered language; the one read with most confidence
+    /// is the document's language.
+    async fn detect_language(
+        &self,
+        ocr: &super::ocr::OcrConfig,
+        source: super::ocr::OcrSource,
+        bytes: bytes::Bytes,
+    ) -> Result<(String, Vec<super::ocr::PageReading>), JobError> {
+        let mut best: Option<(f32, String, Vec<super::ocr::PageReading>)> = None;
+        for language in &ocr.languages {
+            let read = super::ocr::read_in_child(&self.sandbox, ocr, source, language, bytes.clone()).await?;
+            let confidence = read.iter().filter_map(|r| r.confidence).fold(0.0f32, f32::max);
+            if best.as_ref().is_none_or(|(most, _, _)| confidence > *most) {
+                best = Some((confidence, language.clone(), read));
+            }
+        }
+        let (_, language, read) = best.unwrap_or((0.0, ocr.default_language().to_string(), Vec::new()));
+        Ok((language, read))
+    }
+
     /// Store `text` as the document's parts of at most `limit` tokens and run them.
     async fn split_and_run(
         &self,
@@ -466,14 +566,24 @@ impl DocumentProcessor {
     /// A document was admitted at a hold (its worst case); now that its text is known, settle
     /// it to its text's price (the difference comes back when the job ends). Returns whether
     /// the text's price is within the hold.
-    async fn settle_hold(&self, job: &ClaimedJob, spec: &DocumentJob, estimated: i64) -> Result<bool, JobError> {
+    /// A scan's `scanned_read` pages read by OCR are priced by page, and its text layer
+    /// (`estimated` its own tokens) by the price table.
+    async fn settle_hold(
+        &self,
+        job: &ClaimedJob,
+        spec: &DocumentJob,
+        estimated: i64,
+        scanned_read: u32,
+    ) -> Result<bool, JobError> {
         let Some(settlement) = &self.settle_held else {
             let kind = size_kind(spec.document.doc_type);
             let by_size = sluice_types::capacity::estimate_input_tokens(kind, spec.document.size);
-            return Ok(estimated.max(0) as u64 <= by_size.saturating_mul(hold_factor(kind)));
+            return Ok(scanned_read > 0 || estimated.max(0) as u64 <= by_size.saturating_mul(hold_factor(kind)));
         };
-        let interactive =
-            settlement.prices.price(sluice_types::capacity::billed_tokens(spec.preset, estimated.max(0) as u64));
+        let interactive = match scanned_read {
+            0 => settlement.prices.price(sluice_types::capacity::billed_tokens(spec.preset, estimated.max(0) as u64)),
+            read => settlement.prices.scanned_document_price(spec.preset, estimated.max(0) as u64, read),
+        };
         // At the discount it was admitted at (its hold was).
         let discount = spec.economy_discount.or(settlement.economy.map(|t| t.discount));
         let text_price = match discount.filter(|_| spec.economy) {

@@ -52,6 +52,8 @@ pub struct SandboxConfig {
     /// Readers running at once, shared by every clone of this config.
     readers: Arc<Semaphore>,
     max_readers: usize,
+    /// How scans are read (none: OCR is not installed, and a scan fails in words).
+    pub ocr: Option<Arc<super::ocr::OcrConfig>>,
 }
 
 /// The default total address space of all readers running at once.
@@ -71,6 +73,7 @@ impl SandboxConfig {
             run_as: RunAs::default_for_root(),
             readers: Arc::new(Semaphore::new(1)),
             max_readers: 1,
+            ocr: None,
         };
         config.limit_readers(cores(), DEFAULT_MEMORY_BUDGET);
         config
@@ -149,8 +152,18 @@ impl RunAs {
 /// What the child writes to its stdout: one JSON document.
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
-    Text { text: String, pages: Option<u32> },
-    Refused { reason: String },
+    Text {
+        text: String,
+        pages: Option<u32>,
+    },
+    /// A PDF's (or an image's) text page by page: an empty page has no text layer.
+    Pages {
+        pages: Vec<String>,
+        scanned: Vec<u32>,
+    },
+    Refused {
+        reason: String,
+    },
 }
 
 /// The user-facing reason when the child did not finish on its own terms.
@@ -164,9 +177,11 @@ fn invalid(message: impl Into<String>) -> JobError {
 /// a limit or answers nonsense fails the job as `invalid_input` (never retried: the same file
 /// would do the same again).
 pub async fn extract_in_child(config: &SandboxConfig, doc_type: DocType, bytes: Bytes) -> Result<Extracted, JobError> {
-    let output = run_reader(config, doc_type_arg(doc_type), bytes, config.max_output_bytes).await?;
+    let run = ReaderRun::of(config, doc_type_arg(doc_type), config.max_output_bytes);
+    let output = run_reader(config, run, bytes).await?;
     match serde_json::from_slice::<Answer>(&output) {
-        Ok(Answer::Text { text, pages }) => Ok(Extracted { text, pages }),
+        Ok(Answer::Text { text, pages }) => Ok(Extracted { pages, ..Extracted::whole(text) }),
+        Ok(Answer::Pages { pages, scanned }) => Ok(Extracted::of_pages(pages, scanned)),
         Ok(Answer::Refused { reason }) => Err(invalid(reason)),
         Err(_) => Err(invalid(TOO_COMPLEX)),
     }
@@ -200,7 +215,7 @@ pub async fn rebuild_in_child(
     input.extend_from_slice(&original);
     // The new file is about as large as the old one and its new text.
     let limit = config.max_output_bytes.max(2 * input.len() + (1 << 20));
-    let mut output = run_reader(config, arg, input.into(), limit).await?;
+    let mut output = run_reader(config, ReaderRun::of(config, arg, limit), input.into()).await?;
     match output.first() {
         Some(b'F') => {
             output.remove(0);
@@ -211,23 +226,65 @@ pub async fn rebuild_in_child(
     }
 }
 
-/// Run the reader child with `arg`, give it `input`, and return what it wrote (at most
-/// `output_limit` bytes) once it exited on its own.
-async fn run_reader(config: &SandboxConfig, arg: &str, bytes: Bytes, output_limit: usize) -> Result<Vec<u8>, JobError> {
+/// One run of the reader: what it is asked to do and its bounds.
+pub(crate) struct ReaderRun<'a> {
+    pub arg: &'a str,
+    pub output_limit: usize,
+    pub limits: Limits,
+    pub wall_clock: Duration,
+    /// A variable the run reads its request from, besides its limits.
+    pub request: Option<(&'static str, String)>,
+}
+
+impl<'a> ReaderRun<'a> {
+    /// A run with the reader's own limits.
+    pub fn of(config: &SandboxConfig, arg: &'a str, output_limit: usize) -> ReaderRun<'a> {
+        ReaderRun {
+            arg,
+            output_limit,
+            limits: Limits { memory_bytes: config.memory_bytes, cpu_secs: config.cpu_secs },
+            wall_clock: config.wall_clock,
+            request: None,
+        }
+    }
+}
+
+/// Kills the reader's whole process group (the tools a reader runs for OCR too) when dropped:
+/// its wall clock ran out, or its job stopped waiting for it.
+struct GroupKiller(Option<u32>);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.filter(|pid| *pid > 1) {
+            // SAFETY: plain syscall; the group is the reader's own (it leads it), so this
+            // reaches nothing else; an ended group answers ESRCH, which is fine.
+            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+        }
+    }
+}
+
+/// Run the reader child as `run` says, give it `input`, and return what it wrote (at most
+/// `run.output_limit` bytes) once it exited on its own.
+pub(crate) async fn run_reader(config: &SandboxConfig, run: ReaderRun<'_>, bytes: Bytes) -> Result<Vec<u8>, JobError> {
     // Waiting for a turn is not the document's time: the wall clock starts with the child.
     let _turn = config.readers.acquire().await.expect("the readers' semaphore is never closed");
-    let limits = Limits { memory_bytes: config.memory_bytes, cpu_secs: config.cpu_secs };
+    let limits = run.limits;
     let mut command = tokio::process::Command::new(&config.program);
     command
         .args(&config.args)
         .args(config.run_as.map(RunAs::to_arg))
-        .arg(arg)
+        .arg(run.arg)
         .env_clear()
         .env(LIMITS_VAR, limits.to_value())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        // A group of its own, so the tools it starts end with it (posix_spawn keeps this).
+        .process_group(0)
         .kill_on_drop(true);
+    if let Some((name, value)) = &run.request {
+        command.env(name, value);
+    }
     // No `pre_exec`, so the standard library starts the child with `posix_spawn` (a vfork): a
     // fork of this large, many-threaded process copied its page tables and stalled every thread
     // of the web. The child sets its own limits first of all ([`confine`]), and they are set
@@ -236,6 +293,7 @@ async fn run_reader(config: &SandboxConfig, arg: &str, bytes: Bytes, output_limi
         tracing::error!(error = %e, program = %config.program.display(), "cannot start the document reader");
         JobError::new(ErrorClass::ServerError, "the document reader could not start")
     })?;
+    let _group = GroupKiller(child.id());
     if let Err(e) = limit_child(child.id(), limits) {
         tracing::error!(error = %e, "cannot limit the document reader");
         return Err(JobError::new(ErrorClass::ServerError, "the document reader could not start"));
@@ -247,7 +305,7 @@ async fn run_reader(config: &SandboxConfig, arg: &str, bytes: Bytes, output_limi
         let _ = stdin.write_all(&bytes).await;
         drop(stdin);
     };
-    let limit = output_limit;
+    let limit = run.output_limit;
     let collect = async move {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
@@ -262,12 +320,13 @@ async fn run_reader(config: &SandboxConfig, arg: &str, bytes: Bytes, output_limi
             out.extend_from_slice(&buf[..n]);
         }
     };
-    let run = async {
+    let run_wall_clock = run.wall_clock;
+    let waited = async {
         let ((), output) = tokio::join!(feed, collect);
         let status = child.wait().await;
         (output, status)
     };
-    let (output, status) = match tokio::time::timeout(config.wall_clock, run).await {
+    let (output, status) = match tokio::time::timeout(run_wall_clock, waited).await {
         Ok(done) => done,
         Err(_) => {
             tracing::warn!("document reader killed at its wall-clock limit");
@@ -406,8 +465,18 @@ pub struct Walls {
 /// good: no way back to root), and landlock denying every file and TCP access. Fails if the
 /// user could not be changed; landlock is best effort (older kernels lack it).
 pub fn lock_down(run_as: Option<RunAs>) -> Result<Walls, &'static str> {
+    lock_down_with(run_as, 16, &[])
+}
+
+/// [`lock_down`] with `open_files` files at most, and the folders in `readable` left to read
+/// and run programs from (the OCR tools, their libraries and data); nothing else.
+pub fn lock_down_with(
+    run_as: Option<RunAs>,
+    open_files: u64,
+    readable: &[std::path::PathBuf],
+) -> Result<Walls, &'static str> {
     // stdin, stdout, stderr and a few for the runtime; the reader opens nothing.
-    limit(libc::RLIMIT_NOFILE, 16, 16);
+    limit(libc::RLIMIT_NOFILE, open_files, open_files);
     if let Some(RunAs { uid, gid }) = run_as {
         // Counted per user: one reader needs two threads; 64 leaves room for the others at once.
         limit(libc::RLIMIT_NPROC, 64, 64);
@@ -422,7 +491,7 @@ pub fn lock_down(run_as: Option<RunAs>) -> Result<Walls, &'static str> {
             return Err("could not become the unprivileged user");
         }
     }
-    let landlock_abi = deny_files_and_network();
+    let landlock_abi = deny_files_and_network(readable);
     Ok(Walls { landlock_abi, seccomp: deny_sockets_io_uring_and_other_abis() })
 }
 
@@ -476,9 +545,10 @@ fn deny_sockets_io_uring_and_other_abis() -> bool {
     }
 }
 
-/// Landlock with no rules: every file access and every TCP bind or connect is denied, and
-/// (from ABI 6) abstract Unix sockets and signals outside the child. Returns the ABI used.
-fn deny_files_and_network() -> i64 {
+/// Landlock denying every file access (but reading and running programs beneath `readable`)
+/// and every TCP bind or connect, and (from ABI 6) abstract Unix sockets and signals outside
+/// the child. Returns the ABI used.
+fn deny_files_and_network(readable: &[std::path::PathBuf]) -> i64 {
     #[repr(C)]
     struct RulesetAttr {
         handled_access_fs: u64,
@@ -523,6 +593,9 @@ fn deny_files_and_network() -> i64 {
     if fd < 0 {
         return 0;
     }
+    for folder in readable {
+        allow_reading_beneath(fd as libc::c_int, folder);
+    }
     // SAFETY: plain syscalls on our own fd; no_new_privs is required to restrict ourselves.
     let restricted = unsafe {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
@@ -534,6 +607,32 @@ fn deny_files_and_network() -> i64 {
         abi
     } else {
         0
+    }
+}
+
+/// Let the landlock ruleset `ruleset` read files and folders and run programs beneath `folder`
+/// (a folder that cannot be opened is left out: it grants nothing).
+fn allow_reading_beneath(ruleset: libc::c_int, folder: &std::path::Path) {
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const EXECUTE: u64 = 1 << 0;
+    const READ_FILE: u64 = 1 << 2;
+    const READ_DIR: u64 = 1 << 3;
+    const RULE_PATH_BENEATH: libc::c_int = 1;
+    let Ok(path) = std::ffi::CString::new(folder.as_os_str().as_encoded_bytes()) else { return };
+    // SAFETY: a valid C string; the fd is closed below.
+    let parent = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY) };
+    if parent < 0 {
+        return;
+    }
+    let rule = PathBeneath { allowed_access: EXECUTE | READ_FILE | READ_DIR, parent_fd: parent };
+    // SAFETY: a valid rule struct for this rule type; both fds are ours.
+    unsafe {
+        libc::syscall(libc::SYS_landlock_add_rule, ruleset, RULE_PATH_BENEATH, &rule as *const PathBeneath, 0);
+        libc::close(parent);
     }
 }
 
@@ -550,6 +649,9 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     let limits = std::env::var(LIMITS_VAR).ok().and_then(|v| Limits::parse(&v));
     if !limits.is_some_and(confine) {
         return ExitCode::from(2);
+    }
+    if doc_type == Some(super::ocr::OCR_ARG) {
+        return super::ocr::child_main(run_as);
     }
     let rebuild = DocType::ALL.into_iter().find(|t| rebuild_arg(*t).is_some() && rebuild_arg(*t) == doc_type);
     let Some(doc_type) = rebuild.or_else(|| DocType::ALL.into_iter().find(|t| Some(doc_type_arg(*t)) == doc_type))
@@ -573,6 +675,9 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     }
     let worker = std::thread::Builder::new().stack_size(64 << 20).spawn(move || extract_text(doc_type, &bytes));
     let answer = match worker.map(|w| w.join()) {
+        Ok(Ok(Ok(extracted))) if !extracted.page_texts.is_empty() => {
+            Answer::Pages { pages: extracted.page_texts, scanned: extracted.scanned }
+        }
         Ok(Ok(Ok(extracted))) => Answer::Text { text: extracted.text, pages: extracted.pages },
         Ok(Ok(Err(error))) => Answer::Refused { reason: error.message },
         // A panic is the file's fault: a refusal in plain words.
@@ -615,6 +720,11 @@ fn rebuild_child(doc_type: DocType, input: Vec<u8>) -> ExitCode {
 }
 
 fn write_answer(answer: &Answer) -> ExitCode {
+    write_json(answer)
+}
+
+/// A reader's answer, as JSON on its stdout.
+pub(crate) fn write_json(answer: &impl Serialize) -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     if serde_json::to_writer(&mut stdout, answer).is_err() || stdout.flush().is_err() {
         return ExitCode::from(5);

@@ -16,11 +16,24 @@ pub enum DocType {
     Odt,
     /// A saved web page.
     Html,
+    /// Photos and scans of pages, read by OCR.
+    Png,
+    Jpeg,
+    Tiff,
 }
 
 impl DocType {
-    pub const ALL: [DocType; 6] =
-        [DocType::Pdf, DocType::PlainText, DocType::Markdown, DocType::Docx, DocType::Odt, DocType::Html];
+    pub const ALL: [DocType; 9] = [
+        DocType::Pdf,
+        DocType::PlainText,
+        DocType::Markdown,
+        DocType::Docx,
+        DocType::Odt,
+        DocType::Html,
+        DocType::Png,
+        DocType::Jpeg,
+        DocType::Tiff,
+    ];
 
     /// The Content-Type a download of it carries.
     pub fn mime(self) -> &'static str {
@@ -31,6 +44,9 @@ impl DocType {
             DocType::Docx => DOCX_MIME,
             DocType::Odt => ODT_MIME,
             DocType::Html => "text/html; charset=utf-8",
+            DocType::Png => "image/png",
+            DocType::Jpeg => "image/jpeg",
+            DocType::Tiff => "image/tiff",
         }
     }
 
@@ -43,6 +59,9 @@ impl DocType {
             DocType::Docx => "docx",
             DocType::Odt => "odt",
             DocType::Html => "html",
+            DocType::Png => "png",
+            DocType::Jpeg => "jpg",
+            DocType::Tiff => "tiff",
         }
     }
 
@@ -50,6 +69,16 @@ impl DocType {
     /// streams in) rather than read in the sandbox before its text is known.
     pub fn is_text(self) -> bool {
         matches!(self, DocType::PlainText | DocType::Markdown)
+    }
+
+    /// Whether it is a photo or scan of pages (read by OCR only).
+    pub fn is_image(self) -> bool {
+        matches!(self, DocType::Png | DocType::Jpeg | DocType::Tiff)
+    }
+
+    /// Whether it is read page by page, and a page without text is read by OCR.
+    pub fn has_pages(self) -> bool {
+        self == DocType::Pdf || self.is_image()
     }
 }
 
@@ -68,6 +97,12 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
     }
     if head.starts_with(b"PK\x03\x04") {
         return office_type(head);
+    }
+    match super::images::format_of(head) {
+        Some(super::images::ImageFormat::Png) => return Ok(DocType::Png),
+        Some(super::images::ImageFormat::Jpeg) => return Ok(DocType::Jpeg),
+        Some(super::images::ImageFormat::Tiff) => return Ok(DocType::Tiff),
+        None => {}
     }
     let lossy = String::from_utf8_lossy(head);
     if looks_like_html_page(&lossy) {
@@ -96,7 +131,8 @@ pub fn sniff(head: &[u8]) -> Result<DocType, String> {
 }
 
 /// What is accepted, in words.
-const ACCEPTED: &str = "a PDF, Word, OpenDocument text, web page, text or Markdown document";
+const ACCEPTED: &str =
+    "a PDF, Word, OpenDocument text, web page, text or Markdown document, or a PNG, JPEG or TIFF scan";
 
 /// The 415 reason for markup posing as text.
 pub const MARKUP_REFUSAL: &str =
@@ -272,7 +308,12 @@ mod tests {
         assert!(sniff(b"PK\x03\x04\x14\x00\x00\x00\x08\x00").unwrap_err().contains("not a Word"), "zip");
         assert!(sniff(b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00").is_err(), "executable");
         assert!(sniff(b"MZ\x90\x00\x03\x00\x00\x00\x04\x00").is_err(), "windows executable");
-        assert!(sniff(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR").unwrap_err().contains("png"), "png, named");
+        // Photos and scans of pages are read by OCR; other images are refused by name.
+        assert_eq!(sniff(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"), Ok(DocType::Png));
+        assert_eq!(sniff(b"\xff\xd8\xff\xe0\x00\x10JFIF"), Ok(DocType::Jpeg));
+        assert_eq!(sniff(b"II*\x00\x08\x00\x00\x00"), Ok(DocType::Tiff));
+        assert_eq!(sniff(b"MM\x00*\x00\x00\x00\x08"), Ok(DocType::Tiff));
+        assert!(sniff(b"GIF89a\x01\x00\x01\x00\x80\x00\x00").unwrap_err().contains("gif"), "gif, named");
         // Text that begins like a binary signature is text (found by the contract fuzzer).
         for text in ["BMW's annual report", "MZ is a postcode", "ID3 tags, explained", "GIF87a was a format"] {
             assert_eq!(sniff(text.as_bytes()), Ok(DocType::PlainText), "{text}");

@@ -46,6 +46,42 @@ impl StageLog {
 }
 
 impl StageLog {
+    /// Record that `job` is reading page `page` of `pages` by OCR (also a safe point, as
+    /// [`Self::enter`] is).
+    pub async fn reading_page(&self, job: &ClaimedJob, page: u32, pages: u32) -> Result<(), JobError> {
+        self.enter(job, JobStage::Reading, Some(pages)).await?;
+        let Some(pool) = &self.pool else { return Ok(()) };
+        let written =
+            sqlx::query("UPDATE jobs SET reading_page = $3 WHERE id = $1 AND lease_token = $2 AND state = 'running'")
+                .bind(job.id)
+                .bind(job.lease_token)
+                .bind(page.min(i32::MAX as u32) as i32)
+                .execute(pool)
+                .await;
+        if let Err(e) = written {
+            tracing::debug!(job = %job.id, error = %e, "could not record the page being read");
+        }
+        Ok(())
+    }
+
+    /// Record how `job`'s scanned pages were read (for its owner; never the job's failure).
+    pub async fn record_scan(&self, job: &ClaimedJob, report: &sluice_types::scan::ScanReport) {
+        let Some(pool) = &self.pool else { return };
+        let written = sqlx::query(
+            "UPDATE jobs SET scan_report = $3, reading_page = NULL WHERE id = $1 AND lease_token = $2 AND state = 'running'",
+        )
+        .bind(job.id)
+        .bind(job.lease_token)
+        .bind(serde_json::to_value(report).expect("a report serialises"))
+        .execute(pool)
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(job = %job.id, error = %e, "could not record how the scan was read");
+        }
+    }
+}
+
+impl StageLog {
     /// Record, durably, that `job`'s attempt has started (see [`super::mark_started`]): an
     /// attempt that cannot say so calls nobody, and fails as the database's (retried).
     pub async fn started(&self, job: &ClaimedJob) -> Result<(), JobError> {

@@ -94,6 +94,14 @@ pub struct JobView {
     #[sqlx(default)]
     #[serde(default)]
     pub found_terms: Option<Value>,
+    /// While a scan is read by OCR: the page being read (of `stage_pages`).
+    #[sqlx(default)]
+    #[serde(default)]
+    pub reading_page: Option<i32>,
+    /// How a scan's pages were read (a [`sluice_types::scan::ScanReport`]).
+    #[sqlx(default)]
+    #[serde(default)]
+    pub scan_report: Option<Value>,
 }
 
 impl JobView {

@@ -1,0 +1,243 @@
+//! Scans read by OCR (Tesseract and poppler, the machine's own), in the sandboxed reader, page
+//! by page: whole jobs through the engine against the scripted fake provider.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::accounts::admission::{self, Admission, AdmissionConfig, Submission};
+use engine::accounts::AccountHooks;
+use engine::accounts::{users, Role};
+use engine::documents::blobs::Blobs;
+use engine::documents::ocr::{self, OcrConfig, OcrSource};
+use engine::documents::payload::{DocumentJob, DocumentRef};
+use engine::documents::processor::DocumentProcessor;
+use engine::documents::providers::{self, Preset, ProviderConfig, ProviderKind};
+use engine::documents::sandbox::SandboxConfig;
+use engine::documents::DocType;
+use engine::queue::worker::WorkerPool;
+use engine::queue::{self, JobState};
+use engine::testing::{
+    fast_worker, pdf_of_pages, pdf_with_a_page_that_never_finishes, png_of_lines, wait_for, TestPage,
+};
+use fakeprovider::{FakeProvider, HostedModel};
+use sluice_types::scan::ScanReport;
+use sqlx::PgPool;
+
+fn ocr_config() -> OcrConfig {
+    OcrConfig::new(vec!["eng".into()])
+}
+
+/// The sandboxed reader as this package builds it, reading scans with `ocr`.
+fn reader(ocr: OcrConfig) -> SandboxConfig {
+    let mut sandbox = SandboxConfig::new(env!("CARGO_BIN_EXE_sluice-extract").into(), Vec::new());
+    sandbox.ocr = Some(Arc::new(ocr));
+    sandbox
+}
+
+fn lines_of(page: usize) -> Vec<String> {
+    vec![format!("Page {page} of the lease."), format!("Clause {page} says the tenant pays on time.")]
+}
+
+#[tokio::test]
+async fn a_scanned_page_is_read_in_the_sandbox_with_its_confidence() {
+    let pdf = pdf_of_pages(&[TestPage::Scanned(lines_of(7))]);
+    let config = ocr_config();
+    let sandbox = reader(config.clone());
+    let read = ocr::read_in_child(&sandbox, &config, OcrSource::PdfPage(1), "eng", pdf.into()).await.unwrap();
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert_eq!(read[0].skipped, None, "{read:?}");
+    assert!(read[0].text.contains("Clause 7 says the tenant pays on time."), "{:?}", read[0].text);
+    assert!(read[0].confidence.is_some_and(|c| c > 80.0), "{:?}", read[0].confidence);
+}
+
+struct Setup {
+    pool: PgPool,
+    blobs: Blobs,
+    fake: FakeProvider,
+    user: i64,
+    _dir: engine::testing::TempBlobs,
+}
+
+async fn setup(pool: PgPool, name: &str) -> Setup {
+    let dir = engine::testing::TempBlobs::new(name);
+    let blobs = dir.blobs.clone();
+    let fake = FakeProvider::start().await;
+    fake.behave_like(HostedModel { first_token_ms: 0, ..HostedModel::default() });
+    let user =
+        users::create_user(&pool, &format!("{name}@example.com"), "password123", Role::User, 1000).await.unwrap().id;
+    Setup { pool, blobs, fake, user, _dir: dir }
+}
+
+fn workers(s: &Setup, sandbox: SandboxConfig) -> WorkerPool {
+    let provider = providers::build(&ProviderConfig {
+        kind: ProviderKind::Anthropic,
+        base_url: s.fake.base_url(),
+        api_key: Some("test-key".into()),
+        model: "test-model".into(),
+        max_tokens: 16_000,
+        timeout: Duration::from_secs(30),
+        timeout_per_100k_tokens: Duration::ZERO,
+        stream: true,
+        stall_timeout: engine::documents::providers::DEFAULT_STALL_TIMEOUT,
+    });
+    let processor = DocumentProcessor {
+        blobs: s.blobs.clone(),
+        provider,
+        sandbox: Arc::new(sandbox),
+        stages: engine::queue::stages::StageLog::new(s.pool.clone()),
+        budget: engine::queue::capacity::Budget::disabled(),
+        context_tokens: None,
+        parts: engine::queue::parts::PartStore::disabled(),
+        max_document_tokens: None,
+        settle_held: None,
+        token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
+        writing: Default::default(),
+        economy: None,
+    };
+    WorkerPool::start(s.pool.clone(), fast_worker("scans", 2), Arc::new(processor), Arc::new(AccountHooks))
+}
+
+/// Store `bytes` as a document of `doc_type` and admit its translation into German.
+async fn submit(s: &Setup, doc_type: DocType, bytes: Vec<u8>) -> uuid::Uuid {
+    let key = Blobs::new_key();
+    s.blobs.put(&key, bytes.clone().into()).await.unwrap();
+    let job = DocumentJob {
+        document: DocumentRef {
+            key: key.clone(),
+            doc_type,
+            sha256: key.clone(),
+            size: bytes.len() as u64,
+            name: Some(format!("scan.{}", doc_type.extension())),
+            tokens: None,
+            scanned_pages: None,
+        },
+        preset: Preset::Translate,
+        language: Some("German".into()),
+        guidance: Default::default(),
+        economy: false,
+        economy_discount: None,
+        document_language: None,
+    };
+    let submission = Submission {
+        shared_document: None,
+        user_id: s.user,
+        payload: serde_json::to_value(job).unwrap(),
+        cost: 1,
+        est_input_tokens: 1_000,
+        content_key: key.clone(),
+        client_key: None,
+        price_by_size: None,
+        lane: Default::default(),
+        fingerprint: key,
+    };
+    match admission::submit(&s.pool, &AdmissionConfig::default(), &submission).await.unwrap() {
+        Admission::Accepted { job_id } => job_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn wait_terminal(pool: &PgPool, id: uuid::Uuid, within: Duration) -> queue::JobView {
+    assert!(wait_for(within, || async { queue::get(pool, id).await.unwrap().state.is_terminal() }).await);
+    queue::get(pool, id).await.unwrap()
+}
+
+fn report_of(job: &queue::JobView) -> ScanReport {
+    serde_json::from_value(job.scan_report.clone().expect("a scan report")).unwrap()
+}
+
+/// Where each of `needles` is in `text`, in order: fails if one is missing or out of order.
+fn in_order(text: &str, needles: &[String]) {
+    let mut from = 0;
+    for needle in needles {
+        let at = text[from..]
+            .find(needle.as_str())
+            .unwrap_or_else(|| panic!("{needle:?} missing or out of order in {text}"));
+        from += at + needle.len();
+    }
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_forty_page_scan_is_read_page_by_page_translated_and_comes_back_in_order(pool: PgPool) {
+    let s = setup(pool, "scan-40").await;
+    let pages: Vec<TestPage> = (1..=40).map(|n| TestPage::Scanned(lines_of(n))).collect();
+    let pdf = pdf_of_pages(&pages);
+    let id = submit(&s, DocType::Pdf, pdf).await;
+    let workers = workers(&s, reader(ocr_config()));
+    // While it is read, the job says which page: seen at least once past the first.
+    let seen = wait_for(Duration::from_secs(120), || async {
+        queue::get(&s.pool, id).await.unwrap().reading_page.is_some_and(|page| page > 1)
+    })
+    .await;
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(300)).await;
+    workers.shutdown().await;
+    assert!(seen, "the page being read was shown");
+    assert_eq!(job.state, JobState::Done, "{:?}", job.last_error);
+    let markdown = job.result.clone().unwrap()["markdown"].as_str().unwrap().to_string();
+    assert!(markdown.contains("[translated]"), "{markdown}");
+    let expected: Vec<String> = (1..=40).map(|n| format!("Clause {n} says")).collect();
+    in_order(&markdown, &expected);
+    let report = report_of(&job);
+    assert_eq!(report.pages, 40);
+    assert_eq!(report.read.iter().map(|p| p.page).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+    assert!(report.read.iter().all(|p| p.confidence > 80.0 && !p.low), "{report:?}");
+    assert!(report.skipped.is_empty());
+    assert_eq!(job.reading_page, None, "the page is cleared once read");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_mixed_pdf_reads_its_text_pages_and_its_scanned_ones_in_order(pool: PgPool) {
+    let s = setup(pool, "scan-mixed").await;
+    let pdf = pdf_of_pages(&[
+        TestPage::Text(lines_of(1)),
+        TestPage::Scanned(lines_of(2)),
+        TestPage::Text(lines_of(3)),
+        TestPage::Scanned(lines_of(4)),
+    ]);
+    let id = submit(&s, DocType::Pdf, pdf).await;
+    let workers = workers(&s, reader(ocr_config()));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(120)).await;
+    workers.shutdown().await;
+    assert_eq!(job.state, JobState::Done, "{:?}", job.last_error);
+    let markdown = job.result.clone().unwrap()["markdown"].as_str().unwrap().to_string();
+    in_order(&markdown, &(1..=4).map(|n| format!("Clause {n} says")).collect::<Vec<_>>());
+    let report = report_of(&job);
+    assert_eq!(report.read.iter().map(|p| p.page).collect::<Vec<_>>(), vec![2, 4], "only the scanned pages by OCR");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_png_photo_of_a_page_is_read(pool: PgPool) {
+    let s = setup(pool, "scan-png").await;
+    let png = png_of_lines(&["Invoice 2291 from Harbour Supplies.", "Total due within thirty days."]);
+    let id = submit(&s, DocType::Png, png).await;
+    let workers = workers(&s, reader(ocr_config()));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(60)).await;
+    workers.shutdown().await;
+    assert_eq!(job.state, JobState::Done, "{:?}", job.last_error);
+    let markdown = job.result.clone().unwrap()["markdown"].as_str().unwrap().to_string();
+    assert!(markdown.contains("Invoice 2291 from Harbour Supplies."), "{markdown}");
+    assert_eq!(report_of(&job).read.len(), 1);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_page_that_never_finishes_is_skipped_with_a_note_and_the_others_are_read(pool: PgPool) {
+    let s = setup(pool, "scan-slow").await;
+    let pdf = pdf_with_a_page_that_never_finishes(&["First page reads fine."], &["Third page reads fine too."]);
+    let id = submit(&s, DocType::Pdf, pdf).await;
+    let config = OcrConfig { page_wall_clock: Duration::from_secs(3), ..ocr_config() };
+    let started = std::time::Instant::now();
+    let workers = workers(&s, reader(config));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(90)).await;
+    workers.shutdown().await;
+    assert_eq!(job.state, JobState::Done, "{:?}", job.last_error);
+    assert!(started.elapsed() < Duration::from_secs(60), "bounded by the page's clock: {:?}", started.elapsed());
+    let report = report_of(&job);
+    assert_eq!(report.read.iter().map(|p| p.page).collect::<Vec<_>>(), vec![1, 3], "{report:?}");
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].page, 2);
+    assert!(report.skipped[0].reason.contains("longer than"), "{:?}", report.skipped[0]);
+    let markdown = job.result.clone().unwrap()["markdown"].as_str().unwrap().to_string();
+    in_order(&markdown, &["First page reads fine.".to_string(), "Third page reads fine too.".to_string()]);
+    // Nothing of the killed page's tools is left running.
+    let left = std::process::Command::new("pgrep").args(["-x", "pdftoppm"]).output().unwrap();
+    assert!(left.stdout.is_empty(), "a renderer outlived its page: {}", String::from_utf8_lossy(&left.stdout));
+}
