@@ -105,6 +105,16 @@ pub struct Estimate {
     /// With a `due_by`: whether it should be done by then, given the line and the provider's
     /// pace (none while its start cannot be told).
     pub meets_deadline: Option<bool>,
+    /// A PDF's or an image's pages, as surveyed (none for other documents, or a PDF the
+    /// survey could not read: its job reads it).
+    #[serde(default)]
+    pub pages: Option<u32>,
+    /// Its pages without a text layer, read by OCR and priced by page (`scan_credits` of the
+    /// credits).
+    #[serde(default)]
+    pub scanned_pages: Option<u32>,
+    #[serde(default)]
+    pub scan_credits: Option<i64>,
 }
 
 /// A job's state, as the jobs page and `GET /api/v1/jobs/{id}` show it.
@@ -149,6 +159,13 @@ pub struct JobStatus {
     /// The document's pages, once read (PDFs).
     #[serde(default)]
     pub pages: Option<i32>,
+    /// While its scanned pages are read by OCR: the page being read (of `pages`).
+    #[serde(default)]
+    pub reading_page: Option<i32>,
+    /// Once read: which pages OCR read, with what confidence (those under the floor flagged),
+    /// and which it skipped.
+    #[serde(default)]
+    pub scan: Option<sluice_types::scan::ScanReport>,
     /// Credits given back (a failed or canceled job's refund).
     #[serde(default)]
     pub refunded: i64,
@@ -404,6 +421,8 @@ mod convert {
                 expected_tokens: j.expected_tokens.filter(|_| j.current_stage().is_some()),
                 stage_since: j.current_stage().map(|(_, since)| time(since)),
                 pages: j.stage_pages,
+                reading_page: j.reading_page.filter(|_| j.current_stage().is_some()),
+                scan: j.scan_report.clone().and_then(|r| serde_json::from_value(r).ok()),
                 refunded: j.refunded,
                 cancel_requested: j.cancel_requested_at.is_some() && !j.state.is_terminal(),
                 cancel_kept: j.cancel_kept_credits.into(),
@@ -532,6 +551,12 @@ pub struct SiteTerms {
     /// The economy lane's terms, where the provider has a batch API (none: not offered).
     #[serde(default)]
     pub economy: Option<sluice_types::capacity::EconomyTerms>,
+    /// The languages scans are read in by OCR (Tesseract's codes; the first is the default),
+    /// and whether an upload may ask for `auto`. None: this server reads no scans.
+    #[serde(default)]
+    pub ocr_languages: Vec<String>,
+    #[serde(default)]
+    pub detect_language: bool,
 }
 
 /// The admin page's capacity card: the provider's limits and what the budget holds now, and

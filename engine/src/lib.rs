@@ -40,5 +40,6 @@ pub mod webhooks;
 
 pub use error::EngineError;
 pub use sluice_types::capacity as sizing;
+pub use sluice_types::scan;
 pub use sluice_types::settlement;
 pub use sluice_types::{FailureKind, JobStage, JobState, Preset};

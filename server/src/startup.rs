@@ -136,7 +136,9 @@ impl Application {
                     engine::documents::ratio::TokenRatio::load(&pool, kind, provider.name(), provider.model()).await
                 }
             };
-            let sandbox = Arc::new(config.documents.sandbox_config()?);
+            let mut sandbox = config.documents.sandbox_config()?;
+            sandbox.ocr = config.scans.ocr_config().map(Arc::new);
+            let sandbox = Arc::new(sandbox);
             let capacity = config.provider.capacity_config();
             // The processes that call the provider own its limits: a web process started
             // without them must not switch the workers' budget off.
@@ -159,7 +161,7 @@ impl Application {
                 max_document_tokens: config.admission.document_ceiling(),
                 settle_held: Some(engine::documents::processor::HoldSettlement {
                     pool: pool.clone(),
-                    prices: config.admission.prices.clone(),
+                    prices: config.admission.price_table(),
                     economy: config.economy_terms(),
                 }),
                 token_ratio,

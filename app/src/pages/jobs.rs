@@ -82,7 +82,7 @@ pub fn StateBadge(job: JobStatus, now: RwSignal<f64>) -> impl IntoView {
             let stage_started = job.stage_since.as_deref().map(local_time);
             let running = running_text(
                 job.stage,
-                job.pages,
+                job.pages.map(|pages| (pages, job.reading_page)),
                 stage_started.as_deref(),
                 in_stage,
                 seconds_between(since, now.get()),
@@ -307,15 +307,51 @@ fn DeleteButton(job: JobStatus, done: Callback<()>) -> impl IntoView {
     }
 }
 
+/// Pure: how a scan was read, for its owner: the pages OCR read and their confidence, those
+/// worth checking (under the floor), and those skipped.
+pub fn scan_text(scan: &sluice_types::scan::ScanReport) -> String {
+    let list = |pages: Vec<u32>| pages.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+    let mut words = match scan.read.len() {
+        0 => "No page was read by OCR.".to_string(),
+        n => {
+            let mean = scan.read.iter().map(|p| p.confidence).sum::<f32>() / n as f32;
+            let pages = if n == 1 { "1 page".to_string() } else { format!("{n} pages") };
+            let language = if scan.language.is_empty() { String::new() } else { format!(" ({})", scan.language) };
+            format!(
+                "{pages} of {} read by OCR{language}: pages {}, {:.0}% confident on average.",
+                scan.pages,
+                list(scan.read.iter().map(|p| p.page).collect()),
+                mean
+            )
+        }
+    };
+    let low = scan.low_pages();
+    if !low.is_empty() {
+        words.push_str(&format!(
+            " Check pages {} against the original: read with less than {:.0}% confidence.",
+            list(low),
+            scan.confidence_floor
+        ));
+    }
+    for skipped in &scan.skipped {
+        words.push_str(&format!(" Page {} was left out: {}.", skipped.page, skipped.reason));
+    }
+    words
+}
+
 /// Pure: the line under a running badge: what the job is doing and for how long.
 pub fn running_text(
     stage: Option<JobStage>,
-    pages: Option<i32>,
+    pages: Option<(i32, Option<i32>)>,
     stage_started: Option<&str>,
     stage_secs: Option<i64>,
     running_secs: i64,
 ) -> String {
-    let pages_read = match pages {
+    // A scan read by OCR, page by page: "Reading page 12 of 40 (scanned, by OCR)…".
+    if let (Some(JobStage::Reading), Some((of, Some(page)))) = (stage, pages) {
+        return format!("Reading page {page} of {of} (scanned, by OCR)…");
+    }
+    let pages_read = match pages.map(|(pages, _)| pages) {
         Some(1) => "Read 1 page. ".to_string(),
         Some(n) if n > 1 => format!("Read {n} pages. "),
         _ => String::new(),
@@ -708,6 +744,9 @@ pub fn JobPage() -> impl IntoView {
                                             {format!("Key terms kept the same in every part: {}.", job.terms_found.join("; "))}
                                         </p>
                                     })}
+                                    {job.scan.as_ref().map(|scan| view! {
+                                        <p class="hint" data-testid="scan-report">{scan_text(scan)}</p>
+                                    })}
                                     {(!job.terms_missed.is_empty()).then(|| view! {
                                         <p class="hint" data-testid="terms-missed">
                                             {format!("Glossary terms the translation did not use, even asked again: {}.", job.terms_missed.join("; "))}
@@ -756,7 +795,9 @@ pub fn JobPage() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::{call_text, cost_text, formatting_lost_text, in_batch_text, queued_text, running_text, writing_text};
+    use super::{
+        call_text, cost_text, formatting_lost_text, in_batch_text, queued_text, running_text, scan_text, writing_text,
+    };
     use crate::model::JobStage;
 
     #[test]
@@ -820,15 +861,41 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_report_names_its_pages_their_confidence_and_the_ones_to_check() {
+        use sluice_types::scan::{OcrPage, ScanReport, SkippedPage};
+        let report = ScanReport {
+            pages: 4,
+            language: "eng".into(),
+            read: vec![
+                OcrPage { page: 1, confidence: 95.0, low: false },
+                OcrPage { page: 2, confidence: 41.0, low: true },
+                OcrPage { page: 4, confidence: 90.0, low: false },
+            ],
+            skipped: vec![SkippedPage { page: 3, reason: "reading the page took longer than its time allows".into() }],
+            confidence_floor: 60.0,
+        };
+        assert_eq!(
+            scan_text(&report),
+            "3 pages of 4 read by OCR (eng): pages 1, 2, 4, 75% confident on average. Check pages 2 against the \
+             original: read with less than 60% confidence. Page 3 was left out: reading the page took longer than its time allows."
+        );
+        assert_eq!(scan_text(&ScanReport { read: vec![], skipped: vec![], ..report }), "No page was read by OCR.");
+    }
+
+    #[test]
     fn running_lines_say_the_stage() {
         assert_eq!(running_text(None, None, None, None, 75), "Running for 75 s.");
         assert_eq!(running_text(Some(JobStage::Reading), None, Some("14:02:10"), Some(1), 1), "Reading the document…");
         assert_eq!(
-            running_text(Some(JobStage::WaitingForProvider), Some(12), Some("14:02:10"), Some(130), 131),
+            running_text(Some(JobStage::Reading), Some((40, Some(12))), None, None, 9),
+            "Reading page 12 of 40 (scanned, by OCR)…"
+        );
+        assert_eq!(
+            running_text(Some(JobStage::WaitingForProvider), Some((12, None)), Some("14:02:10"), Some(130), 131),
             "Read 12 pages. Waiting for the provider since 14:02:10 (2 min)."
         );
         assert_eq!(
-            running_text(Some(JobStage::WaitingForProvider), Some(1), Some("14:02:10"), Some(3), 4),
+            running_text(Some(JobStage::WaitingForProvider), Some((1, None)), Some("14:02:10"), Some(3), 4),
             "Read 1 page. Waiting for the provider since 14:02:10 (3 s)."
         );
         assert_eq!(running_text(Some(JobStage::Writing), None, None, None, 9), "Writing the result…");

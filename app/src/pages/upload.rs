@@ -81,6 +81,15 @@ pub fn outcome_for(status: u16, body: &Value) -> Outcome {
     }
 }
 
+/// Pure: what scans cost, after the price table: " Scans (PDF pages without text, PNG, JPEG,
+/// TIFF) are read by OCR at 0.3 credits a page."
+pub fn scans_hint(prices: &PriceTable) -> String {
+    format!(
+        " Scans (PDF pages without text, PNG, JPEG, TIFF) are read by OCR at {} credits a page.",
+        sluice_types::scan::page_price_text(prices.scan_page_millicredits())
+    )
+}
+
 /// Pure: the line under the drop zone, with the price table in file sizes, e.g. "Up to 50 MB
 /// each. 1 credit per document." or "... Priced by size: 1 credit up to 97 KB of text (976 KB
 /// as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each
@@ -124,7 +133,21 @@ pub struct EstimateText {
 /// Pure: what the user reads before confirming an upload.
 pub fn estimate_text(e: &Estimate) -> EstimateText {
     use crate::format::{credits_text, duration_text, thousands};
+    let pages = |n: u32| if n == 1 { "1 scanned page".to_string() } else { format!("{n} scanned pages") };
+    let price = match (e.scanned_pages, e.scan_credits) {
+        // A scan is priced by its pages: "40 scanned pages: 12 credits".
+        (Some(n), Some(scan)) if scan >= e.credits => format!("{}: {}", pages(n), credits_text(e.credits)),
+        (Some(n), Some(scan)) => format!(
+            "{}: {} for {} and {} for its text pages",
+            credits_text(e.credits),
+            credits_text(scan),
+            pages(n),
+            credits_text(e.credits - scan)
+        ),
+        _ => String::new(),
+    };
     let price = match (e.held, e.least_credits < e.credits) {
+        _ if !price.is_empty() => price,
         (true, true) => format!(
             "{} held, settled to its text's price once read ({} to {})",
             credits_text(e.credits),
@@ -137,6 +160,13 @@ pub fn estimate_text(e: &Estimate) -> EstimateText {
     let tokens = match e.counted_tokens {
         Some(counted) => format!("{} tokens", thousands(counted as i64)),
         None => format!("about {} tokens by its size", thousands(e.input_tokens as i64)),
+    };
+    let tokens = match (e.pages, e.scanned_pages) {
+        (Some(all), Some(scanned)) if all == scanned => format!("{}, read by OCR (about {tokens})", pages(scanned)),
+        (Some(all), Some(scanned)) => {
+            format!("{all} pages, {scanned} of them scanned and read by OCR (about {tokens})")
+        }
+        _ => tokens,
     };
     let size = if e.parts > 1 { format!("{tokens}, in {} parts", e.parts) } else { tokens };
     let measured = e.run_time_basis == "measured";
@@ -212,6 +242,9 @@ struct UploadRow {
     /// A translation's guidance, as the form fields say it (empty: not sent).
     #[cfg(feature = "hydrate")]
     guidance: Vec<(&'static str, String)>,
+    /// The language its scanned pages are read in by OCR (none: the server's first).
+    #[cfg(feature = "hydrate")]
+    document_language: Option<String>,
     /// Reading progress of the estimate, then of the upload.
     progress: RwSignal<f64>,
     estimate: RwSignal<Option<Estimate>>,
@@ -254,6 +287,8 @@ pub fn UploadPage() -> impl IntoView {
     let urgent = RwSignal::new(false);
     // "By tomorrow, at half the credits": the economy lane, where it is offered.
     let economy = RwSignal::new(false);
+    // The language scans are read in (empty: the server's first).
+    let document_language = RwSignal::new(String::new());
     // A translation's formality and glossary: pasted pairs, a saved one, and a name to save the
     // pasted one under.
     let formality = RwSignal::new("as_source".to_string());
@@ -284,6 +319,7 @@ pub fn UploadPage() -> impl IntoView {
                     due_by: local_time_as_rfc3339(&needed_by.get_untracked()),
                     urgent: urgent.get_untracked(),
                     economy: economy.get_untracked(),
+                    document_language: Some(document_language.get_untracked()).filter(|l| !l.is_empty()),
                     guidance: if chosen_is_translation {
                         [
                             ("formality", formality.get_untracked()),
@@ -435,6 +471,18 @@ pub fn UploadPage() -> impl IntoView {
                     " Urgent: keep it out of the line behind long documents"
                 </label>
                 {move || {
+                    // Scans are read by OCR in one of the server's languages.
+                    terms.get().and_then(|t| t.ok()).filter(|t| t.ocr_languages.len() > 1 || t.detect_language).map(|t| {
+                        view! {
+                            <label for="document-language">"Language of scanned pages"</label>
+                            <select id="document-language" data-testid="document-language" on:change=move |ev| document_language.set(event_target_value(&ev))>
+                                {t.ocr_languages.iter().map(|l| view! { <option value=l.clone()>{l.clone()}</option> }).collect_view()}
+                                {t.detect_language.then(|| view! { <option value="auto">"Detect it"</option> })}
+                            </select>
+                        }
+                    })
+                }}
+                {move || {
                     terms.get().and_then(|t| t.ok()).and_then(|t| t.economy).map(|offered| {
                         view! {
                             <label class="check">
@@ -477,14 +525,14 @@ pub fn UploadPage() -> impl IntoView {
                     let _ = ev;
                 }
             >
-                <p>"Drop PDF, Word, OpenDocument, web page, text or Markdown files here, or"</p>
+                <p>"Drop PDF, Word, OpenDocument, web page, text or Markdown files, or scans (PNG, JPEG, TIFF), here, or"</p>
                 <label class="button" for="files">"Choose files"</label>
                 <input
                     id="files"
                     class="visually-hidden"
                     type="file"
                     multiple
-                    accept=".pdf,.docx,.odt,.html,.htm,.txt,.md,application/pdf,application/vnd.openxmlformats-officedocument.wordprocessingml.document,application/vnd.oasis.opendocument.text,text/html,text/plain,text/markdown"
+                    accept=".pdf,.docx,.odt,.html,.htm,.txt,.md,.png,.jpg,.jpeg,.tif,.tiff,image/png,image/jpeg,image/tiff,application/pdf,application/vnd.openxmlformats-officedocument.wordprocessingml.document,application/vnd.oasis.opendocument.text,text/html,text/plain,text/markdown"
                     on:change=move |ev| {
                         #[cfg(feature = "hydrate")]
                         {
@@ -501,7 +549,10 @@ pub fn UploadPage() -> impl IntoView {
                     }
                 />
                 <p class="hint">
-                    {move || terms.get().and_then(|r| r.ok()).map(|t| terms_hint(t.max_upload_bytes, &t.prices))}
+                    {move || terms.get().and_then(|r| r.ok()).map(|t| {
+                        let scans = (!t.ocr_languages.is_empty()).then(|| scans_hint(&t.prices)).unwrap_or_default();
+                        format!("{}{scans}", terms_hint(t.max_upload_bytes, &t.prices))
+                    })}
                 </p>
                 <p class="policy" data-testid="refund-policy">{refund_policy()}</p>
             </div>
@@ -632,6 +683,9 @@ fn send(url: &str, row: &UploadRow, done: impl FnOnce(u16, Value) + 'static) {
     for (name, value) in &row.guidance {
         let _ = form.append_with_str(name, value);
     }
+    if let Some(language) = &row.document_language {
+        let _ = form.append_with_str("document_language", language);
+    }
     let _ = xhr.open("POST", url);
 
     let progress = row.progress;
@@ -704,6 +758,10 @@ mod tests {
     fn the_terms_hint_follows_the_configuration() {
         assert_eq!(terms_hint(50 * 1024 * 1024, &PriceTable::flat(1)), "Up to 50 MB each. 1 credit per document.");
         assert_eq!(terms_hint(512 * 1024, &PriceTable::flat(3)), "Up to 512 KB each. 3 credits per document.");
+        assert_eq!(
+            scans_hint(&PriceTable::flat(1).with_scan_page_price(250)),
+            " Scans (PDF pages without text, PNG, JPEG, TIFF) are read by OCR at 0.25 credits a page."
+        );
         let table: PriceTable = "25000:1,100000:2,200000:4".parse().unwrap();
         assert_eq!(
             terms_hint(50 * 1024 * 1024, &table),
@@ -728,7 +786,33 @@ mod tests {
             done_in_secs: Some(95),
             processing_paused: false,
             meets_deadline: None,
+            pages: None,
+            scanned_pages: None,
+            scan_credits: None,
         }
+    }
+
+    #[test]
+    fn a_scan_reads_as_its_pages_and_their_price() {
+        let scan = Estimate {
+            doc_type: "pdf".into(),
+            counted_tokens: Some(0),
+            input_tokens: 28_040,
+            credits: 12,
+            held: true,
+            least_credits: 1,
+            pages: Some(40),
+            scanned_pages: Some(40),
+            scan_credits: Some(12),
+            ..estimate()
+        };
+        let text = estimate_text(&scan);
+        assert_eq!(text.price, "40 scanned pages: 12 credits");
+        assert!(text.size.starts_with("40 scanned pages, read by OCR"), "{}", text.size);
+        let mixed = Estimate { credits: 14, pages: Some(42), ..scan };
+        let text = estimate_text(&mixed);
+        assert_eq!(text.price, "14 credits: 12 credits for 40 scanned pages and 2 credits for its text pages");
+        assert!(text.size.starts_with("42 pages, 40 of them scanned"), "{}", text.size);
     }
 
     #[test]

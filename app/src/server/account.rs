@@ -117,6 +117,7 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
     answer(async move {
         let ctx = context()?;
         let settings = &ctx.settings;
+        let ocr = settings.document_reader.as_ref().and_then(|reader| reader.ocr.as_deref());
         Ok(SiteTerms {
             presets: settings.presets.iter().map(|&p| PresetInfo { id: p, label: p.label().to_string() }).collect(),
             cost: settings.admission.prices.cheapest(),
@@ -126,6 +127,8 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
             signup_grant: settings.signup_grant,
             verify_email: settings.require_email_verification,
             economy: settings.admission.economy,
+            ocr_languages: ocr.map(|o| o.languages.clone()).unwrap_or_default(),
+            detect_language: ocr.is_some_and(|o| o.detect_language),
         })
     })
     .await

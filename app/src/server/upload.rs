@@ -154,7 +154,7 @@ where
         }
     }
     let form = paced_multipart(headers, body)?;
-    let (FormFile::Stored(stored), mut options) =
+    let (FormFile::Stored(mut stored), mut options) =
         read_form(form, FileSink::Store(&ctx.blobs), form_rules(settings)).await?
     else {
         return Err(AppError::Internal);
@@ -162,6 +162,12 @@ where
     // From here until a job names it, the stored file is deleted if this request ends any
     // other way (its client gone, the server shutting down).
     let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
+    // A PDF or an image is surveyed: a scan is priced by its pages, and an image past its
+    // bounds, or a scan where no OCR reads it, is refused before anything is charged.
+    if let Err(e) = survey_stored(ctx, &mut stored).await {
+        pending.delete().await;
+        return Err(e);
+    }
     // The pasted glossary (before a saved one is merged under it), saved once admitted.
     let pasted = options.guidance.glossary.clone();
     if let Err(e) = options.resolve_glossary(&ctx.pool, user.id).await {
@@ -225,6 +231,16 @@ where
     Ok(Uploaded { job_id, duplicate, charged: charged + also_charged, key_expires_at, also })
 }
 
+/// Survey a stored upload that may be a scan (see [`intake::survey`]).
+async fn survey_stored(ctx: &ServerContext, stored: &mut StoredUpload) -> Result<(), AppError> {
+    let Some(reader) = &ctx.settings.document_reader else { return Ok(()) };
+    if !stored.upload.doc_type.has_pages() {
+        return Ok(());
+    }
+    let bytes = ctx.blobs.get(&stored.key).await?;
+    Ok(intake::survey(reader, &mut stored.upload, bytes).await?)
+}
+
 /// A translation's other languages, each its own job on the first one's document, admitted
 /// (and priced) one by one: one refused (out of credits, too many in flight) does not undo the
 /// others. Their answers, and the credits they took.
@@ -276,7 +292,9 @@ async fn refusal_unread(ctx: &ServerContext, user: &User, headers: &HeaderMap) -
         .unwrap_or(0);
     let file_at_least = declared.saturating_sub(MAX_FORM_OVERHEAD);
     let admission = &ctx.settings.admission;
-    let least_price = admission.prices.price(estimate_input_tokens(SizeKind::Pdf, file_at_least));
+    // A scan is priced by its pages: a large photo of one page may cost a credit.
+    let least_price =
+        admission.prices.price(estimate_input_tokens(SizeKind::Pdf, file_at_least)).min(admission.prices.scan_price(1));
     Ok(admission::precheck(&ctx.pool, admission, user.id, least_price, file_at_least).await?)
 }
 
@@ -341,7 +359,10 @@ where
     let settings = &ctx.settings;
     let form = paced_multipart(headers, body)?;
     let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
-    let upload = upload.checked().clone();
+    let FormFile::Counted(mut upload, kept) = upload else { return Err(AppError::Internal) };
+    if let (Some(reader), Some(bytes)) = (&settings.document_reader, kept) {
+        intake::survey(reader, &mut upload, bytes).await?;
+    }
     let estimate_settings = estimate_settings(ctx).await?;
     let estimate = engine::documents::estimate::estimate(
         &ctx.pool,
@@ -405,6 +426,9 @@ impl From<engine::documents::estimate::UploadEstimate> for crate::model::Estimat
             done_in_secs: e.done_in().map(secs),
             processing_paused: !e.processing_enabled,
             meets_deadline: None,
+            pages: e.pages,
+            scanned_pages: e.scanned_pages,
+            scan_credits: e.scan_credits,
         }
     }
 }
@@ -587,6 +611,8 @@ struct FormRules<'a> {
     /// The economy lane is offered (the provider has a batch API).
     economy: bool,
     /// The longest nothing may arrive, and the longest the whole form may take.
+    /// How scans are read here (none: no OCR), for the document language asked for.
+    ocr: Option<&'a engine::documents::ocr::OcrConfig>,
     idle: Duration,
     deadline: Duration,
 }
@@ -597,6 +623,7 @@ fn form_rules(settings: &super::session::WebSettings) -> FormRules<'_> {
         max_document_tokens: settings.admission.max_document_tokens,
         presets: &settings.presets,
         economy: settings.admission.economy.is_some(),
+        ocr: settings.document_reader.as_ref().and_then(|reader| reader.ocr.as_deref()),
         idle: settings.upload_idle,
         deadline: settings.upload_deadline,
     }
@@ -612,16 +639,8 @@ enum FileSink<'a> {
 /// A form's file: stored, or only checked and counted.
 enum FormFile {
     Stored(StoredUpload),
-    Counted(CheckedUpload),
-}
-
-impl FormFile {
-    fn checked(&self) -> &CheckedUpload {
-        match self {
-            FormFile::Stored(stored) => &stored.upload,
-            FormFile::Counted(checked) => checked,
-        }
-    }
+    /// Checked and counted, with a PDF's or an image's bytes for its survey.
+    Counted(CheckedUpload, Option<Bytes>),
 }
 
 impl FileSink<'_> {
@@ -632,7 +651,9 @@ impl FileSink<'_> {
     {
         match self {
             FileSink::Store(blobs) => intake::receive(blobs, check, chunks).await.map(FormFile::Stored),
-            FileSink::Count => intake::measure(check, chunks).await.map(FormFile::Counted),
+            FileSink::Count => {
+                intake::measure(check, chunks).await.map(|(checked, kept)| FormFile::Counted(checked, kept))
+            }
         }
     }
 
@@ -731,6 +752,15 @@ async fn read_form(
                     options.language = languages.next();
                     options.also_into = languages.collect();
                 }
+                Some("document_language") => {
+                    let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
+                    options.document_language = match rules.ocr {
+                        Some(ocr) if !value.trim().is_empty() => {
+                            Some(ocr.language_for(Some(&value)).map_err(AppError::invalid)?)
+                        }
+                        _ => None,
+                    };
+                }
                 Some("formality") => {
                     let value = gate.reading(read_short_field(field, idle, MAX_FIELD_BYTES)).await?;
                     options.guidance.formality =
@@ -740,7 +770,8 @@ async fn read_form(
                     let name = other.unwrap_or("").chars().take(40).collect::<String>();
                     return Err(AppError::invalid(format!(
                         "unknown form field {name:?}; send `file`, `preset`, `language` (or `languages`), `due_by`, \
-                         `urgent`, `lane`, `callback_url`, `glossary`, `glossary_name`, `save_glossary_as` and `formality`"
+                         `urgent`, `lane`, `callback_url`, `glossary`, `glossary_name`, `save_glossary_as`, `formality` and \
+                         `document_language`"
                     )));
                 }
             }

@@ -50,6 +50,10 @@ pub struct UploadEstimate {
     pub starts_in: Option<Duration>,
     pub run_time: RunTime,
     pub processing_enabled: bool,
+    /// A PDF's or an image's pages, and those read by OCR (a scan's) with their price.
+    pub pages: Option<u32>,
+    pub scanned_pages: Option<u32>,
+    pub scan_credits: Option<i64>,
 }
 
 impl UploadEstimate {
@@ -104,6 +108,11 @@ pub async fn estimate(
         starts_in: place.starts_in,
         run_time: run,
         processing_enabled: place.processing_enabled,
+        pages: upload.pages,
+        scanned_pages: upload.scanned_pages,
+        scan_credits: upload.scanned_pages.map(|pages| {
+            super::intake::in_lane(settings.admission, settings.admission.prices.scan_price(pages), economy)
+        }),
     }))
 }
 

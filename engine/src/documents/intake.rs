@@ -465,7 +465,7 @@ where
 {
     let key = Blobs::new_key();
     let mut writer = blobs.writer(&key).await?;
-    let streamed = stream_checked(&mut check, body, Some(&mut writer)).await;
+    let streamed = stream_checked(&mut check, body, Keep::Blob(&mut writer)).await;
     if let Err(e) = streamed {
         writer.abort().await;
         return Err(e);
@@ -483,19 +483,47 @@ where
 }
 
 /// The same checks as [`receive`], storing nothing: what an upload would be (its type, size
-/// and tokens), for an estimate before it is sent for good.
-pub async fn measure<S, E>(mut check: UploadCheck, body: S) -> Result<CheckedUpload>
+/// and tokens), for an estimate before it is sent for good. A PDF's or an image's bytes are
+/// kept (within the upload's cap) for its [`survey`].
+pub async fn measure<S, E>(mut check: UploadCheck, body: S) -> Result<(CheckedUpload, Option<Bytes>)>
 where
     S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    stream_checked(&mut check, body, None).await?;
-    check.finish()
+    let mut kept = Vec::new();
+    stream_checked(&mut check, body, Keep::InMemory(&mut kept)).await?;
+    let checked = check.finish()?;
+    let kept = checked.doc_type.has_pages().then(|| Bytes::from(kept));
+    Ok((checked, kept))
+}
+
+/// Where checked bytes go: into blob storage, or memory while they may be a scan's.
+enum Keep<'a> {
+    Blob(&'a mut BlobWriter),
+    InMemory(&'a mut Vec<u8>),
+}
+
+impl Keep<'_> {
+    async fn write(&mut self, doc_type: Option<DocType>, bytes: &[u8]) -> Result<()> {
+        match self {
+            Keep::Blob(writer) => writer.write(bytes).await,
+            // Text is never surveyed: only a document that may be a scan is held (its size is
+            // already within the upload's cap).
+            Keep::InMemory(kept) => {
+                if doc_type.is_none_or(DocType::has_pages) {
+                    kept.extend_from_slice(bytes);
+                } else {
+                    kept.clear();
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Feed `body` through `check`, writing each checked piece to `keep` if given. UTF-16 and Latin-1 text
 /// become UTF-8 before the checks see them (the bounds apply to what is stored).
-async fn stream_checked<S, E>(check: &mut UploadCheck, mut body: S, mut keep: Option<&mut BlobWriter>) -> Result<()>
+async fn stream_checked<S, E>(check: &mut UploadCheck, mut body: S, mut keep: Keep<'_>) -> Result<()>
 where
     S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
@@ -505,16 +533,12 @@ where
         let chunk = chunk.map_err(|e| EngineError::Invalid(format!("the upload broke off: {e}")))?;
         if let Some(utf8) = text.push(chunk).map_err(EngineError::UnsupportedType)? {
             check.push(&utf8)?;
-            if let Some(writer) = keep.as_deref_mut() {
-                writer.write(&utf8).await?;
-            }
+            keep.write(check.doc_type, &utf8).await?;
         }
     }
     if let Some(utf8) = text.finish().map_err(EngineError::UnsupportedType)? {
         check.push(&utf8)?;
-        if let Some(writer) = keep {
-            writer.write(&utf8).await?;
-        }
+        keep.write(check.doc_type, &utf8).await?;
     }
     Ok(())
 }

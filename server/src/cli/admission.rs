@@ -16,6 +16,10 @@ pub struct AdmissionArgs {
     /// step a document fits in is its price; past the last, the last). A bare number is a flat price.
     #[arg(long, env = "SLUICE_PRICES", default_value = "25000:1,100000:2,200000:4", global = true)]
     pub prices: PriceTable,
+    /// Credits a scanned page costs (read by OCR; rounded up over the document: 40 pages at
+    /// 0.3 are 12). A scan's text layer, if it has one, is priced by the table above.
+    #[arg(long, env = "SLUICE_SCAN_PAGE_CREDITS", default_value = "0.3", value_parser = engine::scan::parse_page_price, global = true)]
+    pub scan_page_credits: u32,
     /// The most estimated tokens one document may have: longer texts are refused at upload
     /// (413, before their bytes are stored), longer PDFs fail once read (refunded). 0 = no limit.
     #[arg(long, env = "SLUICE_MAX_DOCUMENT_TOKENS", default_value_t = 2_000_000, global = true)]
@@ -52,7 +56,7 @@ impl AdmissionArgs {
     /// provider's) and the attempts a job gets.
     pub fn admission_config(&self, max_call_tokens: Option<u64>, max_attempts: u32) -> AdmissionConfig {
         AdmissionConfig {
-            prices: self.prices.clone(),
+            prices: self.price_table(),
             max_document_tokens: self.document_ceiling(),
             max_call_tokens,
             max_backlog: self.max_backlog,
@@ -62,6 +66,11 @@ impl AdmissionArgs {
             client_key_lifetime: self.client_key_lifetime(),
             ..Default::default()
         }
+    }
+
+    /// The price table, scanned pages and all.
+    pub fn price_table(&self) -> PriceTable {
+        self.prices.clone().with_scan_page_price(self.scan_page_credits)
     }
 
     /// The economy lane's terms as set (a window of 1 minute to 7 days, a discount of 0 to 90 %).

@@ -20,6 +20,7 @@ mod lanes;
 mod mail;
 mod provider;
 mod retention;
+mod scans;
 mod server;
 mod telemetry;
 mod web;
@@ -33,6 +34,7 @@ pub use lanes::LaneArgs;
 pub use mail::MailArgs;
 pub use provider::{ProviderArgs, ProviderChoice};
 pub use retention::RetentionArgs;
+pub use scans::ScanArgs;
 pub use server::ServerArgs;
 pub use telemetry::{LogFormat, TelemetryArgs};
 pub use web::WebArgs;
@@ -258,6 +260,8 @@ pub struct Config {
     pub admission: AdmissionArgs,
     #[command(flatten)]
     pub documents: DocumentArgs,
+    #[command(flatten)]
+    pub scans: ScanArgs,
     #[command(flatten)]
     pub web: WebArgs,
     #[command(flatten)]

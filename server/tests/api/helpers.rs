@@ -156,9 +156,13 @@ pub async fn upload_file(app: &TestApp, token: &str, name: &str, bytes: Vec<u8>,
     reqwest::Client::new().post(app.url("/api/v1/jobs")).bearer_auth(token).multipart(form).send().await.unwrap()
 }
 
-/// The document reader the server starts: this package's binary with its `extract` command.
+/// The document reader the server starts: this package's binary with its `extract` command,
+/// reading scans in English with the machine's Tesseract.
 pub fn sandbox() -> engine::documents::sandbox::SandboxConfig {
-    engine::documents::sandbox::SandboxConfig::new(env!("CARGO_BIN_EXE_server").into(), vec!["extract".into()])
+    let mut reader =
+        engine::documents::sandbox::SandboxConfig::new(env!("CARGO_BIN_EXE_server").into(), vec!["extract".into()]);
+    reader.ocr = Some(std::sync::Arc::new(engine::documents::ocr::OcrConfig::new(vec!["eng".into()])));
+    reader
 }
 
 /// Run up to `jobs` waiting jobs with the local provider and the server's hooks (one worker step).

@@ -15,6 +15,7 @@ mod operator;
 mod pool_full;
 mod pricing;
 mod restart;
+mod scans;
 mod sessions;
 mod staff;
 mod store_full;
