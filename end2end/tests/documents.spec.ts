@@ -443,3 +443,27 @@ test('a document needed by a time says so before it is sent and on its job, and 
   await expect(page.getByTestId('deadline')).toHaveAttribute('data-standing', 'met');
   await admin.close();
 });
+
+test('a scanned PDF is priced by its pages before it is confirmed, shows the page being read, and says how OCR read it', async ({ page }) => {
+  await signUp(page, 'scan');
+  // The scan's own words (read by OCR) reach the model: it answers for them alone.
+  await hostedModel({ first_token_ms: 50, prefill_tokens_per_sec: 200000, output_tokens_per_sec: 20000, only_for: '4471' });
+  await open(page, '/upload');
+  await page.locator('#preset').selectOption('translate');
+  await page.locator('#language').fill('German');
+  await chooseFiles(page, path.join(__dirname, '..', 'fixtures', 'scan.pdf'));
+  const row = page.locator('.upload').first();
+  await expect(row).toHaveAttribute('data-outcome', 'estimated');
+  // Twelve scanned pages at 0.3 credits: 3.6, so 4.
+  await expect(row.getByTestId('price')).toHaveText('12 scanned pages: 4 credits');
+  await page.getByTestId('confirm-upload').click();
+  await expect(row).toHaveAttribute('data-outcome', 'ok');
+  await expect(page.getByTestId('who')).toContainText('16 credits');
+  await row.getByRole('link', { name: 'View the job' }).click();
+  await expect(page.locator('.state-detail')).toHaveText(/^Reading page \d+ of 12 \(scanned, by OCR\)/, { timeout: 30_000 });
+  await expect(page.locator('.badge')).toHaveText('Done', { timeout: 90_000 });
+  await expect(page.getByTestId('scan-report')).toContainText('12 pages of 12 read by OCR (eng): pages 1, 2, 3');
+  const result = page.locator('article.result-rendered');
+  await expect(result).toContainText('[translated] Survey reference 4471, page 1.');
+  await expect(result).toContainText('Finding 12: the north wall needs repointing.');
+});

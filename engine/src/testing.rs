@@ -608,7 +608,7 @@ pub fn scans_of(pages: &[Vec<String>]) -> Vec<Vec<u8>> {
     std::fs::create_dir_all(&dir).expect("a temporary folder");
     std::fs::write(dir.join("text.pdf"), &pdf).expect("write the text PDF");
     let rendered = std::process::Command::new("pdftoppm")
-        .args(["-r", "150", "-gray", "-jpeg"])
+        .args(["-r", "150", "-gray", "-jpeg", "-jpegopt", "quality=60"])
         .arg(dir.join("text.pdf"))
         .arg(dir.join("page"))
         .status()

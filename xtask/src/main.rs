@@ -24,8 +24,8 @@ const CARGO_LEPTOS_VERSION: &str = "0.3.10";
 const VERBS: [&str; 7] = ["run", "test", "bench", "pg", "setup", "dist", "docs"];
 
 /// `cargo xtask bench <name>`: the benchmarks one can ask for by name (none: all of them).
-const BENCHMARKS: [&str; 9] =
-    ["queue", "shapes", "parts", "lanes", "translations", "economy", "poll", "upload", "busy"];
+const BENCHMARKS: [&str; 10] =
+    ["queue", "shapes", "parts", "lanes", "translations", "economy", "poll", "upload", "busy", "scan"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -142,8 +142,8 @@ fn locked_wasm_bindgen() -> Result<String> {
     Err("wasm-bindgen is not in Cargo.lock".into())
 }
 
-/// What the machine itself must have: Postgres's server binaries (the private clusters), and
-/// for the browser suite Debian's Chromium (Playwright drives it; nothing is downloaded from a
+/// What the machine itself must have: Postgres's server binaries (the private clusters),
+/// Tesseract and poppler (scans), and for the browser suite Debian's Chromium (Playwright drives it; nothing is downloaded from a
 /// browser CDN). Installed with apt when this runs as root on Debian; otherwise the run stops
 /// at once with the exact command to run.
 fn ensure_system_packages(browser: bool) -> Result {
@@ -155,6 +155,14 @@ fn ensure_system_packages(browser: bool) -> Result {
     let mut missing = Vec::new();
     if !postgres {
         missing.push("postgresql");
+    }
+    // Scans are read by Tesseract, their pages rendered by poppler's pdftoppm (the server reads
+    // none without them; the tests make scans with them).
+    if !Path::new("/usr/bin/tesseract").exists() {
+        missing.push("tesseract-ocr");
+    }
+    if !Path::new("/usr/bin/pdftoppm").exists() {
+        missing.push("poppler-utils");
     }
     match std::env::var("CHROMIUM_PATH") {
         Ok(own) if browser && !Path::new(&own).exists() => {
@@ -640,9 +648,11 @@ fn bench(args: &[String]) -> Result {
             )?;
         }
     }
-    for (name, example) in [("poll", "poll_bench"), ("upload", "upload_bench"), ("busy", "busy_bench")] {
+    for (name, example) in
+        [("poll", "poll_bench"), ("upload", "upload_bench"), ("busy", "busy_bench"), ("scan", "scan_bench")]
+    {
         if which.is_none_or(|w| w == name) {
-            if name == "busy" {
+            if name == "busy" || name == "scan" {
                 status(
                     cargo().args(["build", "--quiet", "--release", "--package", "engine", "--bin", "sluice-extract"]),
                     "building the document reader",

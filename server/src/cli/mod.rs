@@ -437,7 +437,7 @@ mod tests {
             by_heading.entry(heading).or_default().push((format!("--{long}"), env.to_string_lossy().into_owned()));
         }
         assert!(!by_heading.contains_key("(none)"), "settings outside any section: {:?}", by_heading.get("(none)"));
-        assert_eq!(by_heading.len(), 12, "{:?}", by_heading.keys());
+        assert_eq!(by_heading.len(), 13, "{:?}", by_heading.keys());
         let help = command.clone().render_long_help().to_string();
         for heading in by_heading.keys() {
             assert!(help.contains(&format!("{heading}:")), "`server --help` has no section {heading:?}");
