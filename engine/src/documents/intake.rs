@@ -482,25 +482,30 @@ where
     }
 }
 
+/// The most of a PDF or an image an estimate holds in memory for its [`survey`]: a larger one
+/// is estimated by its size (its upload is surveyed from the store). Estimates run 32 at once.
+pub const MAX_SURVEYED_IN_MEMORY: usize = 16 << 20;
+
 /// The same checks as [`receive`], storing nothing: what an upload would be (its type, size
 /// and tokens), for an estimate before it is sent for good. A PDF's or an image's bytes are
-/// kept (within the upload's cap) for its [`survey`].
+/// kept (up to [`MAX_SURVEYED_IN_MEMORY`]) for its [`survey`].
 pub async fn measure<S, E>(mut check: UploadCheck, body: S) -> Result<(CheckedUpload, Option<Bytes>)>
 where
     S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let mut kept = Vec::new();
+    let mut kept = Some(Vec::new());
     stream_checked(&mut check, body, Keep::InMemory(&mut kept)).await?;
     let checked = check.finish()?;
-    let kept = checked.doc_type.has_pages().then(|| Bytes::from(kept));
+    let kept = kept.filter(|_| checked.doc_type.has_pages()).map(Bytes::from);
     Ok((checked, kept))
 }
 
 /// Where checked bytes go: into blob storage, or memory while they may be a scan's.
 enum Keep<'a> {
     Blob(&'a mut BlobWriter),
-    InMemory(&'a mut Vec<u8>),
+    /// None once it is known not to be surveyed.
+    InMemory(&'a mut Option<Vec<u8>>),
 }
 
 impl Keep<'_> {
@@ -510,10 +515,11 @@ impl Keep<'_> {
             // Text is never surveyed: only a document that may be a scan is held (its size is
             // already within the upload's cap).
             Keep::InMemory(kept) => {
-                if doc_type.is_none_or(DocType::has_pages) {
-                    kept.extend_from_slice(bytes);
-                } else {
-                    kept.clear();
+                let fits = kept.as_ref().is_some_and(|k| k.len() + bytes.len() <= MAX_SURVEYED_IN_MEMORY);
+                match kept {
+                    Some(held) if fits && doc_type.is_none_or(DocType::has_pages) => held.extend_from_slice(bytes),
+                    // Text, or too large: not surveyed, and nothing more is held.
+                    _ => **kept = None,
                 }
                 Ok(())
             }
@@ -586,6 +592,9 @@ fn scan_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset, econ
     in_lane(config, config.prices.scanned_document_price(preset, text_tokens, size.scanned_pages), economy)
 }
 
+/// The longest a survey may take (wall clock and CPU) before its upload is priced by size.
+pub const SURVEY_WALL_CLOCK: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Survey a stored or measured PDF or image in the sandboxed reader: its pages, those without a
 /// text layer (scans, read by OCR and priced by page) and its text layer's tokens. A PDF the
 /// survey cannot read is priced by its size as before (its job says why it cannot be read); an
@@ -595,7 +604,12 @@ pub async fn survey(reader: &super::sandbox::SandboxConfig, upload: &mut Checked
     if !upload.doc_type.has_pages() {
         return Ok(());
     }
-    let extracted = match super::sandbox::extract_in_child(reader, upload.doc_type, bytes).await {
+    // Quicker than a job's reading: a PDF that takes longer is priced by its size, and its job
+    // reads it within the reader's own bounds.
+    let mut quick = reader.clone();
+    quick.wall_clock = quick.wall_clock.min(SURVEY_WALL_CLOCK);
+    quick.cpu_secs = quick.cpu_secs.min(SURVEY_WALL_CLOCK.as_secs());
+    let extracted = match super::sandbox::extract_in_child(&quick, upload.doc_type, bytes).await {
         Ok(extracted) => extracted,
         Err(e) if upload.doc_type.is_image() => return Err(EngineError::Invalid(e.message)),
         Err(_) => return Ok(()),
@@ -843,6 +857,24 @@ mod tests {
             check.push(part)?;
         }
         check.finish()
+    }
+
+    #[tokio::test]
+    async fn an_estimate_holds_a_pdf_for_its_survey_but_never_text_or_more_than_its_bound() {
+        let chunks = |bytes: Vec<u8>| {
+            futures::stream::iter(
+                bytes.chunks(64 * 1024).map(|c| Ok::<_, String>(Bytes::copy_from_slice(c))).collect::<Vec<_>>(),
+            )
+        };
+        let pdf = b"%PDF-1.7\n\xff binary".to_vec();
+        let (checked, kept) = measure(UploadCheck::new(None, 1 << 30), chunks(pdf.clone())).await.unwrap();
+        assert_eq!((checked.doc_type, kept.as_deref()), (DocType::Pdf, Some(&pdf[..])));
+        let text = "plain words ".repeat(2_000).into_bytes();
+        assert_eq!(measure(UploadCheck::new(None, 1 << 30), chunks(text)).await.unwrap().1, None);
+        let mut large = b"%PDF-1.7\n".to_vec();
+        large.resize(MAX_SURVEYED_IN_MEMORY + 1, b' ');
+        let (checked, kept) = measure(UploadCheck::new(None, 1 << 30), chunks(large)).await.unwrap();
+        assert_eq!((checked.doc_type, kept), (DocType::Pdf, None), "past the bound it is priced by its size");
     }
 
     #[test]
