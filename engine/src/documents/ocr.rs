@@ -238,6 +238,14 @@ pub fn child_main(run_as: Option<&str>) -> ExitCode {
         Some(Some(run_as)) => Some(run_as),
         Some(None) => return ExitCode::from(2),
     };
+    // OCR is minutes of CPU a scan: it takes only the CPU nobody else wants (SCHED_IDLE, kept
+    // by the tools it starts), so polls and uploads keep their latency while it reads. A page
+    // starved past its wall clock is skipped with a note, as a slow one is.
+    // SAFETY: plain syscall on this process; lowering one's own policy needs no privilege.
+    unsafe {
+        let idle = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle);
+    }
     let mut readable: Vec<PathBuf> =
         ["/usr", "/lib", "/lib64", "/bin", "/etc"].into_iter().map(PathBuf::from).collect();
     readable.extend([&request.tesseract, &request.pdftoppm].iter().filter_map(|p| p.parent().map(Path::to_path_buf)));
