@@ -80,7 +80,7 @@ test('the upload page shows the price by size before uploading, and the answer w
   await signUp(page, 'prices');
   await open(page, '/upload');
   await expect(page.locator('.dropzone .hint')).toHaveText(
-    'Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each 781 KB (7.6 MB) after that.',
+    'Up to 50 MB each. Priced by size: 1 credit up to 97 KB of text (975 KB as PDF), 2 credits up to 390 KB (3.8 MB), 4 credits up to 781 KB (7.6 MB), and 4 more for each 781 KB (7.6 MB) after that. Scans (PDF pages without text, PNG, JPEG, TIFF) are read by OCR at 0.3 credits a page.',
   );
   await expect(page.getByTestId('refund-policy')).toContainText('Unreadable files are refunded 3 times a day; after that they are charged.');
   // 120 KB of text is past the first step: 2 credits, shown as soon as the file is chosen.

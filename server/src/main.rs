@@ -8,7 +8,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Extract { doc_type, run_as }) = &cli.command {
         // The sandboxed document reader: no logging, no runtime, nothing but the document.
-        return engine::documents::sandbox::child_main(Some(doc_type), run_as.as_deref());
+        return engine::documents::ocr::reader_main(Some(doc_type), run_as.as_deref());
     }
     let role = match &cli.command {
         None | Some(Command::Serve) => "all",

@@ -8,7 +8,8 @@
 
 use std::process::ExitCode;
 
-use engine::documents::sandbox::{answer_text, child_main, confine, lock_down, Limits, RunAs};
+use engine::documents::ocr::reader_main;
+use engine::documents::sandbox::{answer_text, confine, lock_down, Limits, RunAs};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,7 +18,7 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("probe") && args.len() >= 4 {
         return probe(&args[1], &args[2], &args[3], run_as);
     }
-    child_main(doc_type.map(String::as_str), run_as)
+    reader_main(doc_type.map(String::as_str), run_as)
 }
 
 fn probe(socket: &str, file: &str, tcp: &str, run_as: Option<&str>) -> ExitCode {

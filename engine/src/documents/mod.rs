@@ -21,6 +21,7 @@ pub mod intake;
 pub mod kept_answers;
 pub mod markers;
 pub mod ocr;
+pub mod ocr_config;
 pub mod ocr_text;
 pub mod office;
 pub mod payload;

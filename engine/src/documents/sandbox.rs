@@ -53,7 +53,7 @@ pub struct SandboxConfig {
     readers: Arc<Semaphore>,
     max_readers: usize,
     /// How scans are read (none: OCR is not installed, and a scan fails in words).
-    pub ocr: Option<Arc<super::ocr::OcrConfig>>,
+    pub ocr: Option<Arc<super::ocr_config::OcrConfig>>,
 }
 
 /// The default total address space of all readers running at once.
@@ -649,9 +649,6 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     let limits = std::env::var(LIMITS_VAR).ok().and_then(|v| Limits::parse(&v));
     if !limits.is_some_and(confine) {
         return ExitCode::from(2);
-    }
-    if doc_type == Some(super::ocr::OCR_ARG) {
-        return super::ocr::child_main(run_as);
     }
     let rebuild = DocType::ALL.into_iter().find(|t| rebuild_arg(*t).is_some() && rebuild_arg(*t) == doc_type);
     let Some(doc_type) = rebuild.or_else(|| DocType::ALL.into_iter().find(|t| Some(doc_type_arg(*t)) == doc_type))

@@ -395,6 +395,7 @@ fn document_of(job: &JobView) -> Result<DocumentRef, ApiError> {
         (status = 200, description = "The uploaded document, as an attachment", content(
             ("application/pdf"), ("application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
             ("application/vnd.oasis.opendocument.text"), ("text/markdown"), ("text/html"), ("text/plain"),
+            ("image/png"), ("image/jpeg"), ("image/tiff"),
         )),
         (status = 410, description = "The document is no longer kept, or was deleted by its owner", body = ErrorBody),
         NotYours,

@@ -67,13 +67,16 @@ async fn sessions_cycle_at_login_end_at_logout_and_cross_site_posts_are_refused(
         serde_json::json!({
             "presets": [{"id": "summarize", "label": "Summarize"}, {"id": "key_facts", "label": "Extract key facts"}],
             "cost": 1,
-            "prices": {"tiers": [{"up_to_tokens": u64::MAX, "credits": 1}]},
+            "prices": {"tiers": [{"up_to_tokens": u64::MAX, "credits": 1}], "scan_page_millicredits": 300},
             "max_document_tokens": null,
             "max_upload_bytes": 52428800,
             "signup_grant": 20,
             "verify_email": false,
             // No batch API here: the economy lane is not offered.
             "economy": null,
+            // No document reader here: no scans read.
+            "ocr_languages": [],
+            "detect_language": false,
         })
     );
 
