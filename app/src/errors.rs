@@ -180,6 +180,7 @@ mod ssr {
                 EngineError::BadCredentials => AppError::BadCredentials,
                 EngineError::RateLimited { retry_after_secs } => AppError::RateLimited { retry_after_secs },
                 EngineError::IdempotencyConflict(message) => AppError::IdempotencyConflict { message },
+                EngineError::ReadersBusy { retry_after_secs } => AppError::Overloaded { retry_after_secs },
                 EngineError::TooLarge { limit_bytes } => AppError::TooLarge { limit_bytes },
                 EngineError::TooManyTokens { max_tokens } => AppError::TooManyTokens { max_tokens },
                 EngineError::UnsupportedType(message) => AppError::UnsupportedType { message },

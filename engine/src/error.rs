@@ -40,6 +40,9 @@ pub enum EngineError {
     /// An `Idempotency-Key` reused with a different request.
     #[error("{0}")]
     IdempotencyConflict(String),
+    /// Every document reader is busy: the request is asked for again shortly.
+    #[error("every document reader is busy; try again in {retry_after_secs} s")]
+    ReadersBusy { retry_after_secs: u64 },
 }
 
 impl EngineError {

@@ -588,15 +588,18 @@ pub enum TestPage {
     Scanned(Vec<String>),
 }
 
-/// Lines in Helvetica 16 on a letter page, as a content stream.
+/// Lines in Helvetica 16 on a letter page, as a content stream (Latin-1 text in the font's
+/// WinAnsi encoding, so "Kündigung" shows as such).
 fn large_text_operators(lines: &[String]) -> Vec<u8> {
-    let mut ops = vec!["BT".to_string(), "/F1 16 Tf".into(), "72 700 Td".into(), "24 TL".into()];
+    let mut ops: Vec<u8> = b"BT /F1 16 Tf 72 700 Td 24 TL\n".to_vec();
     for line in lines {
         let escaped = line.replace('\\', "\\\\").replace('(', "\\(").replace(')', "\\)");
-        ops.push(format!("({escaped}) Tj T*"));
+        ops.push(b'(');
+        ops.extend(escaped.chars().map(|c| u8::try_from(u32::from(c)).unwrap_or(b'?')));
+        ops.extend_from_slice(b") Tj T*\n");
     }
-    ops.push("ET".into());
-    ops.join("\n").into_bytes()
+    ops.extend_from_slice(b"ET");
+    ops
 }
 
 /// `lines` of each page rendered as a scanner would: gray JPEGs at 150 DPI, by poppler's
@@ -655,7 +658,9 @@ pub fn pdf_of_pages(pages: &[TestPage]) -> Vec<u8> {
     let mut scans = if scanned.is_empty() { Vec::new() } else { scans_of(&scanned) }.into_iter();
     let mut doc = Document::with_version("1.5");
     let pages_id = doc.new_object_id();
-    let font_id = doc.add_object(dictionary! { "Type" => "Font", "Subtype" => "Type1", "BaseFont" => "Helvetica" });
+    let font_id = doc.add_object(dictionary! {
+        "Type" => "Font", "Subtype" => "Type1", "BaseFont" => "Helvetica", "Encoding" => "WinAnsiEncoding",
+    });
     let kids: Vec<Object> = pages
         .iter()
         .map(|page| {
@@ -740,6 +745,34 @@ pub fn pdf_with_a_page_that_never_finishes(before: &[&str], after: &[&str]) -> V
         bomb,
         scan(&scans[1]),
     ])
+}
+
+/// A PDF of `pages` pages, each showing the same `side` × `side` pixel image (see
+/// [`pdf_with_a_page_that_never_finishes`]): a document of bombs.
+pub fn pdf_of_bombs(pages: usize, side: u64) -> Vec<u8> {
+    let data = zlib_of_zeros(side * side / 8);
+    let mut bomb = format!(
+        "<< /Type /XObject /Subtype /Image /Width {side} /Height {side} /ColorSpace /DeviceGray /BitsPerComponent 1 /Filter /FlateDecode /Length {} >>\nstream\n",
+        data.len()
+    )
+    .into_bytes();
+    bomb.extend_from_slice(&data);
+    bomb.extend_from_slice(b"\nendstream");
+    // 1 catalog, 2 pages, 3 the content, 4 the image, 5.. the pages.
+    let kids: Vec<String> = (0..pages).map(|i| format!("{} 0 R", 5 + i)).collect();
+    let mut objects = vec![
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        format!("<< /Type /Pages /Kids [{}] /Count {pages} >>", kids.join(" ")).into_bytes(),
+        stream("", b"q 612 0 0 792 0 0 cm /Im0 Do Q"),
+        bomb,
+    ];
+    for _ in 0..pages {
+        objects.push(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R /Resources << /XObject << /Im0 4 0 R >> >> >>"
+                .to_vec(),
+        );
+    }
+    raw_pdf(&objects)
 }
 
 /// A zlib stream of at least `length` zero bytes, written by hand (one fixed-Huffman block:

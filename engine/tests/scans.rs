@@ -69,6 +69,11 @@ async fn setup(pool: PgPool, name: &str) -> Setup {
 }
 
 fn workers(s: &Setup, sandbox: SandboxConfig) -> WorkerPool {
+    workers_settling(s, sandbox, None)
+}
+
+/// Workers that settle a held price by `prices` (none: not settled).
+fn workers_settling(s: &Setup, sandbox: SandboxConfig, prices: Option<engine::sizing::PriceTable>) -> WorkerPool {
     let provider = providers::build(&ProviderConfig {
         kind: ProviderKind::Anthropic,
         base_url: s.fake.base_url(),
@@ -89,7 +94,11 @@ fn workers(s: &Setup, sandbox: SandboxConfig) -> WorkerPool {
         context_tokens: None,
         parts: engine::queue::parts::PartStore::disabled(),
         max_document_tokens: None,
-        settle_held: None,
+        settle_held: prices.map(|prices| engine::documents::processor::HoldSettlement {
+            pool: s.pool.clone(),
+            prices,
+            economy: None,
+        }),
         token_ratio: engine::documents::ratio::TokenRatio::fixed(1.0),
         writing: Default::default(),
         economy: None,
@@ -99,6 +108,11 @@ fn workers(s: &Setup, sandbox: SandboxConfig) -> WorkerPool {
 
 /// Store `bytes` as a document of `doc_type` and admit its translation into German.
 async fn submit(s: &Setup, doc_type: DocType, bytes: Vec<u8>) -> uuid::Uuid {
+    submit_reading(s, doc_type, bytes, None).await
+}
+
+/// [`submit`], its scanned pages read in `language` (none: the operator's first).
+async fn submit_reading(s: &Setup, doc_type: DocType, bytes: Vec<u8>, language: Option<&str>) -> uuid::Uuid {
     let key = Blobs::new_key();
     s.blobs.put(&key, bytes.clone().into()).await.unwrap();
     let job = DocumentJob {
@@ -116,7 +130,7 @@ async fn submit(s: &Setup, doc_type: DocType, bytes: Vec<u8>) -> uuid::Uuid {
         guidance: Default::default(),
         economy: false,
         economy_discount: None,
-        document_language: None,
+        document_language: language.map(str::to_string),
     };
     let submission = Submission {
         shared_document: None,
@@ -240,4 +254,65 @@ async fn a_page_that_never_finishes_is_skipped_with_a_note_and_the_others_are_re
     // Nothing of the killed page's tools is left running.
     let left = std::process::Command::new("pgrep").args(["-x", "pdftoppm"]).output().unwrap();
     assert!(left.stdout.is_empty(), "a renderer outlived its page: {}", String::from_utf8_lossy(&left.stdout));
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_scans_language_is_detected_from_its_first_page_where_the_operator_allows_it(pool: PgPool) {
+    let s = setup(pool, "scan-detect").await;
+    let german = |n: usize| {
+        vec![
+            format!("Seite {n}: Die Mieterin zahlt die Miete am ersten Werktag."),
+            "Kündigungen müssen schriftlich erfolgen; Schäden sind unverzüglich zu melden.".to_string(),
+        ]
+    };
+    let pdf = pdf_of_pages(&[TestPage::Scanned(german(1)), TestPage::Scanned(german(2))]);
+    let id = submit_reading(&s, DocType::Pdf, pdf, Some("auto")).await;
+    let config = OcrConfig { detect_language: true, ..OcrConfig::new(vec!["eng".into(), "deu".into()]) };
+    let workers = workers(&s, reader(config));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(90)).await;
+    workers.shutdown().await;
+    assert_eq!(job.state, JobState::Done, "{:?}", job.last_error);
+    let report = report_of(&job);
+    assert_eq!(report.language, "deu", "German read best as German: {report:?}");
+    assert_eq!(report.read.len(), 2);
+    let markdown = job.result.clone().unwrap()["markdown"].as_str().unwrap().to_string();
+    assert!(markdown.contains("Kündigungen müssen schriftlich"), "its umlauts read as such: {markdown}");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_scan_whose_pages_cost_more_than_its_hold_is_refused_before_a_page_is_read(pool: PgPool) {
+    let s = setup(pool, "scan-hold").await;
+    // Admitted at 1 credit (no survey priced it); its 3 pages at 5 credits each are 15.
+    let pdf = pdf_of_pages(&(1..=3).map(|n| TestPage::Scanned(lines_of(n))).collect::<Vec<_>>());
+    let id = submit(&s, DocType::Pdf, pdf).await;
+    let prices = engine::sizing::PriceTable::flat(1).with_scan_page_price(5_000);
+    let workers = workers_settling(&s, reader(ocr_config()), Some(prices));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(60)).await;
+    workers.shutdown().await;
+    assert_eq!(job.state, JobState::Failed);
+    assert!(
+        job.failure_reason.as_deref().unwrap_or("").contains("more than the price held"),
+        "{:?}",
+        job.failure_reason
+    );
+    assert_eq!(job.scan_report, None, "no page was read");
+    assert_eq!(s.fake.calls(), 0, "nobody was called");
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_document_of_pages_that_all_fail_is_stopped_after_a_few_not_read_to_its_end(pool: PgPool) {
+    let s = setup(pool, "scan-bombs").await;
+    // 40,000 pixels square: a few seconds of rendering each, past a second of CPU.
+    let id = submit(&s, DocType::Pdf, engine::testing::pdf_of_bombs(8, 40_000)).await;
+    // Each page is killed at its CPU time (its fault, not a busy server's).
+    let config = OcrConfig { page_cpu_secs: 1, ..ocr_config() };
+    let workers = workers(&s, reader(config));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(180)).await;
+    workers.shutdown().await;
+    assert_eq!(job.state, JobState::Failed);
+    let reason = job.failure_reason.clone().unwrap_or_default();
+    assert!(reason.contains("too many of its pages could not be read"), "{reason}");
+    assert_eq!(job.failure_kind, Some(engine::FailureKind::InvalidInput), "the document's fault");
+    assert_eq!(job.reading_page, Some(4), "stopped at the fourth page of eight");
+    assert_eq!(s.fake.calls(), 0);
 }

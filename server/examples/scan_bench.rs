@@ -143,7 +143,7 @@ async fn main() {
     reader.ocr = Some(Arc::new(OcrConfig::new(vec!["eng".into()])));
     let reader = Arc::new(reader);
     let settings = WebSettings {
-        document_reader: Some(reader.clone()),
+        survey_reader: Some(reader.clone()),
         max_uploads_per_user: 1024,
         max_uploads_per_address: 1024,
         ..Default::default()

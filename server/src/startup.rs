@@ -214,7 +214,13 @@ impl Application {
             let addr = listener.local_addr()?;
             // Downloads rebuild with slots of their own: they never hold up the workers' readers.
             let rebuilds = sandbox.with_own_readers(app::server::session::REBUILDS_AT_ONCE);
-            let settings = WebSettings { document_reader: Some(Arc::new(rebuilds)), ..config.web_settings() };
+            // Surveys at upload likewise, so neither uploads nor downloads wait for the other.
+            let surveys = sandbox.with_own_readers(app::server::session::SURVEYS_AT_ONCE);
+            let settings = WebSettings {
+                document_reader: Some(Arc::new(rebuilds)),
+                survey_reader: Some(Arc::new(surveys)),
+                ..config.web_settings()
+            };
             let ctx = ServerContext::new(request_pool, settings, blobs).with_reserved(reserved_pool);
             let state = AppState { leptos_options: leptos_options(&config.server.site_root, addr), ctx };
             if let Some(bind) = config.telemetry.metrics_bind {

@@ -117,7 +117,7 @@ pub async fn terms() -> Result<SiteTerms, AppError> {
     answer(async move {
         let ctx = context()?;
         let settings = &ctx.settings;
-        let ocr = settings.document_reader.as_ref().and_then(|reader| reader.ocr.as_deref());
+        let ocr = settings.survey_reader.as_ref().and_then(|reader| reader.ocr.as_deref());
         Ok(SiteTerms {
             presets: settings.presets.iter().map(|&p| PresetInfo { id: p, label: p.label().to_string() }).collect(),
             cost: settings.admission.prices.cheapest(),

@@ -83,6 +83,9 @@ impl Drop for UserEstimate {
 
 /// Translated files rebuilt for download at once, per process.
 pub const REBUILDS_AT_ONCE: usize = 2;
+/// PDFs and images surveyed at upload at once, per process (an upload waits a few seconds for
+/// a turn: past it a PDF is priced by its size, a photo asked for again).
+pub const SURVEYS_AT_ONCE: usize = 2;
 
 /// The process's cache of tokens, sessions (the session store's records) and users.
 pub type AuthCache = engine::accounts::auth_cache::AuthCache<tower_sessions::session::Record>;
@@ -247,6 +250,10 @@ pub struct WebSettings {
     /// The sandboxed reader a translated Word or OpenDocument file is rebuilt with for its
     /// download (None: that download is not offered by this process).
     pub document_reader: Option<Arc<engine::documents::sandbox::SandboxConfig>>,
+    /// The sandboxed reader PDFs and images are surveyed with at upload (their pages, the
+    /// scanned ones, priced by page), with slots of its own, and how it reads scans (None: no
+    /// survey, and no scans read).
+    pub survey_reader: Option<Arc<engine::documents::sandbox::SandboxConfig>>,
 }
 
 impl Default for WebSettings {
@@ -284,6 +291,7 @@ impl Default for WebSettings {
             bulk_action_cap: engine::queue::bulk::DEFAULT_CAP,
             auth_cache_lifetime: engine::accounts::auth_cache::MAX_LIFETIME,
             document_reader: None,
+            survey_reader: None,
         }
     }
 }

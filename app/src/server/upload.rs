@@ -164,7 +164,8 @@ where
     let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
     // A PDF or an image is surveyed: a scan is priced by its pages, and an image past its
     // bounds, or a scan where no OCR reads it, is refused before anything is charged.
-    if let Err(e) = survey_stored(ctx, &mut stored).await {
+    let surveyed = survey_stored(ctx, &mut stored).await.and_then(|()| Ok(options.check_scan(&stored.upload)?));
+    if let Err(e) = surveyed {
         pending.delete().await;
         return Err(e);
     }
@@ -233,7 +234,7 @@ where
 
 /// Survey a stored upload that may be a scan (see [`intake::survey`]).
 async fn survey_stored(ctx: &ServerContext, stored: &mut StoredUpload) -> Result<(), AppError> {
-    let Some(reader) = &ctx.settings.document_reader else { return Ok(()) };
+    let Some(reader) = &ctx.settings.survey_reader else { return Ok(()) };
     if !stored.upload.doc_type.has_pages() {
         return Ok(());
     }
@@ -360,9 +361,10 @@ where
     let form = paced_multipart(headers, body)?;
     let (upload, options) = read_form(form, FileSink::Count, form_rules(settings)).await?;
     let FormFile::Counted(mut upload, kept) = upload else { return Err(AppError::Internal) };
-    if let (Some(reader), Some(bytes)) = (&settings.document_reader, kept) {
+    if let (Some(reader), Some(bytes)) = (&settings.survey_reader, kept) {
         intake::survey(reader, &mut upload, bytes).await?;
     }
+    options.check_scan(&upload)?;
     let estimate_settings = estimate_settings(ctx).await?;
     let estimate = engine::documents::estimate::estimate(
         &ctx.pool,
@@ -623,7 +625,7 @@ fn form_rules(settings: &super::session::WebSettings) -> FormRules<'_> {
         max_document_tokens: settings.admission.max_document_tokens,
         presets: &settings.presets,
         economy: settings.admission.economy.is_some(),
-        ocr: settings.document_reader.as_ref().and_then(|reader| reader.ocr.as_deref()),
+        ocr: settings.survey_reader.as_ref().and_then(|reader| reader.ocr.as_deref()),
         idle: settings.upload_idle,
         deadline: settings.upload_deadline,
     }

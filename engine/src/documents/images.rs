@@ -21,7 +21,7 @@ pub struct ImageSize {
 }
 
 /// How large an image may be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImageBounds {
     /// Pixels in one frame (a page scanned at 300 DPI is about 9 million).
     pub max_pixels: u64,
@@ -57,7 +57,7 @@ pub fn measure(bytes: &[u8], bounds: ImageBounds) -> Result<ImageSize, String> {
     let size = match format_of(bytes) {
         Some(ImageFormat::Png) => png(bytes),
         Some(ImageFormat::Jpeg) => jpeg(bytes),
-        Some(ImageFormat::Tiff) => tiff(bytes, bounds.max_frames),
+        Some(ImageFormat::Tiff) => tiff(bytes, bounds),
         None => Err("the file is not a PNG, JPEG or TIFF image".to_string()),
     }?;
     check(size, bounds)?;
@@ -147,7 +147,8 @@ fn jpeg(bytes: &[u8]) -> Result<ImageSize, String> {
 /// TIFF: a chain of image file directories (IFDs), one per frame, each naming its width (tag
 /// 256) and height (257). The chain is followed at most `max_frames + 1` steps, and an IFD
 /// named twice (a loop) is refused.
-fn tiff(bytes: &[u8], max_frames: u32) -> Result<ImageSize, String> {
+fn tiff(bytes: &[u8], bounds: ImageBounds) -> Result<ImageSize, String> {
+    let max_frames = bounds.max_frames;
     let big_endian = bytes.starts_with(b"MM");
     let u16_at = |at: usize| -> Option<u16> {
         let b = bytes.get(at..at.checked_add(2)?)?;
@@ -189,6 +190,8 @@ fn tiff(bytes: &[u8], max_frames: u32) -> Result<ImageSize, String> {
         let (Some(w), Some(h)) = (frame_width, frame_height) else {
             return Err(damaged("TIFF"));
         };
+        // Every frame within the bounds, not only the largest.
+        check_frame(w, h, bounds)?;
         // Each frame is decoded alone: the largest one bounds the memory.
         if u64::from(w) * u64::from(h) > u64::from(width) * u64::from(height) {
             (width, height) = (w, h);
@@ -268,6 +271,8 @@ pub(crate) mod tests {
         // A TIFF whose last frame points back at its first: refused, not walked for ever.
         let looped = measure(&tiff_of(&[(10, 10), (10, 10)], Some(8)), b).unwrap_err();
         assert!(looped.contains("point back"), "{looped}");
+        let thin = measure(&tiff_of(&[(7_000, 7_000), (1, 48_999_999)], None), b).unwrap_err();
+        assert!(thin.contains("48,999,999"), "every frame is bounded, not only the largest: {thin}");
         let many = tiff_of(&vec![(10, 10); 101], None);
         assert!(measure(&many, b).unwrap_err().contains("more than 100 pages"));
         assert!(measure(b"\x89PNG\r\n\x1a\n", b).is_err());

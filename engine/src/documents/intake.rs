@@ -399,6 +399,18 @@ impl UploadOptions {
         }
     }
 
+    /// Pure: a scan (surveyed) is read by OCR as its job starts, page by page, and is not
+    /// offered the economy lane (whose claims would each read it again).
+    pub fn check_scan(&self, upload: &CheckedUpload) -> Result<()> {
+        if self.economy && upload.scanned_pages.is_some() {
+            return Err(EngineError::Invalid(
+                "the economy lane is for documents with a text layer; a scan is read by OCR in the standard lane"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The glossary in full: a saved one named (its entries under the pasted ones). An unknown
     /// name is refused, and so is a name to save under with nothing pasted.
     pub async fn resolve_glossary(&mut self, pool: &PgPool, owner: i64) -> Result<()> {
@@ -594,6 +606,8 @@ fn scan_price(config: &AdmissionConfig, size: DocumentSize, preset: Preset, econ
 
 /// The longest a survey may take (wall clock and CPU) before its upload is priced by size.
 pub const SURVEY_WALL_CLOCK: std::time::Duration = std::time::Duration::from_secs(15);
+/// The longest an upload waits for a reader to survey it.
+pub const SURVEY_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Survey a stored or measured PDF or image in the sandboxed reader: its pages, those without a
 /// text layer (scans, read by OCR and priced by page) and its text layer's tokens. A PDF the
@@ -606,19 +620,34 @@ pub async fn survey(reader: &super::sandbox::SandboxConfig, upload: &mut Checked
     }
     // Quicker than a job's reading: a PDF that takes longer is priced by its size, and its job
     // reads it within the reader's own bounds.
+    // An upload waits a few seconds at most for a reader: surveys have slots of their own.
     let mut quick = reader.clone();
     quick.wall_clock = quick.wall_clock.min(SURVEY_WALL_CLOCK);
     quick.cpu_secs = quick.cpu_secs.min(SURVEY_WALL_CLOCK.as_secs());
+    quick.turn_wait = Some(SURVEY_TURN_WAIT);
     let extracted = match super::sandbox::extract_in_child(&quick, upload.doc_type, bytes).await {
         Ok(extracted) => extracted,
+        // A photo is priced by its survey alone: without one, it is asked for again shortly.
+        Err(e) if upload.doc_type.is_image() && e.message == super::sandbox::READERS_BUSY => {
+            return Err(EngineError::ReadersBusy { retry_after_secs: SURVEY_TURN_WAIT.as_secs().max(1) });
+        }
         Err(e) if upload.doc_type.is_image() => return Err(EngineError::Invalid(e.message)),
         Err(_) => return Ok(()),
     };
     if extracted.scanned.is_empty() {
         return Ok(());
     }
-    if reader.ocr.is_none() && extracted.text.trim().is_empty() {
-        return Err(EngineError::Invalid(super::ocr::no_ocr_error().message));
+    match &reader.ocr {
+        None if extracted.text.trim().is_empty() => {
+            return Err(EngineError::Invalid(super::ocr::no_ocr_error().message));
+        }
+        Some(ocr) if extracted.scanned.len() as u32 > ocr.max_pages => {
+            return Err(EngineError::Invalid(super::ocr::too_many_pages(
+                extracted.scanned.len() as u32,
+                ocr.max_pages,
+            )));
+        }
+        _ => {}
     }
     let text = extracted.text;
     upload.tokens = Some(tokens::count_off_runtime(text).await);

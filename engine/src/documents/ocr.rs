@@ -28,8 +28,8 @@ use crate::queue::JobError;
 pub const OCR_ARG: &str = "ocr";
 
 pub use super::ocr_config::{
-    OcrConfig, AUTO, DEFAULT_CONFIDENCE_FLOOR, DEFAULT_MAX_DPI, DEFAULT_MAX_PAGE_PIXELS, DEFAULT_PAGE_CPU_SECS,
-    DEFAULT_PAGE_MEMORY_BYTES, DEFAULT_PAGE_WALL_CLOCK,
+    OcrConfig, AUTO, DEFAULT_CONFIDENCE_FLOOR, DEFAULT_MAX_DPI, DEFAULT_MAX_PAGES, DEFAULT_MAX_PAGE_PIXELS,
+    DEFAULT_PAGE_CPU_SECS, DEFAULT_PAGE_MEMORY_BYTES, DEFAULT_PAGE_WALL_CLOCK,
 };
 
 /// The reader's side, whatever it was started for: an OCR run, or reading (or rebuilding) a
@@ -91,7 +91,10 @@ pub fn missing_languages(offered: &[String], installed: &[String]) -> Vec<String
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OcrSource {
     PdfPage(u32),
-    Image,
+    /// A photo of `frames` pages (a TIFF's frames), read in one run.
+    Image {
+        frames: u32,
+    },
 }
 
 /// An OCR run's request, given to the reader in [`REQUEST_VAR`].
@@ -101,10 +104,10 @@ struct OcrRequest {
     language: String,
     tesseract: PathBuf,
     pdftoppm: PathBuf,
+    /// A rendered page's pixels at most; a photo's are its own bound.
     max_pixels: u64,
     max_dpi: u32,
-    max_side: u32,
-    max_frames: u32,
+    image_bounds: ImageBounds,
     wall_clock_ms: u64,
 }
 
@@ -115,6 +118,9 @@ pub struct PageReading {
     pub text: String,
     pub confidence: Option<f32>,
     pub skipped: Option<String>,
+    /// Skipped at its wall clock (a slow page, or a server too busy to read it in time).
+    #[serde(default)]
+    pub timed_out: bool,
 }
 
 /// Read `source` of `document` (a PDF or an image) by OCR in a sandboxed reader, in `language`.
@@ -128,9 +134,9 @@ pub async fn read_in_child(
 ) -> Result<Vec<PageReading>, JobError> {
     let frames = match source {
         OcrSource::PdfPage(_) => 1,
-        OcrSource::Image => config.image_bounds.max_frames.max(1),
+        OcrSource::Image { frames } => frames.clamp(1, config.image_bounds.max_frames.max(1)),
     };
-    // An image's frames are read in one run: its wall clock is a page's for each.
+    // An image's frames are read in one run: its wall clock and CPU time are a page's for each.
     let wall_clock = config.page_wall_clock.saturating_mul(frames);
     let request = OcrRequest {
         source,
@@ -139,22 +145,25 @@ pub async fn read_in_child(
         pdftoppm: config.pdftoppm.clone(),
         max_pixels: config.max_page_pixels,
         max_dpi: config.max_dpi,
-        max_side: config.image_bounds.max_side,
-        max_frames: config.image_bounds.max_frames,
+        image_bounds: config.image_bounds,
         wall_clock_ms: wall_clock.as_millis() as u64,
     };
     let run = ReaderRun {
         arg: OCR_ARG,
         output_limit: 16 << 20,
-        limits: Limits { memory_bytes: config.page_memory_bytes, cpu_secs: config.page_cpu_secs },
+        limits: Limits {
+            memory_bytes: config.page_memory_bytes,
+            cpu_secs: config.page_cpu_secs.saturating_mul(u64::from(frames)),
+        },
         // The reader keeps its own clock on the tools; this one is for the reader itself.
         wall_clock: wall_clock + Duration::from_secs(5),
         request: Some((REQUEST_VAR, serde_json::to_string(&request).expect("a request serialises"))),
     };
-    let skipped = |reason: &str| match source {
-        OcrSource::PdfPage(page) => vec![PageReading { page, skipped: Some(reason.to_string()), ..Default::default() }],
-        OcrSource::Image => vec![PageReading { page: 1, skipped: Some(reason.to_string()), ..Default::default() }],
+    let page = match source {
+        OcrSource::PdfPage(page) => page,
+        OcrSource::Image { .. } => 1,
     };
+    let skipped = |reason: &str| vec![PageReading { page, skipped: Some(reason.to_string()), ..Default::default() }];
     match run_reader(sandbox, run, document).await {
         Ok(output) => match serde_json::from_slice::<Vec<PageReading>>(&output) {
             Ok(pages) => Ok(pages),
@@ -186,9 +195,11 @@ pub fn child_main(run_as: Option<&str>) -> ExitCode {
         let idle = libc::sched_param { sched_priority: 0 };
         libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle);
     }
+    // The programs, their libraries and data; of /etc only the loader's cache and the fonts'
+    // settings (nothing there is the server's: no settings file, no key).
     let mut readable: Vec<PathBuf> =
-        ["/usr", "/lib", "/lib64", "/bin", "/etc"].into_iter().map(PathBuf::from).collect();
-    readable.extend([&request.tesseract, &request.pdftoppm].iter().filter_map(|p| p.parent().map(Path::to_path_buf)));
+        ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/fonts"].into_iter().map(PathBuf::from).collect();
+    readable.extend([&request.tesseract, &request.pdftoppm].into_iter().filter_map(|p| tool_folder(p)));
     if super::sandbox::lock_down_with(run_as, 64, &readable).is_err() {
         return ExitCode::from(6);
     }
@@ -199,12 +210,20 @@ pub fn child_main(run_as: Option<&str>) -> ExitCode {
     super::sandbox::write_json(&read_pages_here(&request, &document))
 }
 
+/// The folder a tool is run from, where it may be read: an absolute path's parent, never the
+/// root (which would open everything).
+pub fn tool_folder(program: &Path) -> Option<PathBuf> {
+    let parent = program.parent().filter(|p| program.is_absolute() && *p != Path::new("/"))?;
+    Some(parent.to_path_buf())
+}
+
 /// In the reader: the page(s) asked for, each read or skipped with its reason.
 fn read_pages_here(request: &OcrRequest, document: &[u8]) -> Vec<PageReading> {
     let deadline = std::time::Instant::now() + Duration::from_millis(request.wall_clock_ms);
-    let bounds =
-        ImageBounds { max_pixels: request.max_pixels, max_side: request.max_side, max_frames: request.max_frames };
-    let skip = |page: u32, reason: String| vec![PageReading { page, skipped: Some(reason), ..Default::default() }];
+    let skip = |page: u32, failure: ToolFailure| {
+        let timed_out = matches!(failure, ToolFailure::TimedOut);
+        vec![PageReading { page, skipped: Some(failure.to_string()), timed_out, ..Default::default() }]
+    };
     let (page, image) = match request.source {
         OcrSource::PdfPage(page) => {
             // At most the resolution its scan was made at: rendering finer reads no better.
@@ -225,19 +244,24 @@ fn read_pages_here(request: &OcrRequest, document: &[u8]) -> Vec<PageReading> {
             let limit = (2 * request.max_pixels + (1 << 20)) as usize;
             match run_tool(&request.pdftoppm, &args, document, limit, deadline) {
                 Ok(png) => (page, png),
-                Err(reason) => return skip(page, reason),
+                Err(failure) => return skip(page, failure),
             }
         }
-        OcrSource::Image => (1, document.to_vec()),
+        OcrSource::Image { .. } => (1, document.to_vec()),
     };
-    // The rendered page (or the photo) is checked before Tesseract decodes it.
+    // The rendered page (or the photo, within the bounds its upload was checked by) is checked
+    // before Tesseract decodes it.
+    let bounds = match request.source {
+        OcrSource::PdfPage(_) => ImageBounds { max_pixels: request.max_pixels, ..request.image_bounds },
+        OcrSource::Image { .. } => request.image_bounds,
+    };
     if let Err(reason) = images::measure(&image, bounds) {
-        return skip(page, reason);
+        return skip(page, ToolFailure::Failed(reason));
     }
     let args = ["stdin", "stdout", "-l", &request.language, "--psm", "3", "tsv"].map(str::to_string);
     let tsv = match run_tool(&request.tesseract, &args, &image, 16 << 20, deadline) {
         Ok(tsv) => tsv,
-        Err(reason) => return skip(page, reason),
+        Err(failure) => return skip(page, failure),
     };
     let pages = parse_tsv(&String::from_utf8_lossy(&tsv));
     if pages.is_empty() {
@@ -245,7 +269,12 @@ fn read_pages_here(request: &OcrRequest, document: &[u8]) -> Vec<PageReading> {
     }
     (0..)
         .zip(pages)
-        .map(|(i, read)| PageReading { page: page + i, text: read.text, confidence: read.confidence, skipped: None })
+        .map(|(i, read)| PageReading {
+            page: page + i,
+            text: read.text,
+            confidence: read.confidence,
+            ..Default::default()
+        })
         .collect()
 }
 
@@ -296,6 +325,24 @@ fn page_size(doc: &lopdf::Document, mut id: lopdf::ObjectId) -> Option<(f64, f64
     None
 }
 
+/// Why a tool gave no answer.
+#[derive(Debug)]
+enum ToolFailure {
+    /// Past the page's wall clock (a slow page, or one starved by a busy server).
+    TimedOut,
+    /// Anything else, in words (a limit, a crash, a refusal).
+    Failed(String),
+}
+
+impl std::fmt::Display for ToolFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolFailure::TimedOut => f.write_str("reading the page took longer than its time allows"),
+            ToolFailure::Failed(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// Run `program` with `args`, `input` on its stdin; its stdout (at most `limit` bytes) once it
 /// exits well by `deadline`. It is killed at the deadline, and with this reader's process group
 /// (its parent kills the group when the reader is stopped).
@@ -305,7 +352,7 @@ fn run_tool(
     input: &[u8],
     limit: usize,
     deadline: std::time::Instant,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, ToolFailure> {
     use std::os::unix::process::ExitStatusExt;
     let name = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut command = std::process::Command::new(program);
@@ -318,7 +365,7 @@ fn run_tool(
         .stdout(Stdio::piped())
         // The reader's own stderr is nothing already (no file here may be opened).
         .stderr(Stdio::inherit());
-    let mut child = command.spawn().map_err(|e| format!("{name} could not start ({e})"))?;
+    let mut child = command.spawn().map_err(|e| ToolFailure::Failed(format!("{name} could not start ({e})")))?;
     let pid = child.id();
     let timed_out = Arc::new(Mutex::new(false));
     let watchdog = {
@@ -361,17 +408,17 @@ fn run_tool(
     let _ = feeder.join();
     let _ = watchdog.0.send(());
     let _ = watchdog.1.join();
-    let status = child.wait().map_err(|_| format!("{name} could not be waited for"))?;
+    let status = child.wait().map_err(|_| ToolFailure::Failed(format!("{name} could not be waited for")))?;
     if *timed_out.lock().unwrap_or_else(|e| e.into_inner()) {
-        return Err("reading the page took longer than its time allows".into());
+        return Err(ToolFailure::TimedOut);
     }
     if too_much {
-        return Err("the page is too large to read".into());
+        return Err(ToolFailure::Failed("the page is too large to read".into()));
     }
     match status {
         s if s.success() => Ok(output),
-        s if s.signal().is_some() => Err("the page is too complex or too large to read".into()),
-        _ => Err(format!("the page could not be read ({name} failed)")),
+        s if s.signal().is_some() => Err(ToolFailure::Failed("the page is too complex or too large to read".into())),
+        _ => Err(ToolFailure::Failed(format!("the page could not be read ({name} failed)"))),
     }
 }
 
@@ -428,10 +475,9 @@ pub fn no_ocr_error() -> JobError {
     )
 }
 
-/// The refusal for a scan OCR found no words in.
-pub fn nothing_read_error() -> JobError {
-    JobError::new(ErrorClass::InvalidInput, "no text could be read from the document, not even by OCR (is it blank?)")
-        .unreadable()
+/// Pure: the refusal for a scan of more pages than are read in one document.
+pub fn too_many_pages(scanned: u32, most: u32) -> String {
+    format!("the document has {scanned} scanned pages; Sluice reads at most {most} by OCR in one document: split it")
 }
 
 /// Whether `doc_type` may hold scanned pages.
@@ -444,7 +490,7 @@ mod tests {
     use super::*;
 
     fn read(page: u32, text: &str) -> PageReading {
-        PageReading { page, text: text.into(), confidence: Some(90.0), skipped: None }
+        PageReading { page, text: text.into(), confidence: Some(90.0), ..Default::default() }
     }
 
     #[test]

@@ -28,7 +28,12 @@ pub struct OcrConfig {
     pub confidence_floor: f32,
     /// Photos' bounds (pixels, sides, frames), checked from their headers.
     pub image_bounds: ImageBounds,
+    /// Scanned pages read in one document at most (more is refused at upload).
+    pub max_pages: u32,
 }
+
+/// Scanned pages one document may have by default.
+pub const DEFAULT_MAX_PAGES: u32 = 500;
 
 /// A page's wall clock by default.
 pub const DEFAULT_PAGE_WALL_CLOCK: Duration = Duration::from_secs(60);
@@ -58,6 +63,7 @@ impl OcrConfig {
             max_dpi: DEFAULT_MAX_DPI,
             confidence_floor: DEFAULT_CONFIDENCE_FLOOR,
             image_bounds: ImageBounds::DEFAULT,
+            max_pages: DEFAULT_MAX_PAGES,
         }
     }
 

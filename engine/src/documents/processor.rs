@@ -59,6 +59,18 @@ pub struct DocumentProcessor {
     pub economy: Option<super::economy::EconomyLane>,
 }
 
+/// A scan that could not be read (`why`): the document's fault (unreadable, the usual rule),
+/// unless a page ran out of time, which a busy server does too: then ours, tried again.
+fn unread_scan(readings: &[super::ocr::PageReading], why: &str) -> JobError {
+    if readings.iter().any(|r| r.timed_out) {
+        return JobError::new(
+            ErrorClass::ServerError,
+            format!("{why}: pages ran out of time (the server may have been busy); it is tried again"),
+        );
+    }
+    JobError::new(ErrorClass::InvalidInput, why).unreadable()
+}
+
 /// What a scan's settlement goes by: its text layer's own tokens and its pages read by OCR.
 struct ScanRead {
     text_layer_tokens: i64,
@@ -465,59 +477,85 @@ impl DocumentProcessor {
         extracted: super::extract::Extracted,
         bytes: bytes::Bytes,
     ) -> Result<(super::extract::Extracted, Option<ScanRead>), JobError> {
+        use super::ocr::{self, OcrSource, PageReading};
         if extracted.scanned.is_empty() {
             return Ok((extracted, None));
         }
         let pages = extracted.pages.unwrap_or(extracted.page_texts.len() as u32);
+        let scanned = extracted.scanned.len() as u32;
         let text_layer_tokens = match extracted.text.trim().is_empty() {
             true => 0,
             false => own_text_tokens(&extracted.text).await,
         };
-        let Some(ocr) = self.sandbox.ocr.clone() else {
+        let Some(config) = self.sandbox.ocr.clone() else {
             // No OCR here: a document with text is read without its scanned pages (they are
             // named); one with none fails in words, free.
             if text_layer_tokens == 0 {
-                return Err(super::ocr::no_ocr_error());
+                return Err(ocr::no_ocr_error());
             }
-            let skipped: Vec<super::ocr::PageReading> = extracted
+            let skipped: Vec<PageReading> = extracted
                 .scanned
                 .iter()
-                .map(|&page| super::ocr::PageReading {
+                .map(|&page| PageReading {
                     page,
                     skipped: Some("no OCR is installed on this server".into()),
                     ..Default::default()
                 })
                 .collect();
-            self.stages.record_scan(job, &super::ocr::report(pages, "", &skipped, 0.0)).await;
+            self.stages.record_scan(job, &ocr::report(pages, "", &skipped, 0.0)).await;
             return Ok((extracted, Some(ScanRead { text_layer_tokens, read: 0 })));
         };
-        let mut language = ocr
+        if scanned > config.max_pages {
+            return Err(
+                JobError::new(ErrorClass::InvalidInput, ocr::too_many_pages(scanned, config.max_pages)).unreadable()
+            );
+        }
+        // Priced before a page is read: a scan whose pages cost more than was held for it (its
+        // survey at upload did not price it) is refused, not read for nothing.
+        if !self.settle_hold(job, spec, text_layer_tokens, scanned).await? {
+            return Err(JobError::new(
+                ErrorClass::InvalidInput,
+                format!(
+                    "the document has {scanned} scanned pages to read by OCR, more than the price held for it covers; upload it again to have it priced by its pages"
+                ),
+            ));
+        }
+        let mut language = config
             .language_for(spec.document_language.as_deref())
             .map_err(|reason| JobError::new(ErrorClass::InvalidInput, reason))?;
-        let mut readings = Vec::new();
         let source = |page| match spec.document.doc_type.is_image() {
-            true => super::ocr::OcrSource::Image,
-            false => super::ocr::OcrSource::PdfPage(page),
+            true => OcrSource::Image { frames: scanned },
+            false => OcrSource::PdfPage(page),
         };
+        // A document whose pages keep failing is stopped: a few bad pages are skipped, a
+        // document of them is not read page after page for nothing.
+        let most_skipped = (scanned / 10).max(3);
+        let mut readings: Vec<PageReading> = Vec::new();
         for &page in &extracted.scanned {
-            if readings.iter().any(|r: &super::ocr::PageReading| r.page == page) {
+            if readings.iter().any(|r| r.page == page) {
                 continue; // an image's frames come back together
             }
             self.stages.reading_page(job, page, pages).await?;
-            let read = if language == super::ocr::AUTO {
-                let (detected, read) = self.detect_language(&ocr, source(page), bytes.clone()).await?;
+            let read = if language == ocr::AUTO {
+                let (detected, read) = self.detect_language(&config, source(page), bytes.clone()).await?;
                 language = detected;
                 read
             } else {
-                super::ocr::read_in_child(&self.sandbox, &ocr, source(page), &language, bytes.clone()).await?
+                ocr::read_in_child(&self.sandbox, &config, source(page), &language, bytes.clone()).await?
             };
             readings.extend(read);
+            if readings.iter().filter(|r| r.skipped.is_some()).count() as u32 > most_skipped {
+                return Err(unread_scan(&readings, "too many of its pages could not be read within their bounds"));
+            }
         }
-        let report = super::ocr::report(pages, &language, &readings, ocr.confidence_floor);
+        let report = ocr::report(pages, &language, &readings, config.confidence_floor);
         self.stages.record_scan(job, &report).await;
-        let text = super::ocr::compose(&extracted.page_texts, &readings);
+        let text = ocr::compose(&extracted.page_texts, &readings);
         if text.trim().is_empty() {
-            return Err(super::ocr::nothing_read_error());
+            return Err(unread_scan(
+                &readings,
+                "no text could be read from the document, not even by OCR (is it blank?)",
+            ));
         }
         let read = report.read.len() as u32;
         tracing::info!(job = %job.id, pages, read, skipped = report.skipped.len(), %language, "scan read by OCR");

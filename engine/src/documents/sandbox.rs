@@ -54,7 +54,13 @@ pub struct SandboxConfig {
     max_readers: usize,
     /// How scans are read (none: OCR is not installed, and a scan fails in words).
     pub ocr: Option<Arc<super::ocr_config::OcrConfig>>,
+    /// How long a run waits for a reader's turn (none: as long as it takes); past it, the run
+    /// fails with [`READERS_BUSY`].
+    pub turn_wait: Option<Duration>,
 }
+
+/// A run that found no reader free within its config's `turn_wait`.
+pub const READERS_BUSY: &str = "every document reader is busy";
 
 /// The default total address space of all readers running at once.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 4 << 30;
@@ -74,6 +80,7 @@ impl SandboxConfig {
             readers: Arc::new(Semaphore::new(1)),
             max_readers: 1,
             ocr: None,
+            turn_wait: None,
         };
         config.limit_readers(cores(), DEFAULT_MEMORY_BUDGET);
         config
@@ -267,7 +274,14 @@ impl Drop for GroupKiller {
 /// `run.output_limit` bytes) once it exited on its own.
 pub(crate) async fn run_reader(config: &SandboxConfig, run: ReaderRun<'_>, bytes: Bytes) -> Result<Vec<u8>, JobError> {
     // Waiting for a turn is not the document's time: the wall clock starts with the child.
-    let _turn = config.readers.acquire().await.expect("the readers' semaphore is never closed");
+    let turn = config.readers.acquire();
+    let _turn = match config.turn_wait {
+        None => turn.await,
+        Some(wait) => {
+            tokio::time::timeout(wait, turn).await.map_err(|_| JobError::new(ErrorClass::ServerError, READERS_BUSY))?
+        }
+    }
+    .expect("the readers' semaphore is never closed");
     let limits = run.limits;
     let mut command = tokio::process::Command::new(&config.program);
     command
@@ -610,8 +624,8 @@ fn deny_files_and_network(readable: &[std::path::PathBuf]) -> i64 {
     }
 }
 
-/// Let the landlock ruleset `ruleset` read files and folders and run programs beneath `folder`
-/// (a folder that cannot be opened is left out: it grants nothing).
+/// Let the landlock ruleset `ruleset` read files and folders and run programs beneath `folder`,
+/// or read `folder` if it is a file (one that cannot be opened is left out: it grants nothing).
 fn allow_reading_beneath(ruleset: libc::c_int, folder: &std::path::Path) {
     #[repr(C, packed)]
     struct PathBeneath {
@@ -624,11 +638,13 @@ fn allow_reading_beneath(ruleset: libc::c_int, folder: &std::path::Path) {
     const RULE_PATH_BENEATH: libc::c_int = 1;
     let Ok(path) = std::ffi::CString::new(folder.as_os_str().as_encoded_bytes()) else { return };
     // SAFETY: a valid C string; the fd is closed below.
-    let parent = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY) };
+    let parent = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
     if parent < 0 {
         return;
     }
-    let rule = PathBeneath { allowed_access: EXECUTE | READ_FILE | READ_DIR, parent_fd: parent };
+    // A file takes file rights only (a folder's make the rule invalid).
+    let access = if folder.is_dir() { EXECUTE | READ_FILE | READ_DIR } else { READ_FILE };
+    let rule = PathBeneath { allowed_access: access, parent_fd: parent };
     // SAFETY: a valid rule struct for this rule type; both fds are ours.
     unsafe {
         libc::syscall(libc::SYS_landlock_add_rule, ruleset, RULE_PATH_BENEATH, &rule as *const PathBeneath, 0);

@@ -197,7 +197,9 @@ pub async fn set_stage(
     pages: Option<u32>,
 ) -> crate::error::Result<StageWritten> {
     let requested: Option<bool> = sqlx::query_scalar(
-        "UPDATE jobs SET stage = $3, stage_since = clock_timestamp(), stage_pages = coalesce($4, stage_pages)
+        // A page being read is set after its stage (`reading_page`): never one of another stage's.
+        "UPDATE jobs SET stage = $3, stage_since = clock_timestamp(), stage_pages = coalesce($4, stage_pages),
+                         reading_page = NULL
          WHERE id = $1 AND lease_token = $2 AND state = 'running'
          RETURNING cancel_requested_at IS NOT NULL",
     )

@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use engine::documents::ocr::{
-    self, OcrConfig, DEFAULT_CONFIDENCE_FLOOR, DEFAULT_MAX_DPI, DEFAULT_MAX_PAGE_PIXELS, DEFAULT_PAGE_CPU_SECS,
-    DEFAULT_PAGE_MEMORY_BYTES, DEFAULT_PAGE_WALL_CLOCK,
+    self, OcrConfig, DEFAULT_CONFIDENCE_FLOOR, DEFAULT_MAX_DPI, DEFAULT_MAX_PAGES, DEFAULT_MAX_PAGE_PIXELS,
+    DEFAULT_PAGE_CPU_SECS, DEFAULT_PAGE_MEMORY_BYTES, DEFAULT_PAGE_WALL_CLOCK,
 };
 
 #[derive(Clone, Debug, Args)]
@@ -41,6 +41,9 @@ pub struct ScanArgs {
     /// The most pixels a rendered page or a photo may have, in millions.
     #[arg(long, env = "SLUICE_OCR_MAX_MEGAPIXELS", default_value_t = DEFAULT_MAX_PAGE_PIXELS / 1_000_000, global = true)]
     pub ocr_max_megapixels: u64,
+    /// Scanned pages one document may have; more are refused at upload (split it).
+    #[arg(long, env = "SLUICE_OCR_MAX_PAGES", default_value_t = DEFAULT_MAX_PAGES, global = true)]
+    pub ocr_max_pages: u32,
     /// Pages read under this mean confidence (0 to 100) are flagged for checking.
     #[arg(long, env = "SLUICE_OCR_CONFIDENCE_FLOOR", default_value_t = DEFAULT_CONFIDENCE_FLOOR, global = true)]
     pub ocr_confidence_floor: f32,
@@ -58,6 +61,11 @@ impl ScanArgs {
     pub fn ocr_config(&self) -> Option<OcrConfig> {
         if self.no_ocr {
             tracing::info!("OCR is off (--no-ocr): scans are refused in words, free");
+            return None;
+        }
+        // The reader may read only the tools' own folders: absolute paths, never the root.
+        if let Some(tool) = [&self.tesseract, &self.pdftoppm].into_iter().find(|p| ocr::tool_folder(p).is_none()) {
+            tracing::warn!(tool = %tool.display(), "OCR is off: name the OCR tools by absolute paths outside /");
             return None;
         }
         let tools = match ocr::probe(&self.tesseract, &self.pdftoppm) {
@@ -91,6 +99,7 @@ impl ScanArgs {
             max_page_pixels: self.ocr_max_megapixels.clamp(1, 500) * 1_000_000,
             max_dpi: self.ocr_max_dpi.clamp(72, 1200),
             confidence_floor: self.ocr_confidence_floor.clamp(0.0, 100.0),
+            max_pages: self.ocr_max_pages.max(1),
             ..OcrConfig::new(Vec::new())
         })
     }

@@ -17,7 +17,7 @@ use crate::helpers::*;
 fn reading(ocr: Option<OcrConfig>) -> WebSettings {
     let mut reader = sandbox();
     reader.ocr = ocr.map(Arc::new);
-    WebSettings { document_reader: Some(Arc::new(reader)), ..WebSettings::default() }
+    WebSettings { survey_reader: Some(Arc::new(reader)), ..WebSettings::default() }
 }
 
 fn english() -> Option<OcrConfig> {
