@@ -164,6 +164,10 @@ fn ensure_system_packages(browser: bool) -> Result {
     if !Path::new("/usr/bin/pdftoppm").exists() {
         missing.push("poppler-utils");
     }
+    // German as well: the tests read a German scan and detect its language.
+    if !Path::new("/usr/share/tesseract-ocr/5/tessdata/deu.traineddata").exists() {
+        missing.push("tesseract-ocr-deu");
+    }
     match std::env::var("CHROMIUM_PATH") {
         Ok(own) if browser && !Path::new(&own).exists() => {
             return Err(format!("CHROMIUM_PATH names {own}, which does not exist"));
