@@ -44,10 +44,12 @@ async fn noop(_job: ClaimedJob) -> Result<JobOutput, JobError> {
 }
 
 async fn reset(pool: &PgPool) {
-    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews, kept_answers")
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews, kept_answers, kept_scan_texts",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
     sqlx::query("VACUUM ANALYZE jobs").execute(pool).await.unwrap();
 }
 

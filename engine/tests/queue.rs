@@ -1018,10 +1018,12 @@ async fn the_listing_follows_every_job_from_insert_to_delete_and_lists_them_newe
     assert_eq!(listing_drift(&pool).await, 0);
     let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM job_listing").fetch_one(&pool).await.unwrap();
     assert_eq!(listed, 5);
-    sqlx::query("TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews, kept_answers")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "TRUNCATE jobs, job_attempts, job_parts, parts_read, job_writing, reviews, kept_answers, kept_scan_texts",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM job_listing").fetch_one(&pool).await.unwrap();
     assert_eq!(listed, 0);
 }
@@ -1051,7 +1053,7 @@ async fn a_jobs_attempts_go_with_it_however_it_goes(pool: PgPool) {
     expected.sort();
     assert_eq!(left, expected);
     // The table emptied, the attempts with it (they may not be named).
-    sqlx::query("TRUNCATE jobs, job_parts, parts_read, job_writing, reviews, kept_answers")
+    sqlx::query("TRUNCATE jobs, job_parts, parts_read, job_writing, reviews, kept_answers, kept_scan_texts")
         .execute(&pool)
         .await
         .unwrap();

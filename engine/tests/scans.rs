@@ -92,7 +92,7 @@ fn workers_settling(s: &Setup, sandbox: SandboxConfig, prices: Option<engine::si
         stages: engine::queue::stages::StageLog::new(s.pool.clone()),
         budget: engine::queue::capacity::Budget::disabled(),
         context_tokens: None,
-        parts: engine::queue::parts::PartStore::disabled(),
+        parts: engine::queue::parts::PartStore::new(s.pool.clone()),
         max_document_tokens: None,
         settle_held: prices.map(|prices| engine::documents::processor::HoldSettlement {
             pool: s.pool.clone(),
@@ -315,4 +315,33 @@ async fn a_document_of_pages_that_all_fail_is_stopped_after_a_few_not_read_to_it
     assert_eq!(job.failure_kind, Some(engine::FailureKind::InvalidInput), "the document's fault");
     assert_eq!(job.reading_page, Some(4), "stopped at the fourth page of eight");
     assert_eq!(s.fake.calls(), 0);
+}
+
+#[sqlx::test(migrator = "engine::db::MIGRATOR")]
+async fn a_retry_uses_the_scans_text_its_first_attempt_read_and_reads_no_page_again(pool: PgPool) {
+    let s = setup(pool, "scan-retry").await;
+    let pdf = pdf_of_pages(&(1..=3).map(|n| TestPage::Scanned(lines_of(n))).collect::<Vec<_>>());
+    let id = submit(&s, DocType::Pdf, pdf).await;
+    // The first attempt reads the pages, then the provider refuses it for a while.
+    s.fake.push([fakeprovider::Reply::RateLimitedSeconds { seconds: 1 }]);
+    let first = workers(&s, reader(ocr_config()));
+    assert!(wait_for(Duration::from_secs(60), || async { queue::get(&s.pool, id).await.unwrap().attempts == 1 }).await);
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            queue::get(&s.pool, id).await.unwrap().state == JobState::Retrying
+        })
+        .await
+    );
+    first.shutdown().await;
+    // The next attempt's OCR could read nothing: it must not need to.
+    let broken = OcrConfig { tesseract: "/usr/bin/false".into(), ..ocr_config() };
+    let second = workers(&s, reader(broken));
+    let job = wait_terminal(&s.pool, id, Duration::from_secs(60)).await;
+    second.shutdown().await;
+    assert_eq!((job.state, job.attempts), (JobState::Done, 2), "{:?}", job.last_error);
+    let markdown = job.result.clone().unwrap()["markdown"].as_str().unwrap().to_string();
+    in_order(&markdown, &(1..=3).map(|n| format!("Clause {n} says")).collect::<Vec<_>>());
+    // Once done, the kept text is forgotten by the upkeep.
+    assert_eq!(engine::documents::kept_answers::forget_ended(&s.pool).await.unwrap(), 2, "its answer and its text");
+    assert!(engine::documents::kept_answers::kept_scan_text(&s.pool, id).await.unwrap().is_none());
 }

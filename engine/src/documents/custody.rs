@@ -26,11 +26,12 @@ pub async fn still_kept(tx: &mut PgConnection, key: &str) -> Result<bool> {
 }
 
 /// Erase what the provider answered for deleted jobs (their words) and is kept apart from the
-/// jobs' rows: the batches' answers, answers kept before their completion; in the caller's
-/// transaction.
+/// jobs' rows: the batches' answers, answers kept before their completion, scans' texts kept
+/// for a next attempt; in the caller's transaction.
 pub async fn forget_answers(conn: &mut PgConnection, jobs: &[Uuid]) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM batch_requests WHERE job_id = ANY($1)").bind(jobs).execute(&mut *conn).await?;
-    sqlx::query("DELETE FROM kept_answers WHERE job_id = ANY($1)").bind(jobs).execute(&mut *conn).await?;
+    for table in ["batch_requests", "kept_answers", "kept_scan_texts"] {
+        sqlx::query(&format!("DELETE FROM {table} WHERE job_id = ANY($1)")).bind(jobs).execute(&mut *conn).await?;
+    }
     Ok(())
 }
 

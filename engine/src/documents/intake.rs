@@ -907,6 +907,30 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_is_not_offered_the_economy_lane_and_is_priced_by_its_pages() {
+        let pdf = CheckedUpload {
+            name: None,
+            size: 2_000_000,
+            sha256: String::new(),
+            doc_type: DocType::Pdf,
+            tokens: Some(0),
+            pages: Some(40),
+            scanned_pages: Some(40),
+        };
+        let economy = UploadOptions { economy: true, ..UploadOptions::default() };
+        assert!(economy.check_scan(&pdf).unwrap_err().to_string().contains("economy lane"));
+        assert!(UploadOptions::default().check_scan(&pdf).is_ok());
+        assert!(economy.check_scan(&CheckedUpload { scanned_pages: None, ..pdf.clone() }).is_ok());
+        // 40 pages at 0.3 credits, and no text layer: 12 credits, not 2 MB of PDF's hold.
+        let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
+        assert_eq!(price(&config, &pdf, Preset::Translate, false), 12);
+        assert_eq!(document_price_by_size(&config, pdf.size(), Preset::Translate, false), 12);
+        // Its text pages by their text: 30K tokens translated is 60K billed, 2 credits more.
+        let mixed = CheckedUpload { tokens: Some(30_000), ..pdf };
+        assert_eq!(price(&config, &mixed, Preset::Translate, false), 14);
+    }
+
+    #[test]
     fn file_names_are_display_text_only() {
         assert_eq!(display_name("../../etc/passwd"), "passwd");
         assert_eq!(display_name("C:\\Users\\me\\report.pdf"), "report.pdf");

@@ -481,6 +481,15 @@ impl DocumentProcessor {
         if extracted.scanned.is_empty() {
             return Ok((extracted, None));
         }
+        // An earlier attempt read it: its text is used, no page read again.
+        let pool = self.parts.pool();
+        if let Some(pool) = pool {
+            if let Some(kept) = kept_answers::kept_scan_text(pool, job.id).await.map_err(database_error)? {
+                tracing::info!(job = %job.id, "the scan's text an earlier attempt read: used");
+                let read = ScanRead { text_layer_tokens: kept.text_layer_tokens, read: kept.pages_read };
+                return Ok((super::extract::Extracted { text: kept.text, ..extracted }, Some(read)));
+            }
+        }
         let pages = extracted.pages.unwrap_or(extracted.page_texts.len() as u32);
         let scanned = extracted.scanned.len() as u32;
         let text_layer_tokens = match extracted.text.trim().is_empty() {
@@ -559,6 +568,12 @@ impl DocumentProcessor {
         }
         let read = report.read.len() as u32;
         tracing::info!(job = %job.id, pages, read, skipped = report.skipped.len(), %language, "scan read by OCR");
+        if let Some(pool) = pool {
+            let kept = kept_answers::ScanText { text: text.clone(), pages_read: read, text_layer_tokens };
+            if let Err(e) = kept_answers::keep_scan_text(pool, job.id, &kept).await {
+                tracing::warn!(job = %job.id, error = %e, "could not keep the scan's text for a next attempt");
+            }
+        }
         Ok((super::extract::Extracted { text, ..extracted }, Some(ScanRead { text_layer_tokens, read })))
     }
 
