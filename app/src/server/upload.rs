@@ -164,8 +164,7 @@ where
     let pending = PendingBlob::new(&ctx.pool, &ctx.blobs, &stored.key);
     // A PDF or an image is surveyed: a scan is priced by its pages, and an image past its
     // bounds, or a scan where no OCR reads it, is refused before anything is charged.
-    let surveyed = survey_stored(ctx, &mut stored).await.and_then(|()| Ok(options.check_scan(&stored.upload)?));
-    if let Err(e) = surveyed {
+    if let Err(e) = survey_stored(ctx, &mut stored).await {
         pending.delete().await;
         return Err(e);
     }
@@ -364,7 +363,6 @@ where
     if let (Some(reader), Some(bytes)) = (&settings.survey_reader, kept) {
         intake::survey(reader, &mut upload, bytes).await?;
     }
-    options.check_scan(&upload)?;
     let estimate_settings = estimate_settings(ctx).await?;
     let estimate = engine::documents::estimate::estimate(
         &ctx.pool,
@@ -456,6 +454,8 @@ pub async fn run_again(
             None => spec.as_ref().map(|s| s.preset).unwrap_or(engine::Preset::Summarize),
         },
         language: match language {
+            // Sent, a language is a name (the contract's pattern): an empty one is refused.
+            Some("") => return Err(AppError::invalid("the language should be a name like \"German\"")),
             Some(l) => intake::parse_language(l)?,
             None => spec.as_ref().and_then(|s| s.language.clone()),
         },

@@ -399,18 +399,6 @@ impl UploadOptions {
         }
     }
 
-    /// Pure: a scan (surveyed) is read by OCR as its job starts, page by page, and is not
-    /// offered the economy lane (whose claims would each read it again).
-    pub fn check_scan(&self, upload: &CheckedUpload) -> Result<()> {
-        if self.economy && upload.scanned_pages.is_some() {
-            return Err(EngineError::Invalid(
-                "the economy lane is for documents with a text layer; a scan is read by OCR in the standard lane"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// The glossary in full: a saved one named (its entries under the pasted ones). An unknown
     /// name is refused, and so is a name to save under with nothing pasted.
     pub async fn resolve_glossary(&mut self, pool: &PgPool, owner: i64) -> Result<()> {
@@ -907,7 +895,7 @@ mod tests {
     }
 
     #[test]
-    fn a_scan_is_not_offered_the_economy_lane_and_is_priced_by_its_pages() {
+    fn a_scan_is_priced_by_its_pages_and_its_text_pages_by_their_text() {
         let pdf = CheckedUpload {
             name: None,
             size: 2_000_000,
@@ -917,10 +905,6 @@ mod tests {
             pages: Some(40),
             scanned_pages: Some(40),
         };
-        let economy = UploadOptions { economy: true, ..UploadOptions::default() };
-        assert!(economy.check_scan(&pdf).unwrap_err().to_string().contains("economy lane"));
-        assert!(UploadOptions::default().check_scan(&pdf).is_ok());
-        assert!(economy.check_scan(&CheckedUpload { scanned_pages: None, ..pdf.clone() }).is_ok());
         // 40 pages at 0.3 credits, and no text layer: 12 credits, not 2 MB of PDF's hold.
         let config = AdmissionConfig { prices: capacity::PriceTable::default(), ..AdmissionConfig::default() };
         assert_eq!(price(&config, &pdf, Preset::Translate, false), 12);

@@ -51,15 +51,18 @@ pub struct ScanText {
     pub text_layer_tokens: i64,
 }
 
-/// Keep `job`'s scan text for its next attempts.
-pub async fn keep_scan_text(pool: &PgPool, job: Uuid, scan: &ScanText) -> Result<()> {
+/// Keep `job`'s scan text for its next attempts (only while this attempt holds the job: one
+/// that lost it keeps nothing).
+pub async fn keep_scan_text(pool: &PgPool, job: &ClaimedJob, scan: &ScanText) -> Result<()> {
     sqlx::query(
-        "INSERT INTO kept_scan_texts (job_id, text, pages_read, text_layer_tokens) VALUES ($1, $2, $3, $4)
+        "INSERT INTO kept_scan_texts (job_id, text, pages_read, text_layer_tokens)
+         SELECT id, $3, $4, $5 FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'running'
          ON CONFLICT (job_id) DO UPDATE
          SET text = EXCLUDED.text, pages_read = EXCLUDED.pages_read,
              text_layer_tokens = EXCLUDED.text_layer_tokens, kept_at = now()",
     )
-    .bind(job)
+    .bind(job.id)
+    .bind(job.lease_token)
     .bind(&scan.text)
     .bind(scan.pages_read.min(i32::MAX as u32) as i32)
     .bind(scan.text_layer_tokens)

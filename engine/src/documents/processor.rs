@@ -60,9 +60,12 @@ pub struct DocumentProcessor {
 }
 
 /// A scan that could not be read (`why`): the document's fault (unreadable, the usual rule),
-/// unless a page ran out of time, which a busy server does too: then ours, tried again.
+/// unless most of its skipped pages ran out of time, which a busy server does too: then ours,
+/// tried again.
 fn unread_scan(readings: &[super::ocr::PageReading], why: &str) -> JobError {
-    if readings.iter().any(|r| r.timed_out) {
+    let skipped = readings.iter().filter(|r| r.skipped.is_some()).count();
+    let timed_out = readings.iter().filter(|r| r.timed_out).count();
+    if timed_out * 2 > skipped {
         return JobError::new(
             ErrorClass::ServerError,
             format!("{why}: pages ran out of time (the server may have been busy); it is tried again"),
@@ -525,7 +528,7 @@ impl DocumentProcessor {
             return Err(JobError::new(
                 ErrorClass::InvalidInput,
                 format!(
-                    "the document has {scanned} scanned pages to read by OCR, more than the price held for it covers; upload it again to have it priced by its pages"
+                    "the document's {scanned} scanned pages and its text cost more than the price held for it; upload it again to have it priced by its pages"
                 ),
             ));
         }
@@ -553,6 +556,20 @@ impl DocumentProcessor {
                 ocr::read_in_child(&self.sandbox, &config, source(page), &language, bytes.clone()).await?
             };
             readings.extend(read);
+            if spec.document.doc_type.is_image() {
+                // An image is read in one run: a frame it did not answer for is skipped with the
+                // run's reason, never read again (each run reads the whole image).
+                let why = readings.iter().find_map(|r| r.skipped.clone());
+                let why = why.unwrap_or_else(|| "the reader gave no answer for it".into());
+                let timed_out = readings.iter().any(|r| r.timed_out);
+                for &frame in &extracted.scanned {
+                    if !readings.iter().any(|r| r.page == frame) {
+                        let skipped = Some(format!("the image was read once, without this page: {why}"));
+                        readings.push(PageReading { page: frame, skipped, timed_out, ..Default::default() });
+                    }
+                }
+                break;
+            }
             if readings.iter().filter(|r| r.skipped.is_some()).count() as u32 > most_skipped {
                 return Err(unread_scan(&readings, "too many of its pages could not be read within their bounds"));
             }
@@ -568,9 +585,11 @@ impl DocumentProcessor {
         }
         let read = report.read.len() as u32;
         tracing::info!(job = %job.id, pages, read, skipped = report.skipped.len(), %language, "scan read by OCR");
-        if let Some(pool) = pool {
+        // Kept for the next attempts, unless a page ran out of time (a busy server): then the
+        // next attempt reads again.
+        if let Some(pool) = pool.filter(|_| !readings.iter().any(|r| r.timed_out)) {
             let kept = kept_answers::ScanText { text: text.clone(), pages_read: read, text_layer_tokens };
-            if let Err(e) = kept_answers::keep_scan_text(pool, job.id, &kept).await {
+            if let Err(e) = kept_answers::keep_scan_text(pool, job, &kept).await {
                 tracing::warn!(job = %job.id, error = %e, "could not keep the scan's text for a next attempt");
             }
         }

@@ -184,6 +184,9 @@ async fn run_again_makes_a_new_charged_job_sharing_the_stored_document(pool: PgP
     assert_eq!(blobs.get(&key).await.unwrap().as_ref(), doc(1).as_slice());
     assert_eq!(app.stored_blobs(), 1, "shared, not copied");
 
+    // A language sent is a name: an empty one is refused before anything else (the contract).
+    let nameless = run_again(&first, serde_json::json!({ "language": "", "preset": "key_facts" })).await.unwrap();
+    assert_eq!(nameless.status(), 422);
     // Out of credits now: 402, and nothing stored.
     let broke = run_again(&first, serde_json::json!({})).await.unwrap();
     assert_eq!(broke.status(), 402);
