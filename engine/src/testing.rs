@@ -504,13 +504,30 @@ pub fn pdf_with_pages(pages: usize) -> Vec<u8> {
         .map(|n| {
             let text = format!("BT /F1 12 Tf 72 720 Td (Page {n} says hello.) Tj ET");
             let content_id = doc.add_object(Stream::new(dictionary! {}, text.into_bytes()));
-            doc.add_object(dictionary! {
-                "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources_id,
-                "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],
-            })
-            .into()
+            letter_page(&mut doc, pages_id, content_id, resources_id.into())
         })
         .collect();
+    finish_pdf(doc, pages_id, kids)
+}
+
+/// A letter page of the page tree `pages_id`, showing `content_id` with `resources`.
+fn letter_page(
+    doc: &mut lopdf::Document,
+    pages_id: lopdf::ObjectId,
+    content_id: lopdf::ObjectId,
+    resources: lopdf::Object,
+) -> lopdf::Object {
+    use lopdf::dictionary;
+    doc.add_object(dictionary! {
+        "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources,
+        "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],
+    })
+    .into()
+}
+
+/// The document with its page tree (`kids` under `pages_id`) and catalog, written out.
+fn finish_pdf(mut doc: lopdf::Document, pages_id: lopdf::ObjectId, kids: Vec<lopdf::Object>) -> Vec<u8> {
+    use lopdf::{dictionary, Object};
     let count = kids.len() as i64;
     doc.objects
         .insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
@@ -519,6 +536,30 @@ pub fn pdf_with_pages(pages: usize) -> Vec<u8> {
     let mut out = Vec::new();
     doc.save_to(&mut out).expect("write the PDF");
     out
+}
+
+/// A little-endian TIFF whose frames are `frames` (width, height) and hold no pixels (its
+/// headers measure; no decoder reads it), each frame's directory pointing at the next, the last
+/// at the first when `looped` (a TIFF whose pages point back at each other).
+pub fn tiff_of(frames: &[(u32, u32)], looped: bool) -> Vec<u8> {
+    let mut tiff = b"II*\0\x08\0\0\0".to_vec();
+    for (i, (width, height)) in frames.iter().enumerate() {
+        let here = tiff.len() as u32;
+        tiff.extend_from_slice(&2u16.to_le_bytes());
+        for (tag, value) in [(256u16, *width), (257, *height)] {
+            tiff.extend_from_slice(&tag.to_le_bytes());
+            tiff.extend_from_slice(&4u16.to_le_bytes());
+            tiff.extend_from_slice(&1u32.to_le_bytes());
+            tiff.extend_from_slice(&value.to_le_bytes());
+        }
+        let next = match i + 1 == frames.len() {
+            true if looped => 8,
+            true => 0,
+            false => here + 30,
+        };
+        tiff.extend_from_slice(&next.to_le_bytes());
+    }
+    tiff
 }
 
 /// The most this process has had resident so far (VmHWM), in MiB.
@@ -687,21 +728,10 @@ pub fn pdf_of_pages(pages: &[TestPage]) -> Vec<u8> {
                 }
             };
             let content_id = doc.add_object(Stream::new(dictionary! {}, content));
-            doc.add_object(dictionary! {
-                "Type" => "Page", "Parent" => pages_id, "Contents" => content_id, "Resources" => resources,
-                "MediaBox" => vec![0.into(), 0.into(), 612.into(), 792.into()],
-            })
-            .into()
+            letter_page(&mut doc, pages_id, content_id, resources.into())
         })
         .collect();
-    let count = kids.len() as i64;
-    doc.objects
-        .insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
-    let catalog_id = doc.add_object(dictionary! { "Type" => "Catalog", "Pages" => pages_id });
-    doc.trailer.set("Root", catalog_id);
-    let mut out = Vec::new();
-    doc.save_to(&mut out).expect("write the PDF");
-    out
+    finish_pdf(doc, pages_id, kids)
 }
 
 /// A page that takes its renderer many seconds: an 80,000 × 80,000 pixel image (800 MB of

@@ -346,29 +346,10 @@ async fn a_retry_uses_the_scans_text_its_first_attempt_read_and_reads_no_page_ag
     assert!(engine::documents::kept_answers::kept_scan_text(&s.pool, id).await.unwrap().is_none());
 }
 
-/// A little-endian TIFF of `frames` frames of 100 × 100 pixels whose pixels are missing (its
-/// headers measure; no decoder reads it).
-fn tiff_without_pixels(frames: u32) -> Vec<u8> {
-    let mut tiff = b"II*\0\x08\0\0\0".to_vec();
-    for i in 0..frames {
-        let here = tiff.len() as u32;
-        tiff.extend_from_slice(&2u16.to_le_bytes());
-        for tag in [256u16, 257] {
-            tiff.extend_from_slice(&tag.to_le_bytes());
-            tiff.extend_from_slice(&4u16.to_le_bytes());
-            tiff.extend_from_slice(&1u32.to_le_bytes());
-            tiff.extend_from_slice(&100u32.to_le_bytes());
-        }
-        let next = if i + 1 == frames { 0 } else { here + 30 };
-        tiff.extend_from_slice(&next.to_le_bytes());
-    }
-    tiff
-}
-
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn an_image_that_cannot_be_read_is_read_once_not_once_a_frame(pool: PgPool) {
     let s = setup(pool, "scan-tiff").await;
-    let id = submit(&s, DocType::Tiff, tiff_without_pixels(3)).await;
+    let id = submit(&s, DocType::Tiff, engine::testing::tiff_of(&[(100, 100); 3], false)).await;
     let workers = workers(&s, reader(ocr_config()));
     let job = wait_terminal(&s.pool, id, Duration::from_secs(60)).await;
     workers.shutdown().await;

@@ -182,11 +182,7 @@ pub fn child_main(run_as: Option<&str>) -> ExitCode {
     else {
         return ExitCode::from(2);
     };
-    let run_as = match run_as.map(RunAs::parse) {
-        None => None,
-        Some(Some(run_as)) => Some(run_as),
-        Some(None) => return ExitCode::from(2),
-    };
+    let Ok(run_as) = RunAs::from_arg(run_as) else { return ExitCode::from(2) };
     // OCR is minutes of CPU a scan: it takes only the CPU nobody else wants (SCHED_IDLE, kept
     // by the tools it starts), so polls and uploads keep their latency while it reads. A page
     // starved past its wall clock is skipped with a note, as a slow one is.

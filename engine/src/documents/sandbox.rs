@@ -149,6 +149,11 @@ impl RunAs {
         format!("--run-as={}:{}", self.uid, self.gid)
     }
 
+    /// The child's `--run-as` value: none given is none, one given must parse (`Err`: not).
+    pub fn from_arg(arg: Option<&str>) -> Result<Option<RunAs>, ()> {
+        arg.map(|text| RunAs::parse(text).ok_or(())).transpose()
+    }
+
     /// `uid:gid`, as the child is given it.
     pub fn parse(text: &str) -> Option<RunAs> {
         let (uid, gid) = text.split_once(':')?;
@@ -671,11 +676,7 @@ pub fn child_main(doc_type: Option<&str>, run_as: Option<&str>) -> ExitCode {
     else {
         return ExitCode::from(2);
     };
-    let run_as = match run_as.map(RunAs::parse) {
-        None => None,
-        Some(Some(run_as)) => Some(run_as),
-        Some(None) => return ExitCode::from(2),
-    };
+    let Ok(run_as) = RunAs::from_arg(run_as) else { return ExitCode::from(2) };
     if lock_down(run_as).is_err() {
         return ExitCode::from(6);
     }

@@ -111,22 +111,6 @@ fn png_claiming(width: u32, height: u32) -> Vec<u8> {
     png
 }
 
-/// A TIFF whose two pages point at each other.
-fn tiff_in_a_loop() -> Vec<u8> {
-    let mut tiff = b"II*\0\x08\0\0\0".to_vec();
-    for next in [38u32, 8] {
-        tiff.extend_from_slice(&2u16.to_le_bytes());
-        for tag in [256u16, 257] {
-            tiff.extend_from_slice(&tag.to_le_bytes());
-            tiff.extend_from_slice(&4u16.to_le_bytes());
-            tiff.extend_from_slice(&1u32.to_le_bytes());
-            tiff.extend_from_slice(&100u32.to_le_bytes());
-        }
-        tiff.extend_from_slice(&next.to_le_bytes());
-    }
-    tiff
-}
-
 #[sqlx::test(migrator = "engine::db::MIGRATOR")]
 async fn bombs_unknown_languages_and_scans_without_ocr_are_refused_in_words_with_nothing_kept(pool: PgPool) {
     let app = TestApp::spawn(pool.clone(), reading(english())).await;
@@ -135,7 +119,8 @@ async fn bombs_unknown_languages_and_scans_without_ocr_are_refused_in_words_with
         let (status, said) = send(&app, &token, path, "bomb.png", png_claiming(100_000, 100_000), &[]).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {said}");
         assert!(said["message"].to_string().contains("100,000 × 100,000"), "{said}");
-        let (status, said) = send(&app, &token, path, "loop.tiff", tiff_in_a_loop(), &[]).await;
+        let (status, said) =
+            send(&app, &token, path, "loop.tiff", engine::testing::tiff_of(&[(100, 100), (100, 100)], true), &[]).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {said}");
         assert!(said["message"].to_string().contains("point back"), "{said}");
     }
