@@ -538,29 +538,7 @@ fn finish_pdf(mut doc: lopdf::Document, pages_id: lopdf::ObjectId, kids: Vec<lop
     out
 }
 
-/// A little-endian TIFF whose frames are `frames` (width, height) and hold no pixels (its
-/// headers measure; no decoder reads it), each frame's directory pointing at the next, the last
-/// at the first when `looped` (a TIFF whose pages point back at each other).
-pub fn tiff_of(frames: &[(u32, u32)], looped: bool) -> Vec<u8> {
-    let mut tiff = b"II*\0\x08\0\0\0".to_vec();
-    for (i, (width, height)) in frames.iter().enumerate() {
-        let here = tiff.len() as u32;
-        tiff.extend_from_slice(&2u16.to_le_bytes());
-        for (tag, value) in [(256u16, *width), (257, *height)] {
-            tiff.extend_from_slice(&tag.to_le_bytes());
-            tiff.extend_from_slice(&4u16.to_le_bytes());
-            tiff.extend_from_slice(&1u32.to_le_bytes());
-            tiff.extend_from_slice(&value.to_le_bytes());
-        }
-        let next = match i + 1 == frames.len() {
-            true if looped => 8,
-            true => 0,
-            false => here + 30,
-        };
-        tiff.extend_from_slice(&next.to_le_bytes());
-    }
-    tiff
-}
+pub use crate::documents::images::tiff_of;
 
 /// The most this process has had resident so far (VmHWM), in MiB.
 pub fn peak_rss_mib() -> usize {

@@ -1,12 +1,13 @@
 //! Scans read by OCR: Tesseract (the field's standard engine) and poppler's `pdftoppm`, run by
 //! the sandboxed reader one page at a time. A reader for OCR is the same wall as any other
 //! (nobody, seccomp, landlock, limits, its own network namespace), but may read and run the
-//! programs in the system's folders: it renders the page, checks the image's size, and gives it
+//! programs in the system's folders (at `SCHED_IDLE`): it renders the page, checks the image's size, and gives it
 //! to Tesseract, within the page's own wall clock, CPU time and memory. A page past its bounds
 //! is skipped with a note; the document is not.
 //!
-//! The parent side ([`read_pages`]) asks for one page at a time, records "reading page n of N"
-//! between them, and composes the document's text with its text pages in order.
+//! The parent side is [`read_in_child`]: the processor calls it for one page at a time, shows
+//! "reading page n of N" between them, and composes the text with [`compose`], pages in order.
+//! The programs' landlock folders: `/usr`, `/lib*`, `/bin`, the loader's cache, `/etc/fonts`.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
