@@ -84,8 +84,9 @@ impl Drop for UserEstimate {
 /// Translated files rebuilt for download at once, per process.
 pub const REBUILDS_AT_ONCE: usize = 2;
 /// PDFs and images surveyed at upload at once, per process (an upload waits a few seconds for
-/// a turn: past it a PDF is priced by its size, a photo asked for again).
-pub const SURVEYS_AT_ONCE: usize = 2;
+/// a turn: past it a PDF is priced by its size, a photo asked for again). One: an estimate is
+/// free, and a stranger's estimates may then take one core (at nice 10) at most, never the web's.
+pub const SURVEYS_AT_ONCE: usize = 1;
 
 /// The process's cache of tokens, sessions (the session store's records) and users.
 pub type AuthCache = engine::accounts::auth_cache::AuthCache<tower_sessions::session::Record>;
